@@ -1,0 +1,112 @@
+"""Tokenize throughput: ``goodput data tokenize`` with 1 and 2 workers against the raw tokenizer.
+
+Baseline (the ceiling for this stage): SentencePiece's own batch encode, one thread, on the same
+texts already in memory, in the same batch sizes — no reading, no JSON, no writing. Ours is the
+whole job: read JSONL in chunks, encode, append EOD, write shards, hash them, write the
+manifest. Target: per worker ≥ 0.9 of the raw rate. Each figure is the median of ``REPEATS``
+runs in this one process.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import sentencepiece
+
+from goodput.data import tokenize
+from goodput.data.corpus import build_demo_corpus
+from goodput.data.readers import iter_texts
+from goodput.data.tokenizer import train_sentencepiece
+
+REPEATS = 3
+NUM_FILES = 8  # units, so two workers both have work
+COPIES = 2  # the demo corpus twice: long enough that process start-up is noise
+
+
+def _timed(fn: Any) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _batches(texts: list[str], batch_chars: int) -> list[list[str]]:
+    """The texts in the batches our workers encode, so the baseline gets the same call sizes."""
+    batches: list[list[str]] = [[]]
+    size = 0
+    for text in texts:
+        if size >= batch_chars:
+            batches.append([])
+            size = 0
+        batches[-1].append(text)
+        size += len(text)
+    return batches
+
+
+def main() -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        domains = build_demo_corpus(tmp / "corpus")
+        texts = [t for path in domains.values() for t in iter_texts(path)] * COPIES
+        inputs = tmp / "inputs"
+        inputs.mkdir()
+        for f in range(NUM_FILES):
+            lines = (json.dumps({"text": t}) + "\n" for t in texts[f::NUM_FILES])
+            (inputs / f"part{f}.jsonl").write_text("".join(lines))
+        model = train_sentencepiece(list(domains.values()), 4096, tmp / "tok.model")
+        num_bytes = sum(len(t.encode()) for t in texts)
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(model))
+        shard_mb = sum(p.stat().st_size for p in inputs.iterdir()) / NUM_FILES / (1 << 20)
+
+        def ours(workers: int, run: int) -> None:
+            tokenize.run(
+                tokenize.TokenizeJob(
+                    inputs=[inputs],
+                    tokenizer=model,
+                    tokenizer_kind=None,
+                    output=tmp / f"out-{workers}-{run}",
+                    name="bench",
+                    num_workers=workers,
+                    shard_size_mb=shard_mb * 0.99,
+                    text_field="text",
+                    pack_seq_len=None,
+                )
+            )
+
+        batches = _batches(texts, tokenize.BATCH_CHARS)
+
+        def raw_encode() -> None:
+            for batch in batches:
+                processor.encode(batch, num_threads=1)
+
+        raw = [_timed(raw_encode) for _ in range(REPEATS)]
+        one = [_timed(lambda r=r: ours(1, r)) for r in range(REPEATS)]
+        two = [_timed(lambda r=r: ours(2, r)) for r in range(REPEATS)]
+    mb = num_bytes / 1e6
+    figures = {
+        "text_mb": mb,
+        "raw_mb_s": mb / statistics.median(raw),
+        "workers1_mb_s": mb / statistics.median(one),
+        "workers2_mb_s": mb / statistics.median(two),
+    }
+    figures["per_worker_ratio_1"] = figures["workers1_mb_s"] / figures["raw_mb_s"]
+    figures["per_worker_ratio_2"] = figures["workers2_mb_s"] / 2 / figures["raw_mb_s"]
+    print(f"tokenize ({mb:.1f} MB of text, median of {REPEATS}):")
+    print(f"  raw SentencePiece encode, 1 thread : {figures['raw_mb_s']:6.2f} MB/s")
+    print(
+        f"  goodput tokenize, 1 worker         : {figures['workers1_mb_s']:6.2f} MB/s  "
+        f"per worker {figures['per_worker_ratio_1']:.2f}x raw (target >= 0.9)"
+    )
+    print(
+        f"  goodput tokenize, 2 workers        : {figures['workers2_mb_s']:6.2f} MB/s  "
+        f"per worker {figures['per_worker_ratio_2']:.2f}x raw (target >= 0.9)"
+    )
+    return figures
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Per-rank batches from a built blend: every rank memory-maps, no rank builds anything.
+
+Global batch ``b`` is blended samples ``[b·G, (b+1)·G)``; DP rank ``r`` of ``R`` takes the
+contiguous slice ``[b·G + r·G/R, b·G + (r+1)·G/R)``. The loader's whole state is the *global*
+consumed-sample count plus the blend's fingerprint, so a run resumed at another DP size reads
+exactly the same global sequence. A sample is ``seq_len + 1`` tokens: ``input_ids`` are the first
+``seq_len``, ``labels`` the last ``seq_len``.
+
+At open the loader refuses a blend whose manifest was edited or whose shards no longer match
+it, and — when resuming — one whose fingerprint differs from the checkpoint's, naming the
+components that changed. ``goodput data verify`` does the full checksum pass; opening checks
+sizes only, so start-up stays cheap at any scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from goodput.data.blend import file_index_dir
+from goodput.data.manifest import changed_components, check_run_manifest, read_json
+from goodput.data.shards import ShardReader
+from goodput.errors import ExitCode, GoodputError
+from goodput.io import is_complete
+
+
+class BlendedSamples:
+    """Sample ``i`` of a blend as ``seq_len + 1`` int64 tokens."""
+
+    def __init__(self, blend_dir: str | Path):
+        self.directory = Path(blend_dir)
+        if not is_complete(self.directory):
+            raise GoodputError(
+                self.directory,
+                "not a complete blend directory (no .complete)",
+                "build it with `goodput data blend` and pass the directory it prints",
+            )
+        self.manifest = read_json(self.directory / "blend.json")
+        check_run_manifest(self.directory / "blend.json", self.manifest)
+        self.seq_len: int = self.manifest["seq_len"]
+        self.corpus_index = np.load(self.directory / "corpus_index.npy", mmap_mode="r")
+        self.sample_index = np.load(self.directory / "sample_index.npy", mmap_mode="r")
+        names = [name for name, _ in self.manifest["weights"]]
+        self.corpus_orders = [
+            np.load(self.directory / f"corpus_{c:04d}.npy", mmap_mode="r")
+            for c in range(len(names))
+        ]
+        self.files: list[list[_File]] = [[] for _ in names]
+        self.file_starts: list[np.ndarray] = []
+        output = self.directory.parents[1]
+        for shard in self.manifest["shards"]:
+            self.files[names.index(shard["corpus"])].append(
+                _File(shard, output, self.manifest["seed"])
+            )
+        for corpus_files in self.files:
+            counts = [f.num_samples for f in corpus_files]
+            self.file_starts.append(np.cumsum([0, *counts])[:-1])
+
+    def __len__(self) -> int:
+        return len(self.corpus_index)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        corpus = int(self.corpus_index[i])
+        within = int(self.corpus_orders[corpus][int(self.sample_index[i])])
+        starts = self.file_starts[corpus]
+        f = int(np.searchsorted(starts, within, side="right")) - 1
+        return self.files[corpus][f].sample(within - int(starts[f]), self.seq_len)
+
+
+class _File:
+    """One shard of a blend, opened and checked against the run manifest."""
+
+    def __init__(self, shard: dict[str, Any], output: Path, seed: int):
+        self.reader = ShardReader(shard["prefix"])
+        if (self.reader.num_tokens, len(self.reader)) != (
+            shard["num_tokens"],
+            shard["num_documents"],
+        ):
+            raise GoodputError(
+                shard["prefix"],
+                "shard changed since the blend was built",
+                "run `goodput data verify` and rebuild the blend",
+            )
+        self.num_samples: int = shard["num_samples"]
+        self.packed: bool = shard["packed"]
+        if not self.packed:
+            directory = file_index_dir(output, shard["sha256_bin"], seed)
+            self.order = np.load(directory / "document_order.npy", mmap_mode="r")
+            self.starts = np.load(directory / "document_starts.npy", mmap_mode="r")
+
+    def sample(self, s: int, seq_len: int) -> np.ndarray:
+        if self.packed:
+            return self.reader[s].astype(np.int64)
+        out = np.empty(seq_len + 1, np.int64)
+        position = s * seq_len
+        k = int(np.searchsorted(self.starts, position, side="right")) - 1
+        filled = 0
+        while filled < len(out):  # a sample spans the tail of one document and the next ones
+            document = int(self.order[k])
+            skip = position + filled - int(self.starts[k])
+            take = min(int(self.reader.document_lengths[document]) - skip, len(out) - filled)
+            start = int(self.reader.document_offsets[document]) + skip
+            out[filled : filled + take] = self.reader.tokens(start, start + take)
+            filled += take
+            k += 1
+        return out
+
+
+class DataLoader:
+    """Yields this DP rank's ``(input_ids, labels)`` slice of each global batch."""
+
+    def __init__(
+        self, blend_dir: str | Path, *, global_batch_size: int, dp_rank: int, dp_size: int
+    ):
+        if global_batch_size < 1 or global_batch_size % dp_size:
+            raise GoodputError(
+                "data loader",
+                f"global batch size {global_batch_size} is not a "
+                f"positive multiple of the data-parallel size {dp_size}",
+                "choose a global batch size divisible by the DP size",
+                code=ExitCode.USAGE,
+            )
+        if not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank {dp_rank} outside [0, {dp_size})")
+        self.samples = BlendedSamples(blend_dir)
+        self.global_batch_size = global_batch_size
+        self.local_batch_size = global_batch_size // dp_size
+        self.dp_rank = dp_rank
+        self.consumed_samples = 0
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while self.consumed_samples + self.global_batch_size <= len(self.samples):
+            first = self.consumed_samples + self.dp_rank * self.local_batch_size
+            rows = np.stack([self.samples[i] for i in range(first, first + self.local_batch_size)])
+            self.consumed_samples += self.global_batch_size
+            tokens = torch.from_numpy(rows)
+            yield tokens[:, :-1], tokens[:, 1:]
+
+    def state_dict(self) -> dict[str, Any]:
+        manifest = self.samples.manifest
+        return {
+            "consumed_samples": self.consumed_samples,
+            "fingerprint": manifest["fingerprint"],
+            "components": dict(manifest["components"]),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, allow_data_change: bool = False) -> None:
+        """Resume at a global sample count; refuse different data unless explicitly allowed."""
+        manifest = self.samples.manifest
+        if state["fingerprint"] != manifest["fingerprint"] and not allow_data_change:
+            changed = changed_components(state["components"], manifest["components"])
+            raise GoodputError(
+                self.samples.directory / "blend.json",
+                f"data fingerprint differs from the checkpoint's ({', '.join(changed)} changed)",
+                "resume with the blend the run started with, or allow the change explicitly",
+                code=ExitCode.USAGE,
+            )
+        self.consumed_samples = int(state["consumed_samples"])

@@ -1,0 +1,99 @@
+"""Atomic file writes, completion markers and checksums.
+
+Invariant: a file that others read appears under its final name only when complete. Writers go
+through a temp name in the same directory, fsync, then ``os.replace``; directories that carry a
+marker count only once the marker exists, and the marker is always written last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+CHUNK_BYTES = 8 << 20
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates files 0600; outputs others read (shards, manifests) get the usual mode.
+FILE_MODE = 0o666 & ~_current_umask()
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temp path beside ``path``; on success fsync it and rename it onto ``path``.
+
+    On any exception the temp file is removed and ``path`` is left as it was.
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, FILE_MODE)
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename durable: POSIX needs the directory entry itself flushed."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    write_bytes(path, text.encode())
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_marker(directory: str | os.PathLike[str], name: str = ".complete") -> Path:
+    """Write the completion marker of ``directory``. Call it last."""
+    marker = Path(directory) / name
+    write_text(marker, "")
+    return marker
+
+
+def is_complete(directory: str | os.PathLike[str], name: str = ".complete") -> bool:
+    return (Path(directory) / name).is_file()
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_json(obj: Any) -> str:
+    """Hash of a JSON-serialisable value, independent of dict order."""
+    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()

@@ -1,0 +1,17 @@
+"""Shared test setup. Under GOODPUT_REQUIRE_ALL=1 (CI) a skipped test is a failure: a missing
+tool must never turn into a silently green run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get("GOODPUT_REQUIRE_ALL") == "1":
+        report.outcome = "failed"
+        report.longrepr = f"skipped under GOODPUT_REQUIRE_ALL=1: {report.longrepr}"
