@@ -9,7 +9,9 @@ runs in this one process.
 
 from __future__ import annotations
 
+import concurrent.futures as futures
 import json
+import multiprocessing as mp
 import statistics
 import tempfile
 import time
@@ -24,8 +26,8 @@ from goodput.data.readers import iter_texts
 from goodput.data.tokenizer import train_sentencepiece
 
 REPEATS = 3
-NUM_FILES = 8  # units, so two workers both have work
-COPIES = 2  # the demo corpus twice: long enough that process start-up is noise
+NUM_FILES = 16  # units, so two workers both have work and finish close together
+COPIES = 4  # the demo corpus four times: long enough that process start-up is noise
 
 
 def _timed(fn: Any) -> float:
@@ -47,6 +49,23 @@ def _batches(texts: list[str], batch_chars: int) -> list[list[str]]:
     return batches
 
 
+def _raw_encode(model: Path, batches: list[list[str]]) -> float:
+    """Seconds for one thread of SentencePiece to encode ``batches`` (model load not timed)."""
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(model))
+    start = time.perf_counter()
+    for batch in batches:
+        processor.encode(batch, num_threads=1)
+    return time.perf_counter() - start
+
+
+def _raw_encode_concurrently(model: Path, batches: list[list[str]], processes: int) -> float:
+    """Seconds for ``processes`` raw encoders, each on its share, running at the same time: what
+    the machine itself allows two workers (two vCPUs rarely give twice one)."""
+    shares = [batches[p::processes] for p in range(processes)]
+    with futures.ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn")) as pool:
+        return max(pool.map(_raw_encode, [model] * processes, shares))
+
+
 def main() -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="goodput-bench-") as tmp_name:
         tmp = Path(tmp_name)
@@ -59,7 +78,6 @@ def main() -> dict[str, float]:
             (inputs / f"part{f}.jsonl").write_text("".join(lines))
         model = train_sentencepiece(list(domains.values()), 4096, tmp / "tok.model")
         num_bytes = sum(len(t.encode()) for t in texts)
-        processor = sentencepiece.SentencePieceProcessor(model_file=str(model))
         shard_mb = sum(p.stat().st_size for p in inputs.iterdir()) / NUM_FILES / (1 << 20)
 
         def ours(workers: int, run: int) -> None:
@@ -78,12 +96,8 @@ def main() -> dict[str, float]:
             )
 
         batches = _batches(texts, tokenize.BATCH_CHARS)
-
-        def raw_encode() -> None:
-            for batch in batches:
-                processor.encode(batch, num_threads=1)
-
-        raw = [_timed(raw_encode) for _ in range(REPEATS)]
+        raw = [_raw_encode(model, batches) for _ in range(REPEATS)]
+        raw_two = [_raw_encode_concurrently(model, batches, 2) for _ in range(REPEATS)]
         one = [_timed(lambda r=r: ours(1, r)) for r in range(REPEATS)]
         two = [_timed(lambda r=r: ours(2, r)) for r in range(REPEATS)]
     mb = num_bytes / 1e6
@@ -92,9 +106,13 @@ def main() -> dict[str, float]:
         "raw_mb_s": mb / statistics.median(raw),
         "workers1_mb_s": mb / statistics.median(one),
         "workers2_mb_s": mb / statistics.median(two),
+        "raw_two_processes_mb_s": mb / statistics.median(raw_two),
     }
     figures["per_worker_ratio_1"] = figures["workers1_mb_s"] / figures["raw_mb_s"]
     figures["per_worker_ratio_2"] = figures["workers2_mb_s"] / 2 / figures["raw_mb_s"]
+    figures["ratio_2_vs_raw_two_processes"] = (
+        figures["workers2_mb_s"] / figures["raw_two_processes_mb_s"]
+    )
     print(f"tokenize ({mb:.1f} MB of text, median of {REPEATS}):")
     print(f"  raw SentencePiece encode, 1 thread : {figures['raw_mb_s']:6.2f} MB/s")
     print(
@@ -104,6 +122,11 @@ def main() -> dict[str, float]:
     print(
         f"  goodput tokenize, 2 workers        : {figures['workers2_mb_s']:6.2f} MB/s  "
         f"per worker {figures['per_worker_ratio_2']:.2f}x raw (target >= 0.9)"
+    )
+    print(
+        f"  raw encode, 2 processes at once    : {figures['raw_two_processes_mb_s']:6.2f} MB/s  "
+        f"(this machine's ceiling for 2 workers; ours reaches "
+        f"{figures['ratio_2_vs_raw_two_processes']:.2f}x of it)"
     )
     return figures
 

@@ -161,7 +161,8 @@ static int32_t ready_take(ready_set *ready, int64_t now) {
  * tests can prove it), or -1 if scratch memory could not be allocated. */
 int64_t goodput_edf_interleave(const double *weight, int32_t num_corpora, int64_t num_samples,
                                int16_t *corpus_out, int64_t *sample_out) {
-    ready_set ready = {.id_bits = 6, .num_slots = 2, .far_size = 0, .near = {.top = 0}};
+    /* Unnamed members start at zero: an empty near set and far heap. */
+    ready_set ready = {.id_bits = 6, .num_slots = 2};
     while ((INT32_C(1) << ready.id_bits) < num_corpora) ready.id_bits++;
     ready.id_mask = (INT64_C(1) << ready.id_bits) - 1;
     double longest_window = 0.0;
@@ -175,23 +176,21 @@ int64_t goodput_edf_interleave(const double *weight, int32_t num_corpora, int64_
     const int64_t bucket_mask = num_buckets - 1;
 
     int64_t *count = calloc((size_t)num_corpora, sizeof(int64_t));
-    int64_t *release = malloc(sizeof(int64_t) * num_corpora);
-    int64_t *deadline = malloc(sizeof(int64_t) * num_corpora);
-    int64_t *later_release = malloc(sizeof(int64_t) * num_corpora);
-    int32_t *next_in_bucket = malloc(sizeof(int32_t) * num_corpora);
-    int32_t *bucket_head = malloc(sizeof(int32_t) * num_buckets);
-    ready.far = malloc(sizeof(int64_t) * (num_corpora + 1));
+    int64_t *release = calloc((size_t)num_corpora, sizeof(int64_t));
+    int64_t *deadline = calloc((size_t)num_corpora, sizeof(int64_t));
+    int64_t *later_release = calloc((size_t)num_corpora, sizeof(int64_t));
+    int32_t *next_in_bucket = calloc((size_t)num_corpora, sizeof(int32_t));
+    int32_t *bucket_head = calloc((size_t)num_buckets, sizeof(int32_t));
+    ready.far = calloc((size_t)num_corpora + 1, sizeof(int64_t));
     ready.near.leaf = calloc((size_t)((ready.num_slots << ready.id_bits) >> 6), sizeof(uint64_t));
     int64_t fallbacks = -1;
     if (!count || !release || !deadline || !later_release || !next_in_bucket || !bucket_head ||
         !ready.far || !ready.near.leaf)
         goto done;
 
-    for (int i = 0; i < 64; i++) ready.near.middle[i] = 0;
     for (int64_t b = 0; b < num_buckets; b++) bucket_head[b] = -1;
     ready.far[0] = HEAP_EMPTY;
     for (int32_t d = 0; d < num_corpora; d++) {
-        release[d] = 0;
         deadline[d] = slot_floor(1.0 / weight[d]) + 1;
         later_release[d] = slot_ceil(1.0 / weight[d]);
         ready_add(&ready, 1, deadline[d], d);

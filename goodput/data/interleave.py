@@ -154,7 +154,9 @@ def _run(symbol: str, weights: np.ndarray, num_samples: int) -> tuple[np.ndarray
 def _library() -> ctypes.CDLL:
     """Loads the compiled ``_interleave`` beside this file (cached; a failure is retried)."""
     here = Path(__file__).resolve().parent
-    candidates = [here / f"_interleave{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+    candidates = [
+        here / f"_interleave{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES
+    ]
     path = next((candidate for candidate in candidates if candidate.is_file()), None)
     if path is None:
         raise GoodputError(

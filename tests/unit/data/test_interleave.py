@@ -198,7 +198,9 @@ def test_max_batch_deviation_matches_brute_force_and_skips_the_partial_batch():
     weights = np.array([0.5, 0.3, 0.2])
     corpus_index = rng.integers(0, 3, size=1003).astype(np.int16)
     batches = corpus_index[:1000].reshape(100, 10)
-    expected = np.array([np.abs((batches == d).sum(axis=1) - 10 * weights[d]).max() for d in range(3)])
+    expected = np.array(
+        [np.abs((batches == d).sum(axis=1) - 10 * weights[d]).max() for d in range(3)]
+    )
     np.testing.assert_allclose(max_batch_deviation(corpus_index, weights, 10), expected)
     # Small chunks take the same path as 10^8 samples do.
     with pytest.MonkeyPatch.context() as patch:
