@@ -181,10 +181,7 @@ def _train_tokenizer(args: argparse.Namespace) -> ExitCode:
 def _tokenize(args: argparse.Namespace) -> ExitCode:
     from goodput.data import tokenize
 
-    if args.workers < 1:
-        raise GoodputError(
-            "--workers", "must be at least 1", "pass --workers 1 or more", code=ExitCode.USAGE
-        )
+    rank, world_size = _launcher_rank()
     job = tokenize.TokenizeJob(
         inputs=args.inputs,
         tokenizer=args.tokenizer,
@@ -195,8 +192,8 @@ def _tokenize(args: argparse.Namespace) -> ExitCode:
         shard_size_mb=args.shard_size_mb,
         text_field=args.text_field,
         pack_seq_len=args.pack_seq_len,
-        rank=int(os.environ.get("RANK", 0)),
-        world_size=int(os.environ.get("WORLD_SIZE", 1)),
+        rank=rank,
+        world_size=world_size,
     )
     manifest = tokenize.run(job)
     if manifest is not None:
@@ -206,6 +203,22 @@ def _tokenize(args: argparse.Namespace) -> ExitCode:
             f"{manifest['num_empty_skipped']:,} empty documents skipped"
         )
     return ExitCode.OK
+
+
+def _launcher_rank() -> tuple[int, int]:
+    """``RANK``/``WORLD_SIZE`` as any launcher (torchrun, ``goodput launch``) sets them."""
+    values = {
+        key: os.environ.get(key, default) for key, default in (("RANK", "0"), ("WORLD_SIZE", "1"))
+    }
+    try:
+        return int(values["RANK"]), int(values["WORLD_SIZE"])
+    except ValueError:
+        raise GoodputError(
+            "environment",
+            f"RANK={values['RANK']!r} WORLD_SIZE={values['WORLD_SIZE']!r} are not integers",
+            "unset them or let the launcher set them",
+            code=ExitCode.USAGE,
+        ) from None
 
 
 def _stem(path: Path) -> str:

@@ -22,6 +22,7 @@ corpus, files are mixed by token count.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import shutil
@@ -146,10 +147,10 @@ def _parse_line(path: Path, number: int, text: str) -> FileListEntry:
 
 def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
     """Build (or find in the cache) the blend of ``spec``; return its directory and manifest."""
-    if spec.seq_len < 1 or spec.num_samples < 1:
+    if min(spec.seq_len, spec.num_samples, spec.report_batch_size) < 1:
         raise GoodputError(
             "blend",
-            "--seq-len and --num-samples must be positive",
+            "--seq-len, --num-samples and --report-batch-size must be positive",
             "pass positive values",
             code=ExitCode.USAGE,
         )
@@ -178,9 +179,8 @@ def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
     blend_fingerprint, components = fingerprint(pinned)
     final = spec.output / "blends" / blend_fingerprint[:20]
     if is_complete(final):
-        manifest = read_json(final / "blend.json")
         print(f"blend: cached at {final}", file=sys.stderr)
-        return final, manifest
+        return final, _cached_manifest(final, spec.report_batch_size)
     manifest = {
         **pinned,
         "fingerprint": blend_fingerprint,
@@ -257,22 +257,23 @@ def _build_into(final: Path, manifest: dict[str, Any], spec: BlendSpec) -> dict[
         for shard in shards:
             if not shard["packed"]:
                 build_file_index(Path(shard["prefix"]), shard["sha256_bin"], spec.seed, spec.output)
-        names = [name for name, _ in manifest["weights"]]
         weights = np.array([w for _, w in manifest["weights"]])
         corpus_index, sample_index = build_blend_index(weights, spec.num_samples)
-        needed = np.bincount(corpus_index, minlength=len(names))
-        report = _mixture_report(names, weights, shards, corpus_index, needed, spec)
+        report = _mixture_report(manifest, corpus_index, spec.report_batch_size)
+        _refuse_exhausted(report, spec)
         np.save(tmp / "corpus_index.npy", corpus_index)
         np.save(tmp / "sample_index.npy", sample_index)
-        for c, name in enumerate(names):
-            available = sum(s["num_samples"] for s in shards if s["corpus"] == name)
-            np.save(
-                tmp / f"corpus_{c:04d}.npy",
-                corpus_order(name, available, int(needed[c]), spec.seed),
-            )
+        for c, row in enumerate(report["corpora"]):
+            order = corpus_order(row["corpus"], row["available"], row["samples"], spec.seed)
+            np.save(tmp / f"corpus_{c:04d}.npy", order)
         write_json(tmp / "blend.json", {**manifest, "report": report})
         write_marker(tmp)
-        os.replace(tmp, final)  # a concurrent identical build may have won: both are the same
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not is_complete(final):
+                raise
+            shutil.rmtree(tmp)  # a concurrent build of the same fingerprint won: same content
         fsync_dir(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -317,7 +318,7 @@ def corpus_order(corpus: str, available: int, needed: int, seed: int) -> np.ndar
             corpus, "corpus has no complete sample", "add data to it or lower --seq-len"
         )
     dtype = np.uint32 if available <= np.iinfo(np.uint32).max else np.int64
-    corpus_key = int.from_bytes(corpus.encode()[:16].ljust(16, b"\0"), "little")
+    corpus_key = int(hashlib.sha256(corpus.encode()).hexdigest()[:16], 16)
     epochs = []
     for epoch in range(-(-needed // available) if needed else 0):
         rng = np.random.default_rng([seed, corpus_key, epoch])
@@ -325,38 +326,51 @@ def corpus_order(corpus: str, available: int, needed: int, seed: int) -> np.ndar
     return np.concatenate(epochs)[:needed] if epochs else np.zeros(0, dtype)
 
 
+def _cached_manifest(directory: Path, batch_size: int) -> dict[str, Any]:
+    """A built blend's manifest, its report redone when asked for another batch size."""
+    manifest = read_json(directory / "blend.json")
+    if manifest["report"]["batch_size"] != batch_size:
+        corpus_index = np.load(directory / "corpus_index.npy", mmap_mode="r")
+        manifest["report"] = _mixture_report(manifest, corpus_index, batch_size)
+    return manifest
+
+
 def _mixture_report(
-    names: list[str],
-    weights: np.ndarray,
-    shards: list[dict],
-    corpus_index: np.ndarray,
-    needed: np.ndarray,
-    spec: BlendSpec,
+    manifest: dict[str, Any], corpus_index: np.ndarray, batch_size: int
 ) -> dict[str, Any]:
-    deviation = max_batch_deviation(corpus_index, weights, spec.report_batch_size)
+    """Per corpus: target and achieved share, worst aligned-batch deviation, epochs."""
+    names = [name for name, _ in manifest["weights"]]
+    weights = np.array([w for _, w in manifest["weights"]])
+    deviation = max_batch_deviation(corpus_index, weights, batch_size)
+    needed = np.bincount(corpus_index, minlength=len(names))
     rows = []
     for c, name in enumerate(names):
-        available = sum(s["num_samples"] for s in shards if s["corpus"] == name)
-        epochs = needed[c] / available if available else math.inf
-        if epochs > 1 and spec.on_exhausted == "error":
-            raise GoodputError(
-                name,
-                f"corpus needs {needed[c]:,} samples but holds {available:,} ({epochs:.2f} epochs)",
-                "lower its weight or --num-samples, add data, or pass --on-exhausted repeat",
-            )
+        files = [s for s in manifest["shards"] if s["corpus"] == name]
+        available = sum(s["num_samples"] for s in files)
         rows.append(
             {
                 "corpus": name,
                 "target": float(weights[c]),
-                "achieved": float(needed[c] / spec.num_samples),
+                "achieved": float(needed[c] / len(corpus_index)),
                 "worst_batch_deviation": float(deviation[c]),
                 "samples": int(needed[c]),
                 "available": int(available),
-                "epochs": float(epochs),
-                "files": sum(1 for s in shards if s["corpus"] == name),
+                "epochs": float(needed[c] / available) if available else math.inf,
+                "files": len(files),
             }
         )
-    return {"batch_size": spec.report_batch_size, "corpora": rows}
+    return {"batch_size": batch_size, "corpora": rows}
+
+
+def _refuse_exhausted(report: dict[str, Any], spec: BlendSpec) -> None:
+    for row in report["corpora"]:
+        if row["epochs"] > 1 and spec.on_exhausted == "error":
+            raise GoodputError(
+                spec.file_list,
+                f"corpus '{row['corpus']}' needs {row['samples']:,} samples but holds "
+                f"{row['available']:,} ({row['epochs']:.2f} epochs)",
+                "lower its weight or --num-samples, add data, or pass --on-exhausted repeat",
+            )
 
 
 def format_report(blend_dir: Path, manifest: dict[str, Any]) -> str:

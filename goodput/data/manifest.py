@@ -140,23 +140,21 @@ def verify_run(path: Path) -> list[str]:
 
 
 def git_sha() -> str:
-    """The goodput checkout's commit and a dirty flag, or 'unknown' outside a git checkout."""
+    """The goodput checkout's commit and a dirty flag, or 'unknown' when goodput is not running
+    from its own git checkout (an installed copy inside some other repository must not borrow
+    that repository's SHA)."""
     root = Path(__file__).resolve().parents[2]
     try:
-        sha = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
+        if Path(_git(root, "rev-parse", "--show-toplevel")).resolve() != root:
+            return "unknown"
+        dirty = _git(root, "status", "--porcelain")
+        return _git(root, "rev-parse", "HEAD") + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return f"{sha}{'-dirty' if dirty else ''}"
+
+
+def _git(root: Path, *args: str) -> str:
+    command = ["git", "-C", str(root), *args]
+    return subprocess.run(
+        command, capture_output=True, text=True, check=True, timeout=10
+    ).stdout.strip()

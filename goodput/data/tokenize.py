@@ -32,7 +32,7 @@ from goodput.data import readers
 from goodput.data.manifest import SHARDS_FORMAT, manifest_path, read_json
 from goodput.data.shards import ShardWriter, bin_path, idx_path, token_dtype
 from goodput.data.tokenizer import load_tokenizer
-from goodput.errors import GoodputError
+from goodput.errors import ExitCode, GoodputError
 from goodput.io import sha256_file, sha256_json, write_json
 from goodput.progress import Progress
 
@@ -53,6 +53,25 @@ class TokenizeJob:
     pack_seq_len: int | None
     rank: int = 0
     world_size: int = 1
+
+    def __post_init__(self) -> None:
+        checks = (
+            (self.num_workers >= 1, "--workers", "must be at least 1"),
+            (self.shard_size_mb > 0, "--shard-size-mb", "must be positive"),
+            (
+                self.pack_seq_len is None or self.pack_seq_len >= 1,
+                "--pack-seq-len",
+                "must be at least 1",
+            ),
+            (
+                0 <= self.rank < self.world_size,
+                "RANK/WORLD_SIZE",
+                f"rank {self.rank} is outside a world of {self.world_size}",
+            ),
+        )
+        for ok, where, what in checks:
+            if not ok:
+                raise GoodputError(where, what, "fix the value", code=ExitCode.USAGE)
 
 
 def plan_units(inputs: list[Path], shard_bytes: int) -> list[list[Path]]:
@@ -125,7 +144,7 @@ def _refuse_foreign_output(job: TokenizeJob, job_key: str) -> None:
     records = [manifest_path(job.output, job.name)]
     parts = job.output / PARTS_DIR
     if parts.is_dir():
-        records += sorted(parts.glob(f"{job.name}_*.json"))
+        records += sorted(parts.glob(f"{job.name}_[0-9][0-9][0-9][0-9][0-9].json"))
     for record in records:
         if record.exists() and read_json(record).get("job_key") != job_key:
             raise GoodputError(

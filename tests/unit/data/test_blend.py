@@ -121,5 +121,15 @@ def test_exhausted_corpus_repeats_loudly_or_is_refused(three_corpora, tmp_path):
     available = math_row["available"]
     assert sorted(order[:available].tolist()) == list(range(available))  # a true epoch
     assert not np.array_equal(order[:available], order[available : 2 * available])  # reshuffled
-    with pytest.raises(GoodputError, match="corpus needs .* samples but holds"):
+    with pytest.raises(GoodputError, match=r"corpus '\w+' needs .* samples but holds") as exc:
         build_blend(spec(file_list, tmp_path, num_samples=20000, on_exhausted="error"))
+    assert exc.value.render().startswith(str(file_list))
+
+
+def test_cached_blend_reports_at_the_asked_batch_size(three_corpora, tmp_path):
+    file_list, _ = three_corpora
+    first, manifest = build_blend(spec(file_list, tmp_path))
+    again, cached = build_blend(spec(file_list, tmp_path, report_batch_size=1000))
+    assert again == first and manifest["report"]["batch_size"] == 64
+    assert cached["report"]["batch_size"] == 1000
+    assert cached["report"]["corpora"] != manifest["report"]["corpora"]

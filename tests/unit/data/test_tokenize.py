@@ -262,3 +262,24 @@ def test_cli_entry_point_installed():
         [str(bin_dir / "goodput"), "--version"], capture_output=True, text=True, check=True
     )
     assert result.stdout.startswith("goodput ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--workers", "0"], {}, "--workers: must be at least 1"),
+        (["--shard-size-mb", "-1"], {}, "--shard-size-mb: must be positive"),
+        (["--pack-seq-len", "0"], {}, "--pack-seq-len: must be at least 1"),
+        ([], {"RANK": "2", "WORLD_SIZE": "2"}, "rank 2 is outside a world of 2"),
+        ([], {"RANK": "x"}, "are not integers"),
+    ],
+)
+def test_bad_job_settings_are_usage_errors(
+    corpus, tmp_path, monkeypatch, capsys, argv, env, message
+):
+    folder, model, _ = corpus
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    code = run_cli("data", "tokenize", folder, "--tokenizer", model, "--output", tmp_path, *argv)
+    assert code == 2 and message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
