@@ -68,7 +68,7 @@ class Tokenizer(abc.ABC):
     def identity(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
-            "path": str(self.path),
+            "path": str(Path(self.path).resolve()),  # verify finds it from any directory
             "sha256": self.sha256,
             "library": self.library,
             "vocab_size": self.vocab_size,

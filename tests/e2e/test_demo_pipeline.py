@@ -112,3 +112,17 @@ def test_ranks_from_the_launcher_environment_split_the_work(demo, tmp_path):
     single = json.loads((tmp_path / "single" / "all.manifest.json").read_text())
     assert len(ranked["shards"]) == 2  # code alone; docs + docstrings share a unit
     assert ranked["shards"] == single["shards"] and ranked["job_key"] == single["job_key"]
+
+
+def test_verify_names_a_changed_tokenizer(demo):
+    out, _ = demo
+    blend_dir = next(p for p in (out / "cache" / "blends").iterdir() if p.is_dir())
+    tokenizer = out / "tokenizer.model"
+    original = tokenizer.read_bytes()
+    try:
+        tokenizer.write_bytes(original + b"\0")
+        result = goodput("data", "verify", blend_dir, check=False)
+        assert result.returncode == 1
+        assert f"{tokenizer}: tokenizer file changed since it was pinned" in result.stderr
+    finally:
+        tokenizer.write_bytes(original)
