@@ -299,14 +299,14 @@ class _Encoder:
         for doc in ids:
             doc.append(eod)
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-        flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum()))
-        if len(flat) and (flat.max() > np.iinfo(self.dtype).max or flat.min() < 0):
+        try:  # straight into the shard dtype: numpy refuses ids that do not fit it
+            tokens = np.fromiter(itertools.chain.from_iterable(ids), self.dtype, int(lengths.sum()))
+        except OverflowError as error:
             raise GoodputError(
                 path,
-                f"token id {int(flat.max())} does not fit {self.dtype}",
+                f"a token id does not fit {self.dtype} ({error})",
                 "the tokenizer's vocab_size is wrong; check the tokenizer file",
-            )
-        tokens = flat.astype(self.dtype)
+            ) from None
         if not self.row:
             return tokens, lengths
         stream = np.concatenate([self.carry, tokens])

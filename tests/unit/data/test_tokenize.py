@@ -16,6 +16,7 @@ from goodput import cli
 from goodput.data import tokenize
 from goodput.data.shards import ShardReader
 from goodput.data.tokenizer import load_tokenizer, train_sentencepiece
+from goodput.errors import GoodputError
 
 WORDS = [
     *"alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split(),
@@ -283,3 +284,18 @@ def test_bad_job_settings_are_usage_errors(
     code = run_cli("data", "tokenize", folder, "--tokenizer", model, "--output", tmp_path, *argv)
     assert code == 2 and message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+class OverflowingTokenizer:
+    """A tokenizer whose ids exceed the vocab it claims: a broken tokenizer file."""
+
+    eod_id = 0
+
+    def encode_batch(self, texts):
+        return [[70000] for _ in texts]
+
+
+def test_token_ids_beyond_the_shard_dtype_are_refused():
+    encoder = tokenize._Encoder(OverflowingTokenizer(), np.dtype(np.uint16), None)
+    with pytest.raises(GoodputError, match=r"a.jsonl: a token id does not fit uint16"):
+        encoder.encode(["text"], Path("a.jsonl"))
