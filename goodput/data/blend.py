@@ -38,7 +38,7 @@ from goodput import __version__
 from goodput.data.interleave import build_blend_index, max_batch_deviation
 from goodput.data.manifest import (
     RUN_FORMAT,
-    find_dataset_manifest,
+    ShardIndex,
     fingerprint,
     git_sha,
     read_json,
@@ -195,10 +195,11 @@ def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
 def _describe_shards(entries: list[FileListEntry], spec: BlendSpec) -> tuple[list[dict], Any]:
     """Checksums and sample counts of every listed shard; one tokenizer across all of them."""
     shards, tokenizers = [], {}
+    index = ShardIndex()
     for entry in entries:
         where = f"{spec.file_list}:{entry.line}"
         reader = ShardReader(entry.prefix)  # validates the .idx/.bin pair
-        found = find_dataset_manifest(entry.prefix)
+        found = index.find(entry.prefix)
         if found is None:  # a shard from Megatron or datatrove: hash it ourselves
             print(f"blend: {entry.prefix} has no goodput manifest; hashing it", file=sys.stderr)
             sha_bin, sha_idx = (
@@ -223,7 +224,7 @@ def _describe_shards(entries: list[FileListEntry], spec: BlendSpec) -> tuple[lis
                 f"pass --seq-len {packed} or re-tokenize",
             )
         if tokenizer is not None:
-            tokenizers[tokenizer["sha256"]] = (where, tokenizer)
+            tokenizers[tokenizer["sha256"], tokenizer["library"]] = (where, tokenizer)
         num_samples = len(reader) if packed else max(reader.num_tokens - 1, 0) // spec.seq_len
         shards.append(
             {

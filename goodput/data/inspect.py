@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from goodput.data.manifest import check_shard, find_dataset_manifest, read_json
+from goodput.data.manifest import ShardIndex, check_shard, read_json
 from goodput.data.shards import ShardReader
 
 PREVIEW_TOKENS = 32
@@ -21,8 +21,9 @@ def describe(path: Path, tokenizer_path: Path | None = None) -> dict[str, Any]:
         prefixes = [prefix]
     readers = [ShardReader(p) for p in prefixes]
     problems = []
+    index = ShardIndex()
     for prefix in prefixes:
-        found = find_dataset_manifest(prefix)
+        found = index.find(prefix)
         if found is None:
             problems.append(f"{prefix}: no goodput manifest lists this shard (cannot verify)")
         else:

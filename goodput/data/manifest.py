@@ -54,14 +54,24 @@ def read_json(path: Path) -> dict[str, Any]:
     return value
 
 
-def find_dataset_manifest(prefix: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """The dataset manifest listing shard ``prefix`` and its entry, or None (a foreign shard)."""
-    for candidate in sorted(prefix.parent.glob("*.manifest.json")):
-        manifest = read_json(candidate)
-        for shard in manifest.get("shards", []):
-            if shard["shard"] == prefix.name:
-                return manifest, shard
-    return None
+class ShardIndex:
+    """Finds the dataset manifest that lists a shard, reading each directory's manifests once
+    (a blend of thousands of shards must not re-read them per shard)."""
+
+    def __init__(self) -> None:
+        self._by_directory: dict[Path, dict[str, tuple[dict[str, Any], dict[str, Any]]]] = {}
+
+    def find(self, prefix: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """(dataset manifest, its entry for ``prefix``), or None for a foreign shard."""
+        directory = prefix.parent
+        if directory not in self._by_directory:
+            self._by_directory[directory] = {
+                shard["shard"]: (manifest, shard)
+                for candidate in sorted(directory.glob("*.manifest.json"))
+                for manifest in [read_json(candidate)]
+                for shard in manifest.get("shards", [])
+            }
+        return self._by_directory[directory].get(prefix.name)
 
 
 def verify_dataset(manifest_file: Path) -> list[str]:

@@ -299,3 +299,26 @@ def test_token_ids_beyond_the_shard_dtype_are_refused():
     encoder = tokenize._Encoder(OverflowingTokenizer(), np.dtype(np.uint16), None)
     with pytest.raises(GoodputError, match=r"a.jsonl: a token id does not fit uint16"):
         encoder.encode(["text"], Path("a.jsonl"))
+
+
+def test_blend_refuses_shards_of_two_tokenizers(corpus, tmp_path):
+    from goodput.data.blend import BlendSpec, build_blend
+
+    folder, model, _ = corpus
+    other = tmp_path / "other.model"
+    train_sentencepiece(sorted(folder.iterdir())[:3], 320, other)
+    tokenize.run(job(folder, model, tmp_path, name="a", shard_size_mb=1))
+    tokenize.run(job(folder, other, tmp_path, name="b", shard_size_mb=1))
+    (tmp_path / "list.txt").write_text("1 a_00000 web\n1 b_00000 web\n")
+    with pytest.raises(GoodputError, match="different tokenizer") as exc:
+        build_blend(
+            BlendSpec(
+                file_list=tmp_path / "list.txt",
+                seq_len=8,
+                num_samples=10,
+                seed=0,
+                output=tmp_path / "cache",
+            )
+        )
+    assert exc.value.render().startswith(f"{tmp_path / 'list.txt'}:2:")
+    assert f"{tmp_path / 'list.txt'}:1" in exc.value.render()
