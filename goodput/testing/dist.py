@@ -12,6 +12,7 @@ all done within ``timeout_s`` every rank is killed and ``TimeoutError`` names th
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 import queue
 import tempfile
 import time
@@ -43,7 +44,10 @@ def _rank_main(
             timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
         )
         try:
-            results.put((rank, True, fn(rank, world_size, *args)))
+            # Plain pickle, not the queue's: torch would pass tensors as shared-memory file
+            # descriptors that die with this process, racing the parent's read. (Our own child's
+            # data: trusted.)
+            results.put((rank, True, pickle.dumps(fn(rank, world_size, *args))))
         finally:
             dist.destroy_process_group()
     except BaseException:
@@ -91,9 +95,9 @@ def run_distributed(
                             "(killed by a signal or os._exit)"
                         ) from None
                     continue
-                outcomes[rank] = (ok, value)
                 if not ok:
                     raise RuntimeError(f"rank {rank} failed:\n{value}")
+                outcomes[rank] = (ok, pickle.loads(value))
         finally:
             for proc in procs:
                 proc.join(timeout=5)

@@ -49,3 +49,14 @@ def test_hang_hits_the_hard_timeout():
 def test_dead_rank_is_reported():
     with pytest.raises(RuntimeError, match="rank1 died"):
         run_distributed(die, 2, timeout_s=60)
+
+
+def return_tensors(rank, world_size):
+    return [torch.full((8, 8), float(rank)) for _ in range(200)]
+
+
+def test_tensors_survive_the_rank_exiting_first():
+    # Regression: tensors used to travel as shared-memory fds that vanished with the rank.
+    for _ in range(3):
+        results = run_distributed(return_tensors, 2)
+        assert [float(r[199][7, 7]) for r in results] == [0.0, 1.0]
