@@ -8,10 +8,10 @@ ranks: ranks (``RANK``/``WORLD_SIZE``) take units ``u ≡ rank (mod world)``, an
 batches and writing its own shard (no per-document traffic to a central writer).
 
 Completion is layered: a shard's ``.bin`` and ``.idx`` appear only when whole (temp + rename),
-then its part record ``.parts/<shard>.json`` (checksums, counts) is written; a unit counts as
-done only when its record exists and matches the files on disk, so a rerun after a kill redoes
-exactly the unfinished units. ``<name>.manifest.json`` is written last, by whichever rank
-finishes the final unit: it is the dataset's completion marker.
+then its part record ``.parts/<shard>.json`` (checksums, sizes, counts) is written; a unit counts
+as done only when its record exists and the files on disk have the recorded sizes, so a rerun
+after a kill redoes exactly the unfinished units. ``<name>.manifest.json`` is written last, by
+whichever rank finishes the final unit: it is the dataset's completion marker.
 """
 
 from __future__ import annotations
