@@ -5,3 +5,11 @@ command, layered recovery) and ``goodput.train`` (the trainer).
 """
 
 __version__ = "0.1.0"
+
+
+def setup_torch(seed: int = 0, timeout_s: float | None = None) -> int:
+    """Portable start of a run (see ``goodput.train.setup``); imports torch only when called."""
+    from goodput.train.setup import DEFAULT_TIMEOUT_S
+    from goodput.train.setup import setup_torch as setup
+
+    return setup(seed, DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)

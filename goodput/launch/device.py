@@ -1,0 +1,55 @@
+"""Device and backend: the one module that names device types.
+
+CUDA and ROCm (which PyTorch also reports as ``cuda``) use NCCL/RCCL, Intel XPU uses XCCL, Apple
+MPS and CPU use gloo. ``GOODPUT_DEVICE`` overrides the probe (e.g. ``cpu`` on a GPU node for a
+smoke test). torch is imported inside the functions: importing ``goodput.launch`` must stay
+torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from goodput.errors import ExitCode, GoodputError
+
+BACKENDS = {"cuda": "nccl", "xpu": "xccl", "mps": "gloo", "cpu": "gloo"}
+
+
+def detect_device_type(env: dict[str, str] | None = None) -> str:
+    """``cuda`` | ``xpu`` | ``mps`` | ``cpu``: the override if set, else the first present."""
+    import torch
+
+    override = (env if env is not None else os.environ).get("GOODPUT_DEVICE")
+    if override:
+        if override not in BACKENDS:
+            raise GoodputError(
+                "GOODPUT_DEVICE",
+                f"unknown device type {override!r}",
+                f"use one of {', '.join(BACKENDS)}",
+                code=ExitCode.USAGE,
+            )
+        return override
+    if torch.cuda.is_available():
+        return "cuda"
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return "xpu"
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def backend_for(device_type: str) -> str:
+    return BACKENDS[device_type]
+
+
+def local_device(device_type: str, local_rank: int) -> Any:
+    """This rank's ``torch.device``, made current where the device type has a notion of it."""
+    import torch
+
+    if device_type in ("cuda", "xpu"):
+        module = getattr(torch, device_type)
+        index = local_rank % module.device_count()
+        module.set_device(index)
+        return torch.device(device_type, index)
+    return torch.device(device_type)

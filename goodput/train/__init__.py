@@ -1,0 +1,1 @@
+"""The training part. ``setup`` is the portable start of every run."""

@@ -1,0 +1,64 @@
+"""``setup_torch()``: one call from "some launcher started me" to a ready process group.
+
+Reads the placement (``goodput.launch.env``), picks device and backend
+(``goodput.launch.device``), makes the local device current *before* the process group exists
+(an FSDP2 first all-gather deadlocks otherwise on some stacks), seeds every RNG with the same
+seed on every rank (identical model init; data order comes from the blend, not from RNG), and
+initialises the default process group with a timeout. A single process gets a world-size-1 group
+on an in-memory store: no port, no network.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from goodput.launch.device import backend_for, detect_device_type, local_device
+from goodput.launch.env import Placement, read_placement
+
+DEFAULT_TIMEOUT_S = 600
+
+
+def setup_torch(seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
+    """Initialise this rank for training; return its global rank."""
+    placement = current_placement()
+    device_type = detect_device_type()
+    device = local_device(device_type, placement.local_rank)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if not dist.is_initialized():
+        timeout = timedelta(seconds=timeout_s)
+        backend = backend_for(device_type)
+        device_id = device if device_type in ("cuda", "xpu") else None
+        if placement.world_size == 1:
+            dist.init_process_group(
+                backend,
+                store=dist.HashStore(),
+                rank=0,
+                world_size=1,
+                timeout=timeout,
+                device_id=device_id,
+            )
+        else:
+            dist.init_process_group(
+                backend,
+                init_method=f"tcp://{placement.master_addr}:{placement.master_port}",
+                rank=placement.rank,
+                world_size=placement.world_size,
+                timeout=timeout,
+                device_id=device_id,
+            )
+    return placement.rank
+
+
+def current_placement() -> Placement:
+    nodefile = os.environ.get("PBS_NODEFILE")
+    hostfile_text = Path(nodefile).read_text() if nodefile and Path(nodefile).is_file() else None
+    return read_placement(os.environ, hostfile_text)
