@@ -1,0 +1,294 @@
+"""Llama-style decoder and its mixture-of-experts variant.
+
+Pre-norm blocks: RMSNorm -> grouped-query attention with rotary positions -> residual, RMSNorm ->
+SwiGLU MLP (or MoE) -> residual; a final RMSNorm and an output head, optionally tied to the
+embedding. Output projections of every block are initialised with std / sqrt(2 · layers) so the
+residual stream does not grow with depth.
+
+MoE: a linear router picks the top-k experts per token (softmax over the k chosen logits);
+optional shared expert always on. Balancing: an auxiliary loss (Switch style, E · Σ f_e · p_e,
+scaled by ``aux_loss_coef``) and/or the aux-loss-free scheme — a per-expert bias added to the
+logits for *selection only*, nudged after each step toward equal load (``update_router_bias``).
+Token dropping: with ``capacity_factor`` set, each expert takes at most
+ceil(factor · tokens · k / E) tokens in token order; the rest of its assignments are dropped
+(those tokens keep their residual); without it, nothing is dropped.
+
+Shape suffixes: b batch, t sequence, d model dim, h heads, k kv heads, e head dim, f ffn dim,
+v vocab, n tokens (b·t), x experts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from goodput.errors import ExitCode, GoodputError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoEConfig:
+    num_experts: int = 8
+    top_k: int = 2
+    expert_ffn_dim: int = 256
+    shared_expert: bool = False
+    aux_loss_coef: float = 0.01
+    bias_update_rate: float = 0.0  # aux-loss-free balancing; 0 turns it off
+    capacity_factor: float | None = None  # None: no token is ever dropped
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    vocab_size: int
+    dim: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int | None = None  # None: as many as num_heads (no grouping)
+    ffn_dim: int | None = None  # None: 8/3 · dim rounded up to a multiple of 256
+    max_seq_len: int = 2048
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: Literal["none", "linear", "llama3"] = "none"
+    rope_scaling_factor: float = 1.0
+    rope_original_max_seq_len: int = 8192  # llama3 scaling: the pre-training context
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    moe: MoEConfig | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        def fail(what: str, fix: str) -> None:
+            raise GoodputError("[model]", what, fix, code=ExitCode.USAGE)
+
+        if self.dim % self.num_heads:
+            fail(
+                f"dim {self.dim} is not divisible by num_heads {self.num_heads}",
+                "choose num_heads dividing dim",
+            )
+        if self.kv_heads < 1 or self.num_heads % self.kv_heads:
+            fail(
+                f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.kv_heads}",
+                "choose num_kv_heads dividing num_heads",
+            )
+        if self.head_dim % 2:
+            fail(
+                f"head dim {self.head_dim} is odd; rotary embeddings need pairs",
+                "choose dim / num_heads even",
+            )
+        if self.moe is not None and not 1 <= self.moe.top_k <= self.moe.num_experts:
+            fail(
+                f"moe.top_k {self.moe.top_k} must be in [1, {self.moe.num_experts}]",
+                "lower top_k or add experts",
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def mlp_dim(self) -> int:
+        return self.ffn_dim or 256 * math.ceil(8 * self.dim / 3 / 256)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 whatever the compute dtype: bf16 variance is too coarse.
+        x_fp32 = x.float()
+        scale = torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x_fp32 * scale).type_as(x) * self.weight
+
+
+def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """Rotation frequency of each head-dim pair, with the configured context scaling."""
+    inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim)
+    if cfg.rope_scaling == "linear":
+        return inv_freq / cfg.rope_scaling_factor
+    if cfg.rope_scaling == "llama3":
+        # Long wavelengths are slowed by the factor, short ones kept, a smooth blend between.
+        low_freq_factor, high_freq_factor = 1.0, 4.0
+        wavelength = 2 * math.pi / inv_freq
+        low = cfg.rope_original_max_seq_len / low_freq_factor
+        high = cfg.rope_original_max_seq_len / high_freq_factor
+        smooth = (cfg.rope_original_max_seq_len / wavelength - low_freq_factor) / (
+            high_freq_factor - low_freq_factor
+        )
+        blended = (1 - smooth) * inv_freq / cfg.rope_scaling_factor + smooth * inv_freq
+        scaled = torch.where(wavelength > low, inv_freq / cfg.rope_scaling_factor, inv_freq)
+        middle = (wavelength <= low) & (wavelength >= high)
+        return torch.where(middle, blended, scaled)
+    return inv_freq
+
+
+def apply_rope(x_bthe: torch.Tensor, cos_te: torch.Tensor, sin_te: torch.Tensor) -> torch.Tensor:
+    """Rotate each (even, odd) pair of the head dim by its position's angle."""
+    x_even, x_odd = x_bthe.float()[..., 0::2], x_bthe.float()[..., 1::2]
+    cos, sin = cos_te[:, None, :], sin_te[:, None, :]
+    rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x_bthe)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wq = nn.Linear(cfg.dim, cfg.num_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.dim, bias=False)
+
+    def forward(
+        self, x_btd: torch.Tensor, cos_te: torch.Tensor, sin_te: torch.Tensor
+    ) -> torch.Tensor:
+        b, t, _ = x_btd.shape
+        cfg = self.cfg
+        q_bthe = apply_rope(self.wq(x_btd).view(b, t, cfg.num_heads, cfg.head_dim), cos_te, sin_te)
+        k_btke = apply_rope(self.wk(x_btd).view(b, t, cfg.kv_heads, cfg.head_dim), cos_te, sin_te)
+        v_btke = self.wv(x_btd).view(b, t, cfg.kv_heads, cfg.head_dim)
+        out_bhte = F.scaled_dot_product_attention(
+            q_bthe.transpose(1, 2),
+            k_btke.transpose(1, 2),
+            v_btke.transpose(1, 2),
+            is_causal=True,
+            enable_gqa=cfg.kv_heads != cfg.num_heads,
+        )
+        return self.wo(out_bhte.transpose(1, 2).reshape(b, t, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, ffn_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, ffn_dim, bias=False)  # gate
+        self.w3 = nn.Linear(dim, ffn_dim, bias=False)  # up
+        self.w2 = nn.Linear(ffn_dim, dim, bias=False)  # down: the block's output projection
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MoE(nn.Module):
+    """Top-k routed SwiGLU experts (+ optional shared expert); see the module docstring."""
+
+    selection_bias: torch.Tensor
+    tokens_per_expert: torch.Tensor
+
+    def __init__(self, dim: int, cfg: MoEConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.router = nn.Linear(dim, cfg.num_experts, bias=False)
+        self.experts = nn.ModuleList(
+            SwiGLU(dim, cfg.expert_ffn_dim) for _ in range(cfg.num_experts)
+        )
+        self.shared = SwiGLU(dim, cfg.expert_ffn_dim) if cfg.shared_expert else None
+        self.register_buffer("selection_bias", torch.zeros(cfg.num_experts), persistent=True)
+        self.register_buffer("tokens_per_expert", torch.zeros(cfg.num_experts), persistent=False)
+        self.aux_loss = torch.zeros(())
+        self.num_dropped = 0
+
+    def forward(self, x_btd: torch.Tensor) -> torch.Tensor:
+        x_nd = x_btd.reshape(-1, x_btd.shape[-1])
+        logits_nx = self.router(x_nd).float()
+        chosen_nk = torch.topk(logits_nx + self.selection_bias, self.cfg.top_k, dim=-1).indices
+        gates_nk = torch.softmax(logits_nx.gather(1, chosen_nk), dim=-1).type_as(x_nd)
+        load_x = torch.bincount(chosen_nk.flatten(), minlength=self.cfg.num_experts).float()
+        self.tokens_per_expert = load_x.detach()
+        fraction_x = load_x / chosen_nk.numel()
+        probability_x = torch.softmax(logits_nx, dim=-1).mean(0)
+        self.aux_loss = (
+            self.cfg.aux_loss_coef * self.cfg.num_experts * (fraction_x * probability_x).sum()
+        )
+        capacity = (
+            math.ceil(self.cfg.capacity_factor * chosen_nk.numel() / self.cfg.num_experts)
+            if self.cfg.capacity_factor
+            else chosen_nk.numel()
+        )
+        out_nd = torch.zeros_like(x_nd)
+        self.num_dropped = 0
+        for expert_id, expert in enumerate(self.experts):
+            token_n, slot_n = torch.nonzero(chosen_nk == expert_id, as_tuple=True)
+            self.num_dropped += max(len(token_n) - capacity, 0)
+            token_n, slot_n = token_n[:capacity], slot_n[:capacity]  # token order: first come
+            if len(token_n):
+                out_nd.index_add_(
+                    0, token_n, expert(x_nd[token_n]) * gates_nk[token_n, slot_n, None]
+                )
+        if self.shared is not None:
+            out_nd = out_nd + self.shared(x_nd)
+        return out_nd.view_as(x_btd)
+
+    @torch.no_grad()
+    def update_router_bias(self) -> None:
+        """Aux-loss-free balancing: raise the bias of under-loaded experts, lower the others'."""
+        if self.cfg.bias_update_rate:
+            load_x = self.tokens_per_expert
+            self.selection_bias += self.cfg.bias_update_rate * torch.sign(load_x.mean() - load_x)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.mlp: nn.Module = MoE(cfg.dim, cfg.moe) if cfg.moe else SwiGLU(cfg.dim, cfg.mlp_dim)
+
+    def forward(
+        self, x_btd: torch.Tensor, cos_te: torch.Tensor, sin_te: torch.Tensor
+    ) -> torch.Tensor:
+        x_btd = x_btd + self.attention(self.attention_norm(x_btd), cos_te, sin_te)
+        return x_btd + self.mlp(self.mlp_norm(x_btd))
+
+
+class Transformer(nn.Module):
+    inv_freq: torch.Tensor
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embedding = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.output.weight = self.embedding.weight
+        self.register_buffer("inv_freq", rope_frequencies(cfg), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std, depth_std = self.cfg.init_std, self.cfg.init_std / math.sqrt(2 * self.cfg.num_layers)
+        for name, parameter in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(parameter)
+            elif name.endswith(("wo.weight", "w2.weight")):
+                nn.init.normal_(parameter, std=depth_std)
+            else:
+                nn.init.normal_(parameter, std=std)
+
+    def forward(self, input_ids_bt: torch.Tensor) -> torch.Tensor:
+        """Logits ``[b, t, v]`` for every position."""
+        positions_t = torch.arange(input_ids_bt.shape[1], device=input_ids_bt.device)
+        angles_te = positions_t[:, None].float() * self.inv_freq[None, :]
+        cos_te, sin_te = angles_te.cos(), angles_te.sin()
+        x_btd = self.embedding(input_ids_bt)
+        for block in self.blocks:
+            x_btd = block(x_btd, cos_te, sin_te)
+        return self.output(self.norm(x_btd))
+
+    def moe_layers(self) -> list[MoE]:
+        return [m for m in self.modules() if isinstance(m, MoE)]
+
+    def aux_loss(self) -> torch.Tensor:
+        """Sum of the MoE layers' balancing losses of the last forward (0 for a dense model)."""
+        losses = [layer.aux_loss for layer in self.moe_layers()]
+        return torch.stack(losses).sum() if losses else torch.zeros(())
