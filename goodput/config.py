@@ -14,6 +14,7 @@ import dataclasses
 import tomllib
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,24 +23,38 @@ from goodput.errors import ExitCode, GoodputError
 T = TypeVar("T")
 
 
-def load_config(cls: type[T], path: str | Path | None, overrides: list[str] = ()) -> T:  # type: ignore[assignment]
+def load_config(cls: type[T], path: str | Path | None, overrides: Sequence[str] = ()) -> T:
     """Read ``path`` (TOML; None for defaults), apply ``a.b=value`` overrides, build ``cls``."""
-    where = str(path) if path is not None else "<defaults>"
-    raw: dict[str, Any] = {}
-    if path is not None:
-        try:
-            raw = tomllib.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise GoodputError(
-                path, "config file not found", "check the path", code=ExitCode.USAGE
-            ) from None
-        except tomllib.TOMLDecodeError as exc:
-            raise GoodputError(
-                path, f"invalid TOML: {exc}", "fix the syntax", code=ExitCode.USAGE
-            ) from None
+    raw = read_toml(path) if path is not None else {}
     for item in overrides:
         apply_override(raw, item)
-    return build(cls, raw, where)
+    return build(cls, raw, str(path) if path is not None else "<defaults>")
+
+
+def load_section(cls: type[T], path: str | Path, section: str, overrides: Sequence[str] = ()) -> T:
+    """Build ``cls`` from one ``[section]`` of a TOML file (a component gets only its own
+    part); overrides are ``key=value`` within the section."""
+    raw = read_toml(path)
+    if not isinstance(raw.get(section), dict):
+        raise GoodputError(
+            path, f"no [{section}] table", f"add a [{section}] section", code=ExitCode.USAGE
+        )
+    for item in overrides:
+        apply_override(raw[section], item)
+    return build(cls, raw[section], str(path), f"{section}.")
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise GoodputError(
+            path, "config file not found", "check the path", code=ExitCode.USAGE
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise GoodputError(
+            path, f"invalid TOML: {exc}", "fix the syntax", code=ExitCode.USAGE
+        ) from None
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
