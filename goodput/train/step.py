@@ -1,0 +1,72 @@
+"""One optimizer step over a global batch: the honest loss and its gradients.
+
+The loss is the *global token-weighted mean*: every micro-batch's summed token loss is divided
+by the number of target tokens in the whole global batch (all micro-batches, all data-parallel
+ranks, masked labels excluded), counted before the first forward. Gradients are therefore the
+gradient of that one number whatever the DP size or the grad-accumulation split — the per-
+micro-batch mean, which silently over-weights short or heavily masked micro-batches, is never
+used. Data-parallel gradients are summed (not averaged) across ranks for the same reason.
+
+Reused as-is by diagnostics; the loop (``loop.py``) owns everything periodic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    loss: float  # global token-weighted mean over the whole global batch
+    grad_norm: float  # before clipping
+    num_tokens: int  # target tokens in the global batch
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    max_grad_norm: float | None = 1.0,
+    dp_group: dist.ProcessGroup | None = None,
+) -> StepResult:
+    """Forward/backward every micro-batch of this rank, reduce, clip, step."""
+    distributed = dist.is_initialized() and dist.get_world_size(dp_group) > 1
+    local_tokens = sum(int((labels != IGNORE_INDEX).sum()) for _, labels in micro_batches)
+    counts = torch.tensor([float(local_tokens)])
+    if distributed:
+        dist.all_reduce(counts, group=dp_group)
+    global_tokens = max(counts.item(), 1.0)
+    loss_sum = torch.zeros(())
+    for input_ids, labels in micro_batches:
+        logits = model(input_ids)
+        token_loss_sum = F.cross_entropy(
+            logits.flatten(0, 1).float(),
+            labels.flatten(),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
+        (token_loss_sum / global_tokens).backward()
+        loss_sum += token_loss_sum.detach()
+    if distributed:
+        for parameter in model.parameters():
+            if parameter.grad is not None:
+                dist.all_reduce(parameter.grad, group=dp_group)
+        dist.all_reduce(loss_sum, group=dp_group)
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        model.parameters(), max_grad_norm if max_grad_norm is not None else float("inf")
+    )
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(
+        loss=loss_sum.item() / global_tokens,
+        grad_norm=float(grad_norm),
+        num_tokens=int(global_tokens),
+    )

@@ -1,0 +1,88 @@
+"""The logged loss and the gradients are the same for any DP size and grad-accumulation split,
+even when micro-batches hold very different numbers of target tokens."""
+
+import math
+
+import pytest
+import torch
+
+from goodput.testing.dist import run_distributed
+from goodput.train.model import ModelConfig, Transformer
+from goodput.train.schedule import ScheduleConfig, learning_rate
+from goodput.train.step import IGNORE_INDEX, train_step
+
+CFG = ModelConfig(vocab_size=61, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=64)
+GLOBAL_BATCH, SEQ = 8, 12
+
+
+def global_batch():
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 61, (GLOBAL_BATCH, SEQ + 1), generator=generator)
+    labels = tokens[:, 1:].clone()
+    for row in range(GLOBAL_BATCH):  # row r keeps only r + 1 targets: wildly uneven counts
+        labels[row, row + 1 :] = IGNORE_INDEX
+    return tokens[:, :-1], labels
+
+
+def one_step(rank, world_size, accumulation):
+    torch.manual_seed(0)
+    model = Transformer(CFG)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    inputs, labels = global_batch()
+    per_rank = GLOBAL_BATCH // world_size
+    mine = slice(rank * per_rank, (rank + 1) * per_rank)
+    size = per_rank // accumulation
+    micro = [
+        (inputs[mine][i * size : (i + 1) * size], labels[mine][i * size : (i + 1) * size])
+        for i in range(accumulation)
+    ]
+    result = train_step(model, optimizer, micro, max_grad_norm=None)
+    return result.loss, result.grad_norm, result.num_tokens, model.output.weight[:3, :3].clone()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return one_step(0, 1, 1)
+
+
+def test_fresh_loss_is_the_global_token_mean(reference):
+    loss, _, num_tokens, _ = reference
+    assert num_tokens == sum(range(1, GLOBAL_BATCH + 1))
+    assert abs(loss - math.log(61)) < 0.2
+
+
+@pytest.mark.parametrize(("world_size", "accumulation"), [(1, 8), (1, 2), (2, 1), (2, 4), (4, 2)])
+def test_same_loss_and_update_for_any_split(reference, world_size, accumulation):
+    if world_size == 1:
+        results = [one_step(0, 1, accumulation)]
+    else:
+        results = run_distributed(one_step, world_size, accumulation)
+    for loss, grad_norm, num_tokens, weights in results:
+        assert num_tokens == reference[2]
+        assert loss == pytest.approx(reference[0], rel=1e-5)
+        assert grad_norm == pytest.approx(reference[1], rel=1e-4)
+        assert torch.allclose(weights, reference[3], atol=1e-6)
+
+
+def test_per_micro_batch_mean_would_differ(reference):
+    # The silent failure this step avoids: averaging micro-batch means weighs rows, not tokens.
+    torch.manual_seed(0)
+    model = Transformer(CFG)
+    inputs, labels = global_batch()
+    means = [
+        torch.nn.functional.cross_entropy(
+            model(inputs[i : i + 1]).flatten(0, 1), labels[i].flatten(), ignore_index=IGNORE_INDEX
+        )
+        for i in range(GLOBAL_BATCH)
+    ]
+    assert abs(torch.stack(means).mean().item() - reference[0]) > 1e-3
+
+
+def test_schedules():
+    cosine = ScheduleConfig(lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    assert learning_rate(cosine, 0, 100) == pytest.approx(0.1)
+    assert learning_rate(cosine, 9, 100) == pytest.approx(1.0)
+    assert learning_rate(cosine, 100, 100) == pytest.approx(0.1)
+    wsd = ScheduleConfig(kind="wsd", lr=1.0, warmup_steps=10, min_lr_ratio=0.0, decay_fraction=0.2)
+    assert learning_rate(wsd, 50, 100) == 1.0 and learning_rate(wsd, 79, 100) == 1.0
+    assert learning_rate(wsd, 90, 100) == pytest.approx(0.5)
