@@ -43,6 +43,10 @@ def _rank_main(
             world_size=world_size,
             timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
         )
+        # A rank whose fn has no collective could finish and close its sockets while a slower
+        # peer is still inside gloo's connect handshake ("Connection closed by peer"): no rank
+        # starts before all are connected.
+        dist.barrier()
         try:
             # Plain pickle, not the queue's: torch would pass tensors as shared-memory file
             # descriptors that die with this process, racing the parent's read. (Our own child's
