@@ -5,7 +5,8 @@ by the number of target tokens in the whole global batch (all micro-batches, all
 ranks, masked labels excluded), counted before the first forward. Gradients are therefore the
 gradient of that one number whatever the DP size or the grad-accumulation split — the per-
 micro-batch mean, which silently over-weights short or heavily masked micro-batches, is never
-used. Data-parallel gradients are summed (not averaged) across ranks for the same reason.
+used. Data-parallel gradients are summed (not averaged) across ranks for the same reason: by
+FSDP (see ``parallelize``) or, for replicated parameters, here.
 
 Reused as-is by diagnostics; the loop (``loop.py``) owns everything periodic.
 """
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 IGNORE_INDEX = -100
 
@@ -57,7 +59,8 @@ def train_step(
         loss_sum += token_loss_sum.detach()
     if distributed:
         for parameter in model.parameters():
-            if parameter.grad is not None:
+            # FSDP-sharded parameters (DTensors) were already summed by FSDP's reduce-scatter.
+            if parameter.grad is not None and not isinstance(parameter, DTensor):
                 dist.all_reduce(parameter.grad, group=dp_group)
         dist.all_reduce(loss_sum, group=dp_group)
     grad_norm = torch.nn.utils.clip_grad_norm_(

@@ -7,35 +7,19 @@ import pytest
 import torch
 
 from goodput.testing.dist import run_distributed
-from goodput.train.model import ModelConfig, Transformer
+from goodput.testing.tiny import TINY_MODEL, rank_micro_batches, uneven_global_batch
+from goodput.train.model import Transformer
 from goodput.train.schedule import ScheduleConfig, learning_rate
 from goodput.train.step import IGNORE_INDEX, train_step
 
-CFG = ModelConfig(vocab_size=61, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=64)
-GLOBAL_BATCH, SEQ = 8, 12
-
-
-def global_batch():
-    generator = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, 61, (GLOBAL_BATCH, SEQ + 1), generator=generator)
-    labels = tokens[:, 1:].clone()
-    for row in range(GLOBAL_BATCH):  # row r keeps only r + 1 targets: wildly uneven counts
-        labels[row, row + 1 :] = IGNORE_INDEX
-    return tokens[:, :-1], labels
+GLOBAL_BATCH = 8
 
 
 def one_step(rank, world_size, accumulation):
     torch.manual_seed(0)
-    model = Transformer(CFG)
+    model = Transformer(TINY_MODEL)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    inputs, labels = global_batch()
-    per_rank = GLOBAL_BATCH // world_size
-    mine = slice(rank * per_rank, (rank + 1) * per_rank)
-    size = per_rank // accumulation
-    micro = [
-        (inputs[mine][i * size : (i + 1) * size], labels[mine][i * size : (i + 1) * size])
-        for i in range(accumulation)
-    ]
+    micro = rank_micro_batches(*uneven_global_batch(), rank, world_size, accumulation)
     result = train_step(model, optimizer, micro, max_grad_norm=None)
     return result.loss, result.grad_norm, result.num_tokens, model.output.weight[:3, :3].clone()
 
@@ -67,8 +51,8 @@ def test_same_loss_and_update_for_any_split(reference, world_size, accumulation)
 def test_per_micro_batch_mean_would_differ(reference):
     # The silent failure this step avoids: averaging micro-batch means weighs rows, not tokens.
     torch.manual_seed(0)
-    model = Transformer(CFG)
-    inputs, labels = global_batch()
+    model = Transformer(TINY_MODEL)
+    inputs, labels = uneven_global_batch()
     means = [
         torch.nn.functional.cross_entropy(
             model(inputs[i : i + 1]).flatten(0, 1), labels[i].flatten(), ignore_index=IGNORE_INDEX

@@ -1,0 +1,57 @@
+"""Data parallelism and the precision policy, applied to a built model.
+
+``fsdp``: FSDP2 ``fully_shard`` on every block and then the root (embedding, final norm, output
+head — tied weights stay in one unit). ``replicate``: every rank keeps the whole model and
+``train_step`` sums gradients itself; right for models that fit easily.
+
+Precision policies:
+- ``fp32-master`` (default): fp32 weights and optimizer state, bf16 compute, fp32 gradient
+  reduction;
+- ``pure-bf16``: weights, gradients and optimizer state all bf16 — half the memory, and the
+  policy under which small updates can round to zero (the diagnostics need it to reproduce that);
+- ``fp32``: everything fp32 (CPU tests compare it bit-for-bit with one process).
+
+``train_step`` already divides by the global token count, so FSDP must *sum* gradients, never
+average them: the divide factor is 1 and the reduction is forced to a plain SUM, which is also
+the only form gloo accepts (it rejects the pre-multiplied sum FSDP would otherwise use).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelConfig:
+    data_parallel: Literal["fsdp", "replicate"] = "fsdp"
+    reshard_after_forward: bool = True
+    precision: Literal["fp32-master", "pure-bf16", "fp32"] = "fp32-master"
+
+
+def parallelize(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh | None = None) -> nn.Module:
+    """Apply the precision policy and data parallelism to ``model`` in place; return it."""
+    if cfg.precision == "pure-bf16":
+        model.to(torch.bfloat16)
+    if cfg.data_parallel == "replicate":
+        return model
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if cfg.precision == "fp32-master"
+        else MixedPrecisionPolicy()
+    )
+    for block in model.blocks:  # type: ignore[union-attr]
+        fully_shard(
+            block, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=policy
+        )
+    fully_shard(model, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=policy)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    return model

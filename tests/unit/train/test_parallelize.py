@@ -1,0 +1,62 @@
+"""FSDP2 on gloo: the same loss and the same update as one process; precision policies in
+effect."""
+
+import pytest
+import torch
+from torch.distributed.tensor import DTensor
+
+from goodput.testing.dist import run_distributed
+from goodput.testing.tiny import TINY_MODEL, rank_micro_batches, uneven_global_batch
+from goodput.train.model import Transformer
+from goodput.train.parallelize import ParallelConfig, parallelize
+from goodput.train.step import train_step
+
+
+def full(tensor):
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def fsdp_step(rank, world_size, precision, accumulation):
+    torch.manual_seed(0)
+    model = parallelize(Transformer(TINY_MODEL), ParallelConfig(precision=precision))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    micro = rank_micro_batches(*uneven_global_batch(), rank, world_size, accumulation)
+    result = train_step(model, optimizer, micro, max_grad_norm=None)
+    weight = full(model.output.weight)
+    return result.loss, result.grad_norm, weight[:3, :3].clone(), str(weight.dtype)
+
+
+def single_step(precision):
+    torch.manual_seed(0)
+    model = parallelize(
+        Transformer(TINY_MODEL), ParallelConfig(data_parallel="replicate", precision=precision)
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    inputs, labels = uneven_global_batch()
+    result = train_step(model, optimizer, [(inputs, labels)], max_grad_norm=None)
+    return result.loss, result.grad_norm, model.output.weight[:3, :3].detach().clone()
+
+
+def test_fsdp_fp32_matches_one_process():
+    loss, grad_norm, weights = single_step("fp32")
+    for rank_loss, rank_norm, rank_weights, dtype in run_distributed(fsdp_step, 2, "fp32", 2):
+        assert rank_loss == pytest.approx(loss, rel=1e-5)
+        assert rank_norm == pytest.approx(grad_norm, rel=1e-4)
+        assert torch.allclose(rank_weights, weights, atol=1e-6) and dtype == "torch.float32"
+
+
+def test_fp32_master_keeps_fp32_weights_but_computes_in_bf16():
+    results = run_distributed(fsdp_step, 2, "fp32-master", 1)
+    loss, _, weights = single_step("fp32")
+    for rank_loss, _, rank_weights, dtype in results:
+        assert dtype == "torch.float32"  # master weights
+        assert rank_loss == pytest.approx(loss, rel=2e-2)  # bf16 compute: close, not equal
+        assert rank_loss != pytest.approx(loss, rel=1e-6)
+        assert torch.allclose(rank_weights, weights, atol=1e-2)
+
+
+def test_pure_bf16_stores_bf16():
+    model = parallelize(
+        Transformer(TINY_MODEL), ParallelConfig(data_parallel="replicate", precision="pure-bf16")
+    )
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
