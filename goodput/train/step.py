@@ -41,12 +41,15 @@ def train_step(
 ) -> StepResult:
     """Forward/backward every micro-batch of this rank, reduce, clip, step."""
     distributed = dist.is_initialized() and dist.get_world_size(dp_group) > 1
+    # Collectives need tensors on the backend's device (NCCL: the GPU); int64 keeps token
+    # counts exact past float32's 2^24.
+    device = next(model.parameters()).device
     local_tokens = sum(int((labels != IGNORE_INDEX).sum()) for _, labels in micro_batches)
-    counts = torch.tensor([float(local_tokens)])
+    counts = torch.tensor([local_tokens], dtype=torch.int64, device=device)
     if distributed:
         dist.all_reduce(counts, group=dp_group)
-    global_tokens = max(counts.item(), 1.0)
-    loss_sum = torch.zeros(())
+    global_tokens = max(int(counts.item()), 1)
+    loss_sum = torch.zeros((), device=device)
     for input_ids, labels in micro_batches:
         logits = model(input_ids)
         token_loss_sum = F.cross_entropy(
