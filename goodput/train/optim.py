@@ -1,0 +1,52 @@
+"""Optimizers, keyed by the TOML ``kind``.
+
+``adamw``: decoupled weight decay on matrices only — norm gains (1-D) are left undecayed, since
+decay would pull them toward zero and shrink the residual stream. Fused kernels where the device
+has them (CUDA, XPU), the multi-tensor ``foreach`` path elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptimConfig:
+    kind: Literal["adamw"] = "adamw"
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            (decay if parameter.ndim >= 2 else no_decay).append(parameter)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def _adamw(model: nn.Module, cfg: OptimConfig, lr: float) -> torch.optim.Optimizer:
+    device_type = next(model.parameters()).device.type
+    fast = {"fused": True} if device_type in ("cuda", "xpu") else {"foreach": True}
+    return torch.optim.AdamW(
+        parameter_groups(model, cfg.weight_decay), lr=lr, betas=cfg.betas, eps=cfg.eps, **fast
+    )
+
+
+KINDS: dict[str, Callable[[nn.Module, OptimConfig, float], torch.optim.Optimizer]] = {
+    "adamw": _adamw,
+}
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float) -> torch.optim.Optimizer:
+    return KINDS[cfg.kind](model, cfg, lr)
