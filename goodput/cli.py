@@ -196,8 +196,9 @@ def _train_tokenizer(args: argparse.Namespace) -> ExitCode:
 
 def _tokenize(args: argparse.Namespace) -> ExitCode:
     from goodput.data import tokenize
+    from goodput.launch.env import launcher_rank
 
-    rank, world_size = _launcher_rank()
+    rank, world_size = launcher_rank(os.environ)
     job = tokenize.TokenizeJob(
         inputs=args.inputs,
         tokenizer=args.tokenizer,
@@ -219,22 +220,6 @@ def _tokenize(args: argparse.Namespace) -> ExitCode:
             f"{manifest['num_empty_skipped']:,} empty documents skipped"
         )
     return ExitCode.OK
-
-
-def _launcher_rank() -> tuple[int, int]:
-    """``RANK``/``WORLD_SIZE`` as any launcher (torchrun, ``goodput launch``) sets them."""
-    values = {
-        key: os.environ.get(key, default) for key, default in (("RANK", "0"), ("WORLD_SIZE", "1"))
-    }
-    try:
-        return int(values["RANK"]), int(values["WORLD_SIZE"])
-    except ValueError:
-        raise GoodputError(
-            "environment",
-            f"RANK={values['RANK']!r} WORLD_SIZE={values['WORLD_SIZE']!r} are not integers",
-            "unset them or let the launcher set them",
-            code=ExitCode.USAGE,
-        ) from None
 
 
 def _stem(path: Path) -> str:

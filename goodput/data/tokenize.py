@@ -110,17 +110,10 @@ def run(job: TokenizeJob) -> dict[str, Any] | None:
         }
     )
     _refuse_foreign_output(job, job_key)
-    existing = (
-        read_json(manifest_path(job.output, job.name))
-        if manifest_path(job.output, job.name).exists()
-        else None
-    )
-    if existing is not None:
-        print(
-            f"{manifest_path(job.output, job.name)}: already complete, nothing to do",
-            file=sys.stderr,
-        )
-        return existing
+    manifest_file = manifest_path(job.output, job.name)
+    if manifest_file.exists():  # _refuse_foreign_output checked it is this job's
+        print(f"{manifest_file}: already complete, nothing to do", file=sys.stderr)
+        return read_json(manifest_file)
     mine = [u for u in range(len(units)) if u % job.world_size == job.rank]
     pending = [u for u in mine if not _unit_done(job, u, job_key)]
     if len(pending) < len(mine):

@@ -75,6 +75,23 @@ def read_placement(env: Mapping[str, str], hostfile_text: str | None = None) -> 
     )
 
 
+def launcher_rank(env: Mapping[str, str]) -> tuple[int, int]:
+    """``RANK``/``WORLD_SIZE`` alone, as torchrun and ``goodput launch`` set them, for jobs that
+    split work by rank without a process group (``goodput data tokenize``). Scheduler variables
+    are deliberately ignored: inside a Slurm batch script ``SLURM_NTASKS`` describes the whole
+    allocation, and a lone process reading it would do only its share of the work."""
+    values = {key: env.get(key, default) for key, default in (("RANK", "0"), ("WORLD_SIZE", "1"))}
+    try:
+        return int(values["RANK"]), int(values["WORLD_SIZE"])
+    except ValueError:
+        raise GoodputError(
+            "environment",
+            f"RANK={values['RANK']!r} WORLD_SIZE={values['WORLD_SIZE']!r} are not integers",
+            "unset them or let the launcher set them",
+            code=ExitCode.USAGE,
+        ) from None
+
+
 def expand_nodelist(spec: str) -> list[str]:
     """Expand a Slurm node list such as ``x[1000-1003,1010]c0s1b0n0,login[1-2]``."""
     hosts: list[str] = []
