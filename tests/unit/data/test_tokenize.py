@@ -160,6 +160,21 @@ def test_hf_tokenizer_with_a_big_vocab_writes_int32(corpus, tmp_path):
     assert reader[0].tolist() == [vocab[w] for w in texts[0].split()] + [1]
 
 
+def blend_list(directory, *, seq_len, num_samples):
+    """Blend ``directory/list.txt`` with seed 0 into ``directory/cache``."""
+    from goodput.data.blend import BlendSpec, build_blend
+
+    return build_blend(
+        BlendSpec(
+            file_list=directory / "list.txt",
+            seq_len=seq_len,
+            num_samples=num_samples,
+            seed=0,
+            output=directory / "cache",
+        )
+    )
+
+
 def run_cli(*argv):
     return cli.main([str(a) for a in argv])
 
@@ -214,34 +229,18 @@ def test_inspect_and_verify_catch_a_changed_shard(corpus, tmp_path, capsys):
 
 
 def test_blend_of_packed_shards_reads_rows(corpus, tmp_path):
-    from goodput.data.blend import BlendSpec, build_blend
     from goodput.data.loader import BlendedSamples
 
     folder, model, _ = corpus
     tokenize.run(job(folder, model, tmp_path, pack_seq_len=15, shard_size_mb=1))
     (tmp_path / "list.txt").write_text("1 web_00000 web\n")
-    spec = BlendSpec(
-        file_list=tmp_path / "list.txt",
-        seq_len=15,
-        num_samples=50,
-        seed=0,
-        output=tmp_path / "cache",
-    )
-    directory, manifest = build_blend(spec)
+    directory, manifest = blend_list(tmp_path, seq_len=15, num_samples=50)
     rows = {tuple(r.tolist()) for r in ShardReader(tmp_path / "web_00000")}
     samples = BlendedSamples(directory)
     assert all(tuple(samples[i].tolist()) in rows for i in range(50))
     assert not (tmp_path / "cache" / "files").exists()  # no per-file index for packed shards
-    with pytest.raises(Exception, match="packed for seq_len 15"):
-        build_blend(
-            BlendSpec(
-                file_list=tmp_path / "list.txt",
-                seq_len=16,
-                num_samples=50,
-                seed=0,
-                output=tmp_path / "cache",
-            )
-        )
+    with pytest.raises(GoodputError, match="packed for seq_len 15"):
+        blend_list(tmp_path, seq_len=16, num_samples=50)
 
 
 def test_help_is_useful(capsys):
@@ -302,8 +301,6 @@ def test_token_ids_beyond_the_shard_dtype_are_refused():
 
 
 def test_blend_refuses_shards_of_two_tokenizers(corpus, tmp_path):
-    from goodput.data.blend import BlendSpec, build_blend
-
     folder, model, _ = corpus
     other = tmp_path / "other.model"
     train_sentencepiece(sorted(folder.iterdir())[:3], 320, other)
@@ -311,14 +308,6 @@ def test_blend_refuses_shards_of_two_tokenizers(corpus, tmp_path):
     tokenize.run(job(folder, other, tmp_path, name="b", shard_size_mb=1))
     (tmp_path / "list.txt").write_text("1 a_00000 web\n1 b_00000 web\n")
     with pytest.raises(GoodputError, match="different tokenizer") as exc:
-        build_blend(
-            BlendSpec(
-                file_list=tmp_path / "list.txt",
-                seq_len=8,
-                num_samples=10,
-                seed=0,
-                output=tmp_path / "cache",
-            )
-        )
+        blend_list(tmp_path, seq_len=8, num_samples=10)
     assert exc.value.render().startswith(f"{tmp_path / 'list.txt'}:2:")
     assert f"{tmp_path / 'list.txt'}:1" in exc.value.render()
