@@ -51,6 +51,18 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--seq-len", type=int, help="default: the config's max_seq_len")
     info.add_argument("--json", action="store_true")
     info.set_defaults(handler=_model_info)
+    train = groups.add_parser(
+        "train",
+        help="train a model from a run config (single process or under any launcher)",
+        description="Train from a TOML run config with [model] [train] [data] [optim] "
+        "[schedule] [parallel] tables. Runs as one process, or as every rank under torchrun, "
+        "srun or mpiexec; prints one step=N line per step.",
+    )
+    train.add_argument("config", type=Path, help="the run config (TOML)")
+    train.add_argument(
+        "overrides", nargs="*", help="section.key=value overrides, e.g. train.steps=100"
+    )
+    train.set_defaults(handler=_train)
     return parser
 
 
@@ -273,6 +285,15 @@ def _model_info(args: argparse.Namespace) -> ExitCode:
     cfg = load_section(ModelConfig, args.config, "model", args.overrides)
     info = describe(cfg, args.seq_len or cfg.max_seq_len)
     print(json.dumps(info, indent=2) if args.json else format_description(str(args.config), info))
+    return ExitCode.OK
+
+
+def _train(args: argparse.Namespace) -> ExitCode:
+    from goodput.config import load_config
+    from goodput.train.config import RunConfig
+    from goodput.train.loop import train
+
+    train(load_config(RunConfig, args.config, args.overrides))
     return ExitCode.OK
 
 

@@ -5,12 +5,14 @@ One loader for every component config. A config class is a
 config classes (a TOML table each). Unknown keys are rejected with the valid ones listed; values
 are checked against the field's type; ``section.key=value`` overrides are parsed as TOML values
 (so ``lr=3e-4`` is a float and ``name=foo`` a string). Cross-field checks belong in each class's
-``__post_init__``, raising ``GoodputError``.
+``__post_init__``, raising ``GoodputError``. ``to_toml`` writes a built config back out (the
+run directory's resolved config); ``None`` fields are left out, so they must default to ``None``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 import types
 import typing
@@ -42,6 +44,34 @@ def load_section(cls: type[T], path: str | Path, section: str, overrides: Sequen
     for item in overrides:
         apply_override(raw[section], item)
     return build(cls, raw[section], str(path), f"{section}.")
+
+
+def to_toml(config: Any) -> str:
+    """A built config as TOML that ``build`` reads back to an equal config."""
+    return _toml_table(dataclasses.asdict(config), "")
+
+
+def _toml_table(table: dict[str, Any], name: str) -> str:
+    values = {k: v for k, v in table.items() if v is not None and not isinstance(v, dict)}
+    tables = {k: v for k, v in table.items() if isinstance(v, dict)}
+    lines = [f"[{name}]"] if name and values else []
+    lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
+    text = "\n".join(lines) + "\n" if lines else ""
+    for key, sub in tables.items():
+        text += ("\n" if text else "") + _toml_table(sub, f"{name}.{key}" if name else key)
+    return text
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)  # inf and nan are valid TOML floats; repr round-trips exactly
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

@@ -1,26 +1,33 @@
-"""``make demo``: the whole data pipeline on the embedded corpus, on CPU, through the real CLI.
+"""``make demo``: the whole pipeline on the embedded corpus, on CPU, through the real CLI.
 
-Each step is the command a user would type (printed before it runs), so the demo doubles as a
-walkthrough. Steps whose output is already complete are cheap to rerun: tokenize resumes and
-blend hits its cache.
+Data (corpus, tokenizer, shards, blend, verify), then training the tiny model of
+``configs/tiny-cpu.toml`` on 2 CPU ranks under torchrun, ending with the loss curve in a few
+numbers. Each step is the command a user would type (printed before it runs), so the demo
+doubles as a walkthrough. Steps whose output is already complete are cheap to rerun: tokenize
+resumes and blend hits its cache.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 from goodput import cli
+from goodput.config import load_config
 from goodput.data.blend import BlendSpec, build_blend, format_report
 from goodput.data.loader import DataLoader
 from goodput.io import write_text
+from goodput.train.config import RunConfig
 
 DEMO_WEIGHTS = {"code": 0.5, "docstrings": 0.3, "docs": 0.2}
 VOCAB_SIZE = 4096
-SEQ_LEN = 256
-NUM_SAMPLES = 16_000
+TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.toml"
+NUM_RANKS = 2
 SEED = 1234
 
 
@@ -34,7 +41,15 @@ def run(argv: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--output", type=Path, default=Path("demo"))
-    out = parser.parse_args().output
+    parser.add_argument("--train-steps", type=int, help="default: the config's train.steps")
+    args = parser.parse_args()
+    out = args.output
+    cfg = load_config(RunConfig, TRAIN_CONFIG)
+    steps = args.train_steps or cfg.train.steps
+    # The same blend the training run asks for (its length is steps x global batch), so that the
+    # trainer's own build below is a cache hit.
+    seq_len = cfg.train.seq_len
+    num_samples = steps * cfg.train.tokens_per_step // seq_len
     corpus, shards, tokenizer = out / "corpus", out / "shards", out / "tokenizer.model"
     run(["data", "demo-corpus", "--output", str(corpus)])
     if not tokenizer.exists():
@@ -76,13 +91,13 @@ def main() -> None:
     )
     spec = BlendSpec(
         file_list=file_list,
-        seq_len=SEQ_LEN,
-        num_samples=NUM_SAMPLES,
+        seq_len=seq_len,
+        num_samples=num_samples,
         seed=SEED,
         output=out / "cache",
     )
     print(
-        f"\n$ goodput data blend {file_list} --seq-len {SEQ_LEN} --num-samples {NUM_SAMPLES} "
+        f"\n$ goodput data blend {file_list} --seq-len {seq_len} --num-samples {num_samples} "
         f"--seed {SEED} --output {spec.output}",
         flush=True,
     )
@@ -96,6 +111,35 @@ def main() -> None:
         f"{tuple(labels.shape)}; loader state {loader.state_dict()['consumed_samples']} "
         "samples consumed"
     )
+    run_dir = out / "run"
+    shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl appends; the demo starts afresh
+    train_args = [
+        "--standalone",
+        f"--nproc-per-node={NUM_RANKS}",
+        "-m",
+        "goodput",
+        "train",
+        str(TRAIN_CONFIG),
+        f"train.steps={steps}",
+        f"train.output={run_dir}",
+        f"data.file_list={file_list}",
+        f"data.cache={spec.output}",
+    ]
+    print(f"\n$ torchrun {shlex.join(train_args)}", flush=True)
+    code = subprocess.call([sys.executable, "-m", "torch.distributed.run", *train_args])
+    if code:
+        sys.exit(code)
+    print_loss_curve(run_dir / "metrics.jsonl")
+
+
+def print_loss_curve(metrics_file: Path, num_points: int = 7) -> None:
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    picks = sorted({round(i * (len(records) - 1) / (num_points - 1)) for i in range(num_points)})
+    print(f"\nloss curve ({metrics_file}):")
+    for i in picks:
+        print(f"  step {records[i]['step']:>5}  loss {records[i]['loss']:.3f}")
+    first, last = records[0]["loss"], records[-1]["loss"]
+    print(f"loss fell from {first:.3f} to {last:.3f}" if last < first else "loss did not fall")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ torch-free.
 from __future__ import annotations
 
 import os
+import platform
+import resource
+from pathlib import Path
 from typing import Any
 
 from goodput.errors import ExitCode, GoodputError
@@ -53,3 +56,32 @@ def local_device(device_type: str, local_rank: int) -> Any:
         module.set_device(index)
         return torch.device(device_type, index)
     return torch.device(device_type)
+
+
+def device_name(device: Any) -> str:
+    """The product name (``NVIDIA H100 80GB HBM3``, ...), or the CPU model for ``cpu``/``mps``."""
+    import torch
+
+    if device.type in ("cuda", "xpu"):
+        return str(getattr(torch, device.type).get_device_name(device))
+    return _cpu_model()
+
+
+def peak_memory_bytes(device: Any) -> int:
+    """The device's peak allocated memory; on CPU (and MPS, sharing host memory), the process's
+    peak resident set, which includes the interpreter and libraries."""
+    import torch
+
+    if device.type in ("cuda", "xpu"):
+        return int(getattr(torch, device.type).max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"

@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from goodput.errors import ExitCode, GoodputError
 
@@ -228,10 +229,12 @@ class MoE(nn.Module):
         return out_nd.view_as(x_btd)
 
     @torch.no_grad()
-    def update_router_bias(self) -> None:
-        """Aux-loss-free balancing: raise the bias of under-loaded experts, lower the others'."""
+    def update_router_bias(self, load_x: torch.Tensor) -> None:
+        """Aux-loss-free balancing: raise the bias of under-loaded experts, lower the others'.
+
+        ``load_x`` is the step's load over every micro-batch and rank, so the bias — a buffer
+        every rank holds — moves identically everywhere."""
         if self.cfg.bias_update_rate:
-            load_x = self.tokens_per_expert
             self.selection_bias += self.cfg.bias_update_rate * torch.sign(load_x.mean() - load_x)
 
 
@@ -263,6 +266,8 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.output.weight = self.embedding.weight
         self.register_buffer("inv_freq", rope_frequencies(cfg), persistent=False)
+        # Recompute each block's activations in backward: memory for compute, set by the trainer.
+        self.checkpoint_activations = False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -282,7 +287,10 @@ class Transformer(nn.Module):
         cos_te, sin_te = angles_te.cos(), angles_te.sin()
         x_btd = self.embedding(input_ids_bt)
         for block in self.blocks:
-            x_btd = block(x_btd, cos_te, sin_te)
+            if self.checkpoint_activations and torch.is_grad_enabled():
+                x_btd = checkpoint(block, x_btd, cos_te, sin_te, use_reentrant=False)
+            else:
+                x_btd = block(x_btd, cos_te, sin_te)
         return self.output(self.norm(x_btd))
 
     def moe_layers(self) -> list[MoE]:

@@ -26,12 +26,25 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from goodput.errors import ExitCode, GoodputError
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelConfig:
     data_parallel: Literal["fsdp", "replicate"] = "fsdp"
     reshard_after_forward: bool = True
     precision: Literal["fp32-master", "pure-bf16", "fp32"] = "fp32-master"
+
+    def __post_init__(self) -> None:
+        # fp32-master's bf16 compute comes from FSDP's mixed-precision policy; a replicated model
+        # has no such hook and would silently train in fp32.
+        if self.data_parallel == "replicate" and self.precision == "fp32-master":
+            raise GoodputError(
+                "[parallel]",
+                "precision 'fp32-master' needs data_parallel = 'fsdp'",
+                "use data_parallel = 'fsdp', or precision 'fp32' or 'pure-bf16' with 'replicate'",
+                code=ExitCode.USAGE,
+            )
 
 
 def parallelize(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh | None = None) -> nn.Module:
@@ -55,3 +68,8 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh | None =
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
     return model
+
+
+def compute_dtype(cfg: ParallelConfig) -> torch.dtype:
+    """The dtype the matmuls run in under ``cfg``'s precision policy."""
+    return torch.float32 if cfg.precision == "fp32" else torch.bfloat16

@@ -8,6 +8,10 @@ micro-batch mean, which silently over-weights short or heavily masked micro-batc
 used. Data-parallel gradients are summed (not averaged) across ranks for the same reason: by
 FSDP (see ``parallelize``) or, for replicated parameters, here.
 
+MoE models add their balancing loss to the objective (averaged over micro-batches and ranks) but
+never to the reported loss, which stays the language-model loss; the aux-loss-free router bias
+moves once per step on the expert load summed over every micro-batch and rank.
+
 Reused as-is by diagnostics; the loop (``loop.py``) owns everything periodic.
 """
 
@@ -20,6 +24,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
+
+from goodput.train.model import Transformer
 
 IGNORE_INDEX = -100
 
@@ -49,6 +55,9 @@ def train_step(
     if distributed:
         dist.all_reduce(counts, group=dp_group)
     global_tokens = max(int(counts.item()), 1)
+    moe_layers = model.moe_layers() if isinstance(model, Transformer) else []
+    num_contributions = len(micro_batches) * (dist.get_world_size(dp_group) if distributed else 1)
+    expert_loads = [torch.zeros_like(layer.tokens_per_expert) for layer in moe_layers]
     loss_sum = torch.zeros((), device=device)
     for input_ids, labels in micro_batches:
         logits = model(input_ids)
@@ -58,7 +67,12 @@ def train_step(
             ignore_index=IGNORE_INDEX,
             reduction="sum",
         )
-        (token_loss_sum / global_tokens).backward()
+        objective = token_loss_sum / global_tokens
+        if moe_layers:
+            objective = objective + model.aux_loss() / num_contributions  # type: ignore[operator]
+            for load, layer in zip(expert_loads, moe_layers, strict=True):
+                load += layer.tokens_per_expert
+        objective.backward()
         loss_sum += token_loss_sum.detach()
     if distributed:
         for parameter in model.parameters():
@@ -66,11 +80,15 @@ def train_step(
             if parameter.grad is not None and not isinstance(parameter, DTensor):
                 dist.all_reduce(parameter.grad, group=dp_group)
         dist.all_reduce(loss_sum, group=dp_group)
+        for load in expert_loads:
+            dist.all_reduce(load, group=dp_group)
     grad_norm = torch.nn.utils.clip_grad_norm_(
         model.parameters(), max_grad_norm if max_grad_norm is not None else float("inf")
     )
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    for load, layer in zip(expert_loads, moe_layers, strict=True):
+        layer.update_router_bias(load)
     return StepResult(
         loss=loss_sum.item() / global_tokens,
         grad_norm=float(grad_norm),

@@ -1,11 +1,15 @@
 """The pipeline as a user runs it: `python -m goodput.demo` and the CLI in real processes."""
 
 import json
+import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+CONFIGS = Path(__file__).parents[2] / "configs"
 
 
 def goodput(*args, env=None, check=True):
@@ -25,7 +29,7 @@ def goodput(*args, env=None, check=True):
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     result = subprocess.run(
-        [sys.executable, "-m", "goodput.demo", "--output", str(out)],
+        [sys.executable, "-m", "goodput.demo", "--output", str(out), "--train-steps", "40"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -38,11 +42,41 @@ def test_demo_runs_every_stage_and_reports_the_mixture(demo):
     out, stdout = demo
     for command in ("demo-corpus", "train-tokenizer", "tokenize", "inspect", "blend", "verify"):
         assert f"$ goodput data {command}" in stdout
-    assert "target  achieved" in stdout and "REPEATED" in stdout
-    assert "blend.json: ok" in stdout and "first global batch: input_ids (8, 256)" in stdout
+    assert "target  achieved" in stdout  # (40 steps read too little to repeat a corpus)
+    assert "blend.json: ok" in stdout and "first global batch: input_ids (8, 128)" in stdout
     for domain in ("code", "docs", "docstrings"):
         manifest = json.loads((out / "shards" / f"{domain}.manifest.json").read_text())
         assert manifest["num_documents"] > 50 and manifest["dtype"] == "uint16"
+
+
+def test_demo_trains_on_two_ranks_and_the_loss_falls(demo):
+    out, stdout = demo
+    assert "$ torchrun --standalone --nproc-per-node=2 -m goodput train" in stdout
+    metrics = [
+        json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [m["step"] for m in metrics] == list(range(1, 41))
+    assert abs(metrics[0]["loss"] - math.log(4096)) < 0.3
+    assert metrics[-1]["loss"] < metrics[0]["loss"] - 1.0 and "loss fell from" in stdout
+    run = json.loads((out / "run" / "run.json").read_text())
+    # The trainer asked for the blend the demo built: same content, same directory.
+    assert run["world_size"] == 2 and f"\nblend {run['data']['blend']}\n" in stdout
+
+
+def test_train_refuses_a_vocabulary_smaller_than_the_tokenizers(demo, tmp_path):
+    out, _ = demo
+    result = goodput(
+        "train",
+        CONFIGS / "tiny-cpu.toml",
+        "model.vocab_size=1000",
+        f"data.file_list={out / 'file_list.txt'}",
+        f"data.cache={out / 'cache'}",
+        f"train.output={tmp_path / 'run'}",
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "tokenizer's vocabulary (4096) is larger than model.vocab_size (1000)" in result.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_verify_names_a_changed_shard(demo, tmp_path):

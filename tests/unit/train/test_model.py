@@ -148,7 +148,7 @@ def test_moe_aux_loss_is_minimal_when_balanced_and_bias_steers_load():
     skewed = torch.tensor([[1.0, 0, 0, 0]]).repeat(8, 1)[None]
     moe(skewed)
     assert moe.tokens_per_expert.tolist() == [8, 0, 0, 0] and moe.aux_loss.item() > 1.0
-    moe.update_router_bias()
+    moe.update_router_bias(moe.tokens_per_expert)
     assert moe.selection_bias[0] < 0 < moe.selection_bias[1]
 
 

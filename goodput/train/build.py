@@ -1,0 +1,124 @@
+"""Builders the loop calls in order: each turns its config table into one ready object.
+
+Rank 0 builds the blend (a cache hit after the first run) and tells the other ranks where it is;
+an error there reaches every rank, so no rank waits out the collective timeout. The model is
+built whole on every rank from the same seed, then checkpointed/compiled per block and
+sharded — in that order, since FSDP must wrap what it finally runs.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from goodput import __version__
+from goodput.config import to_toml
+from goodput.data.blend import BlendSpec, build_blend, format_report
+from goodput.data.loader import DataLoader
+from goodput.data.manifest import git_sha
+from goodput.errors import ExitCode, GoodputError
+from goodput.io import write_json, write_text
+from goodput.train.config import BatchPlan, RunConfig
+from goodput.train.model import Transformer
+from goodput.train.parallelize import parallelize
+
+RECORDED_PACKAGES = ("torch", "numpy", "sentencepiece", "tokenizers", "tensorboard")
+
+
+def build_loader(cfg: RunConfig, plan: BatchPlan, rank: int) -> DataLoader:
+    """Build (rank 0) or find the blend sized for the whole run, and open this rank's loader."""
+    found: list[Any] = [None]
+    if rank == 0:
+        spec = BlendSpec(
+            file_list=Path(cfg.data.file_list),
+            seq_len=cfg.train.seq_len,
+            num_samples=cfg.train.steps * plan.global_batch_size,
+            seed=cfg.data.seed,
+            output=Path(cfg.data.cache),
+            on_exhausted=cfg.data.on_exhausted,
+        )
+        try:
+            blend_dir, manifest = build_blend(spec)
+            print(format_report(blend_dir, manifest), flush=True)
+            found[0] = str(blend_dir)
+        except GoodputError as error:
+            found[0] = error
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(found, src=0)  # a path or a GoodputError, from rank 0 only
+    if isinstance(found[0], GoodputError):
+        raise found[0]
+    loader = DataLoader(
+        found[0], global_batch_size=plan.global_batch_size, dp_rank=rank, dp_size=plan.dp_size
+    )
+    tokenizer = loader.samples.manifest.get("tokenizer")
+    if tokenizer and tokenizer["vocab_size"] > cfg.model.vocab_size:
+        raise GoodputError(
+            cfg.data.file_list,
+            f"the tokenizer's vocabulary ({tokenizer['vocab_size']}) is larger than "
+            f"model.vocab_size ({cfg.model.vocab_size})",
+            f"set model.vocab_size to at least {tokenizer['vocab_size']}",
+            code=ExitCode.USAGE,
+        )
+    return loader
+
+
+def build_model(cfg: RunConfig, device: torch.device) -> nn.Module:
+    with torch.device(device):
+        model = Transformer(cfg.model)
+    model.checkpoint_activations = cfg.train.activation_checkpointing
+    if cfg.train.compile:
+        for block in model.blocks:
+            block.compile()
+    return parallelize(model, cfg.parallel)
+
+
+def write_run_record(
+    run_dir: Path, cfg: RunConfig, loader: DataLoader, world_size: int, device: str
+) -> None:
+    """The resolved config and what produced the run, written once at start by rank 0."""
+    write_text(run_dir / "config.toml", to_toml(cfg))
+    versions = {}
+    for package in RECORDED_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    manifest = loader.samples.manifest
+    write_json(
+        run_dir / "run.json",
+        {
+            "goodput": __version__,
+            "git_sha": git_sha(),
+            "python": sys.version.split()[0],
+            "packages": versions,
+            "command": sys.argv,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "world_size": world_size,
+            "device": device,
+            "data": {
+                "blend": str(loader.samples.directory),
+                "fingerprint": manifest["fingerprint"],
+                "components": manifest["components"],
+            },
+        },
+    )
+
+
+def fresh_loss_warning(loss: float, vocab_size: int, tolerance: float = 0.1) -> str | None:
+    """A freshly initialised model predicts nearly uniformly, so its first loss is ~ln(vocab);
+    far from it means a broken init, wrong labels or a wrong loss reduction."""
+    expected = math.log(vocab_size)
+    if abs(loss - expected) <= tolerance * expected:
+        return None
+    return (
+        f"warning: step-1 loss {loss:.4f} is far from ln(vocab_size) = {expected:.4f} "
+        f"(vocab {vocab_size}); check the init scale, the labels and the loss reduction"
+    )

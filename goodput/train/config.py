@@ -1,0 +1,117 @@
+"""The run config: one TOML file, one table per component, and the batch plan derived from it.
+
+``[model]`` ``[train]`` ``[data]`` ``[optim]`` ``[schedule]`` ``[parallel]``; each component is
+built from its own table only. What can be derived is derived, never configured twice: the
+global batch in samples is ``tokens_per_step / seq_len``, the data-parallel size is the world
+size, and gradient accumulation is ``global batch / (micro_batch_size · DP)``. Numbers that do
+not divide are a usage error naming the values and a value that would work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from goodput.errors import ExitCode, GoodputError
+from goodput.train.model import ModelConfig
+from goodput.train.optim import OptimConfig
+from goodput.train.parallelize import ParallelConfig
+from goodput.train.schedule import ScheduleConfig
+
+
+def _usage_error(where: str, what: str, fix: str) -> GoodputError:
+    return GoodputError(where, what, fix, code=ExitCode.USAGE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainConfig:
+    steps: int
+    tokens_per_step: int  # the global batch, in tokens
+    seq_len: int
+    micro_batch_size: int  # samples per forward pass on one rank
+    output: str  # the run directory
+    max_grad_norm: float = 1.0  # inf: no clipping
+    seed: int = 0  # model init; data order comes from [data] seed
+    activation_checkpointing: bool = False  # recompute each block in backward
+    compile: bool = False  # torch.compile each block
+    peak_tflops: float | None = None  # per device, for MFU; None: the device table or a CPU probe
+    tensorboard: bool = True  # also write TensorBoard events when tensorboard is installed
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "tokens_per_step", "seq_len", "micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise _usage_error(
+                    "[train]", f"{name} = {getattr(self, name)} must be >= 1", "set it positive"
+                )
+        if not self.max_grad_norm > 0:
+            raise _usage_error(
+                "[train]",
+                f"max_grad_norm = {self.max_grad_norm} must be > 0",
+                "use inf to turn clipping off",
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataConfig:
+    file_list: str  # "weight path-prefix corpus" lines, as for `goodput data blend`
+    seed: int = 1234  # the blend's sample order
+    cache: str = "blend-cache"  # where blends are built once and reused
+    on_exhausted: Literal["repeat", "error"] = "repeat"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    model: ModelConfig
+    train: TrainConfig
+    data: DataConfig
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self) -> None:
+        if self.train.seq_len > self.model.max_seq_len:
+            raise _usage_error(
+                "[train]",
+                f"seq_len {self.train.seq_len} exceeds model.max_seq_len {self.model.max_seq_len}",
+                "lower train.seq_len or raise model.max_seq_len",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    global_batch_size: int  # samples per optimizer step, all ranks together
+    micro_batch_size: int
+    dp_size: int
+    grad_accumulation: int  # micro-batches per rank per step
+
+    @property
+    def local_batch_size(self) -> int:
+        return self.micro_batch_size * self.grad_accumulation
+
+
+def plan_batches(train: TrainConfig, dp_size: int) -> BatchPlan:
+    """Derive the global batch and gradient accumulation; fail clearly when they do not divide."""
+    if train.tokens_per_step % train.seq_len:
+        raise _usage_error(
+            "[train]",
+            f"tokens_per_step {train.tokens_per_step} is not a multiple of seq_len {train.seq_len}",
+            f"use e.g. tokens_per_step = {_round_up(train.tokens_per_step, train.seq_len)}",
+        )
+    global_batch = train.tokens_per_step // train.seq_len
+    per_round = train.micro_batch_size * dp_size
+    if global_batch % per_round:
+        raise _usage_error(
+            "[train]",
+            f"the global batch of {global_batch} samples (tokens_per_step "
+            f"{train.tokens_per_step} / seq_len {train.seq_len}) does not split into micro-batches "
+            f"of {train.micro_batch_size} on {dp_size} data-parallel ranks",
+            f"use a multiple of {per_round * train.seq_len} for tokens_per_step, e.g. "
+            f"{_round_up(train.tokens_per_step, per_round * train.seq_len)}, or change "
+            "micro_batch_size",
+        )
+    return BatchPlan(global_batch, train.micro_batch_size, dp_size, global_batch // per_round)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return math.ceil(value / multiple) * multiple

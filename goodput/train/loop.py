@@ -1,0 +1,95 @@
+"""The training loop: one function, top to bottom, from a run config to the last step.
+
+Setup (process group, batch plan, data, model, optimizer, metrics) comes from small builders;
+everything after that is here, in the order it happens. Each step: set the LR, take this rank's
+slice of the global batch, cut it into micro-batches, ``train_step``, record. The step-1 loss
+of the fresh model is checked against ln(vocab).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from goodput.launch.device import detect_device_type, local_device
+from goodput.train.build import build_loader, build_model, fresh_loss_warning, write_run_record
+from goodput.train.config import RunConfig, plan_batches
+from goodput.train.flops import flops_per_token
+from goodput.train.metrics import Metrics, peak_flops
+from goodput.train.optim import build_optimizer
+from goodput.train.parallelize import compute_dtype
+from goodput.train.schedule import learning_rate
+from goodput.train.setup import current_placement, setup_torch
+from goodput.train.step import train_step
+
+
+def train(cfg: RunConfig) -> list[float]:
+    """Run ``cfg`` on this rank; return the per-step losses (the same on every rank)."""
+    owns_process_group = not dist.is_initialized()
+    rank = setup_torch(seed=cfg.train.seed)
+    try:
+        world_size = dist.get_world_size()
+        device = local_device(detect_device_type(), current_placement().local_rank)
+        plan = plan_batches(cfg.train, dp_size=world_size)
+        run_dir = Path(cfg.train.output)
+        loader = build_loader(cfg, plan, rank)
+        model = build_model(cfg, device)
+        optimizer = build_optimizer(model, cfg.optim, cfg.schedule.lr)
+        if rank == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_run_record(run_dir, cfg, loader, world_size, str(device))
+            print(
+                f"train: {world_size} rank(s) on {device}, global batch {plan.global_batch_size}"
+                f" x {cfg.train.seq_len} tokens = micro-batch {plan.micro_batch_size} x "
+                f"{plan.grad_accumulation} accumulation x {plan.dp_size} data-parallel",
+                flush=True,
+            )
+        peak, peak_source = peak_flops(device, compute_dtype(cfg.parallel), cfg.train.peak_tflops)
+        if rank == 0:
+            print(f"train: MFU peak per device from {peak_source}", flush=True)
+        metrics = Metrics(
+            run_dir,
+            rank=rank,
+            world_size=world_size,
+            device=device,
+            tokens_per_step=plan.global_batch_size * cfg.train.seq_len,
+            flops_per_token=flops_per_token(cfg.model, cfg.train.seq_len),
+            peak_flops_per_device=peak,
+            tensorboard=cfg.train.tensorboard,
+        )
+        losses = []
+        batches = iter(loader)
+        last_step_end = time.perf_counter()
+        for step in range(1, cfg.train.steps + 1):
+            lr = learning_rate(cfg.schedule, step - 1, cfg.train.steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            input_ids, labels = next(batches)
+            micro_batches = list(
+                zip(
+                    input_ids.to(device).split(plan.micro_batch_size),
+                    labels.to(device).split(plan.micro_batch_size),
+                    strict=True,
+                )
+            )
+            result = train_step(
+                model, optimizer, micro_batches, max_grad_norm=cfg.train.max_grad_norm
+            )
+            # The whole iteration — data, step, logging of the previous step — is the step time.
+            now = time.perf_counter()
+            metrics.step(step, result, lr, now - last_step_end)
+            last_step_end = now
+            losses.append(result.loss)
+            if step == 1 and rank == 0:
+                warning = fresh_loss_warning(result.loss, cfg.model.vocab_size)
+                if warning:
+                    print(warning, flush=True)
+        metrics.close()
+        if rank == 0:
+            print(f"train: done; metrics in {run_dir / 'metrics.jsonl'}", flush=True)
+        return losses
+    finally:
+        if owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,153 @@
+"""Per-step metrics: throughput, MFU, memory — to ``metrics.jsonl``, TensorBoard and one line.
+
+MFU = FLOPs per token (``flops.py``) × tokens/s per device ÷ the device's peak FLOP/s. The peak
+is, in order: ``[train] peak_tflops``; the table below (dense bf16 tensor-core datasheet figures,
+per device as PyTorch sees it); on a CPU, a matmul probe in the run's compute dtype timed at
+start, so CPU MFU is measured against what this machine's matmul reaches, not a datasheet. An
+accelerator missing from the table gets no MFU rather than an invented one.
+
+Only rank 0 writes. Every step prints one line starting ``step=N`` (the launcher's progress
+signal) and replaces the ``heartbeat`` file (step and time); neither is fsync'd — they say "alive",
+they are not records. ``metrics.jsonl`` is appended and flushed per step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from goodput.launch.device import device_name, peak_memory_bytes
+from goodput.train.step import StepResult
+
+# (substring of the device name, dense bf16 TFLOP/s per device); the first match wins.
+PEAK_BF16_TFLOPS = (
+    ("H200", 989.4),
+    ("H100 PCIe", 756.0),
+    ("H100", 989.4),  # SXM
+    ("A100", 312.0),
+    ("MI300X", 1307.4),
+    ("MI250X", 191.5),  # per GCD: PyTorch sees each of a card's two dies as a device
+    ("Max 1550", 419.4),  # Intel PVC, per stack: each stack is a device in FLAT mode
+)
+PROBE_SIZE = 1024
+PROBE_SECONDS = 0.5
+
+
+def peak_flops(
+    device: torch.device, dtype: torch.dtype, configured_tflops: float | None
+) -> tuple[float | None, str]:
+    """(peak FLOP/s per device or None, where the figure came from)."""
+    if configured_tflops is not None:
+        return configured_tflops * 1e12, "train.peak_tflops"
+    name = device_name(device)
+    if device.type == "cpu":
+        return measure_matmul_flops(device, dtype), f"matmul probe on {name} ({dtype})"
+    peak = datasheet_peak_flops(name)
+    if peak is None:
+        return None, f"unknown device {name!r}: set train.peak_tflops for MFU"
+    return peak, f"datasheet bf16 peak of {name}"
+
+
+def datasheet_peak_flops(device_name: str) -> float | None:
+    for key, tflops in PEAK_BF16_TFLOPS:
+        if key in device_name:
+            return tflops * 1e12
+    return None
+
+
+def measure_matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of back-to-back square matmuls, with the threads this process has."""
+    a = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
+    b = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
+    torch.mm(a, b)  # warm-up: first call picks kernels
+    count, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < PROBE_SECONDS:
+        torch.mm(a, b)
+        count += 1
+    return count * 2 * PROBE_SIZE**3 / elapsed
+
+
+class Metrics:
+    """Turns each step's result into a record and writes it; silent on ranks other than 0."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        tokens_per_step: int,
+        flops_per_token: int,
+        peak_flops_per_device: float | None,
+        tensorboard: bool,
+    ):
+        self.run_dir, self.world_size, self.device = run_dir, world_size, device
+        self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
+        self.peak = peak_flops_per_device
+        self.enabled = rank == 0
+        self.jsonl = open(run_dir / "metrics.jsonl", "a") if self.enabled else None  # noqa: SIM115
+        self.tensorboard = _tensorboard_writer(run_dir) if self.enabled and tensorboard else None
+
+    def step(self, step: int, result: StepResult, lr: float, step_time_s: float) -> dict[str, Any]:
+        tokens_per_s = self.tokens_per_step / step_time_s
+        per_device = tokens_per_s / self.world_size
+        record = {
+            "step": step,
+            "loss": result.loss,
+            "grad_norm": result.grad_norm,
+            "lr": lr,
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_device": per_device,
+            "mfu": self.flops_per_token * per_device / self.peak if self.peak else None,
+            "peak_memory_gib": peak_memory_bytes(self.device) / 2**30,
+            "step_time_s": step_time_s,
+            "time": time.time(),
+        }
+        if self.enabled:
+            self._write(record)
+        return record
+
+    def _write(self, record: dict[str, Any]) -> None:
+        assert self.jsonl is not None
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        if self.tensorboard is not None:
+            for key, value in record.items():
+                if key not in ("step", "time") and value is not None:
+                    self.tensorboard.add_scalar(f"train/{key}", value, record["step"])
+        print(step_line(record), flush=True)
+        heartbeat = self.run_dir / "heartbeat"
+        tmp = heartbeat.with_name(f".heartbeat.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"step": record["step"], "time": record["time"]}))
+        os.replace(tmp, heartbeat)
+
+    def close(self) -> None:
+        if self.jsonl is not None:
+            self.jsonl.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+def step_line(record: dict[str, Any]) -> str:
+    mfu = f"{100 * record['mfu']:.1f}%" if record["mfu"] is not None else "n/a"
+    return (
+        f"step={record['step']} loss={record['loss']:.4f} grad_norm={record['grad_norm']:.3f} "
+        f"lr={record['lr']:.3g} tokens/s={record['tokens_per_s']:,.0f} "
+        f"tokens/s/device={record['tokens_per_s_per_device']:,.0f} mfu={mfu} "
+        f"mem={record['peak_memory_gib']:.2f}GiB step_time={record['step_time_s']:.3f}s"
+    )
+
+
+def _tensorboard_writer(run_dir: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        print("metrics: tensorboard is not installed; writing metrics.jsonl only", flush=True)
+        return None
+    return SummaryWriter(str(run_dir / "tensorboard"))
