@@ -140,6 +140,11 @@ def build(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") -> T:
             "add the missing key",
             code=ExitCode.USAGE,
         ) from None
+    except GoodputError as exc:
+        if not exc.where.startswith("["):
+            raise
+        # A cross-field check names its section; add the file it came from.
+        raise GoodputError(f"{where} {exc.where}", exc.what, exc.fix, code=exc.code) from None
 
 
 def _coerce(hint: Any, value: Any, where: str, key: str) -> Any:

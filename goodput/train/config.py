@@ -44,6 +44,13 @@ class TrainConfig:
                 raise _usage_error(
                     "[train]", f"{name} = {getattr(self, name)} must be >= 1", "set it positive"
                 )
+        if self.tokens_per_step % self.seq_len:
+            raise _usage_error(
+                "[train]",
+                f"tokens_per_step {self.tokens_per_step} is not a multiple of seq_len "
+                f"{self.seq_len}",
+                f"use e.g. tokens_per_step = {_round_up(self.tokens_per_step, self.seq_len)}",
+            )
         if not self.max_grad_norm > 0:
             raise _usage_error(
                 "[train]",
@@ -92,12 +99,6 @@ class BatchPlan:
 
 def plan_batches(train: TrainConfig, dp_size: int) -> BatchPlan:
     """Derive the global batch and gradient accumulation; fail clearly when they do not divide."""
-    if train.tokens_per_step % train.seq_len:
-        raise _usage_error(
-            "[train]",
-            f"tokens_per_step {train.tokens_per_step} is not a multiple of seq_len {train.seq_len}",
-            f"use e.g. tokens_per_step = {_round_up(train.tokens_per_step, train.seq_len)}",
-        )
     global_batch = train.tokens_per_step // train.seq_len
     per_round = train.micro_batch_size * dp_size
     if global_batch % per_round:

@@ -2,13 +2,14 @@
 even when micro-batches hold very different numbers of target tokens."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL, rank_micro_batches, uneven_global_batch
-from goodput.train.model import Transformer
+from goodput.train.model import MoEConfig, Transformer
 from goodput.train.schedule import ScheduleConfig, learning_rate
 from goodput.train.step import IGNORE_INDEX, train_step
 
@@ -70,3 +71,36 @@ def test_schedules():
     wsd = ScheduleConfig(kind="wsd", lr=1.0, warmup_steps=10, min_lr_ratio=0.0, decay_fraction=0.2)
     assert learning_rate(wsd, 50, 100) == 1.0 and learning_rate(wsd, 79, 100) == 1.0
     assert learning_rate(wsd, 90, 100) == pytest.approx(0.5)
+
+
+MOE_MODEL = replace(
+    TINY_MODEL,
+    moe=MoEConfig(
+        num_experts=4, top_k=1, expert_ffn_dim=16, aux_loss_coef=1.0, bias_update_rate=0.1
+    ),
+)
+
+
+def moe_step(rank, world_size):
+    torch.manual_seed(0)
+    model = Transformer(MOE_MODEL)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    inputs, labels = uneven_global_batch()
+    with torch.no_grad():
+        token_losses = torch.nn.functional.cross_entropy(
+            model(inputs).flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX
+        )
+    micro = rank_micro_batches(inputs, labels, rank, world_size, accumulation=2)
+    result = train_step(model, optimizer, micro, max_grad_norm=None)
+    biases = [layer.selection_bias.clone() for layer in model.moe_layers()]
+    return result.loss, token_losses.item(), biases
+
+
+def test_moe_reports_the_language_loss_and_moves_router_bias_on_the_global_load():
+    loss, language_loss, biases = moe_step(0, 1)
+    assert loss == pytest.approx(language_loss, rel=1e-5)  # the aux loss (coef 1) is left out
+    assert any(bias.abs().sum() > 0 for bias in biases)
+    for rank_loss, _, rank_biases in run_distributed(moe_step, 2):
+        assert rank_loss == pytest.approx(loss, rel=1e-5)
+        for rank_bias, bias in zip(rank_biases, biases, strict=True):
+            assert torch.equal(rank_bias, bias)  # every rank, and the same as one process
