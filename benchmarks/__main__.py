@@ -1,6 +1,8 @@
 """``make bench``: every benchmark, each ours against its named baseline in one run.
 
-Figures are printed and also written to ``bench-out/results.json`` for the README.
+``python -m benchmarks NAME ...`` runs only the named ones (``tokenize``, ``blend``, ``train``);
+no names: all. Figures are printed and also written to ``bench-out/results.json`` for the README;
+a run of some benchmarks replaces only their entries there, keeping the others'.
 """
 
 from __future__ import annotations
@@ -8,18 +10,41 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-from benchmarks import bench_blend, bench_tokenize
+from benchmarks import bench_blend, bench_tokenize, bench_train
 from goodput.io import write_json
 
+BENCHMARKS: dict[str, Callable[[], Any]] = {
+    "tokenize": bench_tokenize.main,
+    "blend": bench_blend.main,
+    "train": bench_train.main,
+}
+RESULTS = Path("bench-out/results.json")
 
-def main() -> None:
+
+def main(argv: Sequence[str] | None = None) -> int:
+    names = list(sys.argv[1:] if argv is None else argv) or list(BENCHMARKS)
+    unknown = [name for name in names if name not in BENCHMARKS]
+    if unknown:
+        print(
+            f"benchmarks: unknown {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}",
+            file=sys.stderr,
+        )
+        return 2
     machine = f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores"
-    results = {"machine": machine, "tokenize": bench_tokenize.main(), "blend": bench_blend.main()}
-    write_json(Path("bench-out/results.json"), results)
+    results: dict[str, Any] = {"machine": machine}
+    if set(names) != set(BENCHMARKS) and RESULTS.exists():
+        results = {**json.loads(RESULTS.read_text()), **results}
+    for name in names:
+        results[name] = BENCHMARKS[name]()
+    write_json(RESULTS, results)
     print(json.dumps(results, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -81,7 +81,13 @@ def build_model(cfg: RunConfig, device: torch.device) -> nn.Module:
 
 
 def write_run_record(
-    run_dir: Path, cfg: RunConfig, loader: DataLoader, world_size: int, device: str
+    run_dir: Path,
+    cfg: RunConfig,
+    loader: DataLoader,
+    world_size: int,
+    device: str,
+    peak_flops: float | None,
+    peak_source: str,
 ) -> None:
     """The resolved config and what produced the run, written once at start by rank 0."""
     write_text(run_dir / "config.toml", to_toml(cfg))
@@ -103,6 +109,8 @@ def write_run_record(
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "world_size": world_size,
             "device": device,
+            "peak_flops_per_device": peak_flops,
+            "peak_flops_source": peak_source,
             "data": {
                 "blend": str(loader.samples.directory),
                 "fingerprint": manifest["fingerprint"],

@@ -37,18 +37,18 @@ def train(cfg: RunConfig) -> list[float]:
         loader = build_loader(cfg, plan, rank)
         model = build_model(cfg, device)
         optimizer = build_optimizer(model, cfg.optim, cfg.schedule.lr)
+        peak, peak_source = peak_flops(device, compute_dtype(cfg.parallel), cfg.train.peak_tflops)
         if rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
-            write_run_record(run_dir, cfg, loader, world_size, str(device))
+            write_run_record(run_dir, cfg, loader, world_size, str(device), peak, peak_source)
             print(
                 f"train: {world_size} rank(s) on {device}, global batch {plan.global_batch_size}"
                 f" x {cfg.train.seq_len} tokens = micro-batch {plan.micro_batch_size} x "
                 f"{plan.grad_accumulation} accumulation x {plan.dp_size} data-parallel",
                 flush=True,
             )
-        peak, peak_source = peak_flops(device, compute_dtype(cfg.parallel), cfg.train.peak_tflops)
-        if rank == 0:
-            print(f"train: MFU peak per device from {peak_source}", flush=True)
+            peak_text = f"{peak / 1e12:.3f} TFLOP/s" if peak else "unknown"
+            print(f"train: peak per device for MFU {peak_text} ({peak_source})", flush=True)
         metrics = Metrics(
             run_dir,
             rank=rank,

@@ -3,6 +3,7 @@ effect."""
 
 import pytest
 import torch
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from goodput.testing.dist import run_distributed
@@ -60,3 +61,14 @@ def test_pure_bf16_stores_bf16():
         Transformer(TINY_MODEL), ParallelConfig(data_parallel="replicate", precision="pure-bf16")
     )
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+def is_sharded(rank, world_size, precision):
+    model = parallelize(Transformer(TINY_MODEL), ParallelConfig(precision=precision))
+    return isinstance(model, FSDPModule)
+
+
+def test_one_rank_skips_fsdp_unless_the_policy_needs_it():
+    assert run_distributed(is_sharded, 1, "fp32") == [False]
+    assert run_distributed(is_sharded, 1, "fp32-master") == [True]  # bf16 compute comes from FSDP
+    assert run_distributed(is_sharded, 2, "fp32") == [True, True]

@@ -1,0 +1,272 @@
+"""Trainer overhead: ``goodput train`` against a bare PyTorch loop, same model, batch, optimizer.
+
+Baseline: the ~30-line loop in ``_bare_loop`` — the same ``Transformer`` (20.5M parameters:
+vocab 8,192, dim 384, 8 layers, 6 heads, seq_len 256) initialised from the same seed, the same
+AdamW (foreach, betas (0.9, 0.95), weight decay on matrices only via ``parameter_groups``), the
+same LR schedule, global-norm clipping at 1.0, mean cross-entropy, and the same 4-sample batches
+read from the same blend — but pre-loaded into memory, so the baseline pays nothing for data,
+and with no process group, no metrics, no logging. Ours is the whole ``goodput train`` run
+(``train(RunConfig)``, what the CLI calls): blend loader, LR, ``train_step``, metrics.jsonl,
+TensorBoard, heartbeat, step line (stdout/stderr go to a log file, as under a launcher).
+
+Precision: fp32 on both sides, so both do the same arithmetic and their losses agree (checked
+below); a bare loop has no equivalent of FSDP's bf16 mixed-precision policy (autocast casts per
+op, a different amount of work). fp32 is also what ``configs/tiny-cpu.toml`` uses, and with it
+goodput skips FSDP on a single rank (FSDP's hooks cost ~12% of a step here and shard nothing).
+A second goodput side runs the default precision, ``fp32-master`` (FSDP's bf16 compute policy;
+this CPU has AMX): its tokens/s is reported for information — it is a different amount of work,
+not an overhead figure — with its MFU against a bf16 matmul probe.
+
+Target: ours >= 0.95 of the bare loop's tokens/s, single process on CPU.
+
+Figures: each run is ``STEPS`` steps; the first ``WARMUP_STEPS`` are dropped and the run's figure
+is the median of the rest. Ours: ``step_time_s`` from ``metrics.jsonl`` (the whole iteration:
+data, step, logging of the previous step). The bare loop times each iteration the same way,
+fetching its batch included. ``REPEATS`` repeats, each running every side back to back (order
+reversed on odd repeats), so this shared machine's drift hits all sides alike. Ratio: the median
+over repeats of (bare step time / ours step time) within each repeat; tokens/s: tokens per step
+over the median of the runs' step times. MFU = FLOPs per token (PaLM convention,
+``goodput.train.flops``) x tokens/s / peak, with the peak the median of ``PEAK_PROBES`` matmul
+probes per repeat in the side's compute dtype (``measure_matmul_flops``, the probe the trainer
+itself uses on CPU); the MFU goodput itself logged (its probe at the start of each run) is
+reported next to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import itertools
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from goodput.data.blend import BlendSpec, build_blend
+from goodput.data.loader import DataLoader
+from goodput.data.shards import ShardWriter
+from goodput.train.config import DataConfig, RunConfig, TrainConfig
+from goodput.train.flops import flops_per_token, model_size
+from goodput.train.loop import train
+from goodput.train.metrics import measure_matmul_flops
+from goodput.train.model import ModelConfig, Transformer
+from goodput.train.optim import OptimConfig, parameter_groups
+from goodput.train.parallelize import ParallelConfig
+from goodput.train.schedule import ScheduleConfig, learning_rate
+
+MODEL = ModelConfig(vocab_size=8192, dim=384, num_layers=8, num_heads=6, max_seq_len=256)
+SEQ_LEN = 256
+BATCH = 4  # samples per step, one micro-batch: ~0.9 s a step on 2 vCPUs
+STEPS = 7
+WARMUP_STEPS = 2
+REPEATS = 9  # runs of one side differ by up to ~30% on this shared VM
+PEAK_PROBES = 2
+SEED = 0
+OPTIM = OptimConfig()
+SCHEDULE = ScheduleConfig(lr=1e-3, warmup_steps=2)
+MAX_GRAD_NORM = 1.0
+OURS = {
+    "fp32": ParallelConfig(precision="fp32"),  # the headline: same arithmetic as the bare loop
+    "fp32_master": ParallelConfig(),  # the default policy, bf16 compute: for information
+}
+PROBE_DTYPES = {"fp32": torch.float32, "fp32_master": torch.bfloat16}
+
+
+def _bare_loop(
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[list[float], list[float]]:
+    """The baseline: (seconds per iteration, losses)."""
+    torch.manual_seed(SEED)  # as the trainer seeds before building its model: the same init
+    model = Transformer(MODEL)
+    optimizer = torch.optim.AdamW(
+        parameter_groups(model, OPTIM.weight_decay),
+        lr=SCHEDULE.lr,
+        betas=OPTIM.betas,
+        eps=OPTIM.eps,
+        foreach=True,
+    )
+    seconds, losses = [], []
+    data = iter(batches)
+    last = time.perf_counter()
+    for step in range(STEPS):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(SCHEDULE, step, STEPS)
+        input_ids, labels = next(data)
+        logits = model(input_ids)
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        now = time.perf_counter()
+        seconds.append(now - last)
+        last = now
+    return seconds, losses
+
+
+def _write_corpus(directory: Path) -> Path:
+    """Random documents (content does not change the compute) and their file list."""
+    rng = np.random.default_rng(SEED)
+    lengths = rng.integers(20, 1000, 200)
+    tokens = rng.integers(1, MODEL.vocab_size, int(lengths.sum())).astype(np.uint16)
+    tokens[np.cumsum(lengths) - 1] = 0  # each document ends with the EOD token
+    writer = ShardWriter(directory / "random", np.dtype(np.uint16))
+    writer.add_documents(tokens, lengths)
+    writer.finish()
+    file_list = directory / "file_list.txt"
+    file_list.write_text(f"1.0 {directory / 'random'} random\n")
+    return file_list
+
+
+def _run_config(tmp: Path, file_list: Path, parallel: ParallelConfig, output: Path) -> RunConfig:
+    return RunConfig(
+        model=MODEL,
+        train=TrainConfig(
+            steps=STEPS,
+            tokens_per_step=BATCH * SEQ_LEN,
+            seq_len=SEQ_LEN,
+            micro_batch_size=BATCH,
+            output=str(output),
+            max_grad_norm=MAX_GRAD_NORM,
+            seed=SEED,
+        ),
+        data=DataConfig(file_list=str(file_list), cache=str(tmp / "cache")),
+        optim=OPTIM,
+        schedule=SCHEDULE,
+        parallel=parallel,
+    )
+
+
+def _ours(cfg: RunConfig) -> list[dict[str, Any]]:
+    """One ``goodput train`` run; its metrics.jsonl records."""
+    run_dir = Path(cfg.train.output)
+    run_dir.mkdir(parents=True)
+    with (
+        open(run_dir / "train.log", "w") as log,
+        contextlib.redirect_stdout(log),
+        contextlib.redirect_stderr(log),
+    ):
+        train(cfg)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def _steady(values: list[float]) -> float:
+    return statistics.median(values[WARMUP_STEPS:])
+
+
+def main() -> dict[str, Any]:
+    fpt = flops_per_token(MODEL, SEQ_LEN)
+    tokens_per_step = BATCH * SEQ_LEN
+    sides = ["bare", *OURS]
+    step_s: dict[str, list[float]] = {side: [] for side in sides}
+    logged_mfu: dict[str, list[float]] = {side: [] for side in OURS}
+    losses: dict[str, list[float]] = {}
+    peaks: dict[str, list[float]] = {side: [] for side in OURS}
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        file_list = _write_corpus(tmp)
+        data = _run_config(tmp, file_list, OURS["fp32"], tmp).data
+        # The blend the trainer will find in its cache; the baseline's batches come from it.
+        blend_dir, _ = build_blend(
+            BlendSpec(
+                file_list=file_list,
+                seq_len=SEQ_LEN,
+                num_samples=STEPS * BATCH,
+                seed=data.seed,
+                output=Path(data.cache),
+                on_exhausted=data.on_exhausted,
+            )
+        )
+        loader = DataLoader(blend_dir, global_batch_size=BATCH, dp_rank=0, dp_size=1)
+        batches = list(itertools.islice(loader, STEPS))
+        runs = itertools.count()
+        for repeat in range(REPEATS):
+            for side, dtype in PROBE_DTYPES.items():
+                peaks[side] += [
+                    measure_matmul_flops(torch.device("cpu"), dtype) for _ in range(PEAK_PROBES)
+                ]
+            for side in sides if repeat % 2 == 0 else reversed(sides):
+                gc.collect()
+                if side == "bare":
+                    seconds, side_losses = _bare_loop(batches)
+                else:
+                    output = tmp / f"run{next(runs)}"
+                    records = _ours(_run_config(tmp, file_list, OURS[side], output))
+                    seconds = [r["step_time_s"] for r in records]
+                    side_losses = [r["loss"] for r in records]
+                    logged_mfu[side].append(_steady([r["mfu"] for r in records]))
+                step_s[side].append(_steady(seconds))
+                losses.setdefault(side, side_losses)
+    peak = {side: statistics.median(peaks[side]) for side in OURS}
+    peak["bare"] = peak["fp32"]
+    ratios = {
+        side: [b / o for b, o in zip(step_s["bare"], step_s[side], strict=True)] for side in OURS
+    }
+    tokens_per_s = {side: tokens_per_step / statistics.median(step_s[side]) for side in sides}
+    figures: dict[str, Any] = {
+        "model_parameters": model_size(MODEL).total,
+        "flops_per_token": fpt,
+        "tokens_per_step": tokens_per_step,
+        "peak_tflops_fp32": peak["fp32"] / 1e12,
+        "peak_tflops_bf16": peak["fp32_master"] / 1e12,
+        "step_seconds_each": step_s,
+        **{f"{side}_tokens_per_s": tokens_per_s[side] for side in sides},
+        **{f"ratio_{side}": statistics.median(ratios[side]) for side in OURS},
+        **{f"ratio_{side}_each": ratios[side] for side in OURS},
+        **{f"{side}_mfu": fpt * tokens_per_s[side] / peak[side] for side in sides},
+        **{f"{side}_mfu_logged": statistics.median(logged_mfu[side]) for side in OURS},
+        "max_loss_difference_fp32": max(
+            abs(a - b) for a, b in zip(losses["bare"], losses["fp32"], strict=True)
+        ),
+        "seconds": time.perf_counter() - start,
+    }
+    _print_summary(figures)
+    return figures
+
+
+def _print_summary(figures: dict[str, Any]) -> None:
+    print(
+        f"train overhead: {figures['model_parameters'] / 1e6:.1f}M-parameter model, "
+        f"{BATCH} x {SEQ_LEN} tokens a step, 1 process on CPU; {REPEATS} repeats, "
+        f"each the median of steps {WARMUP_STEPS + 1}-{STEPS}"
+    )
+    print(
+        f"  peaks (best-window matmul probes, median): fp32 "
+        f"{figures['peak_tflops_fp32'] * 1e3:.1f} GFLOP/s, bf16 "
+        f"{figures['peak_tflops_bf16'] * 1e3:.1f} GFLOP/s; "
+        f"{figures['flops_per_token'] / 1e6:.1f} MFLOP/token"
+    )
+    rows = (
+        ("bare PyTorch loop, fp32 (baseline)", "bare", "target >= 0.95"),
+        ("goodput train, fp32", "fp32", "target >= 0.95"),
+        ("goodput train, fp32-master", "fp32_master", "bf16 compute: not an overhead figure"),
+    )
+    for label, side, note in rows:
+        ratio = ""
+        if side in OURS:
+            each = figures[f"ratio_{side}_each"]
+            ratio = (
+                f"  {figures[f'ratio_{side}']:.3f}x bare (repeats {min(each):.2f}-"
+                f"{max(each):.2f}; {note})"
+            )
+        print(
+            f"  {label:<36}: {figures[f'{side}_tokens_per_s']:7.1f} tokens/s  "
+            f"MFU {100 * figures[f'{side}_mfu']:4.1f}%{ratio}"
+        )
+    print(
+        f"  goodput's own logged MFU: fp32 {100 * figures['fp32_mfu_logged']:.1f}%, fp32-master "
+        f"{100 * figures['fp32_master_mfu_logged']:.1f}% (against its start-up probe)"
+    )
+    print(
+        f"  fp32 losses equal the bare loop's to {figures['max_loss_difference_fp32']:.1e}; "
+        f"{figures['seconds']:.0f} s in all"
+    )
