@@ -62,6 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "overrides", nargs="*", help="section.key=value overrides, e.g. train.steps=100"
     )
+    train.add_argument(
+        "--resume",
+        metavar="auto|never|PATH",
+        help="auto: the newest complete checkpoint of the run, if any (default); never: start "
+        "fresh; PATH: that checkpoint directory (same as checkpoint.resume=...)",
+    )
+    train.add_argument(
+        "--allow-data-change",
+        action="store_true",
+        help="resume even though the data fingerprint differs from the checkpoint's",
+    )
     train.set_defaults(handler=_train)
     return parser
 
@@ -293,7 +304,12 @@ def _train(args: argparse.Namespace) -> ExitCode:
     from goodput.train.config import RunConfig
     from goodput.train.loop import train
 
-    train(load_config(RunConfig, args.config, args.overrides))
+    overrides = list(args.overrides)
+    if args.resume is not None:
+        overrides.append(f"checkpoint.resume={json.dumps(args.resume)}")
+    if args.allow_data_change:
+        overrides.append("checkpoint.allow_data_change=true")
+    train(load_config(RunConfig, args.config, overrides))
     return ExitCode.OK
 
 

@@ -1,10 +1,11 @@
 """The run config: one TOML file, one table per component, and the batch plan derived from it.
 
-``[model]`` ``[train]`` ``[data]`` ``[optim]`` ``[schedule]`` ``[parallel]``; each component is
-built from its own table only. What can be derived is derived, never configured twice: the
-global batch in samples is ``tokens_per_step / seq_len``, the data-parallel size is the world
-size, and gradient accumulation is ``global batch / (micro_batch_size · DP)``. Numbers that do
-not divide are a usage error naming the values and a value that would work.
+``[model]`` ``[train]`` ``[data]`` ``[optim]`` ``[schedule]`` ``[parallel]`` ``[checkpoint]``;
+each component is built from its own table only. What can be derived is derived, never
+configured twice: the global batch in samples is ``tokens_per_step / seq_len``, the
+data-parallel size is the world size, and gradient accumulation is
+``global batch / (micro_batch_size · DP)``. Numbers that do not divide are a usage error naming
+the values and a value that would work.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from goodput.checkpoint.config import CheckpointConfig
 from goodput.errors import ExitCode, GoodputError
 from goodput.train.model import ModelConfig
 from goodput.train.optim import OptimConfig
@@ -75,6 +77,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
         if self.train.seq_len > self.model.max_seq_len:
