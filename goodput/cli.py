@@ -74,6 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="resume even though the data fingerprint differs from the checkpoint's",
     )
     train.set_defaults(handler=_train)
+    ckpt = groups.add_parser(
+        "ckpt",
+        help="list checkpoints; convert them to and from HuggingFace Llama and .pt files",
+        description="Checkpoints of a run: list them, export a step to a HuggingFace Llama "
+        "folder or a single .pt state dict, and import either as a model-only checkpoint that "
+        "`goodput train --resume` starts from. Runs offline, in one process.",
+    )
+    ckpt_commands = ckpt.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_ckpt_commands(ckpt_commands)
     return parser
 
 
@@ -198,6 +207,59 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
     sub.add_argument("path", type=Path, help="a blend directory, blend.json or *.manifest.json")
 
 
+def _add_ckpt_commands(commands: argparse._SubParsersAction) -> None:
+    def add(name: str, handler: Handler, help_: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_, description=help_)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    sub = add(
+        "list",
+        _ckpt_list,
+        "every step-N checkpoint of a run: complete or not, size on disk, age, and which one "
+        "'latest' names",
+    )
+    sub.add_argument("run_dir", type=Path, help="the run directory holding checkpoints/")
+    sub.add_argument("--json", action="store_true", help="machine-readable output")
+
+    sub = add(
+        "export-hf",
+        _ckpt_export_hf,
+        "write a complete checkpoint as a HuggingFace LlamaForCausalLM folder "
+        "(config.json + model.safetensors, fp32); dense models only",
+    )
+    sub.add_argument("step_dir", type=Path, help="a checkpoint directory, RUN/checkpoints/step-N")
+    sub.add_argument("out_dir", type=Path, help="the folder to create (must not hold anything)")
+
+    sub = add(
+        "import-hf",
+        _ckpt_import_hf,
+        "turn a HuggingFace Llama folder (config.json + safetensors, single or sharded) into "
+        "a model-only checkpoint OUT_DIR/checkpoints/step-00000000",
+    )
+    sub.add_argument("hf_dir", type=Path, help="the HuggingFace model folder")
+    sub.add_argument("out_dir", type=Path, help="the run directory to write the checkpoint into")
+
+    sub = add(
+        "to-torch",
+        _ckpt_to_torch,
+        "write the consolidated model state dict of a complete checkpoint as one torch.save "
+        "file of plain tensors (torch.load(..., weights_only=True) reads it)",
+    )
+    sub.add_argument("step_dir", type=Path, help="a checkpoint directory, RUN/checkpoints/step-N")
+    sub.add_argument("file", type=Path, help="the .pt file to create")
+
+    sub = add(
+        "from-torch",
+        _ckpt_from_torch,
+        "turn a .pt state dict (read with weights_only=True) and a config's [model] table into "
+        "a model-only checkpoint OUT_DIR/checkpoints/step-00000000",
+    )
+    sub.add_argument("file", type=Path, help="a .pt file holding the model's state dict")
+    sub.add_argument("config", type=Path, help="a TOML file whose [model] table fits the weights")
+    sub.add_argument("out_dir", type=Path, help="the run directory to write the checkpoint into")
+
+
 def _demo_corpus(args: argparse.Namespace) -> ExitCode:
     from goodput.data.corpus import build_demo_corpus
 
@@ -310,6 +372,44 @@ def _train(args: argparse.Namespace) -> ExitCode:
     if args.allow_data_change:
         overrides.append("checkpoint.allow_data_change=true")
     train(load_config(RunConfig, args.config, overrides))
+    return ExitCode.OK
+
+
+def _ckpt_list(args: argparse.Namespace) -> ExitCode:
+    from goodput.checkpoint.listing import describe_checkpoints, format_checkpoints
+
+    info = describe_checkpoints(args.run_dir)
+    print(json.dumps(info, indent=2) if args.json else format_checkpoints(info))
+    return ExitCode.OK
+
+
+def _ckpt_export_hf(args: argparse.Namespace) -> ExitCode:
+    from goodput.checkpoint.convert import export_hf
+
+    print(f"{export_hf(args.step_dir, args.out_dir)}: HuggingFace Llama folder written")
+    return ExitCode.OK
+
+
+def _ckpt_import_hf(args: argparse.Namespace) -> ExitCode:
+    from goodput.checkpoint.convert import import_hf
+
+    directory = import_hf(args.hf_dir, args.out_dir)
+    print(f"{directory}: complete (model only); start from it with --resume {directory}")
+    return ExitCode.OK
+
+
+def _ckpt_to_torch(args: argparse.Namespace) -> ExitCode:
+    from goodput.checkpoint.convert import to_torch
+
+    print(f"{to_torch(args.step_dir, args.file)}: model state dict written")
+    return ExitCode.OK
+
+
+def _ckpt_from_torch(args: argparse.Namespace) -> ExitCode:
+    from goodput.checkpoint.convert import from_torch
+
+    directory = from_torch(args.file, args.config, args.out_dir)
+    print(f"{directory}: complete (model only); start from it with --resume {directory}")
     return ExitCode.OK
 
 

@@ -27,6 +27,7 @@ def _current_umask() -> int:
 
 # mkstemp creates files 0600; outputs others read (shards, manifests) get the usual mode.
 FILE_MODE = 0o666 & ~_current_umask()
+DIR_MODE = 0o777 & ~_current_umask()  # for folders made by mkdtemp (0700) and renamed
 
 
 @contextlib.contextmanager

@@ -85,3 +85,20 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "cpu"
+
+
+def get_device_rng_state(device: Any) -> Any:
+    """The generator state of an accelerator (a uint8 tensor), or None for CPU and MPS, whose
+    draws come from the CPU generator."""
+    import torch
+
+    if device.type in ("cuda", "xpu"):
+        return getattr(torch, device.type).get_rng_state(device)
+    return None
+
+
+def set_device_rng_state(device: Any, state: Any) -> None:
+    import torch
+
+    if device.type in ("cuda", "xpu"):
+        getattr(torch, device.type).set_rng_state(state, device)

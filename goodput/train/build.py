@@ -1,7 +1,8 @@
 """Builders the loop calls in order: each turns its config table into one ready object.
 
-Rank 0 builds the blend (a cache hit after the first run) and tells the other ranks where it is;
-an error there reaches every rank, so no rank waits out the collective timeout. The model is
+Rank 0 builds the blend (a cache hit after the first run) and picks the checkpoint to resume
+from, and tells the other ranks; an error there reaches every rank, so no rank waits out the
+collective timeout. The model is
 built whole on every rank from the same seed, then checkpointed/compiled per block and
 sharded — in that order, since FSDP must wrap what it finally runs.
 """
@@ -12,6 +13,8 @@ import importlib.metadata
 import math
 import sys
 import time
+import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,14 @@ import torch.distributed as dist
 from torch import nn
 
 from goodput import __version__
+from goodput.checkpoint.layout import checkpoints_dir
+from goodput.checkpoint.load import (
+    check_model_shape,
+    config_diff,
+    find_checkpoint,
+    load_checkpoint,
+    read_checkpoint,
+)
 from goodput.config import to_toml
 from goodput.data.blend import BlendSpec, build_blend, format_report
 from goodput.data.loader import DataLoader
@@ -33,10 +44,26 @@ from goodput.train.parallelize import parallelize
 RECORDED_PACKAGES = ("torch", "numpy", "sentencepiece", "tokenizers", "tensorboard")
 
 
+def decided_by_rank_zero(decide: Callable[[], Any]) -> Any:
+    """Run ``decide`` on rank 0 only and hand its result — or its GoodputError, so that no rank
+    waits out the collective timeout — to every rank."""
+    found: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            found[0] = decide()
+        except GoodputError as error:
+            found[0] = error
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(found, src=0)  # our own ranks' str/None/GoodputError
+    if isinstance(found[0], GoodputError):
+        raise found[0]
+    return found[0]
+
+
 def build_loader(cfg: RunConfig, plan: BatchPlan, rank: int) -> DataLoader:
     """Build (rank 0) or find the blend sized for the whole run, and open this rank's loader."""
-    found: list[Any] = [None]
-    if rank == 0:
+
+    def build() -> str:
         spec = BlendSpec(
             file_list=Path(cfg.data.file_list),
             seq_len=cfg.train.seq_len,
@@ -45,18 +72,15 @@ def build_loader(cfg: RunConfig, plan: BatchPlan, rank: int) -> DataLoader:
             output=Path(cfg.data.cache),
             on_exhausted=cfg.data.on_exhausted,
         )
-        try:
-            blend_dir, manifest = build_blend(spec)
-            print(format_report(blend_dir, manifest), flush=True)
-            found[0] = str(blend_dir)
-        except GoodputError as error:
-            found[0] = error
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(found, src=0)  # a path or a GoodputError, from rank 0 only
-    if isinstance(found[0], GoodputError):
-        raise found[0]
+        blend_dir, manifest = build_blend(spec)
+        print(format_report(blend_dir, manifest), flush=True)
+        return str(blend_dir)
+
     loader = DataLoader(
-        found[0], global_batch_size=plan.global_batch_size, dp_rank=rank, dp_size=plan.dp_size
+        decided_by_rank_zero(build),
+        global_batch_size=plan.global_batch_size,
+        dp_rank=rank,
+        dp_size=plan.dp_size,
     )
     tokenizer = loader.samples.manifest.get("tokenizer")
     if tokenizer and tokenizer["vocab_size"] > cfg.model.vocab_size:
@@ -68,6 +92,48 @@ def build_loader(cfg: RunConfig, plan: BatchPlan, rank: int) -> DataLoader:
             code=ExitCode.USAGE,
         )
     return loader
+
+
+def resume(
+    cfg: RunConfig,
+    root: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: DataLoader,
+    device: torch.device,
+) -> int:
+    """Load the checkpoint ``checkpoint.resume`` names, if any; return the step it was saved at
+    (0 when starting fresh or from a model-only checkpoint)."""
+    found = decided_by_rank_zero(
+        lambda: _path_or_none(find_checkpoint(root, cfg.checkpoint.resume))
+    )
+    if found is None:
+        return 0
+    directory = Path(found)
+    saved, train_state = read_checkpoint(directory)
+    current = tomllib.loads(to_toml(cfg))
+    check_model_shape(directory, saved, current)
+    if "loader" in train_state:
+        if dist.get_rank() == 0:
+            for line in config_diff(saved, current):
+                print(f"resume: config differs from the checkpoint's: {line}", flush=True)
+        loader.load_state_dict(
+            train_state["loader"], allow_data_change=cfg.checkpoint.allow_data_change
+        )
+    load_checkpoint(directory, model, optimizer, train_state, device)
+    if dist.get_rank() == 0:
+        print(f"resume: from {directory} (step {train_state['step']})", flush=True)
+    return int(train_state["step"])
+
+
+def checkpoint_root(cfg: RunConfig) -> Path:
+    return (
+        Path(cfg.checkpoint.folder) if cfg.checkpoint.folder else checkpoints_dir(cfg.train.output)
+    )
+
+
+def _path_or_none(path: Path | None) -> str | None:
+    return str(path) if path is not None else None
 
 
 def build_model(cfg: RunConfig, device: torch.device) -> nn.Module:

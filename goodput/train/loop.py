@@ -13,8 +13,18 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from goodput.checkpoint.save import Checkpointer
+from goodput.config import to_toml
+from goodput.errors import ExitCode, GoodputError
 from goodput.launch.device import detect_device_type, local_device
-from goodput.train.build import build_loader, build_model, fresh_loss_warning, write_run_record
+from goodput.train.build import (
+    build_loader,
+    build_model,
+    checkpoint_root,
+    fresh_loss_warning,
+    resume,
+    write_run_record,
+)
 from goodput.train.config import RunConfig, plan_batches
 from goodput.train.flops import flops_per_token
 from goodput.train.metrics import Metrics, peak_flops
@@ -23,6 +33,7 @@ from goodput.train.parallelize import compute_dtype
 from goodput.train.schedule import learning_rate
 from goodput.train.setup import current_placement, setup_torch
 from goodput.train.step import train_step
+from goodput.train.termination import SigtermFlag, agree
 
 
 def train(cfg: RunConfig) -> list[float]:
@@ -59,33 +70,60 @@ def train(cfg: RunConfig) -> list[float]:
             peak_flops_per_device=peak,
             tensorboard=cfg.train.tensorboard,
         )
+        checkpointer = Checkpointer(cfg.checkpoint, checkpoint_root(cfg), device)
+        resumed_at = resume(cfg, checkpointer.root, model, optimizer, loader, device)
+        start_step = resumed_at or 0
+        checkpointing = cfg.checkpoint.interval_steps > 0 or cfg.checkpoint.interval_minutes > 0
+        config_toml = to_toml(cfg)
         losses = []
         batches = iter(loader)
         last_step_end = time.perf_counter()
-        for step in range(1, cfg.train.steps + 1):
-            lr = learning_rate(cfg.schedule, step - 1, cfg.train.steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            input_ids, labels = next(batches)
-            micro_batches = list(
-                zip(
-                    input_ids.to(device).split(plan.micro_batch_size),
-                    labels.to(device).split(plan.micro_batch_size),
-                    strict=True,
+        with SigtermFlag() as sigterm:
+            for step in range(start_step + 1, cfg.train.steps + 1):
+                lr = learning_rate(cfg.schedule, step - 1, cfg.train.steps)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                input_ids, labels = next(batches)
+                micro_batches = list(
+                    zip(
+                        input_ids.to(device).split(plan.micro_batch_size),
+                        labels.to(device).split(plan.micro_batch_size),
+                        strict=True,
+                    )
                 )
-            )
-            result = train_step(
-                model, optimizer, micro_batches, max_grad_norm=cfg.train.max_grad_norm
-            )
-            # The whole iteration — data, step, logging of the previous step — is the step time.
-            now = time.perf_counter()
-            metrics.step(step, result, lr, now - last_step_end)
-            last_step_end = now
-            losses.append(result.loss)
-            if step == 1 and rank == 0:
-                warning = fresh_loss_warning(result.loss, cfg.model.vocab_size)
-                if warning:
-                    print(warning, flush=True)
+                result = train_step(
+                    model, optimizer, micro_batches, max_grad_norm=cfg.train.max_grad_norm
+                )
+                # The whole iteration — data, step, logging, checkpoint stall — is the step time.
+                now = time.perf_counter()
+                metrics.step(step, result, lr, now - last_step_end)
+                last_step_end = now
+                losses.append(result.loss)
+                if step == 1 and rank == 0 and resumed_at is None:  # a fresh model
+                    warning = fresh_loss_warning(result.loss, cfg.model.vocab_size)
+                    if warning:
+                        print(warning, flush=True)
+                terminate, minutes_due = agree(
+                    [sigterm.is_set(), checkpointer.minutes_due()], checkpointer.group
+                )
+                train_state = {"loader": loader.state_dict(), "world_size": world_size}
+                if terminate:
+                    if cfg.checkpoint.save_on_sigterm:
+                        checkpointer.save(
+                            step, model, optimizer, train_state, config_toml, blocking=True
+                        )
+                    checkpointer.close()
+                    raise GoodputError(
+                        "train",
+                        f"terminated by SIGTERM after step {step}",
+                        "resubmit: the run resumes from its newest complete checkpoint",
+                        code=ExitCode.TERMINATED,
+                    )
+                if checkpointing and (
+                    checkpointer.due(step) or minutes_due or step == cfg.train.steps
+                ):
+                    checkpointer.save(step, model, optimizer, train_state, config_toml)
+        checkpointer.close()
         metrics.close()
         if rank == 0:
             print(f"train: done; metrics in {run_dir / 'metrics.jsonl'}", flush=True)

@@ -1,0 +1,396 @@
+"""Conversion of goodput checkpoints to and from HuggingFace Llama folders and single ``.pt`` files.
+
+Offline and single-process: a DCP checkpoint written by any number of ranks (FSDP shards
+included) is read with ``no_dist=True`` into plain CPU tensors — DCP reassembles the shards —
+and model-only checkpoints are written the same way, in the layout of ``layout.py`` with
+``train_state.json`` saying ``model_only`` and ``.complete`` last, so ``--resume`` takes them.
+
+Unlike the rest of ``checkpoint/`` this module knows the model: conversion is about its tensor
+names, shapes and RoPE layout (``hf.py``). Shapes come from ``Transformer(cfg)`` built on the
+meta device, so no weights are allocated for the check. Every checkpoint read must be complete;
+every output is refused if it would overwrite something, and appears only whole (HF folders by
+renaming a finished temp folder, checkpoints by the marker).
+
+``.pt`` files are read with ``torch.load(weights_only=True)``: tensors and plain containers only,
+never arbitrary pickled objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from goodput.checkpoint import hf
+from goodput.checkpoint.layout import CONFIG, LATEST, TRAIN_STATE, checkpoints_dir, step_dir
+from goodput.config import load_section, to_toml
+from goodput.errors import ExitCode, GoodputError
+from goodput.io import (
+    DIR_MODE,
+    atomic_path,
+    fsync_dir,
+    is_complete,
+    write_json,
+    write_marker,
+    write_text,
+)
+from goodput.train.model import ModelConfig, Transformer
+
+MODEL = "model"  # the key of the model state inside a checkpoint's DCP state
+HF_CONFIG = "config.json"
+HF_WEIGHTS = "model.safetensors"
+HF_INDEX = "model.safetensors.index.json"
+
+Shapes = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelOnlyConfig:
+    """What a model-only checkpoint's ``config.toml`` holds: the ``[model]`` table alone."""
+
+    model: ModelConfig
+
+
+def model_shapes(cfg: ModelConfig) -> Shapes:
+    """Name -> (shape, dtype) of every entry of the model's state dict; allocates nothing."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    return {name: (tuple(t.shape), t.dtype) for name, t in model.state_dict().items()}
+
+
+def read_model_config(directory: Path) -> ModelConfig:
+    return load_section(ModelConfig, directory / CONFIG, "model")
+
+
+def require_complete(directory: Path) -> None:
+    if not directory.is_dir():
+        raise GoodputError(
+            directory,
+            "no such checkpoint directory",
+            "pass a step-NNNNNNNN folder",
+            code=ExitCode.USAGE,
+        )
+    if not is_complete(directory):
+        raise GoodputError(
+            directory,
+            "incomplete checkpoint (no .complete marker: the save was interrupted or failed)",
+            "use a complete one; `goodput ckpt list RUN_DIR` shows which are",
+        )
+
+
+def load_model_state(
+    directory: Path, cfg: ModelConfig, dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """The consolidated model state dict of a complete checkpoint, as plain CPU tensors in
+    ``dtype`` (None: as saved). Tied embeddings come back as one tensor under both names."""
+    require_complete(directory)
+    expected = model_shapes(cfg)
+    try:
+        metadata = FileSystemReader(directory).read_metadata().state_dict_metadata
+    except (OSError, ValueError, RuntimeError, EOFError) as exc:
+        raise GoodputError(
+            directory, f"unreadable DCP metadata ({exc})", "check the files"
+        ) from None
+    prefix = MODEL + "."
+    saved = {
+        name[len(prefix) :]: info
+        for name, info in metadata.items()
+        if name.startswith(prefix) and isinstance(info, TensorStorageMetadata)
+    }
+    # Tied: the trainer's get_state_dict names the one tensor twice and DCP stores both; a
+    # writer that dropped the duplicate is fine too. Either way only the embedding is read.
+    tied_alias = "output.weight" if cfg.tie_embeddings else None
+    _check_state(
+        {name: (tuple(info.size), info.properties.dtype) for name, info in saved.items()},
+        {name: shape for name, shape in expected.items() if name != tied_alias},
+        where=directory,
+        what="checkpoint",
+        optional={tied_alias} if tied_alias else set(),
+    )
+    targets = {
+        name: torch.empty(saved[name].size, dtype=dtype or saved[name].properties.dtype)
+        for name in expected
+        if name != tied_alias
+    }
+    state = {MODEL: targets}
+    try:
+        with _quiet_no_dist():
+            dcp.load(state, checkpoint_id=directory, no_dist=True)
+    except Exception as exc:  # DCP wraps every read failure in its own exception types
+        raise GoodputError(
+            directory,
+            f"cannot read the checkpoint's tensors ({type(exc).__name__}: {exc})",
+            "check that the files are intact",
+        ) from None
+    loaded = dict(state[MODEL])
+    if tied_alias:
+        loaded[tied_alias] = loaded["embedding.weight"]
+    return {name: loaded[name] for name in expected}  # the model's own key order
+
+
+def write_model_only_checkpoint(
+    run_dir: Path, state: dict[str, torch.Tensor], cfg: ModelConfig
+) -> Path:
+    """Write ``state`` as RUN_DIR/checkpoints/step-00000000 (model only) and point ``latest``
+    at it; return the directory. Refuses a run directory that already has checkpoints: moving
+    its ``latest`` back to step 0 would hide them."""
+    root = checkpoints_dir(run_dir)
+    directory = step_dir(root, 0)
+    if root.is_dir() and any(root.iterdir()):
+        raise GoodputError(
+            root,
+            "already holds checkpoints",
+            "write the imported checkpoint into a new OUT_DIR",
+            code=ExitCode.USAGE,
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        print(f"writing {directory}", flush=True)
+        with _quiet_no_dist():
+            dcp.save({MODEL: state}, checkpoint_id=directory, no_dist=True)
+        write_text(directory / CONFIG, model_config_toml(cfg))
+        write_json(directory / TRAIN_STATE, {"step": 0, "model_only": True})
+        write_marker(directory)  # last: from here on the checkpoint counts
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    write_text(root / LATEST, directory.name + "\n")
+    return directory
+
+
+def model_config_toml(cfg: ModelConfig) -> str:
+    return to_toml(ModelOnlyConfig(model=cfg))
+
+
+def export_hf(directory: Path, out_dir: Path) -> Path:
+    """A complete checkpoint as an HF ``LlamaForCausalLM`` folder (fp32 safetensors)."""
+    from safetensors.torch import save_file
+
+    require_complete(directory)
+    cfg = read_model_config(directory)
+    if cfg.moe is not None:
+        raise GoodputError(
+            directory,
+            "a mixture-of-experts model cannot be exported as HF Llama",
+            "export dense models only; `goodput ckpt to-torch` writes MoE weights",
+            code=ExitCode.USAGE,
+        )
+    _require_empty(out_dir)
+    print(f"reading {directory}", flush=True)
+    state = load_model_state(directory, cfg, torch.float32)
+    print("converting to HF Llama names and RoPE layout", flush=True)
+    tensors = hf.to_hf(state, cfg)
+    with _staged_dir(out_dir) as staging:
+        print(f"writing {out_dir}", flush=True)
+        save_file(tensors, str(staging / HF_WEIGHTS), metadata={"format": "pt"})
+        (staging / HF_CONFIG).write_text(json.dumps(hf.hf_config(cfg), indent=2) + "\n")
+    return out_dir
+
+
+def import_hf(hf_dir: Path, run_dir: Path) -> Path:
+    """An HF Llama folder as a model-only goodput checkpoint under ``run_dir``."""
+    config_path = hf_dir / HF_CONFIG
+    try:
+        hf_cfg = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise GoodputError(
+            config_path,
+            "not found",
+            "pass an HF model folder holding config.json",
+            code=ExitCode.USAGE,
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise GoodputError(config_path, f"invalid JSON ({exc})", "fix the file") from None
+    cfg = hf.model_config(hf_cfg, str(config_path))
+    print(f"reading {hf_dir}", flush=True)
+    tensors = _read_safetensors(hf_dir)
+    # Upcast to the fp32 the trainer keeps its weights in (exact for bf16/fp16 inputs).
+    state = hf.from_hf(tensors, cfg, str(hf_dir))
+    state = {name: t.float() if t.is_floating_point() else t for name, t in state.items()}
+    return _write_checked(state, cfg, run_dir, hf_dir, "HF folder")
+
+
+def to_torch(directory: Path, file: Path) -> Path:
+    """The consolidated model state dict of a complete checkpoint as one ``torch.save`` file
+    of plain tensors (dtypes as saved)."""
+    require_complete(directory)
+    if file.exists():
+        raise GoodputError(file, "already exists", "choose another file name", code=ExitCode.USAGE)
+    cfg = read_model_config(directory)
+    print(f"reading {directory}", flush=True)
+    state = load_model_state(directory, cfg)
+    print(f"writing {file}", flush=True)
+    with atomic_path(file) as tmp:
+        torch.save(state, tmp)
+    return file
+
+
+def from_torch(file: Path, config: Path, run_dir: Path) -> Path:
+    """A ``.pt`` state dict plus a TOML ``[model]`` table as a model-only checkpoint."""
+    cfg = load_section(ModelConfig, config, "model")
+    print(f"reading {file}", flush=True)
+    try:
+        loaded = torch.load(file, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise GoodputError(file, "not found", "check the path", code=ExitCode.USAGE) from None
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        raise GoodputError(
+            file,
+            f"not a plain tensor file ({' '.join(str(exc).split())[:200]})",
+            "save a dict of tensors (model.state_dict()); other pickled objects are refused",
+        ) from None
+    state = _state_dict_in(loaded, file)
+    tied = cfg.tie_embeddings and "embedding.weight" in state
+    if (
+        tied
+        and "output.weight" in state
+        and not torch.equal(state["output.weight"], state["embedding.weight"])
+    ):
+        raise GoodputError(
+            file,
+            "output.weight differs from embedding.weight, but the config ties them",
+            "set tie_embeddings = false in [model]",
+            code=ExitCode.USAGE,
+        )
+    if tied:
+        state["output.weight"] = state["embedding.weight"]
+    state = {name: t.float() if t.is_floating_point() else t for name, t in state.items()}
+    return _write_checked(state, cfg, run_dir, file, "file")
+
+
+def _write_checked(
+    state: dict[str, torch.Tensor], cfg: ModelConfig, run_dir: Path, source: Path, what: str
+) -> Path:
+    expected = model_shapes(cfg)
+    _check_state(
+        {name: (tuple(t.shape), t.dtype) for name, t in state.items()},
+        expected,
+        where=source,
+        what=what,
+    )
+    ordered = {name: state[name].contiguous() for name in expected}
+    return write_model_only_checkpoint(run_dir, ordered, cfg)
+
+
+def _check_state(
+    found: Shapes, expected: Shapes, *, where: Path, what: str, optional: set[str] | None = None
+) -> None:
+    """Same names and shapes as the model (dtypes may differ); name the first difference."""
+    optional = optional or set()
+    fix = "pass the [model] config these weights were trained with"
+    for name, (shape, _dtype) in expected.items():
+        if name not in found:
+            raise GoodputError(
+                where,
+                f"the {what} has no '{name}', which the [model] config needs",
+                fix,
+                code=ExitCode.USAGE,
+            )
+        if found[name][0] != shape:
+            raise GoodputError(
+                where,
+                f"'{name}' has shape {list(found[name][0])} in the {what}, the [model] config "
+                f"needs {list(shape)}",
+                fix,
+                code=ExitCode.USAGE,
+            )
+    for name in found:
+        if name not in expected and name not in optional:
+            raise GoodputError(
+                where,
+                f"the {what} has '{name}', which the [model] config does not",
+                fix,
+                code=ExitCode.USAGE,
+            )
+
+
+def _state_dict_in(loaded: object, file: Path) -> dict[str, torch.Tensor]:
+    """The tensor dict in a loaded ``.pt``: the top level, or a single nested ``model`` or
+    ``state_dict`` entry (how training scripts often save)."""
+    if isinstance(loaded, dict):
+        for key in ("model", "state_dict"):
+            if isinstance(loaded.get(key), dict):
+                loaded = loaded[key]
+                break
+    if not isinstance(loaded, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()
+    ):
+        raise GoodputError(
+            file,
+            "does not hold a dict of name -> tensor",
+            "save model.state_dict() (optionally under a 'model' key)",
+            code=ExitCode.USAGE,
+        )
+    return dict(loaded)
+
+
+def _read_safetensors(hf_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = hf_dir / HF_INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted(set(weight_map.values()))
+    elif (hf_dir / HF_WEIGHTS).is_file():
+        files = [HF_WEIGHTS]
+    else:
+        raise GoodputError(
+            hf_dir,
+            f"no {HF_WEIGHTS} or {HF_INDEX}",
+            "pass a folder with safetensors weights (convert .bin weights with transformers)",
+            code=ExitCode.USAGE,
+        )
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        print(f"reading {hf_dir / name}", flush=True)
+        tensors.update(load_file(str(hf_dir / name), device="cpu"))
+    return tensors
+
+
+def _require_empty(out_dir: Path) -> None:
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise GoodputError(
+            out_dir,
+            "already exists and is not empty",
+            "choose another OUT_DIR or remove it",
+            code=ExitCode.USAGE,
+        )
+
+
+@contextmanager
+def _staged_dir(out_dir: Path) -> Iterator[Path]:
+    """A temp folder beside ``out_dir``, renamed onto it once the body finished: readers see no
+    folder or a whole one."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        yield staging
+        for path in staging.iterdir():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+        os.chmod(staging, DIR_MODE)
+        os.rename(staging, out_dir)  # replaces an empty out_dir (checked before), nothing else
+        fsync_dir(out_dir.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+@contextmanager
+def _quiet_no_dist() -> Iterator[None]:
+    # DCP warns that no process group exists; here that is the point, not a mistake.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        yield

@@ -1,0 +1,233 @@
+"""Saving: the step pays for a snapshot to host memory, a background thread pays for the disk.
+
+One save at a time: a save asked for while the previous one is still flushing waits for it (the
+wait is counted as stall). Checkpoint collectives run on their own gloo group, never the
+training one, so a flush in flight cannot interleave with training collectives. Ranks write in
+waves of at most ``max_concurrent_writers`` (a barrier between waves), so thousands of ranks do
+not open their files on a parallel filesystem in the same second.
+
+Atomicity: every rank writes its RNG file (fsync'd) before the flush; DCP writes each rank's
+data (fsync'd) and then, on rank 0, the ``.metadata`` — only after every rank reported its write
+done. Rank 0 then writes ``.complete``, moves ``latest`` and prunes to ``keep_last``, in that
+order. A save that fails on any rank is reported with the failing ranks and the reason, its
+directory is removed, and the previous checkpoints are untouched.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.checkpoint.storage import WriteResult
+
+from goodput.checkpoint.config import CheckpointConfig
+from goodput.checkpoint.layout import (
+    CONFIG,
+    LATEST,
+    TRAIN_STATE,
+    list_checkpoints,
+    rng_file,
+    step_dir,
+)
+from goodput.checkpoint.state import rng_state
+from goodput.io import write_json, write_marker, write_text
+
+REASONS = {
+    errno.ENOSPC: "disk full",
+    errno.EDQUOT: "quota exceeded",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EROFS: "read-only filesystem",
+    errno.EIO: "I/O error",
+    errno.EFBIG: "file too large",
+}
+
+
+LOW_SPACE_BYTES = 16 * 2**20
+
+
+class WaveWriter(FileSystemWriter):
+    """A DCP filesystem writer whose ranks take turns: at most ``max_writers`` at once."""
+
+    def __init__(self, path: Path, group: dist.ProcessGroup, max_writers: int):
+        super().__init__(path, sync_files=True)
+        self.group, self.max_writers = group, max_writers
+
+    def write_data(
+        self, plan: SavePlan, planner: SavePlanner
+    ) -> torch.futures.Future[list[WriteResult]]:
+        rank, world_size = dist.get_rank(self.group), dist.get_world_size(self.group)
+        result: torch.futures.Future[list[WriteResult]] | None = None
+        error: BaseException | None = None
+        for wave in range(-(-world_size // self.max_writers)):
+            if wave == rank // self.max_writers:
+                try:
+                    result = super().write_data(plan, planner)
+                    result.wait()  # written and fsync'd before the next wave starts
+                except Exception as exc:  # reported through DCP once every wave is through
+                    error = exc
+            dist.barrier(group=self.group)  # every rank passes every barrier, failed or not
+        if error is not None:
+            raise error
+        assert result is not None
+        return result
+
+
+class Checkpointer:
+    """Saves of one run; one instance per rank, created by every rank at the same point."""
+
+    def __init__(self, cfg: CheckpointConfig, root: Path, device: torch.device):
+        self.cfg, self.root, self.device = cfg, Path(root), device
+        self.group = dist.new_group(backend="gloo")  # collective: every rank, same moment
+        self.rank = dist.get_rank()
+        self.in_flight: threading.Event | None = None
+        self.failures: list[str] = []  # reports of failed saves, newest last
+        self.last_save = time.monotonic()
+
+    def due(self, step: int) -> bool:
+        """By steps; the minutes criterion is agreed across ranks by the loop (``minutes_due``)."""
+        return self.cfg.interval_steps > 0 and step % self.cfg.interval_steps == 0
+
+    def minutes_due(self) -> bool:
+        minutes = self.cfg.interval_minutes
+        return minutes > 0 and time.monotonic() - self.last_save >= 60 * minutes
+
+    def save(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        train_state: dict[str, Any],
+        config_toml: str,
+        *,
+        blocking: bool = False,
+    ) -> float:
+        """Save ``step``; return the seconds the caller was held (wait + snapshot)."""
+        start = time.perf_counter()
+        self.wait()
+        directory = step_dir(self.root, step)
+        if self.rank == 0:
+            if directory.exists():  # left by a failed or killed attempt: never mixed with new files
+                shutil.rmtree(directory)
+            directory.mkdir(parents=True)
+        dist.barrier(group=self.group)
+        if not self._write_small_files(directory, step, train_state, config_toml):
+            return time.perf_counter() - start
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        writer = WaveWriter(directory, self.group, self.cfg.max_concurrent_writers)
+        state = {"model": model_state, "optim": optimizer_state}
+        if self.cfg.async_save and not blocking:
+            # DCP stages a host copy before returning; the flush runs on its own thread, and so
+            # does the finishing (marker, latest, pruning) the moment the flush is through.
+            future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+            assert isinstance(future, Future)
+            done = threading.Event()
+            future.add_done_callback(lambda f: self._settle(step, f.exception(), done))
+            self.in_flight = done
+        else:
+            try:
+                dcp.save(state, storage_writer=writer, process_group=self.group)
+            except CheckpointException as exc:
+                self._settle(step, exc, None)
+            else:
+                self._settle(step, None, None)
+        self.last_save = time.monotonic()
+        return time.perf_counter() - start
+
+    def _write_small_files(
+        self, directory: Path, step: int, train_state: dict[str, Any], config_toml: str
+    ) -> bool:
+        """Each rank's RNG file (rank 0: train state and config); False, reported, if any rank
+        failed — every rank learns it, so none goes on into the flush alone."""
+        try:
+            write_json(rng_file(directory, self.rank), rng_state(self.device))
+            if self.rank == 0:
+                write_json(directory / TRAIN_STATE, {"step": step, **train_state})
+                write_text(directory / CONFIG, config_toml)
+            error = None
+        except OSError as exc:
+            error = _reason(exc, directory)
+        errors: list[str | None] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(errors, error, group=self.group)
+        failed = {rank: reason for rank, reason in enumerate(errors) if reason is not None}
+        if failed:
+            self._report_failure(step, failed)
+        return not failed
+
+    def wait(self) -> None:
+        """Block until the save in flight, if any, is durable and settled (or reported failed)."""
+        if self.in_flight is not None:
+            self.in_flight.wait()
+            self.in_flight = None
+
+    def close(self) -> None:
+        self.wait()
+        dist.destroy_process_group(self.group)
+
+    def _settle(self, step: int, error: BaseException | None, done: threading.Event | None) -> None:
+        try:
+            if error is None:
+                self._finish(step)
+            elif isinstance(error, CheckpointException):
+                directory = step_dir(self.root, step)
+                reasons = {
+                    rank: _reason(exc, directory) for rank, (exc, _) in error.failures.items()
+                }
+                self._report_failure(step, reasons)
+            else:
+                self._report_failure(step, {self.rank: _reason(error, step_dir(self.root, step))})
+        finally:
+            if done is not None:
+                done.set()
+
+    def _finish(self, step: int) -> None:
+        if self.rank != 0:
+            return
+        directory = step_dir(self.root, step)
+        write_marker(directory)
+        write_text(self.root / LATEST, directory.name + "\n")
+        checkpoints = list_checkpoints(self.root)
+        kept = {c.step for c in checkpoints if c.complete}
+        kept = set(sorted(kept)[-self.cfg.keep_last :])
+        for old in checkpoints:
+            # Older complete ones beyond keep_last, and leftovers of killed or failed attempts.
+            if old.step < step and old.step not in kept:
+                shutil.rmtree(old.path, ignore_errors=True)
+        print(f"checkpoint: {directory} complete", flush=True)
+
+    def _report_failure(self, step: int, reasons_by_rank: dict[int, str]) -> None:
+        directory = step_dir(self.root, step)
+        ranks = ", ".join(map(str, sorted(reasons_by_rank)))
+        reasons = "; ".join(sorted(set(reasons_by_rank.values())))
+        report = (
+            f"checkpoint: saving {directory} FAILED on rank(s) {ranks}: {reasons}; "
+            "previous checkpoints are intact, training goes on"
+        )
+        self.failures.append(report)
+        if self.rank == 0:
+            shutil.rmtree(directory, ignore_errors=True)
+            print(report, flush=True)
+
+
+def _reason(error: BaseException, directory: Path) -> str:
+    if isinstance(error, OSError) and error.errno in REASONS:
+        return f"{REASONS[error.errno]} ({error})"
+    reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
+    # torch's zip writer turns ENOSPC into a RuntimeError about file positions; say what it is.
+    free = shutil.disk_usage(directory if directory.exists() else directory.parent).free
+    if free < LOW_SPACE_BYTES:
+        return f"disk full ({free // 1024} KiB free; {reason})"
+    return reason

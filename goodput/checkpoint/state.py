@@ -1,0 +1,47 @@
+"""Every random generator of one rank, as JSON: Python's, NumPy's, torch's CPU and device ones.
+
+JSON, not pickle: a checkpoint is read back on another day, maybe from another user's folder,
+and must never be able to run code. Byte states travel as base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from goodput.launch.device import get_device_rng_state, set_device_rng_state
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    version, python_state, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    assert isinstance(keys, np.ndarray)  # the legacy form: (name, key array, position, ...)
+    device_state = get_device_rng_state(device)
+    return {
+        "python": [version, list(python_state), gauss],
+        "numpy": [kind, keys.tolist(), int(position), int(has_gauss), float(cached)],
+        "torch": _encode(torch.get_rng_state()),
+        "device": _encode(device_state) if device_state is not None else None,
+    }
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    version, python_state, gauss = state["python"]
+    random.setstate((version, tuple(python_state), gauss))
+    kind, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(_decode(state["torch"]))
+    if state["device"] is not None:
+        set_device_rng_state(device, _decode(state["device"]))
+
+
+def _encode(tensor: torch.Tensor) -> str:
+    return base64.b64encode(tensor.numpy().tobytes()).decode("ascii")
+
+
+def _decode(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
