@@ -145,7 +145,11 @@ class Checkpointer:
             else:
                 self._settle(step, None, None)
         self.last_save = time.monotonic()
-        return time.perf_counter() - start
+        held = time.perf_counter() - start
+        if self.rank == 0:
+            how = "flushing in the background" if self.in_flight else "written synchronously"
+            print(f"checkpoint: {directory} held training {held:.3f} s ({how})", flush=True)
+        return held
 
     def _write_small_files(
         self, directory: Path, step: int, train_state: dict[str, Any], config_toml: str

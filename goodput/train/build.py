@@ -120,9 +120,14 @@ def resume(
         loader.load_state_dict(
             train_state["loader"], allow_data_change=cfg.checkpoint.allow_data_change
         )
+    start = time.perf_counter()
     load_checkpoint(directory, model, optimizer, train_state, device)
     if dist.get_rank() == 0:
-        print(f"resume: from {directory} (step {train_state['step']})", flush=True)
+        print(
+            f"resume: from {directory} (step {train_state['step']}) loaded in "
+            f"{time.perf_counter() - start:.2f} s",
+            flush=True,
+        )
     return int(train_state["step"])
 
 
