@@ -119,12 +119,14 @@ class Checkpointer:
         start = time.perf_counter()
         self.wait()
         directory = step_dir(self.root, step)
-        if self.rank == 0:
-            if directory.exists():  # left by a failed or killed attempt: never mixed with new files
+        error = None
+        if self.rank == 0 and directory.exists():
+            try:  # left by a failed or killed attempt: never mixed with new files
                 shutil.rmtree(directory)
-            directory.mkdir(parents=True)
+            except OSError as exc:
+                error = _reason(exc, directory)
         dist.barrier(group=self.group)
-        if not self._write_small_files(directory, step, train_state, config_toml):
+        if not self._write_small_files(directory, step, train_state, config_toml, error):
             return time.perf_counter() - start
         model_state, optimizer_state = get_state_dict(model, optimizer)
         writer = WaveWriter(directory, self.group, self.cfg.max_concurrent_writers)
@@ -152,18 +154,24 @@ class Checkpointer:
         return held
 
     def _write_small_files(
-        self, directory: Path, step: int, train_state: dict[str, Any], config_toml: str
+        self,
+        directory: Path,
+        step: int,
+        train_state: dict[str, Any],
+        config_toml: str,
+        error: str | None,
     ) -> bool:
         """Each rank's RNG file (rank 0: train state and config); False, reported, if any rank
-        failed — every rank learns it, so none goes on into the flush alone."""
-        try:
-            write_json(rng_file(directory, self.rank), rng_state(self.device))
-            if self.rank == 0:
-                write_json(directory / TRAIN_STATE, {"step": step, **train_state})
-                write_text(directory / CONFIG, config_toml)
-            error = None
-        except OSError as exc:
-            error = _reason(exc, directory)
+        failed (``error``: this rank already has) — every rank learns it, so none goes on into
+        the flush alone."""
+        if error is None:
+            try:
+                write_json(rng_file(directory, self.rank), rng_state(self.device))
+                if self.rank == 0:
+                    write_json(directory / TRAIN_STATE, {"step": step, **train_state})
+                    write_text(directory / CONFIG, config_toml)
+            except OSError as exc:
+                error = _reason(exc, directory)
         errors: list[str | None] = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(errors, error, group=self.group)
         failed = {rank: reason for rank, reason in enumerate(errors) if reason is not None}
