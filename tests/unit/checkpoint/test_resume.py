@@ -177,3 +177,14 @@ def test_training_starts_from_a_model_only_checkpoint(run_config, tmp_path, caps
     out = capsys.readouterr().out
     assert len(again) == 8 and again[0] < losses[0] - 0.5  # trained weights, fresh optimizer
     assert f"resume: from {imported} (step 0)" in out and "warning: step-1" not in out
+
+
+def test_saves_by_wall_time(run_config, tmp_path):
+    cfg = replace(
+        run_config,
+        train=replace(run_config.train, output=str(tmp_path)),
+        checkpoint=replace(run_config.checkpoint, interval_minutes=1e-6, keep_last=8),
+    )
+    train(cfg)
+    # Every step outlasts 60 microseconds, so every step is due.
+    assert [c.step for c in list_checkpoints(checkpoints_dir(tmp_path))] == list(range(1, 9))
