@@ -1,8 +1,9 @@
 """``make bench``: every benchmark, each ours against its named baseline in one run.
 
-``python -m benchmarks NAME ...`` runs only the named ones (``tokenize``, ``blend``, ``train``);
-no names: all. Figures are printed and also written to ``bench-out/results.json`` for the README;
-a run of some benchmarks replaces only their entries there, keeping the others'.
+``python -m benchmarks NAME ...`` runs only the named ones (``tokenize``, ``blend``, ``train``,
+``checkpoint``); no names: all. Figures are printed and also written to
+``bench-out/results.json`` for the README; a run of some benchmarks replaces only their entries
+there, keeping the others'.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_blend, bench_tokenize, bench_train
+from benchmarks import bench_blend, bench_checkpoint, bench_tokenize, bench_train
 from goodput.io import write_json
 
 BENCHMARKS: dict[str, Callable[[], Any]] = {
     "tokenize": bench_tokenize.main,
     "blend": bench_blend.main,
     "train": bench_train.main,
+    "checkpoint": bench_checkpoint.main,
 }
 RESULTS = Path("bench-out/results.json")
 

@@ -1,0 +1,475 @@
+"""Checkpoint cost: the training stall of an async save against a synchronous save, load time,
+and recovery from a killed process to its first step after resume.
+
+Model: the ``Transformer`` at 105.8M parameters (vocab 32,000, dim 768, 8 layers, 12 heads,
+untied embeddings; ``goodput.train.flops.model_size``), fp32, AdamW: a checkpoint is ~1.27 GB
+(weights and both AdamW moments). The batch is tiny (2 samples x 16 tokens, ~1 s a step here,
+almost all of it the optimizer) so that saves, not compute, dominate what is measured. Data: the
+learnable counting corpus of ``goodput.testing.tiny``. Every run is the real trainer:
+``train(RunConfig)`` in-process (stdout/stderr to a line recorder that stamps each line's
+arrival) or ``python -m goodput train`` as a subprocess; ``train.peak_tflops`` is set so no CPU
+matmul probe runs at start-up. Checkpoints go to local disk under /tmp, fsync'd by DCP.
+
+Stall against the synchronous save (baseline: ``async_save = false``, the whole save on the
+training thread). ``REPEATS`` pairs of runs, async and sync side by side (order swapped on odd
+repeats), each ``STEPS`` steps with ``interval_steps = INTERVAL``: ``SAVES_PER_RUN`` saves a
+run, the last at the final step. Each save's figure is the ``held training X s`` the trainer
+prints: what the step calling the save waited (async: get the state dict, write the small
+files, snapshot to host memory; sync: all of that plus the write, fsync, marker and pruning).
+Stall: the median async hold; sync save time: the median sync hold; ratio: stall / sync save
+time, target <= 0.1. ``INTERVAL`` steps give a flush time to finish before the next save; a save
+that found the previous flush still running (it then waits, and that wait is in its hold) is
+counted and reported. Flush time: from the async hold line to the flush thread's ``complete``
+line. The background flush also competes with training for this machine's two cores, so the
+steps it overlaps run slower; that drag is reported next to the stall: per save, the step times
+of the steps that started before the save's ``complete`` line, less the hold (which the loop
+counts in the next step's time), less as many of the run's clean-step medians (steps 2.., not
+overlapping any save or flush). Sync saves get the same drag figure (normally ~0). "Stall with
+drag" (hold + drag, median over saves followed by steps) and its ratio to the sync save time
+(hold + drag) are what training really loses per save. The saves are the trainer's own, in its
+loop, rather than ``Checkpointer.save`` called on a built model: the hold is then exactly what
+a user's step pays, and the flush's effect on the steps around it shows.
+
+Load: ``LOAD_REPEATS`` in-process resumes (``checkpoint.resume = PATH``, no further steps) from
+the final checkpoint of the last save run; the figure is the ``loaded in X s`` the trainer
+prints (DCP read into the model and optimizer, RNG restore), median. Each repeat is run twice:
+warm (every checkpoint file just read, as after a process restart on the same node) and cold
+(``posix_fadvise(DONTNEED)`` on every file first: read from disk, as on a fresh node).
+
+Recovery: ``python -m goodput train CONFIG.toml`` (``to_toml`` of the run config, async saves
+every ``RECOVERY_INTERVAL`` steps) is SIGKILLed as soon as it prints its first ``complete``
+line, then restarted at once with ``--resume auto``; that process in turn is killed after its
+own first complete checkpoint and restarted, ``RECOVERY_REPEATS`` restarts in all. Each
+restart must resume from the checkpoint completed before the kill and print ``step=N+1``. Per
+restart, from the moment before ``Popen``: start-up = arrival of the ``resume:`` line less its
+reported load seconds (interpreter, imports, process group, blend cache lookup, model init,
+optimizer, metrics, checkpoint choice and checks); load = the reported seconds (warm page
+cache: same node); first step = arrival of the first ``step=`` line less arrival of the
+``resume:`` line (``step_time_s`` of that step reported alongside). The three add up to
+exec -> first step; kill -> first step also counts waiting for the killed process to be reaped.
+Start-up is split further at the first output line (interpreter, imports, process group, blend
+lookup) and at the ``train: N rank(s)`` line (model init, optimizer, run record); the rest is
+metrics, the checkpointer, and choosing and checking the checkpoint. Each figure is the median
+over restarts (so the medians of the parts need not add up to the median of the whole).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from goodput.checkpoint.config import CheckpointConfig
+from goodput.checkpoint.layout import step_dir
+from goodput.config import to_toml
+from goodput.testing.tiny import tiny_run_config
+from goodput.train.config import RunConfig
+from goodput.train.flops import model_size
+from goodput.train.loop import train
+from goodput.train.model import ModelConfig
+
+MODEL = ModelConfig(vocab_size=32000, dim=768, num_layers=8, num_heads=12, max_seq_len=64)
+SEQ_LEN = 16
+BATCH = 2  # samples a step: ~1 s a step on 2 vCPUs, almost all of it AdamW over 106M parameters
+INTERVAL = 6  # steps between saves: the async flush (~4 s here) finishes before the next save
+SAVES_PER_RUN = 3
+STEPS = INTERVAL * SAVES_PER_RUN  # the forced final-step save is the last interval save
+REPEATS = 3  # pairs of save runs (async, sync): 9 saves of each kind
+KEEP_LAST = 2  # at most 3 checkpoints (2 kept + 1 being written) of ~1.27 GB alive per run
+LOAD_REPEATS = 3
+RECOVERY_INTERVAL = 2
+RECOVERY_REPEATS = 3
+RECOVERY_STEPS = 1000  # never reached: every process is killed
+WAIT_S = 300  # longest wait for one awaited line of a subprocess
+
+HELD = re.compile(r"^checkpoint: (\S+) held training ([\d.]+) s \((.+)\)$")
+COMPLETE = re.compile(r"^checkpoint: (\S+) complete$")
+FAILED = re.compile(r"^checkpoint: saving .* FAILED")
+RESUMED = re.compile(r"^resume: from (\S+) \(step (\d+)\) loaded in ([\d.]+) s$")
+STEP = re.compile(r"^step=(\d+) .* step_time=([\d.]+)s$")
+BUILT = re.compile(r"^train: \d+ rank\(s\) on ")  # printed once loader, model, optimizer exist
+
+
+class LineRecorder:
+    """A stdout stand-in: every complete line with the ``perf_counter`` of its arrival. Each
+    thread has its own partial line, since ``print`` writes text and newline separately and
+    the flush thread prints while the training thread does."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self._partial: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        now = time.perf_counter()
+        with self._lock:
+            key = threading.get_ident()
+            *done, rest = (self._partial.get(key, "") + text).split("\n")
+            self._partial[key] = rest
+            self.lines += [(now, line) for line in done]
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _base_config(tmp: Path) -> RunConfig:
+    cfg = tiny_run_config(tmp)  # the counting corpus, fp32, peak_tflops set (no CPU probe)
+    return dataclasses.replace(
+        cfg,
+        model=MODEL,
+        train=dataclasses.replace(
+            cfg.train, steps=STEPS, tokens_per_step=BATCH * SEQ_LEN, seq_len=SEQ_LEN
+        ),
+    )
+
+
+def _train_recorded(cfg: RunConfig) -> list[tuple[float, str]]:
+    """One in-process ``goodput train`` run; its stamped output lines."""
+    recorder = LineRecorder()
+    with contextlib.redirect_stdout(recorder), contextlib.redirect_stderr(recorder):
+        train(cfg)
+    return recorder.lines
+
+
+def _tail(lines: list[tuple[float, str]], count: int = 30) -> str:
+    return "\n".join(line for _, line in lines[-count:])
+
+
+def _save_run(base: RunConfig, output: Path, async_save: bool) -> dict[str, Any]:
+    """One run saving every ``INTERVAL`` steps: per save its hold, flush time and drag."""
+    cfg = dataclasses.replace(
+        base,
+        train=dataclasses.replace(base.train, output=str(output)),
+        checkpoint=CheckpointConfig(
+            interval_steps=INTERVAL, async_save=async_save, keep_last=KEEP_LAST
+        ),
+    )
+    lines = _train_recorded(cfg)
+    if any(FAILED.match(line) for _, line in lines):
+        raise RuntimeError(f"a save failed:\n{_tail(lines)}")
+    records = [json.loads(r) for r in (output / "metrics.jsonl").read_text().splitlines()]
+    step_time = {r["step"]: r["step_time_s"] for r in records}
+    step_end: dict[int, float] = {}
+    held: dict[str, tuple[float, float]] = {}  # checkpoint directory -> (line arrival, seconds)
+    completed: dict[str, float] = {}
+    for when, line in lines:
+        if match := STEP.match(line):
+            step_end[int(match[1])] = when
+        elif match := HELD.match(line):
+            held[match[1]] = (when, float(match[2]))
+        elif match := COMPLETE.match(line):
+            completed[match[1]] = when
+    save_steps = list(range(INTERVAL, STEPS + 1, INTERVAL))
+    names = [str(step_dir(output / "checkpoints", step)) for step in save_steps]
+    if sorted(held) != names or sorted(completed) != names or sorted(step_end) != sorted(step_time):
+        raise RuntimeError(
+            f"expected saves {names}; held {sorted(held)}, complete {sorted(completed)}:\n"
+            f"{_tail(lines)}"
+        )
+    saves: list[dict[str, Any]] = [
+        {
+            "step": step,
+            "hold_s": held[name][1],
+            "start": held[name][0] - held[name][1],
+            "end": held[name][0],
+            "complete": completed[name],
+        }
+        for step, name in zip(save_steps, names, strict=True)
+    ]
+    starts = {step: step_end[step] - seconds for step, seconds in step_time.items()}
+
+    def busy(step: int) -> bool:  # the step's span overlaps a save or its flush
+        return any(
+            starts[step] < save["complete"] and step_end[step] > save["start"] for save in saves
+        )
+
+    clean = statistics.median(s for step, s in step_time.items() if step >= 2 and not busy(step))
+    for index, save in enumerate(saves):
+        save["waited"] = index > 0 and saves[index - 1]["complete"] > save["start"]
+        save["flush_s"] = save["complete"] - save["end"]
+        overlapped = [s for s in step_time if s > save["step"] and starts[s] < save["complete"]]
+        if overlapped:  # the first of them counts the hold in its time
+            save["drag_s"] = sum(step_time[s] - clean for s in overlapped) - save["hold_s"]
+    return {"saves": saves, "clean_step_s": clean}
+
+
+def _each_file(directory: Path) -> list[Path]:
+    return sorted(path for path in directory.rglob("*") if path.is_file())
+
+
+def _drop_from_page_cache(directory: Path) -> None:
+    for path in _each_file(directory):  # clean pages (DCP fsync'd them): dropped, not written
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _read_into_page_cache(directory: Path) -> None:
+    for path in _each_file(directory):
+        with open(path, "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
+def _load_run(base: RunConfig, checkpoint: Path, output: Path) -> float:
+    """An in-process resume from ``checkpoint`` with no steps left; its reported load seconds."""
+    cfg = dataclasses.replace(
+        base,
+        train=dataclasses.replace(base.train, output=str(output)),
+        checkpoint=CheckpointConfig(resume=str(checkpoint)),
+    )
+    lines = _train_recorded(cfg)
+    loaded = [match for _, line in lines if (match := RESUMED.match(line))]
+    if len(loaded) != 1 or loaded[0][1] != str(checkpoint):
+        raise RuntimeError(f"no resume from {checkpoint}:\n{_tail(lines)}")
+    return float(loaded[0][3])
+
+
+class Child:
+    """``python -m goodput train ...`` with each output line stamped on arrival."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self._queue: queue.Queue[tuple[float, str] | None] = queue.Queue()
+        self.started = time.perf_counter()
+        self.process = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            item = (time.perf_counter(), line.rstrip("\n"))
+            self.lines.append(item)
+            self._queue.put(item)
+        self._queue.put(None)
+
+    def wait_for(self, pattern: re.Pattern[str]) -> tuple[float, re.Match[str]]:
+        """The arrival time and match of the next line matching ``pattern``."""
+        deadline = time.perf_counter() + WAIT_S
+        while True:
+            try:
+                item = self._queue.get(timeout=max(deadline - time.perf_counter(), 0.0))
+            except queue.Empty:
+                raise RuntimeError(
+                    f"no line matching {pattern.pattern!r} in {WAIT_S} s:\n{_tail(self.lines)}"
+                ) from None
+            if item is None:
+                raise RuntimeError(
+                    f"goodput train exited ({self.process.wait()}) before a line matching "
+                    f"{pattern.pattern!r}:\n{_tail(self.lines)}"
+                )
+            if FAILED.match(item[1]):
+                raise RuntimeError(f"a save failed:\n{_tail(self.lines)}")
+            if match := pattern.match(item[1]):
+                return item[0], match
+
+    def kill(self) -> float:
+        """SIGKILL (no handler, no final save) and reap it; the moment the signal was sent."""
+        killed_at = time.perf_counter()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+        self._reader.join()
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+        return killed_at
+
+
+def _recovery(base: RunConfig, tmp: Path) -> list[dict[str, float]]:
+    """Kill after a complete checkpoint, restart with ``--resume auto``: each restart's split."""
+    cfg = dataclasses.replace(
+        base,
+        train=dataclasses.replace(base.train, steps=RECOVERY_STEPS, output=str(tmp / "recovery")),
+        checkpoint=CheckpointConfig(interval_steps=RECOVERY_INTERVAL, keep_last=KEEP_LAST),
+    )
+    config = tmp / "recovery.toml"
+    config.write_text(to_toml(cfg))
+    command = [sys.executable, "-m", "goodput", "train", str(config)]
+    restarts = []
+    child = Child(command)
+    try:
+        for _ in range(RECOVERY_REPEATS):
+            _, done = child.wait_for(COMPLETE)  # this process's first complete checkpoint
+            killed_at = child.kill()
+            saved_step = int(Path(done[1]).name.removeprefix("step-"))
+            child = Child([*command, "--resume", "auto"])
+            resumed_at, resumed = child.wait_for(RESUMED)
+            stepped_at, stepped = child.wait_for(STEP)
+            if int(resumed[2]) != saved_step or int(stepped[1]) != saved_step + 1:
+                raise RuntimeError(
+                    f"killed after step-{saved_step} completed, but the restart resumed at "
+                    f"step {resumed[2]} and ran step {stepped[1]}:\n{_tail(child.lines)}"
+                )
+            load = float(resumed[3])
+            first_line_at = child.lines[0][0]
+            built_at = next(when for when, line in child.lines if BUILT.match(line))
+            restarts.append(
+                {
+                    "startup_s": resumed_at - child.started - load,
+                    "startup_imports_s": first_line_at - child.started,
+                    "startup_build_s": built_at - first_line_at,
+                    "startup_rest_s": resumed_at - load - built_at,
+                    "load_s": load,
+                    "first_step_s": stepped_at - resumed_at,
+                    "first_step_time_s": float(stepped[2]),
+                    "exec_to_step_s": stepped_at - child.started,
+                    "kill_to_step_s": stepped_at - killed_at,
+                }
+            )
+    finally:
+        child.kill()
+    return restarts
+
+
+def main() -> dict[str, Any]:
+    start = time.perf_counter()
+    save_runs: dict[str, list[dict[str, Any]]] = {"async": [], "sync": []}
+    load_s: dict[str, list[float]] = {"warm": [], "cold": []}
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        base = _base_config(tmp)
+        runs = 0
+        last_run: Path | None = None
+        for repeat in range(REPEATS):
+            for mode in ("async", "sync") if repeat % 2 == 0 else ("sync", "async"):
+                if last_run is not None:
+                    shutil.rmtree(last_run)  # at most one finished run's checkpoints on disk
+                last_run = tmp / f"save{runs}"
+                runs += 1
+                save_runs[mode].append(_save_run(base, last_run, mode == "async"))
+        assert last_run is not None
+        checkpoint = step_dir(last_run / "checkpoints", STEPS)
+        checkpoint_bytes = sum(path.stat().st_size for path in _each_file(checkpoint))
+        for repeat in range(LOAD_REPEATS):
+            for cache in ("warm", "cold") if repeat % 2 == 0 else ("cold", "warm"):
+                if cache == "warm":
+                    _read_into_page_cache(checkpoint)
+                else:
+                    _drop_from_page_cache(checkpoint)
+                output = tmp / f"load-{cache}{repeat}"
+                load_s[cache].append(_load_run(base, checkpoint, output))
+                shutil.rmtree(output)
+        shutil.rmtree(last_run)
+        restarts = _recovery(base, tmp)
+    saves = {mode: [s for run in runs_ for s in run["saves"]] for mode, runs_ in save_runs.items()}
+    hold = {mode: [s["hold_s"] for s in saves[mode]] for mode in saves}
+    drag = {mode: [s["drag_s"] for s in saves[mode] if "drag_s" in s] for mode in saves}
+    with_drag = {
+        mode: [s["hold_s"] + s["drag_s"] for s in saves[mode] if "drag_s" in s] for mode in saves
+    }
+    stall, sync_save = statistics.median(hold["async"]), statistics.median(hold["sync"])
+    recovery = {key: [r[key] for r in restarts] for key in restarts[0]}
+    figures: dict[str, Any] = {
+        "model_parameters": model_size(MODEL).total,
+        "checkpoint_bytes": checkpoint_bytes,
+        "clean_step_s": statistics.median(
+            run["clean_step_s"] for runs_ in save_runs.values() for run in runs_
+        ),
+        "stall_s": stall,
+        "sync_save_s": sync_save,
+        "stall_ratio": stall / sync_save,
+        "stall_ratio_target": 0.1,
+        "stall_s_each": hold["async"],
+        "sync_save_s_each": hold["sync"],
+        "flush_s": statistics.median(s["flush_s"] for s in saves["async"]),
+        "saves_that_waited_for_a_flush": sum(s["waited"] for s in saves["async"]),
+        "async_drag_s": statistics.median(drag["async"]),
+        "sync_drag_s": statistics.median(drag["sync"]),
+        "stall_with_drag_s": statistics.median(with_drag["async"]),
+        "sync_save_with_drag_s": statistics.median(with_drag["sync"]),
+        "ratio_with_drag": statistics.median(with_drag["async"])
+        / statistics.median(with_drag["sync"]),
+        "load_warm_s": statistics.median(load_s["warm"]),
+        "load_cold_s": statistics.median(load_s["cold"]),
+        "load_warm_s_each": load_s["warm"],
+        "load_cold_s_each": load_s["cold"],
+        **{f"recovery_{key}": statistics.median(values) for key, values in recovery.items()},
+        "recovery_each": restarts,
+        "seconds": time.perf_counter() - start,
+    }
+    _print_summary(figures)
+    return figures
+
+
+def _print_summary(figures: dict[str, Any]) -> None:
+    saves = len(figures["stall_s_each"])
+    print(
+        f"checkpoint: {figures['model_parameters'] / 1e6:.1f}M-parameter model, fp32 + AdamW "
+        f"({figures['checkpoint_bytes'] / 1e9:.2f} GB a checkpoint), {BATCH} x {SEQ_LEN} tokens "
+        f"a step ({figures['clean_step_s']:.2f} s), 1 process on CPU, local disk"
+    )
+    print(
+        f"  async save, training stall  : {figures['stall_s']:6.3f} s  (median of {saves} "
+        f"saves, {min(figures['stall_s_each']):.3f}-{max(figures['stall_s_each']):.3f})"
+    )
+    print(
+        f"  sync save (baseline)        : {figures['sync_save_s']:6.3f} s  (median of {saves} "
+        f"saves, {min(figures['sync_save_s_each']):.3f}-{max(figures['sync_save_s_each']):.3f})"
+    )
+    verdict = "meets" if figures["stall_ratio"] <= figures["stall_ratio_target"] else "MISSES"
+    print(
+        f"  stall / sync save           : {figures['stall_ratio']:6.3f}   ({verdict} target "
+        f"<= {figures['stall_ratio_target']})"
+    )
+    waited = figures["saves_that_waited_for_a_flush"]
+    print(
+        f"  background flush            : {figures['flush_s']:6.3f} s  ({waited} async saves "
+        f"found the previous flush still running{'' if waited == 0 else ': NOT SPACED ENOUGH'})"
+    )
+    print(
+        f"  flush drag on later steps   : {figures['async_drag_s']:6.3f} s  a save (sync: "
+        f"{figures['sync_drag_s']:.3f} s)"
+    )
+    print(
+        f"  stall + drag / sync + drag  : {figures['ratio_with_drag']:6.3f}   "
+        f"({figures['stall_with_drag_s']:.3f} s / {figures['sync_save_with_drag_s']:.3f} s: "
+        "what training loses per save)"
+    )
+    print(
+        f"  load (resume)               : {figures['load_warm_s']:6.3f} s warm page cache, "
+        f"{figures['load_cold_s']:.3f} s cold (median of {LOAD_REPEATS} each)"
+    )
+    print(
+        f"  recovery, kill -> 1st step  : {figures['recovery_kill_to_step_s']:6.3f} s  (exec -> "
+        f"step {figures['recovery_exec_to_step_s']:.3f} s; medians of "
+        f"{len(figures['recovery_each'])} restarts)"
+    )
+    print(
+        f"    start-up {figures['recovery_startup_s']:.3f} s (imports, process group "
+        f"{figures['recovery_startup_imports_s']:.3f}; model, optimizer "
+        f"{figures['recovery_startup_build_s']:.3f}; metrics, checkpoint choice "
+        f"{figures['recovery_startup_rest_s']:.3f})"
+    )
+    print(
+        f"    load {figures['recovery_load_s']:.3f} s, first step "
+        f"{figures['recovery_first_step_s']:.3f} s (its step_time "
+        f"{figures['recovery_first_step_time_s']:.3f} s)"
+    )
+    print(f"  {figures['seconds']:.0f} s in all")
+
+
+if __name__ == "__main__":
+    main()
