@@ -101,14 +101,14 @@ def resume(
     optimizer: torch.optim.Optimizer,
     loader: DataLoader,
     device: torch.device,
-) -> int:
+) -> int | None:
     """Load the checkpoint ``checkpoint.resume`` names, if any; return the step it was saved at
-    (0 when starting fresh or from a model-only checkpoint)."""
+    (0 for a model-only checkpoint), or None for a fresh start."""
     found = decided_by_rank_zero(
         lambda: _path_or_none(find_checkpoint(root, cfg.checkpoint.resume))
     )
     if found is None:
-        return 0
+        return None
     directory = Path(found)
     saved, train_state = read_checkpoint(directory)
     current = tomllib.loads(to_toml(cfg))
