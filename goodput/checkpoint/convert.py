@@ -31,10 +31,12 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from goodput.checkpoint import hf
 from goodput.checkpoint.layout import CONFIG, LATEST, TRAIN_STATE, checkpoints_dir, step_dir
+from goodput.checkpoint.load import load_tensors
 from goodput.config import load_section, to_toml
 from goodput.errors import ExitCode, GoodputError
 from goodput.io import (
@@ -127,8 +129,10 @@ def load_model_state(
     state = {MODEL: targets}
     try:
         with _quiet_no_dist():
-            dcp.load(state, checkpoint_id=directory, no_dist=True)
-    except Exception as exc:  # DCP wraps every read failure in its own exception types
+            load_tensors(state, directory, no_dist=True)
+    except GoodputError:
+        raise
+    except (Exception, CheckpointException) as exc:  # DCP wraps read failures in its own types
         raise GoodputError(
             directory,
             f"cannot read the checkpoint's tensors ({type(exc).__name__}: {exc})",

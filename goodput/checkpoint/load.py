@@ -14,6 +14,7 @@ each rank's RNG state is restored when the world size is the one it was saved at
 
 from __future__ import annotations
 
+import io
 import json
 import tomllib
 from pathlib import Path
@@ -23,7 +24,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_model_state_dict,
@@ -34,6 +37,31 @@ from goodput.checkpoint.layout import CONFIG, TRAIN_STATE, list_checkpoints, rng
 from goodput.checkpoint.state import set_rng_state
 from goodput.errors import ExitCode, GoodputError
 from goodput.io import is_complete
+
+
+class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
+    """DCP's planner, minus unpickling: DCP stores non-tensor values as pickles and would load
+    them with ``weights_only=False``, i.e. run whatever a checkpoint file says. goodput never
+    writes such values, so one found in a checkpoint is refused."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        raise GoodputError(
+            read_item.dest_index.fqn,
+            "the checkpoint holds a pickled object, which goodput never writes and never loads",
+            "use a checkpoint written by goodput, or convert the weights with goodput ckpt",
+        )
+
+
+def load_tensors(state: dict[str, Any], directory: Path, *, no_dist: bool = False) -> None:
+    """``dcp.load`` of tensors only; a refusal surfaces as its own one-line error rather than
+    inside DCP's per-rank exception report."""
+    try:
+        dcp.load(state, checkpoint_id=directory, planner=TensorsOnlyLoadPlanner(), no_dist=no_dist)
+    except CheckpointException as exc:
+        for error, _trace in exc.failures.values():
+            if isinstance(error, GoodputError):
+                raise GoodputError(directory, f"{error.where}: {error.what}", error.fix) from None
+        raise
 
 
 def find_checkpoint(root: Path, resume: str) -> Path | None:
@@ -89,13 +117,17 @@ def load_checkpoint(
     model_state, optimizer_state = get_state_dict(model, optimizer)
     if train_state.get("model_only"):
         state: dict[str, Any] = {"model": model_state}
-        dcp.load(state, checkpoint_id=directory)
+        load_tensors(state, directory)
         set_model_state_dict(model, state["model"])
         return
-    state = {"model": model_state, "optim": optimizer_state}
-    dcp.load(state, checkpoint_id=directory)
+    state = {"model": model_state, "optim": optimizer_state["state"]}
+    load_tensors(state, directory)
+    optimizer_state = {
+        "state": state["optim"],
+        "param_groups": train_state["optimizer_param_groups"],
+    }
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=optimizer_state
     )
     rank_file = rng_file(directory, dist.get_rank())
     if train_state.get("world_size") == dist.get_world_size() and rank_file.is_file():

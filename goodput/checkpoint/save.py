@@ -132,11 +132,14 @@ class Checkpointer:
             except OSError as exc:
                 error = _reason(exc, directory)
         dist.barrier(group=self.group)
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        train_state = {**train_state, "optimizer_param_groups": optimizer_state["param_groups"]}
         if not self._write_small_files(directory, step, train_state, config_toml, error):
             return time.perf_counter() - start
-        model_state, optimizer_state = get_state_dict(model, optimizer)
         writer = WaveWriter(directory, self.group, self.cfg.max_concurrent_writers)
-        state = {"model": model_state, "optim": optimizer_state}
+        # Tensors only: DCP would pickle anything else (the optimizer's param groups), and
+        # reading a pickle back runs code. The param groups went to train_state.json instead.
+        state = {"model": model_state, "optim": optimizer_state["state"]}
         if self.cfg.async_save and not blocking:
             # DCP stages a host copy before returning; the flush runs on its own thread, and so
             # does the finishing (marker, latest, pruning) the moment the flush is through.

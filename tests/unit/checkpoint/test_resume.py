@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.convert import from_torch, to_torch
 from goodput.checkpoint.layout import LATEST, checkpoints_dir, list_checkpoints, step_dir
-from goodput.checkpoint.load import find_checkpoint
+from goodput.checkpoint.load import find_checkpoint, load_tensors
 from goodput.config import to_toml
 from goodput.errors import GoodputError
 from goodput.testing.dist import run_distributed
@@ -188,3 +189,10 @@ def test_saves_by_wall_time(run_config, tmp_path):
     train(cfg)
     # Every step outlasts 60 microseconds, so every step is due.
     assert [c.step for c in list_checkpoints(checkpoints_dir(tmp_path))] == list(range(1, 9))
+
+
+def test_a_pickled_value_in_a_checkpoint_is_refused_not_loaded(tmp_path):
+    # DCP stores non-tensors as pickles and would unpickle them with weights_only=False.
+    dcp.save({"model": {"weight": [1, 2, 3]}}, checkpoint_id=tmp_path, no_dist=True)
+    with pytest.raises(GoodputError, match="model.weight: the checkpoint holds a pickled object"):
+        load_tensors({"model": {"weight": torch.zeros(3)}}, tmp_path, no_dist=True)
