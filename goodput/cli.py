@@ -83,7 +83,58 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ckpt_commands = ckpt.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_ckpt_commands(ckpt_commands)
+    _add_launch_parser(groups)
     return parser
+
+
+def _add_launch_parser(groups: argparse._SubParsersAction) -> None:
+    launch = groups.add_parser(
+        "launch",
+        help="run a command on the job's hosts (srun, mpiexec or local ranks), watch it, retry it",
+        description="Run CMD as NPROC ranks: with srun inside a Slurm job, with mpiexec inside a "
+        "PBS job, else as local processes with torchrun's variables. Stops every rank when one "
+        "fails or all go quiet for --timeout seconds; retries up to --retries times.",
+        usage="goodput launch [options] -- CMD ...",
+    )
+    launch.add_argument(
+        "--nhosts", type=int, help="use the first N hosts of the job; the rest are spares"
+    )
+    launch.add_argument("--ppn", type=int, help="ranks per host (default: the profile's)")
+    launch.add_argument("--nproc", type=int, help="ranks in all (default: nhosts x ppn)")
+    launch.add_argument(
+        "--profile",
+        help="machine profile: generic, aurora, polaris, perlmutter, frontier, or a .toml path "
+        "(default: $GOODPUT_PROFILE, else generic)",
+    )
+    launch.add_argument("--dry-run", action="store_true", help="print the command line(s) and exit")
+    launch.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="stop all ranks after S seconds without output (exit 124; default: never)",
+    )
+    launch.add_argument(
+        "--retries", type=int, default=0, help="attempts after a failed one (default 0)"
+    )
+    launch.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds between SIGTERM and SIGKILL when stopping ranks (default 10)",
+    )
+    launch.add_argument("--log", type=Path, help="also append all output to this file")
+    launch.add_argument(
+        "--run-dir",
+        type=Path,
+        help="where attempts.jsonl and the PBS host file go (default: the --log file's "
+        "folder, else ./launch-JOBID)",
+    )
+    launch.add_argument(
+        "--no-prefix", action="store_true", help="do not prefix output lines with [rank]"
+    )
+    launch.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    launch.set_defaults(handler=_launch)
 
 
 def _add_data_commands(commands: argparse._SubParsersAction) -> None:
@@ -411,6 +462,51 @@ def _ckpt_from_torch(args: argparse.Namespace) -> ExitCode:
     directory = from_torch(args.file, args.config, args.out_dir)
     print(f"{directory}: complete (model only); start from it with --resume {directory}")
     return ExitCode.OK
+
+
+def _launch(args: argparse.Namespace) -> ExitCode:
+    from goodput.launch import launchers
+    from goodput.launch.env import current_placement
+
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    profile = launchers.load_profile(
+        args.profile or os.environ.get("GOODPUT_PROFILE") or launchers.DEFAULT_PROFILE
+    )
+    placement = current_placement()
+    run_dir = (
+        args.run_dir
+        or (args.log.parent if args.log else Path(f"launch-{placement.job_id or 'local'}"))
+    ).absolute()  # the printed command works from any directory
+    plan = launchers.plan_launch(
+        placement, profile, run_dir=run_dir, nhosts=args.nhosts, ppn=args.ppn, nproc=args.nproc
+    )
+    processes = launchers.build_processes(plan, command, os.environ)
+    print(f"launch: {launchers.describe_plan(plan)}", file=sys.stderr)
+    if args.dry_run:
+        for line in launchers.format_processes(processes, os.environ):
+            print(line)
+        return ExitCode.OK
+
+    from goodput.launch.attempt import AttemptResult, run_attempt
+    from goodput.launch.retry import run_with_retries
+
+    launchers.write_hostfile(plan)
+
+    def start_attempt(attempt: int) -> AttemptResult:
+        # Built afresh each attempt: a local rendezvous port is free only for a moment.
+        return run_attempt(
+            launchers.build_processes(plan, command, os.environ),
+            idle_timeout_s=args.timeout,
+            grace_s=args.grace,
+            log_path=args.log,
+            prefix=not args.no_prefix,
+        )
+
+    code = run_with_retries(
+        start_attempt, retries=args.retries, attempts_log=run_dir / "attempts.jsonl"
+    )
+    # A death by signal (128 + N) has no ExitCode of its own; attempts.jsonl keeps the number.
+    return ExitCode(code) if code in {member.value for member in ExitCode} else ExitCode.ERROR
 
 
 def main(argv: Sequence[str] | None = None) -> int:

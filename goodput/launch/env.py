@@ -11,9 +11,11 @@ process. Host names are validated, never passed to a shell.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from goodput.errors import ExitCode, GoodputError
 
@@ -60,7 +62,7 @@ def read_placement(env: Mapping[str, str], hostfile_text: str | None = None) -> 
     scheduler, job_id, hosts = _allocation(env, hostfile_text)
     source, rank, world_size, local_rank, local_world_size = _ranks(env, len(hosts))
     master_addr = env.get("MASTER_ADDR") or (hosts[0] if len(hosts) > 1 else "127.0.0.1")
-    _check_host(master_addr, "MASTER_ADDR")
+    check_host(master_addr, "MASTER_ADDR")
     return Placement(
         scheduler,
         job_id,
@@ -98,7 +100,7 @@ def expand_nodelist(spec: str) -> list[str]:
     for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", spec):
         hosts += _expand_item(item, spec)
     for host in hosts:
-        _check_host(host, "SLURM_JOB_NODELIST")
+        check_host(host, "SLURM_JOB_NODELIST")
     return hosts
 
 
@@ -138,7 +140,7 @@ def _allocation(
             dict.fromkeys(line.strip() for line in hostfile_text.splitlines() if line.strip())
         )
         for host in hosts:
-            _check_host(host, "PBS_NODEFILE")
+            check_host(host, "PBS_NODEFILE")
         return "pbs", env["PBS_JOBID"], hosts
     return "local", None, ("localhost",)
 
@@ -193,10 +195,17 @@ def _port(env: Mapping[str, str], job_id: str | None) -> int:
     return DEFAULT_PORT + int(hashlib.sha256(job_id.encode()).hexdigest(), 16) % PORT_SPREAD
 
 
-def _check_host(host: str, where: str) -> None:
+def check_host(host: str, where: str) -> None:
     if not HOSTNAME.match(host):
         raise GoodputError(
             where,
             f"{host!r} is not a valid host name",
             "fix the host list; names are letters, digits, '.', '-', '_'",
         )
+
+
+def current_placement() -> Placement:
+    """``read_placement`` of this process's environment, the PBS host file read if named."""
+    nodefile = os.environ.get("PBS_NODEFILE")
+    hostfile_text = Path(nodefile).read_text() if nodefile and Path(nodefile).is_file() else None
+    return read_placement(os.environ, hostfile_text)

@@ -17,6 +17,7 @@ from goodput.checkpoint.save import Checkpointer
 from goodput.config import to_toml
 from goodput.errors import ExitCode, GoodputError
 from goodput.launch.device import detect_device_type, local_device
+from goodput.launch.env import current_placement
 from goodput.train.build import (
     build_loader,
     build_model,
@@ -31,7 +32,7 @@ from goodput.train.metrics import Metrics, peak_flops
 from goodput.train.optim import build_optimizer
 from goodput.train.parallelize import compute_dtype
 from goodput.train.schedule import learning_rate
-from goodput.train.setup import current_placement, setup_torch
+from goodput.train.setup import setup_torch
 from goodput.train.step import train_step
 from goodput.train.termination import SigtermFlag, agree
 

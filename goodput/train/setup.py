@@ -10,17 +10,15 @@ on an in-memory store: no port, no network.
 
 from __future__ import annotations
 
-import os
 import random
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from goodput.launch.device import backend_for, detect_device_type, local_device
-from goodput.launch.env import Placement, read_placement
+from goodput.launch.env import current_placement
 
 DEFAULT_TIMEOUT_S = 600
 
@@ -57,9 +55,3 @@ def setup_torch(seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
             )
     # Already initialised by the caller (a test harness, a notebook): its group is the truth.
     return dist.get_rank()
-
-
-def current_placement() -> Placement:
-    nodefile = os.environ.get("PBS_NODEFILE")
-    hostfile_text = Path(nodefile).read_text() if nodefile and Path(nodefile).is_file() else None
-    return read_placement(os.environ, hostfile_text)

@@ -132,7 +132,7 @@ def test_bad_environments_are_named(env, hostfile, message):
 
 def test_launch_never_imports_torch():
     code = (
-        "import sys, goodput.launch.env, goodput.launch.device, goodput; "
+        "import sys, goodput.launch.env, goodput.launch.device, goodput.launch.launchers, goodput; "
         "print('torch' in sys.modules)"
     )
     result = subprocess.run(

@@ -1,0 +1,251 @@
+"""One launch attempt: start a group of processes together, stream their output, stop them together.
+
+Every process starts in its own session, so a signal to its process group also reaches what it
+spawned (data-loader workers, compiler daemons). The attempt ends when every process has exited,
+or is cut short — SIGTERM to each group, SIGKILL to whatever is left ``grace_s`` later — when:
+  - no process printed anything for ``idle_timeout_s`` (the idle watchdog, exit 124): a hung
+    collective keeps every rank alive by ``kill -0`` but quiets its output;
+  - one process failed while others still run, since the others would wait on the dead rank
+    forever (exit code: the first failure's; a death by signal N reads as 128 + N);
+  - the launcher itself got SIGINT or SIGTERM (exit 130 or 143), which it forwards. A second
+    signal skips the grace period.
+Groups are cleaned up the same way after a normal end, so no stray process outlives its attempt.
+
+Output is bytes, line by line: undecodable bytes pass through untouched, a last line without a
+newline still comes out (with one added, so prefixed streams stay line-aligned). Lines that start
+with ``step=N`` are the progress signal. Deciding whether to retry is ``retry``'s job; building
+command lines is the launchers'. Standard library only: this runs on login nodes.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from goodput.errors import ExitCode, GoodputError
+
+STEP_LINE = re.compile(rb"step=(\d+)")
+NUM_TAIL_LINES = 50
+POLL_S = 0.05
+READ_BYTES = 1 << 16
+MAX_LINE_BYTES = 1 << 20  # a longer run without a newline comes out in pieces
+AFTER_KILL_WAIT_S = 1.0  # how long to wait on a process or reader after SIGKILL
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSpec:
+    argv: list[str]
+    env: dict[str, str]  # the whole environment; nothing is inherited
+    label: str  # output prefix, usually the rank
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    exit_code: int
+    duration_s: float
+    timed_out: bool  # the idle watchdog fired
+    first_failure_label: str | None
+    steps_seen: int  # ``step=`` lines from all processes
+    last_step: int | None  # the highest step seen
+    tail_lines: list[bytes]  # the last lines as printed (prefixed), without newlines
+
+
+def run_attempt(
+    processes: list[ProcessSpec],
+    *,
+    idle_timeout_s: float | None,
+    grace_s: float = 10.0,
+    log_path: Path | None = None,
+    prefix: bool = True,
+    out: BinaryIO | None = None,
+) -> AttemptResult:
+    """Run ``processes`` to the end; ``out`` defaults to this process's stdout (as bytes)."""
+    if not processes:
+        raise ValueError("an attempt needs at least one process")
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(log_path, "ab")) if log_path is not None else None
+        received = stack.enter_context(_caught_stop_signals())
+        attempt = _Attempt(out if out is not None else sys.stdout.buffer, log, prefix)
+        try:
+            attempt.start(processes)
+            exit_code, failed, timed_out = attempt.wait(idle_timeout_s, received)
+        finally:
+            attempt.stop(grace_s, received)
+    return AttemptResult(
+        int(exit_code),
+        time.monotonic() - started,
+        timed_out,
+        failed,
+        attempt.steps_seen,
+        attempt.last_step,
+        list(attempt.tail),
+    )
+
+
+class _Attempt:
+    """The running processes, one reader thread each, and what their output said so far."""
+
+    def __init__(self, out: BinaryIO, log: BinaryIO | None, prefix: bool):
+        self.sinks: list[BinaryIO] = [out] if log is None else [out, log]
+        self.prefix = prefix
+        self.lock = threading.Lock()  # guards the counters, the tail and the sinks
+        self.last_output = time.monotonic()
+        self.steps_seen = 0
+        self.last_step: int | None = None
+        self.tail: collections.deque[bytes] = collections.deque(maxlen=NUM_TAIL_LINES)
+        self.running: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.readers: list[threading.Thread] = []
+
+    def start(self, specs: list[ProcessSpec]) -> None:
+        for spec in specs:
+            try:
+                process = subprocess.Popen(
+                    spec.argv,
+                    env=spec.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as error:
+                raise GoodputError(
+                    " ".join(spec.argv[:1]) or f"process {spec.label}",
+                    f"cannot start: {error.strerror or error}",
+                    "check the command and that it is installed and executable",
+                    code=ExitCode.USAGE,
+                ) from None
+            self.running.append((spec.label, process))
+            head = f"[{spec.label}] ".encode() if self.prefix else b""
+            reader = threading.Thread(
+                target=self._read, args=(process, head), name=f"read-{spec.label}", daemon=True
+            )
+            reader.start()
+            self.readers.append(reader)
+
+    def wait(
+        self, idle_timeout_s: float | None, received: list[int]
+    ) -> tuple[int, str | None, bool]:
+        """Poll until all exit or one must stop the rest: (code, failed label, timed out)."""
+        while True:
+            alive = [process.poll() is None for _, process in self.running]
+            failure = next(
+                ((label, p.returncode) for label, p in self.running if p.returncode), None
+            )
+            if received:
+                name = signal.Signals(received[0]).name
+                self.notice(f"launch: got {name}; stopping all processes")
+                interrupted = received[0] == signal.SIGINT
+                return ExitCode.INTERRUPTED if interrupted else ExitCode.TERMINATED, None, False
+            if failure is not None:
+                label, returncode = failure
+                code = 128 - returncode if returncode < 0 else returncode
+                if any(alive):
+                    self.notice(f"launch: process {label} exited {code}; stopping the others")
+                return code, label, False
+            if idle_timeout_s is not None and time.monotonic() - self.last_output > idle_timeout_s:
+                self.notice(f"launch: no output for {idle_timeout_s:g} s; stopping all processes")
+                return ExitCode.IDLE_TIMEOUT, None, True
+            if not any(alive):
+                return ExitCode.OK, None, False
+            time.sleep(POLL_S)
+
+    def stop(self, grace_s: float, received: list[int]) -> None:
+        """SIGTERM every group, wait up to ``grace_s`` (or a further signal), SIGKILL the rest.
+
+        Groups whose leader already exited are signalled too: what they left behind goes."""
+        num_signals = len(received)
+        self._signal_groups(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and len(received) == num_signals:
+            if all(p.poll() is not None for _, p in self.running) and not any(
+                reader.is_alive() for reader in self.readers
+            ):
+                break  # every leader reaped and every output pipe closed
+            time.sleep(POLL_S)
+        self._signal_groups(signal.SIGKILL)
+        # A process stuck in the kernel (a hung file system) outlives SIGKILL, and one that left
+        # its group (setsid) with the pipe open would block its reader forever: both are left
+        # behind rather than hang the launcher, whose job is to get the next attempt going.
+        for _, process in self.running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(AFTER_KILL_WAIT_S)
+        for reader in self.readers:
+            reader.join(AFTER_KILL_WAIT_S)
+
+    def _signal_groups(self, signum: int) -> None:
+        for _, process in self.running:
+            # The group id is the leader's pid, which stays reserved while the group has members.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signum)
+
+    def _read(self, process: subprocess.Popen[bytes], head: bytes) -> None:
+        assert process.stdout is not None
+        pending = b""
+        with process.stdout as stream:
+            # os.read returns what is there; any bytes, even a partial line, count as output.
+            while chunk := os.read(stream.fileno(), READ_BYTES):
+                self.last_output = time.monotonic()
+                *lines, pending = (pending + chunk).split(b"\n")
+                if len(pending) > MAX_LINE_BYTES:
+                    lines.append(pending)
+                    pending = b""
+                for line in lines:
+                    self._emit(head, line)
+        if pending:
+            self._emit(head, pending)
+
+    def _emit(self, head: bytes, line: bytes) -> None:
+        match = STEP_LINE.match(line)
+        with self.lock:
+            if match is not None:
+                self.steps_seen += 1
+                self.last_step = max(int(match[1]), self.last_step or 0)
+            self.tail.append(head + line)
+            self._write(head + line + b"\n")
+
+    def notice(self, text: str) -> None:
+        """A line of the launcher's own, to stderr and the log (not to the tail)."""
+        print(text, file=sys.stderr, flush=True)
+        with self.lock:
+            self._write(text.encode() + b"\n", self.sinks[1:])
+
+    def _write(self, data: bytes, sinks: list[BinaryIO] | None = None) -> None:
+        for sink in list(self.sinks if sinks is None else sinks):
+            try:
+                sink.write(data)
+                sink.flush()
+            except (OSError, ValueError) as error:
+                # A closed stdout or a full disk must not stop the reader: the pipe would fill,
+                # the process would block on its next print and the watchdog would blame it.
+                self.sinks.remove(sink)
+                print(f"launch: stopped writing output to {sink}: {error}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _caught_stop_signals() -> Iterator[list[int]]:
+    """Record SIGINT/SIGTERM instead of dying of them; only the main thread may install handlers."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    stop_signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.getsignal(signum) for signum in stop_signals}
+    for signum in stop_signals:
+        signal.signal(signum, lambda signum, _frame: received.append(signum))
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)

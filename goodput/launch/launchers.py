@@ -1,0 +1,314 @@
+"""Launch plans and the command lines that carry them out: srun, mpiexec, or local processes.
+
+A ``LaunchPlan`` says which hosts of the allocation run ranks (the first ``nhosts``; the rest are
+spares for later attempts), how many ranks per host and in all, and which machine profile
+applies. ``build_processes`` turns a plan and a command into ``ProcessSpec``s for
+``attempt.run_attempt``, through a builder keyed by scheduler (``BUILDERS``):
+  - slurm: one ``srun`` naming the exact host set (``--nodelist``), its task counts and
+    ``--kill-on-bad-exit=1``;
+  - pbs: one ``mpiexec`` reading a host file of the active hosts only, in the flag dialect of the
+    profile (MPICH Hydra or Cray PALS);
+  - local: one process per rank on this machine, with torchrun's variables and a free port.
+Invariants: argv lists, never shell strings; every host name is validated before it reaches a
+command line; a different host set always gives a different command (the PBS host file is named
+by its contents, so an attempt's file never changes under it). Machine specifics (ranks per
+node, CPU binding, environment) are data: ``profiles/NAME.toml``. Standard library only, and
+nothing here starts a process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from goodput.config import build, read_toml
+from goodput.errors import ExitCode, GoodputError
+from goodput.io import write_text
+from goodput.launch.attempt import ProcessSpec
+from goodput.launch.env import Placement, check_host
+
+PROFILE_DIR = Path(__file__).with_name("profiles")
+DEFAULT_PROFILE = "generic"
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LOCAL_ADDR = "127.0.0.1"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileConfig:
+    """One machine: how many ranks a node takes and how they are bound and configured."""
+
+    name: str  # the file's stem; not written in the file
+    description: str = ""
+    ppn: int = 1  # ranks per node when --ppn and --nproc are not given
+    mpiexec: Literal["hydra", "pals"] = "hydra"  # the flag dialect of the PBS launcher
+    cpu_bind: str | None = None  # srun --cpu-bind=, PALS --cpu-bind, Hydra -bind-to
+    env: tuple[str, ...] = ()  # NAME=VALUE set for every rank
+    pass_env: tuple[str, ...] = ()  # names mpiexec forwards explicitly from the launcher's env
+    srun_args: tuple[str, ...] = ()
+    mpiexec_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.ppn < 1:
+            raise GoodputError(
+                "[profile]", f"ppn = {self.ppn}", "use at least 1", code=ExitCode.USAGE
+            )
+        for item in self.env:
+            name, sep, _ = item.partition("=")
+            if not sep or not ENV_NAME.match(name):
+                raise GoodputError(
+                    "[profile]",
+                    f"env entry {item!r} is not NAME=VALUE",
+                    'write entries like "FI_CXI_DEFAULT_CQ_SIZE=131072"',
+                    code=ExitCode.USAGE,
+                )
+        for name in self.pass_env:
+            if not ENV_NAME.match(name):
+                raise GoodputError(
+                    "[profile]",
+                    f"pass_env entry {name!r} is not a variable name",
+                    "list names only, without values",
+                    code=ExitCode.USAGE,
+                )
+
+    def env_vars(self) -> dict[str, str]:
+        return dict(item.split("=", 1) for item in self.env)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    scheduler: str  # "slurm" | "pbs" | "local"
+    hosts: tuple[str, ...]  # the hosts that run ranks, in allocation order
+    spares: tuple[str, ...]  # allocated but unused this attempt
+    ppn: int
+    nproc: int
+    profile: ProfileConfig
+    master_port: int  # the job's rendezvous port (local ranks pick a free one per attempt)
+    run_dir: Path  # where the launcher writes its files (the PBS host file)
+
+    @property
+    def hostfile(self) -> Path:
+        """The PBS host file of exactly these hosts, named by its contents."""
+        digest = hashlib.sha256("\n".join(self.hosts).encode()).hexdigest()[:12]
+        return self.run_dir / f"hostfile-{digest}"
+
+
+def profile_names() -> list[str]:
+    return sorted(path.stem for path in PROFILE_DIR.glob("*.toml"))
+
+
+def load_profile(name: str) -> ProfileConfig:
+    """A shipped profile by name (``aurora``), or any profile file by path (``./mine.toml``)."""
+    if name.endswith(".toml") or os.sep in name:
+        path = Path(name)
+    elif name in profile_names():
+        path = PROFILE_DIR / f"{name}.toml"
+    else:
+        raise GoodputError(
+            "--profile",
+            f"unknown machine profile {name!r}",
+            f"use one of {', '.join(profile_names())}, or the path of a profile .toml file",
+            code=ExitCode.USAGE,
+        )
+    raw = read_toml(path)
+    if "name" in raw:
+        raise GoodputError(
+            path,
+            "a profile has no 'name' key",
+            "remove it; the name is the file's",
+            code=ExitCode.USAGE,
+        )
+    return build(ProfileConfig, {**raw, "name": path.stem}, str(path))
+
+
+def plan_launch(
+    placement: Placement,
+    profile: ProfileConfig,
+    *,
+    run_dir: Path,
+    nhosts: int | None = None,
+    ppn: int | None = None,
+    nproc: int | None = None,
+) -> LaunchPlan:
+    """Choose hosts and counts. Defaults: every allocated host; the profile's ranks per node
+    (or ``nproc`` spread over the hosts); ``nproc = nhosts * ppn``. Every host runs a rank."""
+    available = placement.hosts
+    num_hosts = len(available) if nhosts is None else nhosts
+    if not 1 <= num_hosts <= len(available):
+        where = f"in the {placement.scheduler} allocation"
+        if placement.scheduler == "local":
+            where = "on this machine (outside a Slurm or PBS job)"
+        raise GoodputError(
+            "--nhosts",
+            f"{num_hosts} hosts asked for, {len(available)} {where}",
+            f"ask for 1 to {len(available)}",
+            code=ExitCode.USAGE,
+        )
+    for count, flag in ((ppn, "--ppn"), (nproc, "--nproc")):
+        if count is not None and count < 1:
+            raise GoodputError(
+                flag, f"{count} is not a count", "use 1 or more", code=ExitCode.USAGE
+            )
+    if ppn is None:
+        ppn = profile.ppn if nproc is None else -(-nproc // num_hosts)
+    if nproc is None:
+        nproc = num_hosts * ppn
+    if not (num_hosts - 1) * ppn < nproc <= num_hosts * ppn:
+        raise GoodputError(
+            "--nproc",
+            f"{nproc} ranks do not fit {num_hosts} hosts x {ppn} per host with a rank on each",
+            f"use --nproc from {(num_hosts - 1) * ppn + 1} to {num_hosts * ppn}, "
+            "or change --nhosts/--ppn",
+            code=ExitCode.USAGE,
+        )
+    hosts = available[:num_hosts]
+    for host in hosts:
+        check_host(host, "launch host list")
+    return LaunchPlan(
+        placement.scheduler,
+        hosts,
+        available[num_hosts:],
+        ppn,
+        nproc,
+        profile,
+        placement.master_port,
+        run_dir,
+    )
+
+
+def build_processes(
+    plan: LaunchPlan, command: Sequence[str], env: Mapping[str, str]
+) -> list[ProcessSpec]:
+    """The processes that run ``command`` as planned; ``env`` is the launcher's environment."""
+    if not command:
+        raise GoodputError(
+            "goodput launch",
+            "no command to run",
+            "put it after --, e.g. goodput launch -- goodput train CONFIG.toml",
+            code=ExitCode.USAGE,
+        )
+    return BUILDERS[plan.scheduler](plan, list(command), dict(env))
+
+
+def _srun(plan: LaunchPlan, command: list[str], env: dict[str, str]) -> list[ProcessSpec]:
+    """srun propagates the launcher's whole environment (``--export=ALL``), so the profile's
+    variables travel in the environment of srun itself."""
+    cpu_bind = [f"--cpu-bind={plan.profile.cpu_bind}"] if plan.profile.cpu_bind else []
+    argv = [
+        "srun",
+        "--nodes",
+        str(len(plan.hosts)),
+        "--ntasks",
+        str(plan.nproc),
+        "--ntasks-per-node",
+        str(plan.ppn),
+        "--nodelist",
+        ",".join(plan.hosts),
+        # One failed task ends the step at once instead of leaving the others in a collective.
+        "--kill-on-bad-exit=1",
+        *cpu_bind,
+        *plan.profile.srun_args,
+        *command,
+    ]
+    return [ProcessSpec(argv, {**env, **_rank_env(plan)}, "srun")]
+
+
+def _mpiexec(plan: LaunchPlan, command: list[str], env: dict[str, str]) -> list[ProcessSpec]:
+    """Both dialects forward the launcher's environment by default; the profile's variables are
+    named on the command line as well, so the command shows everything the ranks get."""
+    hydra = plan.profile.mpiexec == "hydra"
+    argv = ["mpiexec", *(["-n"] if hydra else ["--np"]), str(plan.nproc)]
+    argv += [*(["-ppn"] if hydra else ["--ppn"]), str(plan.ppn)]
+    argv += [*(["-hostfile"] if hydra else ["--hostfile"]), str(plan.hostfile)]
+    if plan.profile.cpu_bind:
+        argv += ["-bind-to" if hydra else "--cpu-bind", plan.profile.cpu_bind]
+    forwarded = [name for name in plan.profile.pass_env if name in env]
+    if forwarded:
+        argv += ["-genvlist" if hydra else "--envlist", ",".join(forwarded)]
+    for name, value in _rank_env(plan).items():
+        argv += ["-genv", name, value] if hydra else ["--env", f"{name}={value}"]
+    argv += [*plan.profile.mpiexec_args, *command]
+    return [ProcessSpec(argv, env, "mpiexec")]
+
+
+def _local(plan: LaunchPlan, command: list[str], env: dict[str, str]) -> list[ProcessSpec]:
+    """One process per rank, with the variables torchrun sets; a rendezvous port free now."""
+    if plan.hosts != ("localhost",):
+        raise GoodputError(
+            "local launch",
+            f"cannot start ranks on {', '.join(plan.hosts)}",
+            "run inside a Slurm or PBS job to use other hosts",
+            code=ExitCode.USAGE,
+        )
+    port = str(free_port())
+    specs = []
+    for rank in range(plan.nproc):
+        rank_env = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(plan.nproc),
+            "LOCAL_WORLD_SIZE": str(plan.nproc),
+            "MASTER_ADDR": LOCAL_ADDR,
+            "MASTER_PORT": port,
+        }
+        merged = {**env, **plan.profile.env_vars(), **rank_env}
+        specs.append(ProcessSpec(command, merged, f"rank{rank}"))
+    return specs
+
+
+def _rank_env(plan: LaunchPlan) -> dict[str, str]:
+    # Named outright: ranks read the whole allocation's host list, whose first host need not
+    # run rank 0 once spares replace hosts. Slurm places rank 0 on the first host in its own
+    # (sorted) order; the plan keeps that order because it takes a prefix of the allocation.
+    return {
+        **plan.profile.env_vars(),
+        "MASTER_ADDR": plan.hosts[0],
+        "MASTER_PORT": str(plan.master_port),
+    }
+
+
+BUILDERS: dict[str, Callable[[LaunchPlan, list[str], dict[str, str]], list[ProcessSpec]]] = {
+    "slurm": _srun,
+    "pbs": _mpiexec,
+    "local": _local,
+}
+
+
+def describe_plan(plan: LaunchPlan) -> str:
+    """One line: where, how many, which profile."""
+    spares = f", {len(plan.spares)} spare ({','.join(plan.spares)})" if plan.spares else ""
+    hostfile = f", host file {plan.hostfile}" if plan.scheduler == "pbs" else ""
+    return (
+        f"{plan.scheduler}: {len(plan.hosts)} host(s) x {plan.ppn} = {plan.nproc} rank(s) on "
+        f"{','.join(plan.hosts)}{spares}; profile {plan.profile.name}{hostfile}"
+    )
+
+
+def write_hostfile(plan: LaunchPlan) -> Path | None:
+    """Write the PBS host file (atomically: an mpiexec never reads half of one)."""
+    if plan.scheduler != "pbs":
+        return None
+    write_text(plan.hostfile, "".join(f"{host}\n" for host in plan.hosts))
+    return plan.hostfile
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the kernel's choice); rank 0 binds it moments later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOCAL_ADDR, 0))
+        return int(sock.getsockname()[1])
+
+
+def format_processes(specs: Sequence[ProcessSpec], base_env: Mapping[str, str]) -> list[str]:
+    """One shell line per process: the variables it gets beyond ``base_env``, then its argv."""
+    lines = []
+    for spec in specs:
+        added = [f"{k}={shlex.quote(v)}" for k, v in spec.env.items() if base_env.get(k) != v]
+        lines.append(" ".join([*added, shlex.join(spec.argv)]))
+    return lines

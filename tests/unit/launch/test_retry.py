@@ -1,0 +1,138 @@
+"""run_with_retries over real attempts that fail, hang and then succeed."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import sys
+import textwrap
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from goodput.launch.attempt import AttemptResult, ProcessSpec, run_attempt
+from goodput.launch.retry import backoff_delay, describe_exit, run_with_retries
+
+# Attempt n (counted in the file "count") behaves as OUTCOMES[n]: exit with that code, hang
+# after printing (the watchdog ends it), or print steps and succeed.
+FLAKY = """
+    import pathlib, sys, time
+    count = pathlib.Path(__file__).with_name("count")
+    attempt = int(count.read_text()) if count.exists() else 0
+    count.write_text(str(attempt + 1))
+    outcome = {outcomes!r}[attempt]
+    print(f"attempt {{attempt}}: {{outcome}}")
+    if outcome == "hang":
+        time.sleep(60)
+    if outcome == "ok":
+        print("step=1")
+        print("step=2")
+    sys.exit(0 if outcome == "ok" else outcome)
+"""
+
+
+def flaky(tmp_path: Path, *outcomes: int | str):
+    script = tmp_path / "flaky.py"
+    script.write_text(textwrap.dedent(FLAKY.format(outcomes=list(outcomes))))
+    spec = ProcessSpec([sys.executable, "-u", str(script)], dict(os.environ), "0")
+    started: list[int] = []
+
+    def start_attempt(index: int) -> AttemptResult:
+        started.append(index)
+        return run_attempt([spec], idle_timeout_s=1.0, grace_s=1.0, out=io.BytesIO())
+
+    return start_attempt, started
+
+
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_fails_twice_then_succeeds(tmp_path, capsys):
+    start_attempt, started = flaky(tmp_path, 1, "hang", "ok")
+    sleeps: list[float] = []
+    log = tmp_path / "run" / "attempts.jsonl"
+    code = run_with_retries(
+        start_attempt,
+        retries=3,
+        backoff_s=2.0,
+        attempts_log=log,
+        rng=random.Random(0),
+        sleep=sleeps.append,
+    )
+    assert code == 0
+    assert started == [0, 1, 2]
+    records = read_log(log)
+    assert [r["attempt"] for r in records] == [1, 2, 3]
+    assert [r["exit_code"] for r in records] == [1, 124, 0]
+    assert [r["timed_out"] for r in records] == [False, True, False]
+    assert [(r["steps_seen"], r["last_step"]) for r in records] == [(0, None), (0, None), (2, 2)]
+    for record in records:
+        assert record["of"] == 4 and record["duration_s"] >= 0
+        assert datetime.fromisoformat(record["started"]) <= datetime.fromisoformat(record["ended"])
+    assert len(sleeps) == 2
+    assert 1.0 <= sleeps[0] <= 2.0 and 2.0 <= sleeps[1] <= 4.0  # doubling, jittered ×[0.5, 1]
+    messages = capsys.readouterr().err.splitlines()
+    retries = [line for line in messages if "retrying in" in line]
+    assert retries[0].startswith("launch: attempt 1 of 4 exited 1 (error) after ")
+    assert retries[1].startswith("launch: attempt 2 of 4 exited 124 (idle watchdog) after ")
+    assert retries[1].endswith(f"; retrying in {sleeps[1]:.1f} s")
+
+
+def test_exhausted_retries_return_the_last_code(tmp_path, capsys):
+    start_attempt, started = flaky(tmp_path, 3, 3, 4)
+    sleeps: list[float] = []
+    log = tmp_path / "attempts.jsonl"
+    code = run_with_retries(
+        start_attempt, retries=2, backoff_s=1.0, attempts_log=log, sleep=sleeps.append
+    )
+    assert code == 4
+    assert started == [0, 1, 2]
+    assert [r["exit_code"] for r in read_log(log)] == [3, 3, 4]
+    assert len(sleeps) == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("launch: attempt 3 of 3 exited 4 (error) after ")
+    assert last.endswith("; no retries left")
+
+
+@pytest.mark.parametrize("code", [130, 143, 2])
+def test_interrupts_terminations_and_usage_errors_are_not_retried(code):
+    attempts: list[int] = []
+
+    def start_attempt(index: int) -> AttemptResult:
+        attempts.append(index)
+        return AttemptResult(code, 0.1, False, "0", 0, None, [])
+
+    sleeps: list[float] = []
+    final = run_with_retries(start_attempt, retries=5, attempts_log=None, sleep=sleeps.append)
+    assert (final, attempts, sleeps) == (code, [0], [])
+
+
+def test_ctrl_c_during_the_backoff_returns_130():
+    def start_attempt(index: int) -> AttemptResult:
+        return AttemptResult(1, 0.1, False, "0", 0, None, [])
+
+    def interrupted_sleep(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    assert (
+        run_with_retries(start_attempt, retries=3, attempts_log=None, sleep=interrupted_sleep)
+        == 130
+    )
+
+
+def test_backoff_doubles_up_to_the_cap_with_jitter():
+    rng = random.Random(1)
+    for retry, ceiling in [(0, 5.0), (1, 10.0), (3, 40.0), (6, 300.0), (20, 300.0)]:
+        delay = backoff_delay(retry, 5.0, 300.0, rng)
+        assert ceiling / 2 <= delay <= ceiling
+
+
+def test_exit_codes_are_described():
+    assert describe_exit(124) == "idle watchdog"
+    assert describe_exit(137) == "killed by SIGKILL"
+    assert describe_exit(143) == "terminated"
+    assert describe_exit(3) == "error"
