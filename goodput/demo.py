@@ -1,8 +1,8 @@
 """``make demo``: the whole pipeline on the embedded corpus, on CPU, through the real CLI.
 
 Data (corpus, tokenizer, shards, blend, verify), then training the tiny model of
-``configs/tiny-cpu.toml`` on 2 CPU ranks under torchrun, ending with the loss curve in a few
-numbers. Each step is the command a user would type (printed before it runs), so the demo
+``configs/tiny-cpu.toml`` on 2 CPU ranks under ``goodput launch``, ending with the loss curve
+in a few numbers. Each step is the command a user would type (printed before it runs), so the demo
 doubles as a walkthrough. Steps whose output is already complete are cheap to rerun: tokenize
 resumes and blend hits its cache.
 """
@@ -114,10 +114,6 @@ def main() -> None:
     run_dir = out / "run"
     shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl appends; the demo starts afresh
     train_args = [
-        "--standalone",
-        f"--nproc-per-node={NUM_RANKS}",
-        "-m",
-        "goodput",
         "train",
         str(TRAIN_CONFIG),
         f"train.steps={steps}",
@@ -125,8 +121,10 @@ def main() -> None:
         f"data.file_list={file_list}",
         f"data.cache={spec.output}",
     ]
-    print(f"\n$ torchrun {shlex.join(train_args)}", flush=True)
-    code = subprocess.call([sys.executable, "-m", "torch.distributed.run", *train_args])
+    launch_args = ["launch", "--nproc", str(NUM_RANKS), "--run-dir", str(run_dir), "--"]
+    print(f"\n$ goodput {shlex.join(launch_args)} goodput {shlex.join(train_args)}", flush=True)
+    goodput = [sys.executable, "-m", "goodput"]  # this interpreter's goodput, PATH or not
+    code = subprocess.call([*goodput, *launch_args, *goodput, *train_args])
     if code:
         sys.exit(code)
     print_loss_curve(run_dir / "metrics.jsonl")

@@ -247,6 +247,9 @@ def _local(plan: LaunchPlan, command: list[str], env: dict[str, str]) -> list[Pr
             code=ExitCode.USAGE,
         )
     port = str(free_port())
+    # As torchrun does: ranks sharing this machine share its cores, so each gets its slice of
+    # threads rather than all of them (2 ranks x all cores thrash); an explicit setting wins.
+    threads = env.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // plan.nproc))
     specs = []
     for rank in range(plan.nproc):
         rank_env = {
@@ -256,6 +259,7 @@ def _local(plan: LaunchPlan, command: list[str], env: dict[str, str]) -> list[Pr
             "LOCAL_WORLD_SIZE": str(plan.nproc),
             "MASTER_ADDR": LOCAL_ADDR,
             "MASTER_PORT": port,
+            "OMP_NUM_THREADS": threads,
         }
         merged = {**env, **plan.profile.env_vars(), **rank_env}
         specs.append(ProcessSpec(command, merged, f"rank{rank}"))

@@ -51,7 +51,8 @@ def test_demo_runs_every_stage_and_reports_the_mixture(demo):
 
 def test_demo_trains_on_two_ranks_and_the_loss_falls(demo):
     out, stdout = demo
-    assert "$ torchrun --standalone --nproc-per-node=2 -m goodput train" in stdout
+    assert "$ goodput launch --nproc 2 --run-dir" in stdout and "-- goodput train" in stdout
+    assert "[rank0] step=1 " in stdout  # rank 0 speaks for the run, prefixed by the launcher
     metrics = [
         json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()
     ]
@@ -60,7 +61,9 @@ def test_demo_trains_on_two_ranks_and_the_loss_falls(demo):
     assert metrics[-1]["loss"] < metrics[0]["loss"] - 1.0 and "loss fell from" in stdout
     run = json.loads((out / "run" / "run.json").read_text())
     # The trainer asked for the blend the demo built: same content, same directory.
-    assert run["world_size"] == 2 and f"\nblend {run['data']['blend']}\n" in stdout
+    assert run["world_size"] == 2 and f"[rank0] blend {run['data']['blend']}\n" in stdout
+    attempts = (out / "run" / "attempts.jsonl").read_text().splitlines()
+    assert len(attempts) == 1 and json.loads(attempts[0])["exit_code"] == 0
 
 
 def test_train_refuses_a_vocabulary_smaller_than_the_tokenizers(demo, tmp_path):
