@@ -255,8 +255,9 @@ def test_local_dry_run_lists_one_line_per_rank(local_env, capsys):
     ranks = []
     for line in lines:
         words = shlex.split(line)
-        assignments = dict(word.split("=", 1) for word in words[:6])
-        assert words[6:] == ["python", "-c", "print('hi there')"]
+        assignments = dict(word.split("=", 1) for word in words[:7])
+        assert words[7:] == ["python", "-c", "print('hi there')"]
+        assert int(assignments["OMP_NUM_THREADS"]) >= 1  # each rank its share of the cores
         assert assignments["WORLD_SIZE"] == assignments["LOCAL_WORLD_SIZE"] == "3"
         assert assignments["MASTER_ADDR"] == "127.0.0.1"
         ranks.append((assignments["RANK"], assignments["LOCAL_RANK"]))
