@@ -49,6 +49,10 @@ def train(cfg: RunConfig) -> list[float]:
         loader = build_loader(cfg, plan, rank)
         model = build_model(cfg, device)
         optimizer = build_optimizer(model, cfg.optim, cfg.schedule.lr)
+        checkpointer = Checkpointer(cfg.checkpoint, checkpoint_root(cfg), device)
+        # Before anything is written: a refused resume must leave the run directory as it was.
+        resumed_at = resume(cfg, checkpointer.root, model, optimizer, loader, device)
+        start_step = resumed_at or 0
         peak, peak_source = peak_flops(device, compute_dtype(cfg.parallel), cfg.train.peak_tflops)
         if rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -71,9 +75,6 @@ def train(cfg: RunConfig) -> list[float]:
             peak_flops_per_device=peak,
             tensorboard=cfg.train.tensorboard,
         )
-        checkpointer = Checkpointer(cfg.checkpoint, checkpoint_root(cfg), device)
-        resumed_at = resume(cfg, checkpointer.root, model, optimizer, loader, device)
-        start_step = resumed_at or 0
         checkpointing = cfg.checkpoint.interval_steps > 0 or cfg.checkpoint.interval_minutes > 0
         config_toml = to_toml(cfg)
         losses = []

@@ -196,3 +196,13 @@ def test_a_pickled_value_in_a_checkpoint_is_refused_not_loaded(tmp_path):
     dcp.save({"model": {"weight": [1, 2, 3]}}, checkpoint_id=tmp_path, no_dist=True)
     with pytest.raises(GoodputError, match="model.weight: the checkpoint holds a pickled object"):
         load_tensors({"model": {"weight": torch.zeros(3)}}, tmp_path, no_dist=True)
+
+
+def test_a_refused_resume_leaves_the_run_directory_as_it_was(run_config, tmp_path):
+    cfg = with_checkpoints(run_config, tmp_path)
+    train(cfg)
+    before = {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    other_data = replace(cfg, data=replace(cfg.data, seed=99))
+    with pytest.raises(GoodputError, match="data fingerprint differs"):
+        train(other_data)  # auto: finds step 8 of the other data
+    assert {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
