@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt_commands = ckpt.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_ckpt_commands(ckpt_commands)
     _add_launch_parser(groups)
+    _add_broadcast_parser(groups)
     return parser
 
 
@@ -135,6 +136,39 @@ def _add_launch_parser(groups: argparse._SubParsersAction) -> None:
     )
     launch.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     launch.set_defaults(handler=_launch)
+
+
+def _add_broadcast_parser(groups: argparse._SubParsersAction) -> None:
+    sub = groups.add_parser(
+        "broadcast",
+        help="copy a venv or any folder to a node-local path on every host, by a greedy tree",
+        description="Copy SOURCE to DEST on every host: each host that has finished becomes a "
+        "source, each source serves at most --fanout copies at once, failed copies are retried. "
+        "With --simulate, print the predicted makespan of the tree and of a star instead.",
+        usage="goodput broadcast SOURCE (--hosts H,...|--hostfile FILE) --dest PATTERN [options]\n"
+        "       goodput broadcast --simulate --nodes N --copy-seconds T [--fanout K]",
+    )
+    sub.add_argument("source", nargs="?", type=Path, help="the folder to copy")
+    sub.add_argument("--hosts", help="comma-separated host names")
+    sub.add_argument("--hostfile", type=Path, help="a file of host names, one a line")
+    sub.add_argument(
+        "--dest",
+        help="the node-local path; {host} is replaced by the host name (needed for local)",
+    )
+    sub.add_argument(
+        "--transport", default="rsync", help="local, rsync or tar (over ssh; default rsync)"
+    )
+    sub.add_argument(
+        "--fanout", type=int, default=8, help="copies one source serves at once (default 8)"
+    )
+    sub.add_argument("--retries", type=int, default=2, help="retries of a failed copy (default 2)")
+    sub.add_argument(
+        "--min-success", type=int, help="fail unless this many hosts succeed (default: all)"
+    )
+    sub.add_argument("--simulate", action="store_true", help="predict makespans, copy nothing")
+    sub.add_argument("--nodes", type=int, help="hosts to simulate")
+    sub.add_argument("--copy-seconds", type=float, help="seconds one copy takes, to simulate")
+    sub.set_defaults(handler=_broadcast)
 
 
 def _add_data_commands(commands: argparse._SubParsersAction) -> None:
@@ -507,6 +541,48 @@ def _launch(args: argparse.Namespace) -> ExitCode:
     )
     # A death by signal (128 + N) has no ExitCode of its own; attempts.jsonl keeps the number.
     return ExitCode(code) if code in {member.value for member in ExitCode} else ExitCode.ERROR
+
+
+def _broadcast(args: argparse.Namespace) -> ExitCode:
+    from goodput.launch import broadcast
+
+    if args.simulate:
+        if args.nodes is None or args.copy_seconds is None:
+            raise GoodputError(
+                "broadcast --simulate",
+                "needs --nodes and --copy-seconds",
+                "e.g. --simulate --nodes 10624 --copy-seconds 10",
+                code=ExitCode.USAGE,
+            )
+        tree, star = broadcast.simulate(args.nodes, args.copy_seconds, args.fanout)
+        print(f"tree: {tree:.1f} s ({args.nodes} hosts, fanout {args.fanout})")
+        print(f"star: {star:.1f} s")
+        print(f"star/tree: {star / tree:.1f}x" if tree > 0 else "star/tree: n/a")
+        return ExitCode.OK
+    if args.source is None or args.dest is None:
+        raise GoodputError(
+            "broadcast",
+            "needs SOURCE and --dest",
+            "e.g. goodput broadcast .venv --hostfile $PBS_NODEFILE --dest /tmp/.venv",
+            code=ExitCode.USAGE,
+        )
+    hosts = broadcast.read_hosts(args.hosts, args.hostfile)
+    result = broadcast.broadcast(
+        args.source,
+        hosts,
+        transport=broadcast.make_transport(args.transport, args.dest),
+        fanout=args.fanout,
+        retries=args.retries,
+        min_success=args.min_success,
+        progress=lambda line: print(line, file=sys.stderr),
+    )
+    by_origin = sum(copy.source == broadcast.ORIGIN for copy in result.copies)
+    print(
+        f"broadcast: {len(result.succeeded)} of {len(hosts)} hosts in {result.makespan_s:.1f} s "
+        f"({by_origin} copies from the origin)"
+        + (f"; failed: {', '.join(result.failed)}" if result.failed else "")
+    )
+    return ExitCode.OK  # below --min-success, broadcast() raised
 
 
 def main(argv: Sequence[str] | None = None) -> int:
