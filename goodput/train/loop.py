@@ -108,12 +108,15 @@ def train(cfg: RunConfig) -> list[float]:
                 terminate, minutes_due = agree(
                     [sigterm.is_set(), checkpointer.minutes_due()], checkpointer.group
                 )
-                train_state = {"loader": loader.state_dict(), "world_size": world_size}
+                periodic = checkpointing and (
+                    checkpointer.due(step) or minutes_due or step == cfg.train.steps
+                )
+                if cfg.checkpoint.save_on_sigterm if terminate else periodic:
+                    train_state = {"loader": loader.state_dict(), "world_size": world_size}
+                    checkpointer.save(
+                        step, model, optimizer, train_state, config_toml, blocking=terminate
+                    )
                 if terminate:
-                    if cfg.checkpoint.save_on_sigterm:
-                        checkpointer.save(
-                            step, model, optimizer, train_state, config_toml, blocking=True
-                        )
                     checkpointer.close()
                     raise GoodputError(
                         "train",
@@ -121,10 +124,6 @@ def train(cfg: RunConfig) -> list[float]:
                         "resubmit: the run resumes from its newest complete checkpoint",
                         code=ExitCode.TERMINATED,
                     )
-                if checkpointing and (
-                    checkpointer.due(step) or minutes_due or step == cfg.train.steps
-                ):
-                    checkpointer.save(step, model, optimizer, train_state, config_toml)
         checkpointer.close()
         metrics.close()
         if rank == 0:
