@@ -8,9 +8,11 @@ exit code; argparse usage errors exit 2. Heavy modules are imported inside handl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -115,7 +117,23 @@ def _add_launch_parser(groups: argparse._SubParsersAction) -> None:
         help="stop all ranks after S seconds without output (exit 124; default: never)",
     )
     launch.add_argument(
-        "--retries", type=int, default=0, help="attempts after a failed one (default 0)"
+        "--retries",
+        type=int,
+        help="attempts after a failed one (default 0; with --auto-retry: no limit but its own)",
+    )
+    launch.add_argument(
+        "--backoff",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds before the first retry, doubling up to 300, jittered (default 5)",
+    )
+    launch.add_argument(
+        "--auto-retry",
+        action="store_true",
+        help="classify each failed attempt, replace bad hosts from the spares (--nhosts N of "
+        "a larger job), probe hosts when no log line names one; stop after 2 attempts without "
+        "a step, at walltime, on Ctrl-C or when spares run out (--timeout defaults to 1800)",
     )
     launch.add_argument(
         "--grace",
@@ -456,8 +474,33 @@ def _train(args: argparse.Namespace) -> ExitCode:
         overrides.append(f"checkpoint.resume={json.dumps(args.resume)}")
     if args.allow_data_change:
         overrides.append("checkpoint.allow_data_change=true")
-    train(load_config(RunConfig, args.config, overrides))
+    cfg = load_config(RunConfig, args.config, overrides)
+    try:
+        train(cfg)
+    except Exception as error:
+        # One line that names the rank and its host, for the person reading the log and for
+        # `goodput launch --auto-retry`, which swaps the host out on a device error.
+        _say_rank_failed(error)
+        raise
     return ExitCode.OK
+
+
+def _say_rank_failed(error: Exception) -> None:
+    from goodput.launch.env import current_placement
+
+    if isinstance(error, GoodputError):
+        return  # already one clear line of its own, and never the host's fault
+    try:
+        rank = str(current_placement().rank)
+    except GoodputError:
+        rank = "?"
+    first_line = (str(error).strip().splitlines() or [""])[0]
+    print(
+        f"goodput: rank {rank} on {socket.gethostname()} failed: "
+        f"{type(error).__name__}: {first_line}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _ckpt_list(args: argparse.Namespace) -> ExitCode:
@@ -521,24 +564,55 @@ def _launch(args: argparse.Namespace) -> ExitCode:
             print(line)
         return ExitCode.OK
 
+    from goodput.launch import failover
     from goodput.launch.attempt import AttemptResult, run_attempt
     from goodput.launch.retry import run_with_retries
 
-    launchers.write_hostfile(plan)
-
-    def start_attempt(attempt: int) -> AttemptResult:
-        # Built afresh each attempt: a local rendezvous port is free only for a moment.
+    def start_attempt(
+        hosts: tuple[str, ...], on_line: Callable[[bytes], None] | None = None
+    ) -> AttemptResult:
+        # Built afresh each attempt: a local rendezvous port is free only for a moment, and
+        # --auto-retry may have replaced hosts.
+        spares = tuple(h for h in plan.hosts + plan.spares if h not in hosts)
+        attempt_plan = dataclasses.replace(plan, hosts=hosts, spares=spares)
+        launchers.write_hostfile(attempt_plan)
         return run_attempt(
-            launchers.build_processes(plan, command, os.environ),
-            idle_timeout_s=args.timeout,
+            launchers.build_processes(attempt_plan, command, os.environ),
+            idle_timeout_s=timeout,
             grace_s=args.grace,
             log_path=args.log,
             prefix=not args.no_prefix,
+            on_line=on_line,
         )
 
-    code = run_with_retries(
-        start_attempt, retries=args.retries, attempts_log=run_dir / "attempts.jsonl"
-    )
+    timeout = args.timeout
+    attempts_log = run_dir / "attempts.jsonl"
+    if not args.auto_retry:
+        code = run_with_retries(
+            lambda _: start_attempt(plan.hosts),
+            retries=args.retries or 0,
+            backoff_s=args.backoff,
+            attempts_log=attempts_log,
+        )
+    else:
+        if timeout is None:
+            timeout = failover.DEFAULT_IDLE_TIMEOUT_S
+        timeout = timeout or None  # --timeout 0: no watchdog
+
+        def probe(hosts: tuple[str, ...]) -> dict[str, failover.Evidence]:
+            probes = {host: launchers.build_probe(plan, host, os.environ) for host in hosts}
+            return failover.probe_hosts(probes, plan.profile.health_timeout_s)
+
+        code = failover.run_with_auto_retry(
+            start_attempt,
+            probe,
+            pool=failover.Pool(list(plan.hosts), list(plan.spares)),
+            patterns=[*failover.BAD_NODE_PATTERNS, *profile.bad_node_patterns],
+            attempts_log=attempts_log,
+            heartbeat=run_dir / "heartbeat",
+            max_attempts=None if args.retries is None else args.retries + 1,
+            backoff_s=args.backoff,
+        )
     # A death by signal (128 + N) has no ExitCode of its own; attempts.jsonl keeps the number.
     return ExitCode(code) if code in {member.value for member in ExitCode} else ExitCode.ERROR
 

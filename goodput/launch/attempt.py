@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -58,7 +58,9 @@ class AttemptResult:
     first_failure_label: str | None
     steps_seen: int  # ``step=`` lines from all processes
     last_step: int | None  # the highest step seen
+    first_step: int | None  # the lowest step seen (a resumed run starts past 1)
     tail_lines: list[bytes]  # the last lines as printed (prefixed), without newlines
+    launcher_signal: int | None = None  # SIGINT/SIGTERM the launcher itself got, if any
 
 
 def run_attempt(
@@ -69,15 +71,17 @@ def run_attempt(
     log_path: Path | None = None,
     prefix: bool = True,
     out: BinaryIO | None = None,
+    on_line: Callable[[bytes], None] | None = None,
 ) -> AttemptResult:
-    """Run ``processes`` to the end; ``out`` defaults to this process's stdout (as bytes)."""
+    """Run ``processes`` to the end; ``out`` defaults to this process's stdout (as bytes).
+    ``on_line`` sees every output line (without prefix or newline), one at a time."""
     if not processes:
         raise ValueError("an attempt needs at least one process")
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(open(log_path, "ab")) if log_path is not None else None
         received = stack.enter_context(_caught_stop_signals())
-        attempt = _Attempt(out if out is not None else sys.stdout.buffer, log, prefix)
+        attempt = _Attempt(out if out is not None else sys.stdout.buffer, log, prefix, on_line)
         try:
             attempt.start(processes)
             exit_code, failed, timed_out = attempt.wait(idle_timeout_s, received)
@@ -90,20 +94,30 @@ def run_attempt(
         failed,
         attempt.steps_seen,
         attempt.last_step,
+        attempt.first_step,
         list(attempt.tail),
+        received[0] if received else None,
     )
 
 
 class _Attempt:
     """The running processes, one reader thread each, and what their output said so far."""
 
-    def __init__(self, out: BinaryIO, log: BinaryIO | None, prefix: bool):
+    def __init__(
+        self,
+        out: BinaryIO,
+        log: BinaryIO | None,
+        prefix: bool,
+        on_line: Callable[[bytes], None] | None,
+    ):
         self.sinks: list[BinaryIO] = [out] if log is None else [out, log]
         self.prefix = prefix
+        self.on_line = on_line
         self.lock = threading.Lock()  # guards the counters, the tail and the sinks
         self.last_output = time.monotonic()
         self.steps_seen = 0
         self.last_step: int | None = None
+        self.first_step: int | None = None
         self.tail: collections.deque[bytes] = collections.deque(maxlen=NUM_TAIL_LINES)
         self.running: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.readers: list[threading.Thread] = []
@@ -211,9 +225,13 @@ class _Attempt:
         with self.lock:
             if match is not None:
                 self.steps_seen += 1
-                self.last_step = max(int(match[1]), self.last_step or 0)
+                step = int(match[1])
+                self.last_step = max(step, self.last_step or 0)
+                self.first_step = min(step, self.first_step or step)
             self.tail.append(head + line)
             self._write(head + line + b"\n")
+            if self.on_line is not None:
+                self.on_line(line)
 
     def notice(self, text: str) -> None:
         """A line of the launcher's own, to stderr and the log (not to the tail)."""

@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 import socket
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,8 @@ PROFILE_DIR = Path(__file__).with_name("profiles")
 DEFAULT_PROFILE = "generic"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LOCAL_ADDR = "127.0.0.1"
+HOSTS_VAR = "GOODPUT_LAUNCH_HOSTS"  # every rank learns the attempt's host set, in rank order
+PROBE_HOST_VAR = "GOODPUT_PROBE_HOST"  # the host a health probe was sent to
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +56,12 @@ class ProfileConfig:
     pass_env: tuple[str, ...] = ()  # names mpiexec forwards explicitly from the launcher's env
     srun_args: tuple[str, ...] = ()
     mpiexec_args: tuple[str, ...] = ()
+    # --auto-retry: log lines that name a bad host, as regular expressions with a group
+    # ``host`` (a host name) or ``addr`` (an address to resolve); added to failover's own.
+    bad_node_patterns: tuple[str, ...] = ()
+    # The per-host probe run before evicting a host no log line named (argv; exit 0 = healthy).
+    health_check: tuple[str, ...] = (sys.executable, "-m", "goodput.launch.health")
+    health_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.ppn < 1:
@@ -76,6 +85,31 @@ class ProfileConfig:
                     "list names only, without values",
                     code=ExitCode.USAGE,
                 )
+
+        for pattern in self.bad_node_patterns:
+            try:
+                groups = re.compile(pattern).groupindex
+            except re.error as error:
+                raise GoodputError(
+                    "[profile]",
+                    f"bad_node_patterns entry {pattern!r} is not a regular expression: {error}",
+                    "fix the pattern (TOML literal strings '...' keep backslashes as written)",
+                    code=ExitCode.USAGE,
+                ) from None
+            if "host" not in groups and "addr" not in groups:
+                raise GoodputError(
+                    "[profile]",
+                    f"bad_node_patterns entry {pattern!r} names no host",
+                    "capture the host as (?P<host>...) or its address as (?P<addr>...)",
+                    code=ExitCode.USAGE,
+                )
+        if not self.health_check:
+            raise GoodputError(
+                "[profile]",
+                "health_check is empty",
+                'give a command, e.g. ["true"]',
+                code=ExitCode.USAGE,
+            )
 
     def env_vars(self) -> dict[str, str]:
         return dict(item.split("=", 1) for item in self.env)
@@ -167,9 +201,9 @@ def plan_launch(
             "or change --nhosts/--ppn",
             code=ExitCode.USAGE,
         )
-    hosts = available[:num_hosts]
-    for host in hosts:
+    for host in available:  # spares too: any of them may run ranks later
         check_host(host, "launch host list")
+    hosts = available[:num_hosts]
     return LaunchPlan(
         placement.scheduler,
         hosts,
@@ -260,6 +294,7 @@ def _local(plan: LaunchPlan, command: list[str], env: dict[str, str]) -> list[Pr
             "MASTER_ADDR": LOCAL_ADDR,
             "MASTER_PORT": port,
             "OMP_NUM_THREADS": threads,
+            HOSTS_VAR: ",".join(plan.hosts),
         }
         merged = {**env, **plan.profile.env_vars(), **rank_env}
         specs.append(ProcessSpec(command, merged, f"rank{rank}"))
@@ -274,7 +309,29 @@ def _rank_env(plan: LaunchPlan) -> dict[str, str]:
         **plan.profile.env_vars(),
         "MASTER_ADDR": plan.hosts[0],
         "MASTER_PORT": str(plan.master_port),
+        HOSTS_VAR: ",".join(plan.hosts),
     }
+
+
+def build_probe(plan: LaunchPlan, host: str, env: Mapping[str, str]) -> ProcessSpec:
+    """The profile's health check, run once on ``host`` alone, by the job's own launcher."""
+    check_host(host, "health probe")
+    probe = [*plan.profile.health_check]
+    probe_env = {**env, **plan.profile.env_vars(), PROBE_HOST_VAR: host}
+    if plan.scheduler == "slurm":
+        argv = ["srun", "--nodes", "1", "--ntasks", "1", "--nodelist", host]
+        argv += [*plan.profile.srun_args, *probe]
+    elif plan.scheduler == "pbs":
+        hydra = plan.profile.mpiexec == "hydra"
+        argv = ["mpiexec", "-n" if hydra else "--np", "1", "-hosts" if hydra else "--hosts", host]
+        if hydra:
+            argv += ["-genv", PROBE_HOST_VAR, host]
+        else:
+            argv += ["--env", f"{PROBE_HOST_VAR}={host}"]
+        argv += [*plan.profile.mpiexec_args, *probe]
+    else:
+        argv = probe
+    return ProcessSpec(argv, probe_env, f"probe {host}")
 
 
 BUILDERS: dict[str, Callable[[LaunchPlan, list[str], dict[str, str]], list[ProcessSpec]]] = {

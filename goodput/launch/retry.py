@@ -57,10 +57,10 @@ def run_with_retries(
     rng = rng if rng is not None else random.Random()
     num_attempts = retries + 1
     for index in range(num_attempts):
-        started = _now()
+        started = now()
         result = start_attempt(index)
         if attempts_log is not None:
-            append_line(attempts_log, _record(result, index + 1, num_attempts, started, _now()))
+            append_line(attempts_log, _record(result, index + 1, num_attempts, started, now()))
         code = result.exit_code
         if code == ExitCode.OK:
             return code
@@ -129,5 +129,5 @@ def _record(
     }
 
 
-def _now() -> datetime:
+def now() -> datetime:
     return datetime.now(UTC)

@@ -87,7 +87,12 @@ def test_srun_names_the_exact_host_set_and_counts():
     assert plan.spares == ("nid003",)
     port = read_placement(SLURM).master_port
     # The whole environment is handed over: srun forwards it to the tasks.
-    assert spec.env == {"PATH": "/bin", "MASTER_ADDR": "nid001", "MASTER_PORT": str(port)}
+    assert spec.env == {
+        "PATH": "/bin",
+        "MASTER_ADDR": "nid001",
+        "MASTER_PORT": str(port),
+        "GOODPUT_LAUNCH_HOSTS": "nid001,nid002",
+    }
 
 
 def test_srun_with_the_perlmutter_profile():
@@ -130,6 +135,9 @@ def test_mpiexec_hydra_reads_a_host_file_of_the_active_hosts(tmp_path):
         "-genv",
         "MASTER_PORT",
         str(port),
+        "-genv",
+        "GOODPUT_LAUNCH_HOSTS",
+        "x4102c0s0b0n0,x4102c0s1b0n0",
         *COMMAND,
     ]
     assert plan.hostfile.parent == tmp_path and not plan.hostfile.exists()
@@ -153,6 +161,7 @@ def test_mpiexec_pals_with_the_aurora_profile(tmp_path):
     ]
     env_flags = [f"--env={item}" for item in plan.profile.env]
     env_flags += ["--env=MASTER_ADDR=x4102c0s0b0n0", f"--env=MASTER_PORT={plan.master_port}"]
+    env_flags += [f"--env=GOODPUT_LAUNCH_HOSTS={','.join(plan.hosts)}"]
     pairs = zip(argv[9:-4:2], argv[10:-4:2], strict=True)
     assert [f"{flag}={value}" for flag, value in pairs] == env_flags
     assert argv[-4:] == COMMAND
@@ -255,8 +264,9 @@ def test_local_dry_run_lists_one_line_per_rank(local_env, capsys):
     ranks = []
     for line in lines:
         words = shlex.split(line)
-        assignments = dict(word.split("=", 1) for word in words[:7])
-        assert words[7:] == ["python", "-c", "print('hi there')"]
+        assignments = dict(word.split("=", 1) for word in words[:8])
+        assert words[8:] == ["python", "-c", "print('hi there')"]
+        assert assignments["GOODPUT_LAUNCH_HOSTS"] == "localhost"
         assert int(assignments["OMP_NUM_THREADS"]) >= 1  # each rank its share of the cores
         assert assignments["WORLD_SIZE"] == assignments["LOCAL_WORLD_SIZE"] == "3"
         assert assignments["MASTER_ADDR"] == "127.0.0.1"
@@ -271,7 +281,8 @@ def test_format_shows_only_what_the_launcher_adds():
         build_processes(plan, ["echo", "a b"], {"HOME": "/h"}), {"HOME": "/h"}
     )
     assert line == (
-        f"MASTER_ADDR=nid001 MASTER_PORT={plan.master_port} srun --nodes 1 --ntasks 1 "
+        f"MASTER_ADDR=nid001 MASTER_PORT={plan.master_port} GOODPUT_LAUNCH_HOSTS=nid001 "
+        "srun --nodes 1 --ntasks 1 "
         "--ntasks-per-node 1 --nodelist nid001 --kill-on-bad-exit=1 echo 'a b'"
     )
 

@@ -104,7 +104,7 @@ def test_interrupts_terminations_and_usage_errors_are_not_retried(code):
 
     def start_attempt(index: int) -> AttemptResult:
         attempts.append(index)
-        return AttemptResult(code, 0.1, False, "0", 0, None, [])
+        return AttemptResult(code, 0.1, False, "0", 0, None, None, [])
 
     sleeps: list[float] = []
     final = run_with_retries(start_attempt, retries=5, attempts_log=None, sleep=sleeps.append)
@@ -113,7 +113,7 @@ def test_interrupts_terminations_and_usage_errors_are_not_retried(code):
 
 def test_ctrl_c_during_the_backoff_returns_130():
     def start_attempt(index: int) -> AttemptResult:
-        return AttemptResult(1, 0.1, False, "0", 0, None, [])
+        return AttemptResult(1, 0.1, False, "0", 0, None, None, [])
 
     def interrupted_sleep(seconds: float) -> None:
         raise KeyboardInterrupt

@@ -96,3 +96,34 @@ def test_dry_run_names_this_host_from_the_allocation(tmp_path):
     assert srun[-1] == "true" and "--kill-on-bad-exit=1" in srun
     assert f"MASTER_ADDR={node}" in argv[: argv.index("srun")]
     assert not list(tmp_path.iterdir())  # a dry run writes nothing
+
+
+def test_auto_retry_names_the_host_srun_reports_and_stops_without_a_spare(tmp_path):
+    # Rank 1 dies by SIGKILL, as under the OOM killer: srun says "srun: error: HOST: task 1:
+    # Killed". The only node is named; with no spare left the chain stops there.
+    code = "import os, signal; print('step=1', flush=True); "
+    code += "os.environ['SLURM_PROCID'] == '1' and os.kill(os.getpid(), signal.SIGKILL)"
+    code += "; import time; time.sleep(5)"
+    run_dir = tmp_path / "run"
+    launch = ["--auto-retry", "--ppn", "2", "--run-dir", str(run_dir), "--backoff", "0.1"]
+    result = _salloc(2, [*launch, "--", sys.executable, "-c", code], tmp_path)
+    assert result.returncode != 0
+    (record,) = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    node = _slurm_node()
+    assert record["class"] == "bad-node" and record["hosts"] == [node]
+    assert record["evidence"][0]["said"] == f"srun: error: {node}: task 1: Killed"
+    assert record["decision"] == "stop" and f"no spare left for {node}" in result.stderr
+
+
+def test_auto_retry_probes_the_node_through_srun_and_stops_a_config_bug(tmp_path):
+    run_dir = tmp_path / "run"
+    launch = ["--auto-retry", "--ppn", "2", "--run-dir", str(run_dir), "--backoff", "0.1"]
+    result = _salloc(2, [*launch, "--", sys.executable, "-c", "raise SystemExit(3)"], tmp_path)
+    assert result.returncode == 1  # goodput launch's own code for an exit it has no name for
+    records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    assert [r["exit_code"] for r in records] == [3, 3]
+    assert [r["class"] for r in records] == ["stuck-pre-training"] * 2
+    assert all(r["evidence"] == [] and r["replaced"] == {} for r in records)
+    # The default probe ran on the node, through a real srun step, and found it healthy.
+    assert "probing 1 host(s)" in result.stderr
+    assert "2 attempts in a row made no step" in result.stderr

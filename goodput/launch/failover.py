@@ -1,0 +1,318 @@
+"""Unattended recovery across attempts (``goodput launch --auto-retry``): classify each attempt,
+replace bad hosts from the spare pool, and stop when another attempt cannot help.
+
+Each attempt gets one class, from its exit code, the trainer's progress (``step=N`` lines and the
+``heartbeat`` file: steps gained this attempt) and its output:
+  - ``success``: exit 0;
+  - ``interrupted``: Ctrl-C (130) — stop;
+  - ``walltime``: 143, the allocation is ending (the launcher itself got SIGTERM, or the ranks
+    did with no bad-node evidence) — stop; continuing is the job chain's work (``goodput submit``);
+  - ``bad-node``: an output line names a host (``BAD_NODE_PATTERNS`` plus the profile's own): a
+    rank killed by SIGKILL/SIGBUS on host X, a peer closing the connection from an address that
+    resolves to X, ... — X is replaced by a spare;
+  - ``hang``: the idle watchdog fired (124);
+  - ``stuck-pre-training``: no step this attempt;
+  - ``error``: any other failure. A usage error (exit 2) is not retried.
+After a ``hang``, ``stuck-pre-training`` or ``error`` no line named a culprit, so every active host
+runs the profile's health probe (in parallel, bounded by its timeout) and only hosts that fail it
+are replaced — never a blind pick; when all pass, the next attempt keeps the same hosts.
+It stops on success, walltime and Ctrl-C; after two attempts in a row without a step (a config
+bug must not burn the spare pool); when a bad host has no spare left; and after ``max_attempts``.
+Every attempt appends one line to ``attempts.jsonl``: class, evidence (line or probe result, and
+where it came from), hosts, replacements, steps gained, durations, and what was decided.
+Patterns are data; the code here only applies them. Standard library only.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from goodput.errors import ExitCode
+from goodput.launch.attempt import AttemptResult, ProcessSpec
+from goodput.launch.retry import append_line, backoff_delay, describe_exit, now
+
+# Lines that name a bad host on any machine; a profile's ``bad_node_patterns`` add the site's.
+# Signals 9 and 7 are the node's doing (the OOM killer, a dying node, a memory fault); a rank
+# ending by SIGTERM is the launcher's own teardown of the innocent ranks, so it names no one.
+BAD_NODE_PATTERNS = (
+    # Slurm's srun, per task: "srun: error: nid001234: task 7: Killed".
+    r"srun: error: (?P<host>[\w.-]+): tasks? [\d,-]+: (Killed|Bus error)",
+    r"srun: error: Node failure on (?P<host>[\w.-]+)",
+    # MPICH Hydra's two-line block: "=   PID 123 RUNNING AT host" / "=   EXIT CODE: 9".
+    r"RUNNING AT (?P<host>[\w.-]+)\s*\n=\s+(EXIT CODE|KILLED BY SIGNAL): (9|7)\b",
+    # gloo, when a peer process or its host dies: the peer's address names the host.
+    r"Connection closed by peer \[(?P<addr>[0-9A-Fa-f.:]+)\]",
+    # goodput train's last line when a rank fails on a device error.
+    r"goodput: rank \d+ on (?P<host>[\w.-]+) failed: .*"
+    r"(CUDA error|HIP error|UR_RESULT_ERROR|ECC|device lost|DEVICE_LOST|Xid)",
+)
+WINDOW_LINES = 3  # a pattern may span this many consecutive lines (Hydra's block spans two)
+DEFAULT_IDLE_TIMEOUT_S = 1800.0  # long enough for a checkpoint or an eval, short of a walltime
+MAX_STEPLESS_ATTEMPTS = 2
+RESOLVE_TIMEOUT_S = 5.0
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    host: str
+    said: str  # the log line(s), or the probe's answer
+    source: str  # "log" or "probe"
+
+
+class EvidenceScanner:
+    """Fed every output line of an attempt; keeps the first line that names each host of the
+    pool. Names are matched by their first label, so ``x1.hsn.cm`` in a log is host ``x1``."""
+
+    def __init__(
+        self,
+        patterns: Iterable[str],
+        pool: Sequence[str],
+        resolve: Callable[[str], list[str]] | None = None,
+    ) -> None:
+        self.patterns = [re.compile(pattern) for pattern in patterns]
+        self.by_short_name = {_short(host): host for host in pool}
+        self.resolve = resolve if resolve is not None else resolve_address
+        self.window: collections.deque[str] = collections.deque(maxlen=WINDOW_LINES)
+        self.found: dict[str, Evidence] = {}
+        self.resolved: dict[str, str | None] = {}
+
+    def __call__(self, line: bytes) -> None:
+        self.window.append(ANSI.sub("", line.decode(errors="replace")))
+        text = "\n".join(self.window)
+        for pattern in self.patterns:
+            match = pattern.search(text)
+            if match is None:
+                continue
+            groups = match.groupdict()
+            host = self._host(groups["host"]) if groups.get("host") else None
+            if host is None and groups.get("addr"):
+                host = self._host_of_address(groups["addr"])
+            if host is not None and host not in self.found:
+                self.found[host] = Evidence(host, match.group(0).strip(), "log")
+
+    def _host(self, name: str) -> str | None:
+        return self.by_short_name.get(_short(name))
+
+    def _host_of_address(self, addr: str) -> str | None:
+        if addr not in self.resolved:  # one lookup per address, however often it is logged
+            names = self.resolve(addr)
+            self.resolved[addr] = next((h for n in names if (h := self._host(n))), None)
+        return self.resolved[addr]
+
+
+def _short(name: str) -> str:
+    return name.split(".", 1)[0].lower()
+
+
+def resolve_address(addr: str) -> list[str]:
+    """Host names of an address (reverse DNS, then /etc/hosts aliases); [] when unknown or slow,
+    since a DNS outage must not stop the recovery."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(socket.gethostbyaddr, addr)
+        try:
+            name, aliases, _ = future.result(RESOLVE_TIMEOUT_S)
+        except (OSError, concurrent.futures.TimeoutError):
+            return []
+    return [name, *aliases]
+
+
+def probe_hosts(probes: dict[str, ProcessSpec], timeout_s: float) -> dict[str, Evidence]:
+    """Run every host's probe at once; the hosts that failed, each with what its probe said."""
+    started = {}
+    for host, spec in probes.items():
+        try:
+            started[host] = subprocess.Popen(
+                spec.argv,
+                env=spec.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as error:
+            raise OSError(f"cannot start the health probe {spec.argv[0]}: {error}") from None
+    deadline = time.monotonic() + timeout_s
+    failed = {}
+    for host, process in started.items():
+        try:
+            output, _ = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            lines = output.decode(errors="replace").strip().splitlines()
+            said = f"exit {process.returncode}: {lines[-1] if lines else 'no output'}"
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            said = f"no answer within {timeout_s:g} s"
+        if process.returncode != 0:
+            failed[host] = Evidence(host, f"health probe {said}", "probe")
+    return failed
+
+
+def classify(result: AttemptResult, steps_gained: int, named: Sequence[Evidence]) -> str:
+    code = result.exit_code
+    if code == ExitCode.OK:
+        return "success"
+    if result.launcher_signal == signal.SIGINT or code == ExitCode.INTERRUPTED:
+        return "interrupted"
+    if result.launcher_signal == signal.SIGTERM or (code == ExitCode.TERMINATED and not named):
+        return "walltime"
+    if named:
+        return "bad-node"
+    if result.timed_out:
+        return "hang"
+    if steps_gained == 0:
+        return "stuck-pre-training"
+    return "error"
+
+
+def steps_gained(
+    result: AttemptResult, heartbeat_before: int | None, heartbeat: Path | None
+) -> int:
+    """Steps this attempt made: from its ``step=`` lines, or the heartbeat file's step advancing
+    (which also counts when the step lines were filtered or went elsewhere)."""
+    by_lines = 0
+    if result.first_step is not None and result.last_step is not None:
+        by_lines = result.last_step - result.first_step + 1
+    after = read_heartbeat_step(heartbeat)
+    by_heartbeat = after - (heartbeat_before or 0) if after is not None else 0
+    return max(by_lines, by_heartbeat)
+
+
+def read_heartbeat_step(path: Path | None) -> int | None:
+    if path is None:
+        return None
+    try:
+        return int(json.loads(path.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent, or replaced mid-read: no progress signal from it
+
+
+@dataclass
+class Pool:
+    """The hosts that run ranks (their order is rank order) and the spares behind them."""
+
+    active: list[str]
+    spares: list[str]
+    retired: list[str] = field(default_factory=list)
+
+    def replace(self, bad: Sequence[str]) -> dict[str, str]:
+        """Swap each bad active host for the next spare, in place; old -> new."""
+        swaps = {}
+        for host in bad:
+            spare = self.spares.pop(0)
+            self.active[self.active.index(host)] = spare
+            self.retired.append(host)
+            swaps[host] = spare
+        return swaps
+
+
+def run_with_auto_retry(
+    start_attempt: Callable[[tuple[str, ...], Callable[[bytes], None]], AttemptResult],
+    probe: Callable[[tuple[str, ...]], dict[str, Evidence]],
+    *,
+    pool: Pool,
+    patterns: Sequence[str],
+    attempts_log: Path,
+    heartbeat: Path | None = None,
+    max_attempts: int | None = None,
+    backoff_s: float = 5.0,
+    backoff_max_s: float = 300.0,
+    rng: random.Random | None = None,
+    sleep: Callable[[float], object] = time.sleep,
+    resolve: Callable[[str], list[str]] | None = None,
+) -> int:
+    """Run attempts on ``pool.active`` until a stop rule says otherwise; the last exit code."""
+    rng = rng if rng is not None else random.Random()
+    stepless = 0  # attempts in a row without a step
+    failures = 0  # attempts in a row that failed (the backoff doubles with it)
+    for attempt in range(1, (max_attempts or sys.maxsize) + 1):
+        hosts = tuple(pool.active)
+        scanner = EvidenceScanner(patterns, [*pool.active, *pool.spares], resolve)
+        before = read_heartbeat_step(heartbeat)
+        started = now()
+        result = start_attempt(hosts, scanner)
+        gained = steps_gained(result, before, heartbeat)
+        named = [scanner.found[host] for host in hosts if host in scanner.found]
+        kind = classify(result, gained, named)
+        stepless = stepless + 1 if gained == 0 else 0
+        failures = failures + 1 if kind != "success" else 0
+        evidence, swaps, stop = list(named), {}, None
+        if kind in ("success", "walltime", "interrupted"):
+            stop = kind
+        elif result.exit_code == ExitCode.USAGE:
+            stop = "usage or config error (exit 2): fix it, then relaunch"
+        elif stepless >= MAX_STEPLESS_ATTEMPTS:
+            stop = (
+                f"{stepless} attempts in a row made no step: a config or code error is likely; "
+                "read the log above, fix it, then relaunch"
+            )
+        else:
+            if not named:
+                _say(f"attempt {attempt}: {kind}, no host named; probing {len(hosts)} host(s)")
+                evidence = sorted(probe(hosts).values(), key=lambda e: hosts.index(e.host))
+            bad = [item.host for item in evidence]
+            if len(bad) > len(pool.spares):
+                stop = (
+                    f"no spare left for {', '.join(bad[len(pool.spares) :])} "
+                    f"({len(pool.spares)} spare(s) for {len(bad)} bad host(s))"
+                )
+            else:
+                swaps = pool.replace(bad)
+            if stop is None and attempt == max_attempts:
+                stop = f"{max_attempts} attempt(s) made, the most allowed"
+        record = {
+            "attempt": attempt,
+            "class": kind,
+            "exit_code": result.exit_code,
+            "exit": describe_exit(result.exit_code) if result.exit_code else "ok",
+            "hosts": list(hosts),
+            "evidence": [{"host": e.host, "said": e.said, "source": e.source} for e in evidence],
+            "replaced": swaps,
+            "spares_left": list(pool.spares),
+            "steps_gained": gained,
+            "last_step": result.last_step,
+            "duration_s": round(result.duration_s, 3),
+            "started": started.isoformat(timespec="milliseconds"),
+            "ended": now().isoformat(timespec="milliseconds"),
+            "decision": "stop" if stop is not None else "retry",
+            "reason": stop,
+        }
+        append_line(attempts_log, record)
+        said = f"attempt {attempt}: {kind} (exit {result.exit_code}, {gained} step(s) gained)"
+        for item in evidence:
+            _say(f"  {item.host}: {item.said.splitlines()[-1]} [{item.source}]")
+        if stop is not None:
+            _say(f"{said}; stop: {stop}")
+            return result.exit_code
+        changes = ", ".join(f"{old} -> {new}" for old, new in swaps.items())
+        delay = backoff_delay(failures - 1, backoff_s, backoff_max_s, rng)
+        _say(
+            f"{said}; "
+            + (f"replaced {changes}; " if swaps else "same hosts; ")
+            + f"retrying in {delay:.1f} s"
+        )
+        try:
+            sleep(delay)
+        except KeyboardInterrupt:
+            _say("interrupted while waiting to retry")
+            return ExitCode.INTERRUPTED
+    raise AssertionError("unreachable: the last attempt always stops")
+
+
+def _say(text: str) -> None:
+    print(f"launch: {text}", file=sys.stderr, flush=True)

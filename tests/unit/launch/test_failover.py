@@ -1,0 +1,324 @@
+"""``goodput launch --auto-retry``: classification, spare swaps, health probes and stop rules.
+
+The end-to-end tests run the real CLI under an emulated PBS job: ``PBS_NODEFILE`` names hosts
+n1..n4 and the machine profile gives MPICH's real ``mpiexec`` its ``-launcher fork``, so Hydra
+runs every "host" on this machine while it still assigns ranks to hosts, writes our host files
+and reports a dead rank's host by name. One machine cannot have a bad node, so a host is "bad"
+because the test lists it in a file that the ranks and the health probe (a small script standing
+in for a site's node check) read; everything else — processes that really die by SIGKILL, go
+silent, never print a step — is real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from goodput import cli
+from goodput.launch.attempt import AttemptResult, ProcessSpec
+from goodput.launch.env import read_placement
+from goodput.launch.failover import (
+    BAD_NODE_PATTERNS,
+    Evidence,
+    EvidenceScanner,
+    Pool,
+    classify,
+    probe_hosts,
+    run_with_auto_retry,
+    steps_gained,
+)
+from goodput.launch.launchers import ProfileConfig, build_probe, load_profile, plan_launch
+
+REPO = Path(__file__).resolve().parents[3]
+HOSTS = ["n1", "n2", "n3", "n4"]
+
+# A rank: its host is GOODPUT_LAUNCH_HOSTS[rank] (ppn 1). On a host listed in bad-hosts it
+# does what BEHAVIOUR says; elsewhere it trains for 3 steps, or blocks as a peer in a
+# collective would once the bad rank stops answering.
+WORKER = """
+import os, pathlib, signal, sys, time
+state = pathlib.Path(os.environ["TEST_STATE"])
+rank = int(os.environ["PMI_RANK"])
+host = os.environ["GOODPUT_LAUNCH_HOSTS"].split(",")[rank]
+bad = (state / "bad-hosts").read_text().split()
+behaviour = os.environ["BEHAVIOUR"]
+with open(state / "runs", "a") as runs:
+    runs.write(f"{host}\\n")
+if behaviour == "config-bug":
+    print("Traceback: KeyError: 'model.dim'", flush=True)
+    sys.exit(1)
+if behaviour == "transient-hang" and not (state / "hung-once").exists():
+    if rank == 0:
+        (state / "hung-once").write_text("")
+    print("step=1", flush=True)
+    time.sleep(60)  # every rank goes quiet: a collective that never completes
+for step in range(1, 4):
+    if host in bad and step == 2:
+        if behaviour == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # "hang": silent, alive by kill -0
+    if host not in bad and any(h in bad for h in os.environ["GOODPUT_LAUNCH_HOSTS"].split(",")):
+        if step == 2 and behaviour == "hang":
+            time.sleep(60)  # waits on the hung peer
+    if rank == 0:
+        print(f"step={step}", flush=True)
+    time.sleep(0.2)
+"""
+
+# The site's node check, standing in for e.g. `nvidia-smi -q`: fails on a listed host.
+PROBE = """
+import os, pathlib, sys
+state = pathlib.Path(os.environ["TEST_STATE"])
+host = os.environ["GOODPUT_PROBE_HOST"]
+with open(state / "probed", "a") as probed:
+    probed.write(host + "\\n")
+sick = host in (state / "bad-hosts").read_text().split()
+print(f"probe {host}: {'GPU 3 missing' if sick else 'ok'}")
+sys.exit(1 if sick else 0)
+"""
+
+needs_mpiexec = pytest.mark.skipif(
+    shutil.which("mpiexec") is None, reason="needs MPICH's mpiexec (apt: mpich)"
+)
+
+
+def _emulated_pbs(tmp_path: Path, bad: list[str], behaviour: str) -> tuple[dict[str, str], Path]:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "bad-hosts").write_text("\n".join(bad) + "\n")
+    (tmp_path / "worker.py").write_text(WORKER)
+    (tmp_path / "probe.py").write_text(PROBE)
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("\n".join(HOSTS) + "\n")
+    profile = tmp_path / "emulated.toml"
+    profile.write_text(
+        textwrap.dedent(f"""\
+            ppn = 1
+            mpiexec = "hydra"
+            mpiexec_args = ["-launcher", "fork"]
+            health_check = ["{sys.executable}", "{tmp_path / "probe.py"}"]
+            health_timeout_s = 20
+        """)
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_"))}
+    env |= {
+        "PBS_JOBID": "4242.emulated",
+        "PBS_NODEFILE": str(nodefile),
+        "GOODPUT_PROFILE": str(profile),
+        "TEST_STATE": str(state),
+        "BEHAVIOUR": behaviour,
+        "PYTHONPATH": str(REPO),
+    }
+    return env, state
+
+
+def _auto_retry(
+    tmp_path: Path, env: dict[str, str], *flags: str
+) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "goodput", "launch", "--auto-retry", "--nhosts", "2"]
+    argv += ["--run-dir", str(run_dir), "--grace", "1", "--backoff", "0.1", *flags]
+    argv += ["--", sys.executable, str(tmp_path / "worker.py")]
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    lines = (run_dir / "attempts.jsonl").read_text().splitlines()
+    return result, [json.loads(line) for line in lines]
+
+
+@needs_mpiexec
+def test_a_rank_killed_on_a_host_swaps_that_host_for_a_spare(tmp_path):
+    env, state = _emulated_pbs(tmp_path, bad=["n2"], behaviour="die")
+    result, attempts = _auto_retry(tmp_path, env, "--timeout", "30")
+    assert result.returncode == 0, result.stderr
+    first, second = attempts
+    assert first["class"] == "bad-node" and first["hosts"] == ["n1", "n2"]
+    (evidence,) = first["evidence"]
+    assert evidence["host"] == "n2" and evidence["source"] == "log"
+    assert "RUNNING AT n2" in evidence["said"]  # Hydra's own report of the dead rank
+    assert first["replaced"] == {"n2": "n3"} and first["decision"] == "retry"
+    assert second["class"] == "success" and second["hosts"] == ["n1", "n3"]
+    assert second["steps_gained"] == 3 and second["spares_left"] == ["n4"]
+    assert not (state / "probed").exists()  # a named culprit needs no probe
+    assert "replaced n2 -> n3" in result.stderr
+
+
+@needs_mpiexec
+def test_a_silent_hang_probes_every_host_and_evicts_only_the_sick_one(tmp_path):
+    env, state = _emulated_pbs(tmp_path, bad=["n2"], behaviour="hang")
+    result, attempts = _auto_retry(tmp_path, env, "--timeout", "2")
+    assert result.returncode == 0, result.stderr
+    first, second = attempts
+    assert first["class"] == "hang" and first["exit_code"] == 124
+    (evidence,) = first["evidence"]
+    assert evidence == {
+        "host": "n2",
+        "said": "health probe exit 1: probe n2: GPU 3 missing",
+        "source": "probe",
+    }
+    assert sorted(state.joinpath("probed").read_text().split()) == ["n1", "n2"]
+    assert first["replaced"] == {"n2": "n3"}
+    assert second["class"] == "success" and second["hosts"] == ["n1", "n3"]
+
+
+@needs_mpiexec
+def test_a_hang_on_healthy_hosts_retries_on_the_same_hosts(tmp_path):
+    env, _ = _emulated_pbs(tmp_path, bad=[], behaviour="transient-hang")
+    result, attempts = _auto_retry(tmp_path, env, "--timeout", "2")
+    assert result.returncode == 0, result.stderr
+    first, second = attempts
+    assert first["class"] == "hang" and first["evidence"] == [] and first["replaced"] == {}
+    assert second["class"] == "success" and second["hosts"] == first["hosts"] == ["n1", "n2"]
+    assert "same hosts" in result.stderr
+
+
+@needs_mpiexec
+def test_two_attempts_without_a_step_stop_before_the_spares_burn(tmp_path):
+    env, state = _emulated_pbs(tmp_path, bad=[], behaviour="config-bug")
+    result, attempts = _auto_retry(tmp_path, env, "--timeout", "30")
+    assert result.returncode == 1
+    assert [a["class"] for a in attempts] == ["stuck-pre-training"] * 2
+    assert [a["decision"] for a in attempts] == ["retry", "stop"]
+    assert all(a["hosts"] == ["n1", "n2"] and a["replaced"] == {} for a in attempts)
+    assert attempts[-1]["spares_left"] == ["n3", "n4"]
+    assert "2 attempts in a row made no step" in result.stderr
+    assert len(state.joinpath("runs").read_text().split()) == 4  # 2 attempts x 2 ranks
+
+
+@needs_mpiexec
+def test_it_stops_when_no_spare_is_left(tmp_path):
+    env, _ = _emulated_pbs(tmp_path, bad=["n2", "n3", "n4"], behaviour="die")
+    result, attempts = _auto_retry(tmp_path, env, "--timeout", "30")
+    assert result.returncode != 0
+    assert [a["hosts"] for a in attempts] == [["n1", "n2"], ["n1", "n3"], ["n1", "n4"]]
+    assert [a["class"] for a in attempts] == ["bad-node"] * 3
+    assert attempts[-1]["decision"] == "stop" and attempts[-1]["spares_left"] == []
+    assert "no spare left for n4" in result.stderr
+
+
+@needs_mpiexec
+def test_walltime_stops_at_once(tmp_path):
+    env, _ = _emulated_pbs(tmp_path, bad=["n2"], behaviour="hang")
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "goodput", "launch", "--auto-retry", "--nhosts", "2"]
+    argv += ["--run-dir", str(run_dir), "--grace", "1", "--"]
+    argv += [sys.executable, str(tmp_path / "worker.py")]
+    launcher = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert launcher.stdout is not None
+    assert launcher.stdout.readline().strip().endswith(b"step=1")
+    launcher.send_signal(signal.SIGTERM)  # what the scheduler does at walltime
+    assert launcher.wait(30) == 143
+    (record,) = [
+        json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().split("\n") if line
+    ]
+    assert record["class"] == "walltime" and record["decision"] == "stop"
+
+
+def test_patterns_name_hosts_as_launchers_and_torch_print_them():
+    pool = ["nid001", "nid002", "x4102c0s1b0n0", "localhost"]
+    scanner = EvidenceScanner(BAD_NODE_PATTERNS, pool)
+    lines = [
+        "srun: error: nid002: task 7: Terminated",  # the innocent cascade names no one
+        "[rank3]: RuntimeError: boom",
+        "srun: error: nid001: task 3: Killed",
+        "===================================================================================",
+        "=   PID 20611 RUNNING AT x4102c0s1b0n0.hostmgmt2000.cm",
+        "=   EXIT CODE: 9",
+        "srun: error: nid999: task 0: Killed",  # not in the pool: not ours to evict
+    ]
+    for line in lines:
+        scanner(line.encode())
+    assert sorted(scanner.found) == ["nid001", "x4102c0s1b0n0"]
+    assert scanner.found["x4102c0s1b0n0"].said.endswith("EXIT CODE: 9")
+    # gloo names the peer by address: the real resolver turns 127.0.0.1 into localhost.
+    gloo = "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+    scanner(f"{gloo} [127.0.0.1]:29500".encode())
+    assert "localhost" in scanner.found
+
+
+def test_a_hydra_exit_code_that_is_not_a_kill_names_no_one():
+    scanner = EvidenceScanner(BAD_NODE_PATTERNS, ["n1"])
+    for line in ["=   PID 1 RUNNING AT n1", "=   EXIT CODE: 1"]:
+        scanner(line.encode())
+    assert scanner.found == {}
+
+
+def test_goodput_train_names_its_host_on_a_device_error(capsys):
+    cli._say_rank_failed(RuntimeError("CUDA error: uncorrectable ECC error encountered\nmore"))
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("goodput: rank ") and "CUDA error" in line
+    scanner = EvidenceScanner(BAD_NODE_PATTERNS, [socket.gethostname()])
+    scanner(line.encode())
+    assert list(scanner.found) == [socket.gethostname()]
+
+
+def _result(code: int, *, timed_out: bool = False, signal_: int | None = None) -> AttemptResult:
+    return AttemptResult(code, 1.0, timed_out, "0", 0, None, None, [], signal_)
+
+
+def test_classes():
+    named = [Evidence("n1", "srun: error: n1: task 0: Killed", "log")]
+    assert classify(_result(0), 0, []) == "success"
+    assert classify(_result(143), 5, []) == "walltime"
+    assert classify(_result(143), 5, named) == "bad-node"  # a real fault raced the walltime
+    assert classify(_result(143, signal_=signal.SIGTERM), 5, named) == "walltime"
+    assert classify(_result(130, signal_=signal.SIGINT), 5, []) == "interrupted"
+    assert classify(_result(124, timed_out=True), 5, []) == "hang"
+    assert classify(_result(1), 0, []) == "stuck-pre-training"
+    assert classify(_result(1), 3, []) == "error"
+
+
+def test_the_heartbeat_counts_steps_that_printed_nothing(tmp_path):
+    heartbeat = tmp_path / "heartbeat"
+    heartbeat.write_text(json.dumps({"step": 42, "time": 0}))
+    assert steps_gained(_result(1), 40, heartbeat) == 2
+    assert steps_gained(_result(1), None, tmp_path / "absent") == 0
+    heartbeat.write_text("{half")  # replaced mid-read
+    assert steps_gained(_result(1), 40, heartbeat) == 0
+
+
+def test_probes_run_at_once_and_a_silent_one_times_out(tmp_path):
+    profile = ProfileConfig(name="t", health_check=(sys.executable, "-m", "goodput.launch.health"))
+    plan = plan_launch(read_placement({}), profile, run_dir=tmp_path)
+    healthy = build_probe(plan, "localhost", os.environ)
+    silent = ProcessSpec([sys.executable, "-c", "import time; time.sleep(30)"], healthy.env, "p")
+    started = time.monotonic()
+    failed = probe_hosts({"good": healthy, "quiet": silent}, timeout_s=3)
+    assert time.monotonic() - started < 15
+    assert list(failed) == ["quiet"] and "no answer within 3 s" in failed["quiet"].said
+
+
+def test_a_usage_error_is_not_retried(tmp_path):
+    calls = []
+
+    def attempt(hosts, on_line):
+        calls.append(hosts)
+        return _result(2)
+
+    code = run_with_auto_retry(
+        attempt,
+        lambda hosts: {},
+        pool=Pool(["a"], ["b"]),
+        patterns=BAD_NODE_PATTERNS,
+        attempts_log=tmp_path / "attempts.jsonl",
+        sleep=lambda s: None,
+    )
+    assert code == 2 and len(calls) == 1
+
+
+def test_bad_patterns_in_a_profile_are_refused(tmp_path):
+    path = tmp_path / "site.toml"
+    path.write_text("bad_node_patterns = ['node (\\\\S+) died']\n")
+    with pytest.raises(Exception, match="names no host"):
+        load_profile(str(path))
+    path.write_text("bad_node_patterns = ['(?P<host>']\n")
+    with pytest.raises(Exception, match="not a regular expression"):
+        load_profile(str(path))
