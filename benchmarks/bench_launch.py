@@ -6,7 +6,8 @@ order alternating; figure = median of each, ratio = median ours / median bare. T
 MPICH's ``mpiexec -n 2`` under a faked PBS allocation of this host (``goodput launch`` then runs
 the same ``mpiexec``: what it adds is its own start-up, planning and output streaming), and for
 the local launcher, two bare ``python`` children started together by a ``subprocess`` loop.
-Real srun needs a Slurm cluster and is measured the same way by the tests' salloc run, not here.
+Where a Slurm node answers (CI starts one with ``.ci/start-slurm``), a third pair runs inside one
+``salloc``: the bare ``srun`` line that ``goodput launch`` would run, against ``goodput launch``.
 
 Watchdog latency. ``run_attempt`` on a child that prints its clock once and then sleeps
 forever, with ``idle_timeout_s = T``: latency = the attempt's end minus the child's printed
@@ -16,6 +17,7 @@ end), median of ``REPEATS``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
@@ -84,6 +86,45 @@ def _overhead(tmp: Path) -> dict[str, Any]:
     }
 
 
+def _srun_sides() -> None:
+    """Inside an allocation: the bare srun and goodput launch, alternating; medians as JSON."""
+    node = os.environ["SLURM_JOB_NODELIST"]
+    bare = ["srun", "--nodes", "1", "--ntasks", "2", "--ntasks-per-node", "2", "--nodelist", node]
+    bare += ["--kill-on-bad-exit=1", sys.executable, "-c", CHILD]
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-") as tmp:
+        ours = [sys.executable, "-m", "goodput", "launch", "--ppn", "2", "--run-dir", tmp]
+        ours += ["--", sys.executable, "-c", CHILD]
+        sides: dict[str, list[float]] = {"srun": [], "ours_slurm": []}
+        for repeat in range(REPEATS):
+            runs = [("srun", bare), ("ours_slurm", ours)]
+            for side, argv in runs if repeat % 2 == 0 else reversed(runs):
+                sides[side].append(_timed(argv, dict(os.environ)))
+    print(json.dumps({f"{side}_s": statistics.median(times) for side, times in sides.items()}))
+
+
+def _srun_overhead() -> dict[str, Any]:
+    if shutil.which("salloc") is None:
+        return {}
+    salloc = ["salloc", "--nodes", "1", "--ntasks", "2", "--overcommit", "--time", "5"]
+    program = "from benchmarks.bench_launch import _srun_sides; _srun_sides()"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_"))}
+    try:
+        done = subprocess.run(
+            [*salloc, sys.executable, "-c", program],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except subprocess.TimeoutExpired:
+        return {}
+    if done.returncode != 0:
+        print(f"bench_launch: no srun figures (salloc: {done.stderr.strip()[-200:]})")
+        return {}
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**figures, "ratio_slurm": figures["ours_slurm_s"] / figures["srun_s"]}
+
+
 def _watchdog_latency() -> dict[str, Any]:
     child = "import time; print('alive', time.time(), flush=True); time.sleep(3600)"
     latencies = []
@@ -102,7 +143,7 @@ def main() -> dict[str, Any]:
     if shutil.which("mpiexec") is None:
         raise SystemExit("bench_launch needs MPICH's mpiexec (apt: mpich)")
     with tempfile.TemporaryDirectory(prefix="goodput-bench-") as tmp:
-        figures = {**_overhead(Path(tmp)), **_watchdog_latency()}
+        figures = {**_overhead(Path(tmp)), **_srun_overhead(), **_watchdog_latency()}
     print(
         f"launch overhead (2 ranks, exec to exit, median of {REPEATS}): "
         f"mpiexec {figures['mpiexec_s']:.3f} s, goodput launch under PBS "
@@ -110,6 +151,11 @@ def main() -> dict[str, Any]:
         f"{figures['bare_local_s']:.3f} s, goodput launch --nproc 2 "
         f"{figures['ours_local_s']:.3f} s ({figures['ratio_local']:.2f}x)"
     )
+    if "srun_s" in figures:
+        print(
+            f"under Slurm: srun {figures['srun_s']:.3f} s, goodput launch "
+            f"{figures['ours_slurm_s']:.3f} s ({figures['ratio_slurm']:.2f}x)"
+        )
     print(
         f"idle watchdog: fires {figures['latency_s']:.3f} s after the configured "
         f"{IDLE_TIMEOUT_S:.0f} s of silence (median of {REPEATS})"
