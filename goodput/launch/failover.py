@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from goodput.errors import ExitCode
+from goodput.errors import ExitCode, GoodputError
 from goodput.launch.attempt import AttemptResult, ProcessSpec
 from goodput.launch.retry import append_line, backoff_delay, describe_exit, now
 
@@ -145,7 +145,11 @@ def probe_hosts(probes: dict[str, ProcessSpec], timeout_s: float) -> dict[str, E
                 start_new_session=True,
             )
         except OSError as error:
-            raise OSError(f"cannot start the health probe {spec.argv[0]}: {error}") from None
+            raise GoodputError(
+                spec.argv[0],
+                f"cannot start the health probe: {error.strerror or error}",
+                "fix health_check in the machine profile",
+            ) from None
     deadline = time.monotonic() + timeout_s
     failed = {}
     for host, process in started.items():

@@ -12,7 +12,7 @@ or a scheduler. Exits that no retry can help are returned at once (``NOT_RETRIED
   - 2: a usage or config error, which the next attempt would repeat.
 Each attempt appends one JSON line to ``attempts_log`` (``attempt`` counts from 1, as the
 messages do), written with a single ``write`` and fsynced, so a crash never leaves half a line.
-Classifying why an attempt failed (bad node, stuck before step 1) is not done here.
+Classifying why an attempt failed and replacing hosts is ``failover``'s (``--auto-retry``).
 """
 
 from __future__ import annotations

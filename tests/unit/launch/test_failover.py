@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from goodput import cli
+from goodput.errors import GoodputError
 from goodput.launch.attempt import AttemptResult, ProcessSpec
 from goodput.launch.env import read_placement
 from goodput.launch.failover import (
@@ -322,3 +323,9 @@ def test_bad_patterns_in_a_profile_are_refused(tmp_path):
     path.write_text("bad_node_patterns = ['(?P<host>']\n")
     with pytest.raises(Exception, match="not a regular expression"):
         load_profile(str(path))
+
+
+def test_a_probe_that_cannot_start_is_a_clear_error():
+    spec = ProcessSpec(["/nonexistent/node-check"], dict(os.environ), "probe a")
+    with pytest.raises(GoodputError, match="fix health_check in the machine profile"):
+        probe_hosts({"a": spec}, timeout_s=1)
