@@ -177,6 +177,12 @@ def _add_broadcast_parser(groups: argparse._SubParsersAction) -> None:
         "--transport", default="rsync", help="local, rsync or tar (over ssh; default rsync)"
     )
     sub.add_argument(
+        "--ssh-config",
+        type=Path,
+        metavar="FILE",
+        help="ssh client config (ssh -F) for rsync and tar, for every hop; same path on all hosts",
+    )
+    sub.add_argument(
         "--fanout", type=int, default=8, help="copies one source serves at once (default 8)"
     )
     sub.add_argument("--retries", type=int, default=2, help="retries of a failed copy (default 2)")
@@ -644,7 +650,7 @@ def _broadcast(args: argparse.Namespace) -> ExitCode:
     result = broadcast.broadcast(
         args.source,
         hosts,
-        transport=broadcast.make_transport(args.transport, args.dest),
+        transport=broadcast.make_transport(args.transport, args.dest, args.ssh_config),
         fanout=args.fanout,
         retries=args.retries,
         min_success=args.min_success,

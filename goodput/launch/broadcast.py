@@ -13,19 +13,24 @@ makespan of the same policy and of a star.
 Transports (``TRANSPORTS``, keyed by the CLI ``--transport`` kind) carry out one copy:
   - local: host H's node-local path is ``dest`` with ``{host}`` replaced, on this machine (tests,
     and a demonstration of the tree without a cluster);
-  - rsync: ``rsync -a --delete`` pushed from the source host over ssh;
+  - rsync: ``rsync -a --delete`` over ssh, pushed by the source host;
   - tar: ``tar -c | ssh DST tar -x``, run on the source host.
+The remote transports pass ``-F SSH_CONFIG`` to every ssh they start, the ssh a source host runs
+to reach the next host included, so that file must sit at the same path on every host.
 Invariants: a copy lands under a temp sibling and is renamed onto its final path only when
-complete, so a half copy never looks like a copy; host names are validated before they reach a
-command line; commands are argv lists (the line a remote shell runs is built with
-``shlex.join``). The local transport rewrites a virtual environment's absolute prefix (in
-``bin/activate*`` and the shebang lines of ``bin/*``) to its new location; the remote transports
-copy bytes as they are, so a venv sent with them must be built at the node-local path it is
-sent to. Standard library only; nothing here imports torch.
+complete, so a half copy never looks like a copy; host names and node-local paths are validated
+(letters, digits and a few punctuation marks) before they reach a command line; local commands are
+argv lists and every remote argument is ``shlex.quote``d (ssh hands the remote shell one string).
+A virtual environment names its own absolute path (in ``bin/activate*``, ``pyvenv.cfg`` and the
+shebang lines of ``bin/*``): the local transport rewrites each copy; for the remote ones, which
+copy bytes as they are, ``broadcast`` first stages one rewritten copy on this machine and sends
+that, so a venv goes to one node-local path on every host. Standard library only; nothing here
+imports torch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
 import os
@@ -36,11 +41,11 @@ import subprocess
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol
 
 from goodput.errors import ExitCode, GoodputError
 from goodput.io import DIR_MODE
@@ -69,6 +74,9 @@ class BroadcastResult:
 
 
 class Transport(Protocol):
+    # True when ``copy`` points a copied venv at its new path itself; else ``broadcast`` stages.
+    rewrites_venv_prefix: bool
+
     def path(self, host: str) -> str:
         """The node-local path of the copy on ``host``."""
         ...
@@ -85,7 +93,16 @@ def _host_path(dest: str, host: str) -> str:
 class LocalTransport:
     """Every "host" is a folder on this machine: ``dest`` with ``{host}`` replaced."""
 
-    def __init__(self, dest: str) -> None:
+    rewrites_venv_prefix = True
+
+    def __init__(self, dest: str, ssh_config: Path | None = None) -> None:
+        if ssh_config is not None:
+            raise GoodputError(
+                "--ssh-config",
+                "the local transport runs no ssh",
+                "drop --ssh-config, or use --transport rsync or tar",
+                code=ExitCode.USAGE,
+            )
         if "{host}" not in dest:
             raise GoodputError(
                 "--dest",
@@ -115,18 +132,44 @@ class LocalTransport:
             raise
 
 
-class _RemoteTransport:
-    """Copies between hosts over ssh; ``commands`` is the argv pipelines of one copy."""
+# What may reach a remote command line as a path: absolute, and characters no shell, rsync
+# version or ssh config parser treats specially (quoting is kept anyway, as a second guard).
+SAFE_PATH = re.compile(r"^/[A-Za-z0-9_.+,=@%/-]*$")
 
-    def __init__(self, dest: str) -> None:
-        if not os.path.isabs(_host_path(dest, "h")):
-            raise GoodputError(
-                "--dest",
-                f"{dest!r} is not an absolute path",
-                "give the node-local path, e.g. /tmp/venv",
-                code=ExitCode.USAGE,
-            )
+
+def _check_path(path: str, where: str, given: str) -> None:
+    """Refuse ``path``, ``given`` as such by the user, unless SAFE_PATH matches it."""
+    # normpath: no "..", "." or "//" parts, and "/" itself is refused since the copy replaces it.
+    if not SAFE_PATH.match(path) or os.path.normpath(path) != path or path == "/":
+        raise GoodputError(
+            where,
+            f"{given!r} is not a safe absolute path",
+            "use a normalized absolute path of letters, digits and _.+,=@%-, e.g. /tmp/venv",
+            code=ExitCode.USAGE,
+        )
+
+
+class _RemoteTransport:
+    """Copies between hosts over ssh; ``commands`` is the argv pipelines of one copy, in order."""
+
+    rewrites_venv_prefix = False
+
+    def __init__(self, dest: str, ssh_config: Path | None = None) -> None:
         self.dest = dest
+        _check_path(self.path("h"), "--dest", dest)  # valid host names keep a safe path safe
+        self.ssh = ["ssh"]
+        if ssh_config is not None:
+            # Absolute: the source hosts run ssh with it too, from their home folders.
+            config = ssh_config.absolute()
+            _check_path(str(config), "--ssh-config", str(ssh_config))
+            if not config.is_file():
+                raise GoodputError(
+                    "--ssh-config",
+                    f"{ssh_config} is not a file",
+                    "give an ssh client config file",
+                    code=ExitCode.USAGE,
+                )
+            self.ssh += ["-F", str(config)]
 
     def path(self, host: str) -> str:
         return _host_path(self.dest, host)
@@ -135,53 +178,62 @@ class _RemoteTransport:
         raise NotImplementedError
 
     def copy(self, origin: Path, src_host: str | None, dst_host: str) -> None:
+        for host in (src_host, dst_host):
+            if host is not None:
+                check_host(host, "broadcast")
         for pipeline in self.commands(origin, src_host, dst_host):
             _run_pipeline(pipeline)
 
+    def _on(self, host: str, *argv: str) -> list[str]:
+        """Run ``argv`` on ``host``: ssh joins its arguments into one line, so quote each."""
+        return [*self.ssh, host, shlex.join(argv)]
+
     def _publish(self, dst_host: str) -> list[list[str]]:
         """Rename the finished temp copy onto the final path, on ``dst_host``."""
-        final = self.path(dst_host)
-        line = f"rm -rf {shlex.quote(final)} && mv {shlex.quote(final + '.partial')} " + (
-            shlex.quote(final)
-        )
-        return [["ssh", dst_host, line]]
+        final = shlex.quote(self.path(dst_host))
+        partial = shlex.quote(self.path(dst_host) + ".partial")
+        return [[*self.ssh, dst_host, f"rm -rf {final} && mv {partial} {final}"]]
 
 
 class RsyncTransport(_RemoteTransport):
     def commands(self, origin: Path, src_host: str | None, dst_host: str) -> list[list[list[str]]]:
         partial = self.path(dst_host) + ".partial"
+        # rsync makes the last folder only; --rsync-path runs before the receiver on dst_host.
+        rsync = ["rsync", "-a", "--delete", "-e", shlex.join(self.ssh)]
+        rsync += ["--rsync-path", f"mkdir -p {shlex.quote(partial)} && rsync"]
         target = f"{dst_host}:{partial}/"
         if src_host is None:
-            push = ["rsync", "-a", "--delete", f"{origin.absolute()}/", target]
+            push = [*rsync, f"{origin.absolute()}/", target]
         else:  # the source host pushes, so the bytes never pass through this machine
-            rsync = ["rsync", "-a", "--delete", f"{self.path(src_host)}/", target]
-            push = ["ssh", src_host, shlex.join(rsync)]
+            push = self._on(src_host, *rsync, f"{self.path(src_host)}/", target)
         return [[push], self._publish(dst_host)]
 
 
 class TarTransport(_RemoteTransport):
     def commands(self, origin: Path, src_host: str | None, dst_host: str) -> list[list[list[str]]]:
-        partial = self.path(dst_host) + ".partial"
-        unpack = f"rm -rf {shlex.quote(partial)} && mkdir -p {shlex.quote(partial)} && " + (
-            shlex.join(["tar", "-C", partial, "-xf", "-"])
-        )
+        partial = shlex.quote(self.path(dst_host) + ".partial")
+        # A stale partial from a failed try would mix with this one: start empty.
+        unpack = f"rm -rf {partial} && mkdir -p {partial} && tar -C {partial} -xf -"
+        receive = [*self.ssh, dst_host, unpack]
         if src_host is None:
-            pack = ["tar", "-C", str(origin.absolute()), "-cf", "-", "."]
-            stream = [pack, ["ssh", dst_host, unpack]]
+            stream = [["tar", "-C", str(origin.absolute()), "-cf", "-", "."], receive]
         else:
-            pack_line = shlex.join(["tar", "-C", self.path(src_host), "-cf", "-", "."])
-            stream = [["ssh", src_host, f"{pack_line} | {shlex.join(['ssh', dst_host, unpack])}"]]
+            # pipefail: tar -c skips a file it cannot read and only its exit status says so; the
+            # copy must fail, not be published without it. bash: the user's shell may be any.
+            pack = shlex.join(["tar", "-C", self.path(src_host), "-cf", "-", "."])
+            line = f"{pack} | {shlex.join(receive)}"
+            stream = [self._on(src_host, "bash", "-o", "pipefail", "-c", line)]
         return [stream, self._publish(dst_host)]
 
 
-TRANSPORTS: dict[str, Callable[[str], Transport]] = {
+TRANSPORTS: dict[str, Callable[[str, Path | None], Transport]] = {
     "local": LocalTransport,
     "rsync": RsyncTransport,
     "tar": TarTransport,
 }
 
 
-def make_transport(kind: str, dest: str) -> Transport:
+def make_transport(kind: str, dest: str, ssh_config: Path | None = None) -> Transport:
     if kind not in TRANSPORTS:
         raise GoodputError(
             "--transport",
@@ -189,26 +241,54 @@ def make_transport(kind: str, dest: str) -> Transport:
             f"use one of {', '.join(TRANSPORTS)}",
             code=ExitCode.USAGE,
         )
-    return TRANSPORTS[kind](dest)
+    return TRANSPORTS[kind](dest, ssh_config)
 
 
 def _run_pipeline(argvs: Sequence[list[str]]) -> None:
-    """Run argv lists connected stdout to stdin; raise with the first failure's stderr."""
-    procs: list[subprocess.Popen[bytes]] = []
-    previous = None
-    for argv in argvs:
-        proc = subprocess.Popen(
-            argv, stdin=previous, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        if previous is not None:
-            previous.close()  # the next process owns the read end now
-        previous = proc.stdout
-        procs.append(proc)
-    for argv, proc in zip(argvs, procs, strict=True):
-        _, err = proc.communicate(timeout=COMMAND_TIMEOUT_S)
-        if proc.returncode != 0:
-            message = " ".join(err.decode(errors="replace").split())[-300:]
-            raise RuntimeError(f"{argv[0]} exited {proc.returncode}: {message}")
+    """Run argv lists connected stdout to stdin; raise with every failed stage's stderr.
+
+    Every stage is waited for: when one end of a pipe fails the other usually fails too (a broken
+    pipe), and only both messages together say which was the cause. Stderr goes to files, not
+    pipes, so a chatty stage cannot block while another one is waited for.
+    """
+    failures = []
+    with contextlib.ExitStack() as stack:
+        stages = []
+        reader: IO[bytes] | None = None  # the previous stage's stdout
+        for i, argv in enumerate(argvs):
+            err = stack.enter_context(tempfile.TemporaryFile())
+            proc = subprocess.Popen(
+                argv,
+                # DEVNULL, not our stdin: ssh would read it (a terminal, a test runner's).
+                stdin=subprocess.DEVNULL if reader is None else reader,
+                stdout=subprocess.PIPE if i < len(argvs) - 1 else subprocess.DEVNULL,
+                stderr=err,
+            )
+            stack.callback(_kill, proc)  # on any way out; a no-op for a stage that ended
+            if reader is not None:
+                reader.close()  # the reader's copy only, so a writer sees it die (SIGPIPE)
+            reader = proc.stdout
+            if reader is not None:
+                stack.callback(reader.close)
+            stages.append((argv, proc, err))
+        deadline = time.monotonic() + COMMAND_TIMEOUT_S
+        for argv, proc, err in stages:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            if proc.returncode != 0:
+                err.seek(0)
+                # The head: the cause comes first (ssh's, before rsync's "connection closed").
+                message = " ".join(err.read().decode(errors="replace").split())[:200]
+                failures.append(
+                    f"{argv[0]} exited {proc.returncode}" + (f": {message}" if message else "")
+                )
+    if failures:
+        raise RuntimeError("; ".join(failures))
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def is_venv(folder: Path) -> bool:
@@ -216,7 +296,8 @@ def is_venv(folder: Path) -> bool:
 
 
 def fix_venv_prefix(folder: Path, *, old: str, new: str) -> int:
-    """Point a copied venv at its new home: ``bin/activate*`` and the shebangs of ``bin/*``.
+    """Point a copied venv at its new home: ``bin/activate*``, ``pyvenv.cfg`` (its ``command``
+    line) and the shebangs of ``bin/*``.
 
     Returns the number of files rewritten; a folder that is not a venv is left alone.
     """
@@ -226,11 +307,11 @@ def fix_venv_prefix(folder: Path, *, old: str, new: str) -> int:
     # A whole path only: /a/venv must not match inside /a/venv2.
     pattern = re.compile(re.escape(old_b) + rb"(?![A-Za-z0-9._-])")
     num_rewritten = 0
-    for path in sorted((folder / "bin").iterdir()):
+    for path in [folder / "pyvenv.cfg", *sorted((folder / "bin").iterdir())]:
         if path.is_symlink() or not path.is_file():
             continue
         data = path.read_bytes()
-        if path.name.startswith("activate"):
+        if path.name.startswith("activate") or path.name == "pyvenv.cfg":
             fixed = pattern.sub(new_b, data)
         elif data.startswith(b"#!"):
             first, sep, rest = data.partition(b"\n")
@@ -281,6 +362,32 @@ def _check_args(
     return needed
 
 
+@contextlib.contextmanager
+def _origin(source: Path, hosts: Sequence[str], transport: Transport) -> Iterator[Path]:
+    """The folder the origin serves: ``source``, or a staged copy of a venv pointed at its
+    destination when the transport copies bytes as they are (removed afterwards)."""
+    old = str(source.absolute())
+    paths = {transport.path(host) for host in hosts}
+    if transport.rewrites_venv_prefix or not is_venv(source) or paths <= {old}:
+        yield source
+        return
+    if len(paths) > 1:  # one staged copy has one prefix, and hosts copy it on as it is
+        raise GoodputError(
+            "--dest",
+            f"a venv must go to one path on every host, not {len(paths)} ({{host}} in --dest)",
+            "drop {host} from --dest, or use the local transport",
+            code=ExitCode.USAGE,
+        )
+    stage = Path(tempfile.mkdtemp(prefix="goodput-broadcast-"))
+    try:
+        staged = stage / source.name
+        shutil.copytree(source, staged, symlinks=True)
+        fix_venv_prefix(staged, old=old, new=paths.pop())
+        yield staged
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
 def broadcast(
     source: Path,
     hosts: Sequence[str],
@@ -309,7 +416,7 @@ def broadcast(
 
     def timed_copy(src: str, host: str) -> tuple[float, float]:
         start = time.monotonic()
-        transport.copy(source, None if src == ORIGIN else src, host)
+        transport.copy(origin, None if src == ORIGIN else src, host)
         return start - began, time.monotonic() - start
 
     def pick_source(host: str) -> str | None:
@@ -326,7 +433,10 @@ def broadcast(
             ),
         )
 
-    with ThreadPoolExecutor(max_workers=max(1, min(len(hosts), MAX_THREADS))) as pool:
+    with (
+        _origin(source, hosts, transport) as origin,
+        ThreadPoolExecutor(max_workers=max(1, min(len(hosts), MAX_THREADS))) as pool,
+    ):
         while pending or in_flight:
             while pending and (src := pick_source(pending[0])) is not None:
                 host = pending.popleft()

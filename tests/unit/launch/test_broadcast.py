@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -211,21 +212,37 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "needs SOURCE and --dest" in capsys.readouterr().err
 
 
-def test_remote_transports_build_argv_lists() -> None:
+def test_remote_transports_build_argv_lists(tmp_path: Path) -> None:
     origin = Path("/lus/proj/venv")
-    rsync = RsyncTransport("/tmp/venv")
-    assert rsync.commands(origin, None, "n1") == [
-        [["rsync", "-a", "--delete", "/lus/proj/venv/", "n1:/tmp/venv.partial/"]],
-        [["ssh", "n1", "rm -rf /tmp/venv && mv /tmp/venv.partial /tmp/venv"]],
+    config = tmp_path / "ssh_config"
+    config.write_text("")
+    ssh = ["ssh", "-F", str(config)]
+    publish = [[*ssh, "n2", "rm -rf /tmp/venv && mv /tmp/venv.partial /tmp/venv"]]
+    rsync = RsyncTransport("/tmp/venv", config)
+    options = ["-a", "--delete", "-e", f"ssh -F {config}"]
+    options += ["--rsync-path", "mkdir -p /tmp/venv.partial && rsync"]
+    assert rsync.commands(origin, None, "n2") == [
+        [["rsync", *options, "/lus/proj/venv/", "n2:/tmp/venv.partial/"]],
+        publish,
     ]
-    push = rsync.commands(origin, "n1", "n2")[0]
-    assert push == [["ssh", "n1", "rsync -a --delete /tmp/venv/ n2:/tmp/venv.partial/"]]
-    tar = TarTransport("/tmp/my venv")
-    stream = tar.commands(origin, None, "n2")[0]
-    assert stream[0] == ["tar", "-C", "/lus/proj/venv", "-cf", "-", "."]
-    assert stream[1][:2] == ["ssh", "n2"] and "tar -C '/tmp/my venv.partial' -xf -" in stream[1][2]
-    relay = tar.commands(origin, "n1", "n2")[0]
-    assert len(relay) == 1 and relay[0][:2] == ["ssh", "n1"]
-    assert relay[0][2].startswith("tar -C '/tmp/my venv' -cf - . | ssh n2 ")
-    with pytest.raises(GoodputError, match="not an absolute path"):
-        RsyncTransport("venv")
+    # Host to host: n1 runs rsync, whose own ssh to n2 gets the config too; one quoted line.
+    (push,) = rsync.commands(origin, "n1", "n2")[0]
+    assert push[:4] == [*ssh, "n1"]
+    assert shlex.split(push[4]) == ["rsync", *options, "/tmp/venv/", "n2:/tmp/venv.partial/"]
+    assert RsyncTransport("/tmp/venv").commands(origin, None, "n2")[0][0][4] == "ssh"
+
+    tar = TarTransport("/tmp/venv", config)
+    unpack = (
+        "rm -rf /tmp/venv.partial && mkdir -p /tmp/venv.partial && tar -C /tmp/venv.partial -xf -"
+    )
+    assert tar.commands(origin, None, "n2") == [
+        [["tar", "-C", "/lus/proj/venv", "-cf", "-", "."], [*ssh, "n2", unpack]],
+        publish,
+    ]
+    (relay,) = tar.commands(origin, "n1", "n2")[0]
+    assert relay[:4] == [*ssh, "n1"]
+    *bash, line = shlex.split(relay[4])
+    assert bash == ["bash", "-o", "pipefail", "-c"]
+    pack, receive = line.split(" | ")
+    assert pack == "tar -C /tmp/venv -cf - ."
+    assert shlex.split(receive) == [*ssh, "n2", unpack]

@@ -1,0 +1,194 @@
+"""``goodput broadcast`` over real ssh: rsync and tar between the aliases of a loopback sshd.
+
+CI starts the server with ``.ci/start-sshd``; its ``ssh_config`` names node1..node4, each this
+machine as root, so a copy one host serves another (ssh to the source host, which runs ssh to the
+destination) really runs both hops. ``--dest`` holds ``{host}`` so each alias lands in its own
+folder. Elsewhere these tests skip unless that server answers.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from goodput import cli
+from goodput.launch.broadcast import ORIGIN, broadcast, make_transport
+
+SSH_CONFIG = Path("/tmp/goodput-sshd/ssh_config")  # written by .ci/start-sshd
+HOSTS = ["node1", "node2", "node3", "node4"]
+
+
+def _sshd_answers() -> bool:
+    if not SSH_CONFIG.is_file() or not (shutil.which("ssh") and shutil.which("rsync")):
+        return False
+    probe = ["ssh", "-F", str(SSH_CONFIG), "node1", "true"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+pytestmark = pytest.mark.skipif(
+    not _sshd_answers(),
+    reason="needs the test sshd (apt: openssh-server openssh-client rsync; .ci/start-sshd)",
+)
+
+
+def _on_node1(*argv: str) -> str:
+    ssh = ["ssh", "-F", str(SSH_CONFIG), "node1", shlex.join(argv)]
+    return subprocess.run(ssh, capture_output=True, text=True, check=True, timeout=30).stdout
+
+
+def _tree(folder: Path) -> dict[str, tuple[int, bytes]]:
+    """Every entry under ``folder``: its mode, and its bytes or a symlink's target."""
+    entries = {}
+    for path in sorted(folder.rglob("*")):
+        mode = path.lstat().st_mode
+        data = os.readlink(path).encode() if path.is_symlink() else b""
+        if stat.S_ISREG(mode):
+            data = path.read_bytes()
+        entries[str(path.relative_to(folder))] = (mode, data)
+    return entries
+
+
+def _source(tmp_path: Path) -> Path:
+    source = tmp_path / "shared" / "payload"
+    (source / "lib" / "pkg").mkdir(parents=True)
+    for i in range(30):
+        (source / "lib" / "pkg" / f"mod{i}.py").write_bytes(os.urandom(3000))
+    (source / "big.bin").write_bytes(os.urandom(2_000_000))
+    (source / "run.sh").write_text("#!/bin/sh\necho ok\n")
+    (source / "run.sh").chmod(0o750)
+    (source / "link").symlink_to("run.sh")
+    return source
+
+
+@pytest.mark.parametrize("kind", ["rsync", "tar"])
+def test_a_tree_over_ssh_lands_identical_copies(tmp_path: Path, kind: str) -> None:
+    source = _source(tmp_path)
+    nodes = tmp_path / "nodes"
+    # A copy left by an earlier broadcast, and a half copy of a failed one, on node3.
+    (nodes / "node3" / "payload").mkdir(parents=True)
+    (nodes / "node3" / "payload" / "stale").write_text("from an older copy")
+    (nodes / "node3" / "payload.partial").mkdir()
+    (nodes / "node3" / "payload.partial" / "junk").write_text("half")
+    transport = make_transport(kind, str(nodes / "{host}" / "payload"), SSH_CONFIG)
+    lines: list[str] = []
+    result = broadcast(source, HOSTS, transport=transport, fanout=2, progress=lines.append)
+    assert sorted(result.succeeded) == HOSTS and not result.failed and not lines
+    # fanout 2: the origin serves two hosts, which then serve the other two (host to host).
+    assert sorted(copy.source == ORIGIN for copy in result.copies) == [False, False, True, True]
+    expected = _tree(source)
+    for host in HOSTS:
+        assert _tree(nodes / host / "payload") == expected, host
+        assert sorted(os.listdir(nodes / host)) == ["payload"]  # no partial left behind
+
+
+@pytest.mark.parametrize("kind", ["rsync", "tar"])
+def test_a_venv_sent_over_ssh_runs_at_its_destination(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    venv = tmp_path / "shared" / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=60)
+    # What pip writes for a console script: a shebang naming this venv's python.
+    tool = venv / "bin" / "where"
+    tool.write_text(f"#!{venv}/bin/python\nimport sys\nprint(sys.prefix)\n")
+    tool.chmod(0o755)
+    source_tree = _tree(venv)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(staging))
+    dest = tmp_path / "node-local" / "venv"
+    args = ["broadcast", str(venv), "--hosts", "node1", "--dest", str(dest)]
+    assert cli.main([*args, "--transport", kind, "--ssh-config", str(SSH_CONFIG)]) == 0
+    assert capsys.readouterr().out.startswith("broadcast: 1 of 1 hosts in ")
+
+    prefix = "import sys; print(sys.prefix)"
+    assert _on_node1(f"{dest}/bin/python", "-c", prefix) == f"{dest}\n"
+    assert _on_node1(f"{dest}/bin/where") == f"{dest}\n"  # not the source's python
+    activate = f". {shlex.quote(f'{dest}/bin/activate')} && echo $VIRTUAL_ENV"
+    assert _on_node1("bash", "-c", activate) == f"{dest}\n"
+    config = (dest / "pyvenv.cfg").read_text()
+    assert str(venv) not in config and f"--without-pip {dest}\n" in config  # its command line
+    assert _tree(venv) == source_tree  # the source is left as it was
+    assert not os.listdir(staging)  # and the staged copy is gone
+
+
+def test_a_host_that_cannot_connect_is_retried_and_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as sock:  # a port nothing listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Include {SSH_CONFIG}\n"
+        f"Host dead\n  HostName 127.0.0.1\n  Port {closed_port}\n  BatchMode yes\n"
+    )
+    source = _source(tmp_path)
+    dest = str(tmp_path / "nodes" / "{host}" / "payload")
+    common = ["broadcast", str(source), "--dest", dest, "--ssh-config", str(config)]
+    hosts = ",".join([*HOSTS, "dead"])
+    code = cli.main([*common, "--hosts", hosts, "--fanout", "2", "--retries", "1",
+                     "--min-success", "4"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0 and out.startswith("broadcast: 4 of 5 hosts in ") and "failed: dead" in out
+    retried, reported = err.splitlines()
+    assert retried.startswith("broadcast: dead from ") and retried.endswith("; retrying")
+    assert reported.startswith("broadcast: dead failed 2 times: RuntimeError: ")
+    assert "Connection refused" in retried and "Connection refused" in reported
+    assert _tree(tmp_path / "nodes" / "node4" / "payload") == _tree(source)
+    assert not (tmp_path / "nodes" / "dead").exists()
+
+    # Below --min-success (all hosts, by default): exit 1 and one line naming the host.
+    assert cli.main([*common, "--hosts", "dead", "--retries", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and "goodput: error: broadcast: 0 of 1 hosts got a copy" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hosts", "node1,node2;touch x"], "--hosts: 'node2;touch x' is not a valid host name"),
+        (["--hosts", "node1,-oProxyCommand=x"], "'-oProxyCommand=x' is not a valid host name"),
+        (["--dest", "{root}/a b/payload"], "/a b/payload' is not a safe absolute path"),
+        (["--dest", "{root}/$(id)/{host}"], "/$(id)/{host}' is not a safe absolute path"),
+        (["--dest", "{root}/../etc"], "is not a safe absolute path"),
+        (["--dest", "/"], "'/' is not a safe absolute path"),
+        (["--dest", "payload"], "'payload' is not a safe absolute path"),
+        (["--ssh-config", "{root}/missing"], "/missing is not a file"),
+        (["--transport", "local"], "--ssh-config: the local transport runs no ssh"),
+        (["--venv"], "--dest: a venv must go to one path on every host, not 2"),
+    ],
+)
+def test_unsafe_input_is_refused_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    source = _source(tmp_path)
+    if args == ["--venv"]:  # its hosts would each need their own prefix
+        (source / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        (source / "bin").mkdir()
+        (source / "bin" / "activate").write_text("")
+        args = []
+    options = {
+        "--hosts": "node1,node2",
+        "--dest": str(tmp_path / "nodes" / "{host}" / "payload"),
+        "--ssh-config": str(SSH_CONFIG),
+    }
+    options.update(zip(args[::2], args[1::2], strict=True))
+    argv = ["broadcast", str(source)]
+    for option, value in options.items():
+        argv += [option, value.replace("{root}", str(tmp_path))]
+    assert cli.main(argv) in (1, 2)
+    err = capsys.readouterr().err
+    assert err.startswith("goodput: error: ") and err.count("\n") == 1 and message in err
+    assert not (tmp_path / "nodes").exists()  # refused before anything ran
