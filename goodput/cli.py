@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ckpt_commands(ckpt_commands)
     _add_launch_parser(groups)
     _add_broadcast_parser(groups)
+    _add_submit_parser(groups)
     return parser
 
 
@@ -193,6 +194,49 @@ def _add_broadcast_parser(groups: argparse._SubParsersAction) -> None:
     sub.add_argument("--nodes", type=int, help="hosts to simulate")
     sub.add_argument("--copy-seconds", type=float, help="seconds one copy takes, to simulate")
     sub.set_defaults(handler=_broadcast)
+
+
+def _add_submit_parser(groups: argparse._SubParsersAction) -> None:
+    sub = groups.add_parser(
+        "submit",
+        help="write (and --submit) a Slurm or PBS job chain that reruns a goodput launch line, "
+        "one allocation after another, until the run is done",
+        description="Write RUN_DIR/chain.sbatch (Slurm) or RUN_DIR/chain.pbs (PBS). Each job "
+        "queues its successor (after-any dependency) before it runs the launch line, so a "
+        "walltime kill still leaves the next job queued; the chain stops once the trainer has "
+        "written RUN_DIR/done, or after --max-jobs jobs. The jobs run in the environment you "
+        "submit from.",
+        usage="goodput submit --run-dir DIR --nodes N --time HH:MM:SS [options] "
+        "-- goodput launch [launch options] -- CMD ...",
+    )
+    sub.add_argument(
+        "--run-dir",
+        type=Path,
+        required=True,
+        help="the run's output folder (train.output): the script, Slurm's job logs and the done "
+        "marker live here",
+    )
+    sub.add_argument("--nodes", type=int, required=True, help="nodes per job")
+    sub.add_argument("--time", required=True, metavar="HH:MM:SS", help="walltime per job")
+    sub.add_argument(
+        "--scheduler",
+        choices=["slurm", "pbs"],
+        help="default: the one installed (sbatch: slurm, qsub: pbs)",
+    )
+    sub.add_argument("--job-name", help="default: the run dir's name")
+    sub.add_argument("--account", help="Slurm --account, PBS -A (the project)")
+    sub.add_argument("--partition", "--queue", dest="queue", help="Slurm partition, PBS queue")
+    sub.add_argument("--filesystems", help="PBS -l filesystems=, e.g. home:flare on Aurora")
+    sub.add_argument(
+        "--max-jobs", type=int, default=10, help="jobs in the chain at most (default 10)"
+    )
+    sub.add_argument(
+        "--submit",
+        action="store_true",
+        help="queue the first job and print its id (default: print the script's path)",
+    )
+    sub.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- goodput launch ...")
+    sub.set_defaults(handler=_submit)
 
 
 def _add_data_commands(commands: argparse._SubParsersAction) -> None:
@@ -663,6 +707,49 @@ def _broadcast(args: argparse.Namespace) -> ExitCode:
         + (f"; failed: {', '.join(result.failed)}" if result.failed else "")
     )
     return ExitCode.OK  # below --min-success, broadcast() raised
+
+
+def _submit(args: argparse.Namespace) -> ExitCode:
+    from goodput.launch import submit
+
+    launch_line = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    submit.check_launch_line(launch_line)
+    # A typo in the launch options fails now (exit 2), not hours later when the job starts.
+    launch, unknown = build_parser().parse_known_args(launch_line[1:])
+    if unknown or launch.cmd in ([], ["--"]):
+        raise GoodputError(
+            "submit --",
+            f"goodput launch does not know {' '.join(unknown)}"
+            if unknown
+            else "the goodput launch line names no command",
+            "see goodput launch --help; end the line with -- CMD, e.g. -- goodput train run.toml",
+            code=ExitCode.USAGE,
+        )
+    chain = submit.Chain(
+        scheduler=args.scheduler or submit.detect_scheduler(),
+        run_dir=args.run_dir.absolute(),
+        workdir=Path.cwd(),
+        launch_line=tuple(launch_line),
+        nodes=args.nodes,
+        walltime=args.time,
+        job_name=args.job_name or submit.default_job_name(args.run_dir.absolute()),
+        account=args.account,
+        queue=args.queue,
+        filesystems=args.filesystems,
+        max_jobs=args.max_jobs,
+    )
+    script = submit.write_script(chain)
+    if not args.submit:
+        print(script)
+        return ExitCode.OK
+    job_id = submit.submit(chain)
+    print(job_id)
+    print(
+        f"submit: job {job_id} queued from {script}; the chain goes on until {chain.done_marker} "
+        f"exists, {chain.max_jobs} jobs at most",
+        file=sys.stderr,
+    )
+    return ExitCode.OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,8 +16,10 @@ import torch.distributed as dist
 from goodput.checkpoint.save import Checkpointer
 from goodput.config import to_toml
 from goodput.errors import ExitCode, GoodputError
+from goodput.io import write_marker
 from goodput.launch.device import detect_device_type, local_device
 from goodput.launch.env import current_placement
+from goodput.launch.submit import DONE_MARKER
 from goodput.train.build import (
     build_loader,
     build_model,
@@ -127,6 +129,8 @@ def train(cfg: RunConfig) -> list[float]:
         checkpointer.close()
         metrics.close()
         if rank == 0:
+            # Last, once every step has run: a `goodput submit` job chain stops at this file.
+            write_marker(run_dir, DONE_MARKER)
             print(f"train: done; metrics in {run_dir / 'metrics.jsonl'}", flush=True)
         return losses
     finally:

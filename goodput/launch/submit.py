@@ -1,0 +1,275 @@
+"""Job chains, the JOB scope of recovery: a Slurm or PBS batch script that reruns one
+``goodput launch`` line, allocation after allocation, until the run is done.
+
+Each job of the chain, in order:
+  1. stops at once if ``RUN_DIR/done`` exists. The trainer writes that marker on rank 0, last,
+     once every step has run; nothing else counts as done;
+  2. unless it is job ``max_jobs``, queues its successor with an after-any dependency *before*
+     training, so that a walltime kill, a crash or a lost node still leaves the next job queued;
+  3. runs the launch line and waits for it (no ``exec``: the script has work left after it);
+  4. if the marker now exists, cancels the queued successor and exits 0; otherwise exits with
+     the launch's code and the successor carries the run on.
+The chain position reaches each job in ``GOODPUT_CHAIN_JOB`` (the first job gets 1), so that
+rerunning ``goodput submit`` starts a fresh chain of up to ``max_jobs``.
+
+Invariants: every value in the script body is ``shlex.quote``d; values in ``#SBATCH``/``#PBS``
+lines must instead match strict patterns, because sbatch and qsub parse those lines themselves,
+not with a shell; the script is written atomically and a different existing one is never
+replaced; schedulers are run with argv lists. The jobs run in the environment of the shell that
+submits them (Slurm's default; ``-V`` on PBS). Slurm writes each job's log into the run dir;
+PBS keeps its default, the folder the job was submitted from. Not done here: watching the jobs,
+or judging why an attempt failed (``goodput launch`` does that inside each job). Standard library
+only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from goodput.errors import ExitCode, GoodputError
+from goodput.io import write_text
+
+DONE_MARKER = "done"
+CHAIN_JOB_VAR = "GOODPUT_CHAIN_JOB"
+CLIENTS = {"slurm": "sbatch", "pbs": "qsub"}
+SCRIPT_NAMES = {"slurm": "chain.sbatch", "pbs": "chain.pbs"}
+
+# What may go into a #SBATCH/#PBS line. Nothing there is quoted: sbatch and qsub parse those
+# lines themselves, each its own way, so only values that need no quoting are allowed.
+JOB_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # accounts, partitions, queues
+FILESYSTEMS = re.compile(r"[A-Za-z0-9_]+(:[A-Za-z0-9_]+)*")
+PATH = re.compile(r"[A-Za-z0-9._/+-]+")
+WALLTIME = re.compile(r"[0-9]{1,4}:[0-5][0-9]:[0-5][0-9]")
+
+# The script a job runs after its headers. Values appear once, each shell-quoted and assigned to
+# a variable, and are filled in one pass, so a value holding "@...@" is never filled again.
+BODY = """\
+# Written by `goodput submit`: one job of a chain that reruns the launch line below until the
+# done marker exists or max_jobs jobs have run. Its position comes in GOODPUT_CHAIN_JOB.
+set -euo pipefail
+cd @WORKDIR@
+script=@SCRIPT@
+done_marker=@DONE@
+job=${GOODPUT_CHAIN_JOB:-1}
+max_jobs=@MAX_JOBS@
+if [[ -e $done_marker ]]; then
+  echo "goodput chain: job $job: $done_marker exists, the run is complete; nothing to do"
+  exit 0
+fi
+next=
+if ((job < max_jobs)); then
+  # Queued before the launch: a walltime kill or a crash still leaves the next job waiting.
+  if next=$(GOODPUT_CHAIN_JOB=$((job + 1)) @QUEUE_NEXT@); then
+    next=${next%%;*}
+    echo "goodput chain: job $job of at most $max_jobs; job $next is queued to go on"
+  else
+    echo "goodput chain: job $job: could not queue a successor; the chain ends here" >&2
+    next=
+  fi
+else
+  echo "goodput chain: job $job of $max_jobs (--max-jobs): the last one"
+fi
+status=0
+@LAUNCH@ || status=$?
+if [[ -e $done_marker ]]; then
+  # The successor would stop at the marker by itself; cancelling frees its place in the queue.
+  if [[ -n $next ]]; then @CANCEL@ "$next" || true; fi
+  echo "goodput chain: job $job: $done_marker written, the run is complete"
+  exit 0
+fi
+if [[ -n $next ]]; then
+  echo "goodput chain: job $job: the launch exited $status; job $next goes on"
+else
+  echo "goodput chain: job $job: the launch exited $status and the chain ends without" \\
+    "$done_marker; submit $script again to go on" >&2
+fi
+exit "$status"
+"""
+
+# How sbatch/qsub are called, by this module and by each job for its successor: the chain
+# position goes in the client's environment, which both pass on to the job they queue.
+SUBMIT_FLAGS = {
+    "slurm": ("--parsable", f"--export=ALL,{CHAIN_JOB_VAR}"),  # --parsable: print the id only
+    "pbs": ("-v", CHAIN_JOB_VAR),
+}
+AFTER_THIS_JOB = {
+    "slurm": '--dependency=afterany:"$SLURM_JOB_ID"',
+    "pbs": '-W depend=afterany:"$PBS_JOBID"',
+}
+CANCEL = {"slurm": "scancel", "pbs": "qdel"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Chain:
+    """One chain's settings; validated on creation, so every instance renders safely."""
+
+    scheduler: str  # "slurm" | "pbs"
+    run_dir: Path  # absolute: the script, Slurm's job logs and the done marker live here
+    workdir: Path  # absolute: every job starts here, so relative paths mean what they meant
+    launch_line: tuple[str, ...]  # goodput launch ... -- CMD ...
+    nodes: int
+    walltime: str  # HH:MM:SS
+    job_name: str
+    account: str | None = None
+    queue: str | None = None  # a Slurm partition or a PBS queue
+    filesystems: str | None = None  # PBS only
+    max_jobs: int = 10
+
+    def __post_init__(self) -> None:
+        assert self.scheduler in CLIENTS, self.scheduler
+        assert self.run_dir.is_absolute() and self.workdir.is_absolute()
+        if not WALLTIME.fullmatch(self.walltime):
+            raise _usage("--time", f"{self.walltime!r} is not HH:MM:SS", "e.g. --time 06:00:00")
+        for option, count in (("--nodes", self.nodes), ("--max-jobs", self.max_jobs)):
+            if count < 1:
+                raise _usage(option, f"is {count}", "give 1 or more")
+        if self.filesystems is not None and self.scheduler != "pbs":
+            raise _usage("--filesystems", "is a PBS resource", "drop it for Slurm")
+        names = "up to 64 letters, digits and ._-"
+        checks = [
+            ("--job-name", self.job_name, JOB_NAME, f"{names}, first a letter"),
+            ("--account", self.account, NAME, names),
+            ("--partition/--queue", self.queue, NAME, names),
+            ("--filesystems", self.filesystems, FILESYSTEMS, "names and ':', e.g. home:flare"),
+        ]
+        if self.scheduler == "slurm":  # the run dir is in the #SBATCH --output line
+            checks.append(("--run-dir", str(self.run_dir), PATH, "letters, digits and ._/+-"))
+        for option, value, pattern, allowed in checks:
+            if value is not None and not pattern.fullmatch(value):
+                raise _usage(
+                    option, f"{value!r} cannot go into a #SBATCH/#PBS line", f"use {allowed}"
+                )
+
+    @property
+    def script(self) -> Path:
+        return self.run_dir / SCRIPT_NAMES[self.scheduler]
+
+    @property
+    def done_marker(self) -> Path:
+        return self.run_dir / DONE_MARKER
+
+
+def check_launch_line(argv: list[str]) -> None:
+    """Refuse anything but a ``goodput launch ...`` line (its options are the CLI's to parse)."""
+    if len(argv) < 2 or Path(argv[0]).name != "goodput" or argv[1] != "launch":
+        raise _usage(
+            "--",
+            f"is followed by {shlex.join(argv[:2]) or 'nothing'}, not a goodput launch line",
+            "end with the line each job runs, e.g. -- goodput launch --timeout 1800 -- "
+            "goodput train run.toml",
+        )
+
+
+def detect_scheduler() -> str:
+    found = [name for name, client in CLIENTS.items() if shutil.which(client)]
+    if len(found) != 1:
+        what = "both sbatch and qsub are" if found else "neither sbatch nor qsub is"
+        raise _usage("--scheduler", f"not given, and {what} on PATH", "pass --scheduler slurm|pbs")
+    return found[0]
+
+
+def default_job_name(run_dir: Path) -> str:
+    return run_dir.name if JOB_NAME.fullmatch(run_dir.name) else "goodput"
+
+
+def render(chain: Chain) -> str:
+    """The batch script: scheduler headers, then ``BODY`` with every value quoted."""
+    scheduler = chain.scheduler
+    headers = _slurm_headers(chain) if scheduler == "slurm" else _pbs_headers(chain)
+    flags = " ".join(SUBMIT_FLAGS[scheduler])
+    fields = {
+        "WORKDIR": shlex.quote(str(chain.workdir)),
+        "SCRIPT": shlex.quote(str(chain.script)),
+        "DONE": shlex.quote(str(chain.done_marker)),
+        "MAX_JOBS": str(chain.max_jobs),
+        "QUEUE_NEXT": f'{CLIENTS[scheduler]} {AFTER_THIS_JOB[scheduler]} {flags} "$script"',
+        "LAUNCH": shlex.join(chain.launch_line),
+        "CANCEL": CANCEL[scheduler],
+    }
+    body = re.sub(r"@([A-Z_]+)@", lambda match: fields[match[1]], BODY)
+    return "#!/bin/bash\n" + "".join(line + "\n" for line in headers) + body
+
+
+def _slurm_headers(chain: Chain) -> list[str]:
+    lines = [
+        f"--job-name={chain.job_name}",
+        f"--nodes={chain.nodes}",
+        f"--time={chain.walltime}",
+        f"--output={chain.run_dir}/%x-%j.out",  # one log per job, beside the run
+    ]
+    lines += [f"--account={chain.account}"] if chain.account else []
+    lines += [f"--partition={chain.queue}"] if chain.queue else []
+    return [f"#SBATCH {line}" for line in lines]
+
+
+def _pbs_headers(chain: Chain) -> list[str]:
+    lines = [
+        f"-N {chain.job_name}",
+        f"-l select={chain.nodes}",
+        "-l place=scatter",  # one chunk per node, not N chunks packed onto one
+        f"-l walltime={chain.walltime}",
+    ]
+    lines += [f"-l filesystems={chain.filesystems}"] if chain.filesystems else []
+    lines += [f"-A {chain.account}"] if chain.account else []
+    lines += [f"-q {chain.queue}"] if chain.queue else []
+    lines += ["-j oe", "-V"]  # -V: the submitting shell's environment, as Slurm does by default
+    return [f"#PBS {line}" for line in lines]
+
+
+def write_script(chain: Chain) -> Path:
+    """Write ``chain.script`` atomically; the same script again is fine, a different one is not."""
+    text, path = render(chain), chain.script
+    if not path.exists():
+        write_text(path, text)
+    elif path.read_text() != text:
+        raise GoodputError(
+            path,
+            "exists and differs from the script these options give",
+            "remove it to write the new one, or submit it as it is: "
+            f"{CLIENTS[chain.scheduler]} {shlex.quote(str(path))}",
+            code=ExitCode.USAGE,
+        )
+    return path
+
+
+def submit(chain: Chain) -> str:
+    """Queue the chain's first job; return its id."""
+    if chain.done_marker.exists():
+        raise GoodputError(
+            chain.done_marker,
+            "exists: this run is complete",
+            "remove it to train on (after raising train.steps), or pick another --run-dir",
+            code=ExitCode.USAGE,
+        )
+    argv = [CLIENTS[chain.scheduler], *SUBMIT_FLAGS[chain.scheduler], str(chain.script)]
+    if shutil.which(argv[0]) is None:
+        raise GoodputError(
+            argv[0],
+            "is not on PATH",
+            "submit from a login node of the cluster, or drop --submit to only write the script",
+            code=ExitCode.USAGE,
+        )
+    # Set, not inherited: goodput submit may itself run inside a job of another chain.
+    env = {**os.environ, CHAIN_JOB_VAR: "1"}
+    result = subprocess.run(
+        argv, cwd=chain.workdir, env=env, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        said = (result.stderr.strip().splitlines() or ["no message"])[-1]
+        raise GoodputError(
+            argv[0],
+            f"exited {result.returncode}: {said}",
+            f"fix what it says (the script is {chain.script}) and submit again",
+        )
+    return result.stdout.strip().split(";")[0]  # sbatch --parsable prints ID or ID;CLUSTER
+
+
+def _usage(option: str, what: str, fix: str) -> GoodputError:
+    return GoodputError(f"submit {option}", what, fix, code=ExitCode.USAGE)
