@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from goodput.errors import ExitCode, GoodputError
@@ -212,7 +212,6 @@ class Pool:
 
     active: list[str]
     spares: list[str]
-    retired: list[str] = field(default_factory=list)
 
     def replace(self, bad: Sequence[str]) -> dict[str, str]:
         """Swap each bad active host for the next spare, in place; old -> new."""
@@ -220,7 +219,6 @@ class Pool:
         for host in bad:
             spare = self.spares.pop(0)
             self.active[self.active.index(host)] = spare
-            self.retired.append(host)
             swaps[host] = spare
         return swaps
 
@@ -243,7 +241,7 @@ def run_with_auto_retry(
     """Run attempts on ``pool.active`` until a stop rule says otherwise; the last exit code."""
     rng = rng if rng is not None else random.Random()
     stepless = 0  # attempts in a row without a step
-    failures = 0  # attempts in a row that failed (the backoff doubles with it)
+    failures = 0  # failed attempts since the last progress (the backoff doubles with it)
     for attempt in range(1, (max_attempts or sys.maxsize) + 1):
         hosts = tuple(pool.active)
         scanner = EvidenceScanner(patterns, [*pool.active, *pool.spares], resolve)
@@ -254,7 +252,7 @@ def run_with_auto_retry(
         named = [scanner.found[host] for host in hosts if host in scanner.found]
         kind = classify(result, gained, named)
         stepless = stepless + 1 if gained == 0 else 0
-        failures = failures + 1 if kind != "success" else 0
+        failures = 1 if gained else failures + 1
         evidence, swaps, stop = list(named), {}, None
         if kind in ("success", "walltime", "interrupted"):
             stop = kind
