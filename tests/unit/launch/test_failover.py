@@ -329,3 +329,30 @@ def test_a_probe_that_cannot_start_is_a_clear_error():
     spec = ProcessSpec(["/nonexistent/node-check"], dict(os.environ), "probe a")
     with pytest.raises(GoodputError, match="fix health_check in the machine profile"):
         probe_hosts({"a": spec}, timeout_s=1)
+
+
+def test_the_backoff_doubles_without_progress_and_restarts_after_it(tmp_path):
+    # (exit code, steps printed) per attempt; every failure is an "error" on healthy hosts.
+    script = iter([(1, (1, 5)), (1, None), (1, (6, 9)), (0, (10, 12))])
+    delays = []
+
+    def attempt(hosts, on_line):
+        code, steps = next(script)
+        first, last = steps if steps else (None, None)
+        return AttemptResult(code, 1.0, False, None, 0, last, first, [])
+
+    code = run_with_auto_retry(
+        attempt,
+        lambda hosts: {},
+        pool=Pool(["a"], []),
+        patterns=BAD_NODE_PATTERNS,
+        attempts_log=tmp_path / "attempts.jsonl",
+        backoff_s=4.0,
+        sleep=delays.append,
+    )
+    assert code == 0
+    low, doubled, restarted = delays
+    assert 2.0 <= low <= 4.0 and 4.0 <= doubled <= 8.0 and 2.0 <= restarted <= 4.0
+    records = [json.loads(line) for line in (tmp_path / "attempts.jsonl").read_text().splitlines()]
+    assert [r["class"] for r in records] == ["error", "stuck-pre-training", "error", "success"]
+    assert [r["steps_gained"] for r in records] == [5, 0, 4, 3]
