@@ -14,21 +14,21 @@ Stall against the synchronous save (baseline: ``async_save = false``, the whole 
 training thread). ``REPEATS`` pairs of runs, async and sync side by side (order swapped on odd
 repeats), each ``STEPS`` steps with ``interval_steps = INTERVAL``: ``SAVES_PER_RUN`` saves a
 run, the last at the final step. Each save's figure is the ``held training X s`` the trainer
-prints: what the step calling the save waited (async: get the state dict, write the small
-files, snapshot to host memory; sync: all of that plus the write, fsync, marker and pruning).
-Stall: the median async hold; sync save time: the median sync hold; ratio: stall / sync save
-time, target <= 0.1. ``INTERVAL`` steps give a flush time to finish before the next save; a save
-that found the previous flush still running (it then waits, and that wait is in its hold) is
-counted and reported. Flush time: from the async hold line to the flush thread's ``complete``
-line. The background flush also competes with training for this machine's two cores, so the
-steps it overlaps run slower; that drag is reported next to the stall: per save, the step times
-of the steps that started before the save's ``complete`` line, less the hold (which the loop
-counts in the next step's time), less as many of the run's clean-step medians (steps 2.., not
-overlapping any save or flush). Sync saves get the same drag figure (normally ~0). "Stall with
-drag" (hold + drag, median over saves followed by steps) and its ratio to the sync save time
-(hold + drag) are what training really loses per save. The saves are the trainer's own, in its
-loop, rather than ``Checkpointer.save`` called on a built model: the hold is then exactly what
-a user's step pays, and the flush's effect on the steps around it shows.
+prints: what the step calling the save waited (async: get the state dict, write the small files,
+snapshot to host memory; sync: all of that plus the write, fsync, checksums, marker and
+pruning). Stall: the median async hold; sync save time: the median sync hold; ratio: stall /
+sync save time, target <= 0.1. ``INTERVAL`` steps give a flush time to finish before the next
+save; a save that found the previous flush still running (it then waits, and that wait is in its
+hold) is counted and reported. Flush time: from the async hold line to the flush thread's
+``complete`` line. The background flush also competes with training for this machine's two
+cores, so the steps it overlaps run slower; that drag is reported next to the stall: per save,
+the step times of the steps that started before the save's ``complete`` line, less the hold
+(which the loop counts in the next step's time), less as many of the run's clean-step medians
+(steps 2.., not overlapping any save or flush). Sync saves get the same drag figure (normally
+~0). "Stall with drag" (hold + drag, median over saves followed by steps) and its ratio to the
+sync save time (hold + drag) are what training really loses per save. The saves are the
+trainer's own, in its loop, rather than ``Checkpointer.save`` called on a built model: the hold
+is then exactly what a user's step pays, and the flush's effect on the steps around it shows.
 
 Load: ``LOAD_REPEATS`` in-process resumes (``checkpoint.resume = PATH``, no further steps) from
 the final checkpoint of the last save run; the figure is the ``loaded in X s`` the trainer
@@ -39,8 +39,15 @@ warm (every checkpoint file just read, as after a process restart on the same no
 Recovery: ``python -m goodput train CONFIG.toml`` (``to_toml`` of the run config, async saves
 every ``RECOVERY_INTERVAL`` steps) is SIGKILLed as soon as it prints its first ``complete``
 line, then restarted at once with ``--resume auto``; that process in turn is killed after its
-own first complete checkpoint and restarted, ``RECOVERY_REPEATS`` restarts in all. Each
-restart must resume from the checkpoint completed before the kill and print ``step=N+1``. Per
+own first complete checkpoint and restarted, ``2 * RECOVERY_REPEATS`` restarts in all, of two
+kinds in turn: "shared" restarts at once and reads the checkpoint where it was saved; "staged"
+first stages it with the real ``goodput broadcast --checkpoint`` code (``stage_checkpoint``,
+local transport, one "host" folder) and restarts with ``checkpoint.local_dir`` pointing there,
+so the trainer checks the copy's checksums (reported apart: ``checksums checked in X s``) and
+reads it; its kill -> first step includes the staging. Both read warm pages here (one machine,
+one disk), so the staged figures show what staging and verifying add, not what node-local disk
+saves over a loaded parallel filesystem. Each restart must resume from the checkpoint completed
+before the kill and print ``step=N+1``. Per
 restart, from the moment before ``Popen``: start-up = arrival of the ``resume:`` line less its
 reported load seconds (interpreter, imports, process group, blend cache lookup, model init,
 optimizer, metrics, checkpoint choice and checks); load = the reported seconds (warm page
@@ -48,8 +55,9 @@ cache: same node); first step = arrival of the first ``step=`` line less arrival
 ``resume:`` line (``step_time_s`` of that step reported alongside). The three add up to
 exec -> first step; kill -> first step also counts waiting for the killed process to be reaped.
 Start-up is split further at the first output line (interpreter, imports, process group, blend
-lookup) and at the ``train: N rank(s)`` line (model init, optimizer, run record); the rest is
-metrics, the checkpointer, and choosing and checking the checkpoint. Each figure is the median
+lookup); the rest is model init, optimizer, the checkpointer, and choosing and checking the
+checkpoint (staged: its checksums too). The trainer prints nothing in between to split it at:
+the resume comes before the run record and its ``train: N rank(s)`` line. Each figure is the median
 over restarts (so the medians of the parts need not add up to the median of the whole).
 """
 
@@ -75,6 +83,8 @@ from typing import Any
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.layout import step_dir
 from goodput.config import to_toml
+from goodput.launch.broadcast import make_transport
+from goodput.launch.stage import stage_checkpoint
 from goodput.testing.tiny import tiny_run_config
 from goodput.train.config import RunConfig
 from goodput.train.flops import model_size
@@ -94,13 +104,16 @@ RECOVERY_INTERVAL = 2
 RECOVERY_REPEATS = 3
 RECOVERY_STEPS = 1000  # never reached: every process is killed
 WAIT_S = 300  # longest wait for one awaited line of a subprocess
+STAGE_HOST = "node0"  # the one "host" of the staged recovery: a folder, the local transport
 
 HELD = re.compile(r"^checkpoint: (\S+) held training ([\d.]+) s \((.+)\)$")
 COMPLETE = re.compile(r"^checkpoint: (\S+) complete$")
 FAILED = re.compile(r"^checkpoint: saving .* FAILED")
-RESUMED = re.compile(r"^resume: from (\S+) \(step (\d+)\) loaded in ([\d.]+) s$")
+RESUMED = re.compile(
+    r"^resume: from (\S+) \(step (\d+)\) loaded in ([\d.]+) s"
+    r"(?:; node-local copy read on (\d+) of (\d+) host\(s\), checksums checked in ([\d.]+) s)?$"
+)
 STEP = re.compile(r"^step=(\d+) .* step_time=([\d.]+)s$")
-BUILT = re.compile(r"^train: \d+ rank\(s\) on ")  # printed once loader, model, optimizer exist
 
 
 class LineRecorder:
@@ -298,8 +311,10 @@ class Child:
         return killed_at
 
 
-def _recovery(base: RunConfig, tmp: Path) -> list[dict[str, float]]:
-    """Kill after a complete checkpoint, restart with ``--resume auto``: each restart's split."""
+def _recovery(base: RunConfig, tmp: Path) -> dict[str, list[dict[str, float]]]:
+    """Kill after a complete checkpoint, restart with ``--resume auto``, alternately as is
+    ("shared") and with the checkpoint first staged to a node-local folder ("staged"): each
+    restart's split, by variant."""
     cfg = dataclasses.replace(
         base,
         train=dataclasses.replace(base.train, steps=RECOVERY_STEPS, output=str(tmp / "recovery")),
@@ -308,14 +323,29 @@ def _recovery(base: RunConfig, tmp: Path) -> list[dict[str, float]]:
     config = tmp / "recovery.toml"
     config.write_text(to_toml(cfg))
     command = [sys.executable, "-m", "goodput", "train", str(config)]
-    restarts = []
+    local = tmp / "nodes" / STAGE_HOST / "ckpt"
+    restarts: dict[str, list[dict[str, float]]] = {"shared": [], "staged": []}
     child = Child(command)
     try:
-        for _ in range(RECOVERY_REPEATS):
+        for repeat in range(2 * RECOVERY_REPEATS):
+            staged = repeat % 2 == 1
             _, done = child.wait_for(COMPLETE)  # this process's first complete checkpoint
             killed_at = child.kill()
             saved_step = int(Path(done[1]).name.removeprefix("step-"))
-            child = Child([*command, "--resume", "auto"])
+            restart = [*command, "--resume", "auto"]
+            stage_s = 0.0
+            if staged:  # what a relaunch script does before it starts the trainer again
+                began = time.perf_counter()
+                stage_checkpoint(
+                    Path(cfg.train.output),
+                    [STAGE_HOST],
+                    str(tmp / "nodes" / "{host}" / "ckpt"),
+                    lambda dest: make_transport("local", dest),
+                )
+                stage_s = time.perf_counter() - began
+                restart = [*command, f"checkpoint.local_dir={json.dumps(str(local))}"]
+                restart += ["--resume", "auto"]
+            child = Child(restart)
             resumed_at, resumed = child.wait_for(RESUMED)
             stepped_at, stepped = child.wait_for(STEP)
             if int(resumed[2]) != saved_step or int(stepped[1]) != saved_step + 1:
@@ -323,22 +353,25 @@ def _recovery(base: RunConfig, tmp: Path) -> list[dict[str, float]]:
                     f"killed after step-{saved_step} completed, but the restart resumed at "
                     f"step {resumed[2]} and ran step {stepped[1]}:\n{_tail(child.lines)}"
                 )
+            if staged and not (resumed[4] == "1" and resumed[1].startswith(str(local))):
+                raise RuntimeError(
+                    f"the restart did not read the staged copy:\n{_tail(child.lines)}"
+                )
             load = float(resumed[3])
             first_line_at = child.lines[0][0]
-            built_at = next(when for when, line in child.lines if BUILT.match(line))
-            restarts.append(
-                {
-                    "startup_s": resumed_at - child.started - load,
-                    "startup_imports_s": first_line_at - child.started,
-                    "startup_build_s": built_at - first_line_at,
-                    "startup_rest_s": resumed_at - load - built_at,
-                    "load_s": load,
-                    "first_step_s": stepped_at - resumed_at,
-                    "first_step_time_s": float(stepped[2]),
-                    "exec_to_step_s": stepped_at - child.started,
-                    "kill_to_step_s": stepped_at - killed_at,
-                }
-            )
+            split = {
+                "startup_s": resumed_at - child.started - load,
+                "startup_imports_s": first_line_at - child.started,
+                "startup_build_s": resumed_at - load - first_line_at,
+                "load_s": load,
+                "first_step_s": stepped_at - resumed_at,
+                "first_step_time_s": float(stepped[2]),
+                "exec_to_step_s": stepped_at - child.started,
+                "kill_to_step_s": stepped_at - killed_at,
+            }
+            if staged:
+                split |= {"stage_s": stage_s, "verify_s": float(resumed[6])}
+            restarts["staged" if staged else "shared"].append(split)
     finally:
         child.kill()
     return restarts
@@ -381,7 +414,8 @@ def main() -> dict[str, Any]:
         mode: [s["hold_s"] + s["drag_s"] for s in saves[mode] if "drag_s" in s] for mode in saves
     }
     stall, sync_save = statistics.median(hold["async"]), statistics.median(hold["sync"])
-    recovery = {key: [r[key] for r in restarts] for key in restarts[0]}
+    recovery = {key: [r[key] for r in restarts["shared"]] for key in restarts["shared"][0]}
+    staged = {key: [r[key] for r in restarts["staged"]] for key in restarts["staged"][0]}
     figures: dict[str, Any] = {
         "model_parameters": model_size(MODEL).total,
         "checkpoint_bytes": checkpoint_bytes,
@@ -407,7 +441,9 @@ def main() -> dict[str, Any]:
         "load_warm_s_each": load_s["warm"],
         "load_cold_s_each": load_s["cold"],
         **{f"recovery_{key}": statistics.median(values) for key, values in recovery.items()},
-        "recovery_each": restarts,
+        "recovery_each": restarts["shared"],
+        **{f"recovery_staged_{key}": statistics.median(values) for key, values in staged.items()},
+        "recovery_staged_each": restarts["staged"],
         "seconds": time.perf_counter() - start,
     }
     _print_summary(figures)
@@ -459,14 +495,26 @@ def _print_summary(figures: dict[str, Any]) -> None:
     )
     print(
         f"    start-up {figures['recovery_startup_s']:.3f} s (imports, process group "
-        f"{figures['recovery_startup_imports_s']:.3f}; model, optimizer "
-        f"{figures['recovery_startup_build_s']:.3f}; metrics, checkpoint choice "
-        f"{figures['recovery_startup_rest_s']:.3f})"
+        f"{figures['recovery_startup_imports_s']:.3f}; model, optimizer, checkpoint choice "
+        f"{figures['recovery_startup_build_s']:.3f})"
     )
     print(
         f"    load {figures['recovery_load_s']:.3f} s, first step "
         f"{figures['recovery_first_step_s']:.3f} s (its step_time "
         f"{figures['recovery_first_step_time_s']:.3f} s)"
+    )
+    print(
+        f"  recovery from a staged copy : {figures['recovery_staged_kill_to_step_s']:6.3f} s  "
+        f"kill -> 1st step, staging included (exec -> step "
+        f"{figures['recovery_staged_exec_to_step_s']:.3f} s; medians of "
+        f"{len(figures['recovery_staged_each'])} restarts)"
+    )
+    print(
+        f"    staging {figures['recovery_staged_stage_s']:.3f} s (goodput broadcast "
+        f"--checkpoint, local transport), checksums checked "
+        f"{figures['recovery_staged_verify_s']:.3f} s, load "
+        f"{figures['recovery_staged_load_s']:.3f} s, first step "
+        f"{figures['recovery_staged_first_step_s']:.3f} s"
     )
     print(f"  {figures['seconds']:.0f} s in all")
 

@@ -163,11 +163,21 @@ def _add_broadcast_parser(groups: argparse._SubParsersAction) -> None:
         help="copy a venv or any folder to a node-local path on every host, by a greedy tree",
         description="Copy SOURCE to DEST on every host: each host that has finished becomes a "
         "source, each source serves at most --fanout copies at once, failed copies are retried. "
+        "With --checkpoint RUN_DIR, copy the run's newest complete checkpoint to DEST/step-N "
+        "instead (older step-N there are removed after), for [checkpoint] local_dir = DEST. "
         "With --simulate, print the predicted makespan of the tree and of a star instead.",
         usage="goodput broadcast SOURCE (--hosts H,...|--hostfile FILE) --dest PATTERN [options]\n"
+        "       goodput broadcast --checkpoint RUN_DIR (--hosts H,...|--hostfile FILE) "
+        "--dest PATTERN [options]\n"
         "       goodput broadcast --simulate --nodes N --copy-seconds T [--fanout K]",
     )
     sub.add_argument("source", nargs="?", type=Path, help="the folder to copy")
+    sub.add_argument(
+        "--checkpoint",
+        type=Path,
+        metavar="RUN_DIR",
+        help="stage the newest complete checkpoint of this run (or checkpoint folder) instead",
+    )
     sub.add_argument("--hosts", help="comma-separated host names")
     sub.add_argument("--hostfile", type=Path, help="a file of host names, one a line")
     sub.add_argument(
@@ -682,6 +692,30 @@ def _broadcast(args: argparse.Namespace) -> ExitCode:
         print(f"tree: {tree:.1f} s ({args.nodes} hosts, fanout {args.fanout})")
         print(f"star: {star:.1f} s")
         print(f"star/tree: {star / tree:.1f}x" if tree > 0 else "star/tree: n/a")
+        return ExitCode.OK
+    if args.checkpoint is not None:
+        from goodput.launch import stage
+
+        if args.source is not None or args.dest is None:
+            raise GoodputError(
+                "broadcast --checkpoint",
+                "takes --dest and no SOURCE",
+                "e.g. goodput broadcast --checkpoint RUN_DIR --hostfile $PBS_NODEFILE "
+                "--dest /local/scratch/ckpt",
+                code=ExitCode.USAGE,
+            )
+        hosts = broadcast.read_hosts(args.hosts, args.hostfile)
+        staged = stage.stage_checkpoint(
+            args.checkpoint,
+            hosts,
+            args.dest,
+            lambda dest: broadcast.make_transport(args.transport, dest, args.ssh_config),
+            fanout=args.fanout,
+            retries=args.retries,
+            min_success=args.min_success,
+            progress=lambda line: print(line, file=sys.stderr),
+        )
+        print(stage.describe(staged, len(hosts)))
         return ExitCode.OK
     if args.source is None or args.dest is None:
         raise GoodputError(

@@ -18,6 +18,9 @@ class CheckpointConfig:
     allow_data_change: bool = False  # resume even if the data fingerprint differs
     save_on_sigterm: bool = True  # a final synchronous save when the scheduler sends SIGTERM
     folder: str | None = None  # default: RUN/checkpoints
+    # The --dest of `goodput broadcast --checkpoint`: resume reads this host's copy of the
+    # chosen checkpoint from here once its checksums match. Saves never go here.
+    local_dir: str | None = None
 
     def __post_init__(self) -> None:
         def fail(what: str, fix: str) -> None:

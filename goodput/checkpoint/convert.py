@@ -3,7 +3,8 @@
 Offline and single-process: a DCP checkpoint written by any number of ranks (FSDP shards
 included) is read with ``no_dist=True`` into plain CPU tensors — DCP reassembles the shards —
 and model-only checkpoints are written the same way, in the layout of ``layout.py`` with
-``train_state.json`` saying ``model_only`` and ``.complete`` last, so ``--resume`` takes them.
+``train_state.json`` saying ``model_only``, ``checksums.json``, and ``.complete`` last, so
+``--resume`` takes them.
 
 Unlike the rest of ``checkpoint/`` this module knows the model: conversion is about its tensor
 names, shapes and RoPE layout (``hf.py``). Shapes come from ``Transformer(cfg)`` built on the
@@ -35,6 +36,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from goodput.checkpoint import hf
+from goodput.checkpoint.checksums import checkpoint_files, file_digests, write_checksums
 from goodput.checkpoint.layout import CONFIG, LATEST, TRAIN_STATE, checkpoints_dir, step_dir
 from goodput.checkpoint.load import load_tensors
 from goodput.config import load_section, to_toml
@@ -166,6 +168,7 @@ def write_model_only_checkpoint(
             dcp.save({MODEL: state}, checkpoint_id=directory, no_dist=True)
         write_text(directory / CONFIG, model_config_toml(cfg))
         write_json(directory / TRAIN_STATE, {"step": 0, "model_only": True})
+        write_checksums(directory, file_digests(directory, checkpoint_files(directory)))
         write_marker(directory)  # last: from here on the checkpoint counts
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)

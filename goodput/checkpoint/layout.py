@@ -8,6 +8,7 @@
         config.toml                     the resolved run config (model-only: [model] alone)
         train_state.json                step, loader position and data fingerprint (rank 0)
         rng/rank-00000.json             every RNG of each rank
+        checksums.json                  SHA-256 of each file above, hashed by its writer (rank 0)
         .complete                       written last, by rank 0, once every rank is durable
       latest                            "step-00000100", replaced only after .complete exists
 
@@ -26,6 +27,8 @@ CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 CONFIG = "config.toml"
 TRAIN_STATE = "train_state.json"
+METADATA = ".metadata"  # DCP's name for it
+CHECKSUMS = "checksums.json"
 RNG_DIR = "rng"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 

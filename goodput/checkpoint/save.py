@@ -8,10 +8,12 @@ flight cannot interleave with training collectives. Ranks write in waves of at m
 files on a parallel filesystem in the same second.
 
 Atomicity: every rank writes its RNG file (fsync'd) before the flush; DCP writes each rank's
-data (fsync'd) and then, on rank 0, the ``.metadata`` — only after every rank reported its write
-done. Rank 0 then writes ``.complete``, moves ``latest`` and prunes to ``keep_last``, in that
-order. A save that fails on any rank is reported with the failing ranks and the reason, its
-directory is removed, and the previous checkpoints are untouched.
+data (fsync'd), each rank hashes the files it wrote (``checksums``) and hands the digests to rank
+0, and then rank 0 writes the ``.metadata`` — only after every rank reported its write done.
+Rank 0 then writes ``checksums.json``, ``.complete``, moves ``latest`` and prunes to
+``keep_last``, in that order. The hashing runs in the flush, so the step's stall is unchanged.
+A save that fails on any rank is reported with the failing ranks and the reason, its directory
+is removed, and the previous checkpoints are untouched.
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.checkpoint.storage import WriteResult
 
+from goodput.checkpoint.checksums import file_digests, write_checksums
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.layout import (
     CONFIG,
     LATEST,
+    METADATA,
     TRAIN_STATE,
     list_checkpoints,
     rng_file,
@@ -62,11 +66,17 @@ LOW_SPACE_BYTES = 16 * 2**20
 
 
 class WaveWriter(FileSystemWriter):
-    """A DCP filesystem writer whose ranks take turns: at most ``max_writers`` at once."""
+    """A DCP filesystem writer whose ranks take turns: at most ``max_writers`` at once. Each
+    rank then hashes what it wrote — its data and ``own_files``, the small files it wrote
+    before the flush — and rank 0 collects every rank's digests in ``digests``."""
 
-    def __init__(self, path: Path, group: dist.ProcessGroup, max_writers: int):
+    def __init__(
+        self, path: Path, group: dist.ProcessGroup, max_writers: int, own_files: list[str]
+    ):
         super().__init__(path, sync_files=True)
-        self.group, self.max_writers = group, max_writers
+        self.directory, self.group, self.max_writers = path, group, max_writers
+        self.own_files = own_files
+        self.digests: dict[str, str] = {}
 
     def write_data(
         self, plan: SavePlan, planner: SavePlanner
@@ -82,6 +92,20 @@ class WaveWriter(FileSystemWriter):
                 except Exception as exc:  # reported through DCP once every wave is through
                     error = exc
             dist.barrier(group=self.group)  # every rank passes every barrier, failed or not
+        # After the last wave, on every rank at once: no wave waits for another's hashing, and
+        # the files were just written, so they are mostly read back from the page cache.
+        digests: dict[str, str] = {}
+        if error is None:
+            assert result is not None
+            written = sorted({item.storage_data.relative_path for item in result.value()})
+            try:
+                digests = file_digests(self.directory, [*self.own_files, *written])
+            except OSError as exc:
+                error = exc
+        gathered: list[Any] | None = [None] * world_size if rank == 0 else None
+        dist.gather_object(digests, gathered, group=self.group, group_dst=0)  # failed or not
+        if gathered is not None:
+            self.digests = {name: digest for part in gathered for name, digest in part.items()}
         if error is not None:
             raise error
         assert result is not None
@@ -136,7 +160,10 @@ class Checkpointer:
         train_state = {**train_state, "optimizer_param_groups": optimizer_state["param_groups"]}
         if not self._write_small_files(directory, step, train_state, config_toml, error):
             return time.perf_counter() - start
-        writer = WaveWriter(directory, self.group, self.cfg.max_concurrent_writers)
+        own_files = [str(rng_file(directory, self.rank).relative_to(directory))]
+        if self.rank == 0:
+            own_files += [TRAIN_STATE, CONFIG]
+        writer = WaveWriter(directory, self.group, self.cfg.max_concurrent_writers, own_files)
         # Tensors only: DCP would pickle anything else (the optimizer's param groups), and
         # reading a pickle back runs code. The param groups went to train_state.json instead.
         state = {"model": model_state, "optim": optimizer_state["state"]}
@@ -148,15 +175,15 @@ class Checkpointer:
             )
             assert isinstance(future, Future)
             done = threading.Event()
-            future.add_done_callback(lambda f: self._settle(step, f.exception(), done))
+            future.add_done_callback(lambda f: self._settle(step, writer, f.exception(), done))
             self.in_flight = done
         else:
             try:
                 dcp.save(state, storage_writer=writer, process_group=self.group)
             except CheckpointException as exc:
-                self._settle(step, exc, None)
+                self._settle(step, writer, exc, None)
             else:
-                self._settle(step, None, None)
+                self._settle(step, writer, None, None)
         self.last_save = time.monotonic()
         held = time.perf_counter() - start
         if self.rank == 0:
@@ -201,10 +228,16 @@ class Checkpointer:
         self.stager.close()
         dist.destroy_process_group(self.group)
 
-    def _settle(self, step: int, error: BaseException | None, done: threading.Event | None) -> None:
+    def _settle(
+        self,
+        step: int,
+        writer: WaveWriter,
+        error: BaseException | None,
+        done: threading.Event | None,
+    ) -> None:
         try:
             if error is None:
-                self._finish(step)
+                self._finish(step, writer.digests)
             elif isinstance(error, CheckpointException):
                 directory = step_dir(self.root, step)
                 reasons = {
@@ -217,10 +250,12 @@ class Checkpointer:
             if done is not None:
                 done.set()
 
-    def _finish(self, step: int) -> None:
+    def _finish(self, step: int, digests: dict[str, str]) -> None:
         if self.rank != 0:
             return
         directory = step_dir(self.root, step)
+        # DCP wrote .metadata on rank 0 after every rank's data: the one file no writer hashed.
+        write_checksums(directory, {**digests, **file_digests(directory, [METADATA])})
         write_marker(directory)
         write_text(self.root / LATEST, directory.name + "\n")
         checkpoints = list_checkpoints(self.root)

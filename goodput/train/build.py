@@ -2,8 +2,9 @@
 
 Rank 0 builds the blend (a cache hit after the first run) and picks the checkpoint to resume
 from, and tells the other ranks; an error there reaches every rank, so no rank waits out the
-collective timeout. The model is
-built whole on every rank from the same seed, then checkpointed/compiled per block and
+collective timeout. With ``[checkpoint] local_dir`` each host then reads its node-local copy of
+that checkpoint instead, once the copy's checksums match (``checkpoint.local_copy``). The model
+is built whole on every rank from the same seed, then checkpointed/compiled per block and
 sharded — in that order, since FSDP must wrap what it finally runs.
 """
 
@@ -31,6 +32,7 @@ from goodput.checkpoint.load import (
     load_checkpoint,
     read_checkpoint,
 )
+from goodput.checkpoint.local_copy import choose_copy
 from goodput.config import to_toml
 from goodput.data.blend import BlendSpec, build_blend, format_report
 from goodput.data.loader import DataLoader
@@ -109,7 +111,14 @@ def resume(
     )
     if found is None:
         return None
-    directory = Path(found)
+    directory, copies = Path(found), ""
+    if cfg.checkpoint.local_dir:
+        choice = choose_copy(directory, Path(cfg.checkpoint.local_dir))
+        directory = choice.directory
+        copies = (
+            f"; node-local copy read on {choice.num_local_hosts} of {choice.num_hosts} host(s), "
+            f"checksums checked in {choice.seconds:.2f} s"
+        )
     saved, train_state = read_checkpoint(directory)
     current = tomllib.loads(to_toml(cfg))
     check_model_shape(directory, saved, current)
@@ -125,7 +134,7 @@ def resume(
     if dist.get_rank() == 0:
         print(
             f"resume: from {directory} (step {train_state['step']}) loaded in "
-            f"{time.perf_counter() - start:.2f} s",
+            f"{time.perf_counter() - start:.2f} s{copies}",
             flush=True,
         )
     return int(train_state["step"])

@@ -1,0 +1,162 @@
+"""Stage a run's newest complete checkpoint on node-local disk before the relaunch that resumes
+from it: ``goodput broadcast --checkpoint RUN_DIR --dest DEST``.
+
+The checkpoint is the newest ``step-N`` folder with ``.complete`` under ``RUN_DIR/checkpoints``
+(or under RUN_DIR itself when it holds the ``step-N`` folders, as a ``[checkpoint] folder``
+does); each newer, incomplete one is named and skipped, as ``--resume auto`` does. It goes to
+DEST/step-N on every host by ``broadcast``'s greedy tree, under its own name, so that a trainer
+with ``[checkpoint] local_dir = DEST`` finds it. A copy appears only whole (the transport renames
+a finished temp copy into place); only after that, and only on that host, are the older
+``step-N`` folders at DEST removed, so a host whose copy failed keeps what it had. A checkpoint
+saved without ``checksums.json`` is not staged: the trainer could not verify the copy, so would
+not read it. Staging does not verify: the trainer checks each copy where and when it reads it.
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from goodput.checkpoint.layout import CHECKSUMS, STEP_DIR, checkpoints_dir, list_checkpoints
+from goodput.errors import ExitCode, GoodputError
+from goodput.launch.broadcast import (
+    DEFAULT_FANOUT,
+    ORIGIN,
+    BroadcastResult,
+    LocalTransport,
+    Transport,
+    _RemoteTransport,
+    broadcast,
+)
+
+REMOVE_THREADS = 64  # hosts cleaned up at once (one ssh each for the remote transports)
+REMOVE_TIMEOUT_S = 300.0
+
+
+@dataclass(slots=True)
+class Staged:
+    checkpoint: Path | None  # the saved checkpoint that was sent; None: nothing was
+    why_not: str = ""  # why nothing was
+    destination: str = ""  # DEST/step-N, as given ({host} not replaced)
+    result: BroadcastResult = field(default_factory=BroadcastResult)
+    removed: dict[str, list[str]] = field(default_factory=dict)  # host -> older steps removed
+
+
+def stage_checkpoint(
+    run_dir: Path,
+    hosts: Sequence[str],
+    dest: str,
+    transport_for: Callable[[str], Transport],
+    *,
+    fanout: int = DEFAULT_FANOUT,
+    retries: int = 2,
+    min_success: int | None = None,
+    progress: Callable[[str], None] = print,
+) -> Staged:
+    """Send the newest complete checkpoint of ``run_dir`` to ``dest``/step-N on every host by
+    ``broadcast`` (the options are its own); ``transport_for`` makes the transport for a
+    destination pattern. Raises ``GoodputError`` where ``broadcast`` does."""
+    newest = None
+    for checkpoint in reversed(list_checkpoints(_checkpoint_root(run_dir))):
+        if checkpoint.complete:
+            newest = checkpoint
+            break
+        progress(f"broadcast: skipping {checkpoint.path}: incomplete (no .complete marker)")
+    if newest is None:
+        return Staged(None, f"{run_dir} has no complete checkpoint")
+    if not (newest.path / CHECKSUMS).is_file():
+        return Staged(
+            None,
+            f"{newest.path} has no {CHECKSUMS} (saved before goodput wrote checksums), so the "
+            "trainer could not verify a copy; it reads this checkpoint where it is",
+        )
+    destination = posixpath.join(dest, newest.path.name)
+    transport = transport_for(destination)
+    result = broadcast(
+        newest.path,
+        hosts,
+        transport=transport,
+        fanout=fanout,
+        retries=retries,
+        min_success=min_success,
+        progress=progress,
+    )
+    removed: dict[str, list[str]] = {}
+
+    def remove(host: str) -> None:
+        try:
+            removed[host] = remove_older(transport, host, newest.step)
+        except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+            progress(f"broadcast: {host}: older staged checkpoints left in place ({exc})")
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(result.succeeded), REMOVE_THREADS))) as pool:
+        list(pool.map(remove, result.succeeded))
+    return Staged(newest.path, "", destination, result, removed)
+
+
+def _checkpoint_root(run_dir: Path) -> Path:
+    root = checkpoints_dir(run_dir)
+    if root.is_dir():
+        return root
+    if run_dir.is_dir() and any(STEP_DIR.match(path.name) for path in run_dir.iterdir()):
+        return run_dir  # a [checkpoint] folder outside the run directory
+    raise GoodputError(
+        run_dir,
+        "holds no checkpoints/ folder and no step-N checkpoints",
+        "pass the run directory (train.output) or its checkpoint folder",
+        code=ExitCode.USAGE,
+    )
+
+
+def remove_older(transport: Transport, host: str, step: int) -> list[str]:
+    """Remove the ``step-N`` folders with N < ``step`` beside ``host``'s copy; their names."""
+    parent = posixpath.dirname(transport.path(host))
+    if isinstance(transport, LocalTransport):
+        older = [c.path for c in list_checkpoints(Path(parent)) if c.step < step]
+        for path in older:
+            shutil.rmtree(path)
+        return [path.name for path in older]
+    # The remote transports' own ssh (with --ssh-config when given). Fixed-width names: `test`
+    # reads "00000004" as decimal. Run by sh, whatever the login shell is.
+    assert isinstance(transport, _RemoteTransport)
+    script = (
+        f"cd {shlex.quote(parent)} 2>/dev/null || exit 0; for d in step-{'[0-9]' * 8}; do "
+        f'if [ -d "$d" ] && [ "${{d#step-}}" -lt {step} ]; then rm -rf -- "$d" && echo "$d"; fi; '
+        "done"
+    )
+    finished = subprocess.run(
+        transport._on(host, "sh", "-c", script),
+        capture_output=True,
+        text=True,
+        timeout=REMOVE_TIMEOUT_S,
+    )
+    if finished.returncode != 0:
+        message = " ".join(finished.stderr.split())[-300:]
+        raise RuntimeError(f"ssh exited {finished.returncode}: {message}")
+    return finished.stdout.split()
+
+
+def describe(staged: Staged, num_hosts: int) -> str:
+    """What was staged where, in a line or two."""
+    if staged.checkpoint is None:
+        return f"broadcast: nothing staged: {staged.why_not}"
+    result = staged.result
+    by_origin = sum(copy.source == ORIGIN for copy in result.copies)
+    line = (
+        f"broadcast: staged {staged.checkpoint} as {staged.destination} on "
+        f"{len(result.succeeded)} of {num_hosts} hosts in {result.makespan_s:.1f} s "
+        f"({by_origin} copies from the origin)"
+        + (f"; failed: {', '.join(result.failed)}" if result.failed else "")
+    )
+    names = sorted({name for removed in staged.removed.values() for name in removed})
+    if names:
+        cleaned = sum(bool(removed) for removed in staged.removed.values())
+        line += f"\nbroadcast: removed older {', '.join(names)} on {cleaned} host(s)"
+    return line
