@@ -83,8 +83,8 @@ from typing import Any
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.layout import step_dir
 from goodput.config import to_toml
-from goodput.launch.broadcast import make_transport
 from goodput.launch.stage import stage_checkpoint
+from goodput.launch.transports import make_transport
 from goodput.testing.tiny import tiny_run_config
 from goodput.train.config import RunConfig
 from goodput.train.flops import model_size

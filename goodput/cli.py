@@ -678,7 +678,7 @@ def _launch(args: argparse.Namespace) -> ExitCode:
 
 
 def _broadcast(args: argparse.Namespace) -> ExitCode:
-    from goodput.launch import broadcast
+    from goodput.launch import broadcast, transports
 
     if args.simulate:
         if args.nodes is None or args.copy_seconds is None:
@@ -709,7 +709,7 @@ def _broadcast(args: argparse.Namespace) -> ExitCode:
             args.checkpoint,
             hosts,
             args.dest,
-            lambda dest: broadcast.make_transport(args.transport, dest, args.ssh_config),
+            lambda dest: transports.make_transport(args.transport, dest, args.ssh_config),
             fanout=args.fanout,
             retries=args.retries,
             min_success=args.min_success,
@@ -728,7 +728,7 @@ def _broadcast(args: argparse.Namespace) -> ExitCode:
     result = broadcast.broadcast(
         args.source,
         hosts,
-        transport=broadcast.make_transport(args.transport, args.dest, args.ssh_config),
+        transport=transports.make_transport(args.transport, args.dest, args.ssh_config),
         fanout=args.fanout,
         retries=args.retries,
         min_success=args.min_success,

@@ -26,15 +26,8 @@ from pathlib import Path
 
 from goodput.checkpoint.layout import CHECKSUMS, STEP_DIR, checkpoints_dir, list_checkpoints
 from goodput.errors import ExitCode, GoodputError
-from goodput.launch.broadcast import (
-    DEFAULT_FANOUT,
-    ORIGIN,
-    BroadcastResult,
-    LocalTransport,
-    Transport,
-    _RemoteTransport,
-    broadcast,
-)
+from goodput.launch.broadcast import DEFAULT_FANOUT, ORIGIN, BroadcastResult, broadcast
+from goodput.launch.transports import LocalTransport, RemoteTransport, Transport
 
 REMOVE_THREADS = 64  # hosts cleaned up at once (one ssh each for the remote transports)
 REMOVE_TIMEOUT_S = 300.0
@@ -125,14 +118,14 @@ def remove_older(transport: Transport, host: str, step: int) -> list[str]:
         return [path.name for path in older]
     # The remote transports' own ssh (with --ssh-config when given). Fixed-width names: `test`
     # reads "00000004" as decimal. Run by sh, whatever the login shell is.
-    assert isinstance(transport, _RemoteTransport)
+    assert isinstance(transport, RemoteTransport)
     script = (
         f"cd {shlex.quote(parent)} 2>/dev/null || exit 0; for d in step-{'[0-9]' * 8}; do "
         f'if [ -d "$d" ] && [ "${{d#step-}}" -lt {step} ]; then rm -rf -- "$d" && echo "$d"; fi; '
         "done"
     )
     finished = subprocess.run(
-        transport._on(host, "sh", "-c", script),
+        transport.on(host, "sh", "-c", script),
         capture_output=True,
         text=True,
         timeout=REMOVE_TIMEOUT_S,

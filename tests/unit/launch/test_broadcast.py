@@ -16,17 +16,8 @@ import pytest
 
 from goodput import cli
 from goodput.errors import GoodputError
-from goodput.launch.broadcast import (
-    ORIGIN,
-    BroadcastResult,
-    RsyncTransport,
-    TarTransport,
-    broadcast,
-    fix_venv_prefix,
-    make_transport,
-    read_hosts,
-    simulate,
-)
+from goodput.launch.broadcast import ORIGIN, BroadcastResult, broadcast, read_hosts, simulate
+from goodput.launch.transports import RsyncTransport, TarTransport, fix_venv_prefix, make_transport
 
 HOSTS = [f"nid{i:03d}" for i in range(16)]
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from goodput import cli
-from goodput.launch.broadcast import ORIGIN, broadcast, make_transport
+from goodput.launch.broadcast import ORIGIN, broadcast
+from goodput.launch.transports import make_transport
 
 SSH_CONFIG = Path("/tmp/goodput-sshd/ssh_config")  # written by .ci/start-sshd
 HOSTS = ["node1", "node2", "node3", "node4"]
