@@ -356,3 +356,17 @@ def test_the_backoff_doubles_without_progress_and_restarts_after_it(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "attempts.jsonl").read_text().splitlines()]
     assert [r["class"] for r in records] == ["error", "stuck-pre-training", "error", "success"]
     assert [r["steps_gained"] for r in records] == [5, 0, 4, 3]
+
+
+@pytest.mark.parametrize("name", ["aurora", "polaris"])
+def test_pals_profiles_name_the_node_pals_lost(name):
+    profile = load_profile(name)
+    pool = ["x4102c5s2b0n0", "x4102c5s3b0n0", "x4102c5s4b0n0"]
+    scanner = EvidenceScanner([*BAD_NODE_PATTERNS, *profile.bad_node_patterns], pool)
+    for line in [
+        "x4102c5s2b0n0.hostmgmt2000.cm.americas.sgi.com: rank 12 died from signal 15",
+        "x4102c5s3b0n0.hostmgmt2000.cm.americas.sgi.com: shepherd died from signal 9",
+        "mpiexec: Couldn't forward RPC launch(1234) to child x4102c5s4b0n0.hsn.cm.aurora",
+    ]:
+        scanner(line.encode())
+    assert sorted(scanner.found) == ["x4102c5s3b0n0", "x4102c5s4b0n0"]
