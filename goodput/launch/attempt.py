@@ -124,22 +124,9 @@ class _Attempt:
 
     def start(self, specs: list[ProcessSpec]) -> None:
         for spec in specs:
-            try:
-                process = subprocess.Popen(
-                    spec.argv,
-                    env=spec.env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            except OSError as error:
-                raise GoodputError(
-                    " ".join(spec.argv[:1]) or f"process {spec.label}",
-                    f"cannot start: {error.strerror or error}",
-                    "check the command and that it is installed and executable",
-                    code=ExitCode.USAGE,
-                ) from None
+            process = start_process(
+                spec, "check the command and that it is installed and executable"
+            )
             self.running.append((spec.label, process))
             head = f"[{spec.label}] ".encode() if self.prefix else b""
             reader = threading.Thread(
@@ -249,6 +236,27 @@ class _Attempt:
                 # the process would block on its next print and the watchdog would blame it.
                 self.sinks.remove(sink)
                 print(f"launch: stopped writing output to {sink}: {error}", file=sys.stderr)
+
+
+def start_process(spec: ProcessSpec, fix: str) -> subprocess.Popen[bytes]:
+    """Start ``spec`` in a session of its own (so its whole group can be signalled), stdout and
+    stderr merged into one pipe; a command that cannot start is a usage error saying ``fix``."""
+    try:
+        return subprocess.Popen(
+            spec.argv,
+            env=spec.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as error:
+        raise GoodputError(
+            " ".join(spec.argv[:1]) or f"process {spec.label}",
+            f"cannot start: {error.strerror or error}",
+            fix,
+            code=ExitCode.USAGE,
+        ) from None
 
 
 @contextlib.contextmanager

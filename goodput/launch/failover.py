@@ -41,8 +41,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from goodput.errors import ExitCode, GoodputError
-from goodput.launch.attempt import AttemptResult, ProcessSpec
+from goodput.errors import ExitCode
+from goodput.launch.attempt import AttemptResult, ProcessSpec, start_process
 from goodput.launch.retry import append_line, backoff_delay, describe_exit, now
 
 # Lines that name a bad host on any machine; a profile's ``bad_node_patterns`` add the site's.
@@ -133,23 +133,10 @@ def resolve_address(addr: str) -> list[str]:
 
 def probe_hosts(probes: dict[str, ProcessSpec], timeout_s: float) -> dict[str, Evidence]:
     """Run every host's probe at once; the hosts that failed, each with what its probe said."""
-    started = {}
-    for host, spec in probes.items():
-        try:
-            started[host] = subprocess.Popen(
-                spec.argv,
-                env=spec.env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except OSError as error:
-            raise GoodputError(
-                spec.argv[0],
-                f"cannot start the health probe: {error.strerror or error}",
-                "fix health_check in the machine profile",
-            ) from None
+    started = {
+        host: start_process(spec, "fix health_check in the machine profile")
+        for host, spec in probes.items()
+    }
     deadline = time.monotonic() + timeout_s
     failed = {}
     for host, process in started.items():

@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -18,6 +17,7 @@ from goodput.checkpoint.layout import checkpoints_dir, step_dir
 from goodput.config import to_toml
 from goodput.io import sha256_file
 from goodput.testing.dist import run_distributed
+from goodput.testing.sshd import SSH_CONFIG, sshd_answers
 from goodput.testing.tiny import tiny_run_config
 from goodput.train.loop import train
 
@@ -125,19 +125,6 @@ def test_broadcast_stages_the_newest_complete_checkpoint_only(saved, tmp_path):
     )
     refused = goodput_broadcast("--checkpoint", tmp_path, "--hosts", "a", "--dest", dest)
     assert refused.returncode == 2 and "no step-N checkpoints" in refused.stderr
-
-
-SSH_CONFIG = Path("/tmp/goodput-sshd/ssh_config")  # .ci/start-sshd: node1..node4 are this machine
-
-
-def sshd_answers():
-    if not SSH_CONFIG.is_file() or not (shutil.which("ssh") and shutil.which("rsync")):
-        return False
-    probe = ["ssh", "-F", str(SSH_CONFIG), "node1", "true"]
-    try:
-        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
-    except subprocess.TimeoutExpired:
-        return False
 
 
 @pytest.mark.skipif(not sshd_answers(), reason="needs the test sshd of .ci/start-sshd")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import socket
 import stat
 import subprocess
@@ -23,23 +22,13 @@ import pytest
 from goodput import cli
 from goodput.launch.broadcast import ORIGIN, broadcast
 from goodput.launch.transports import make_transport
+from goodput.testing.sshd import SSH_CONFIG, sshd_answers
 
-SSH_CONFIG = Path("/tmp/goodput-sshd/ssh_config")  # written by .ci/start-sshd
 HOSTS = ["node1", "node2", "node3", "node4"]
 
 
-def _sshd_answers() -> bool:
-    if not SSH_CONFIG.is_file() or not (shutil.which("ssh") and shutil.which("rsync")):
-        return False
-    probe = ["ssh", "-F", str(SSH_CONFIG), "node1", "true"]
-    try:
-        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
-    except subprocess.TimeoutExpired:
-        return False
-
-
 pytestmark = pytest.mark.skipif(
-    not _sshd_answers(),
+    not sshd_answers(),
     reason="needs the test sshd (apt: openssh-server openssh-client rsync; .ci/start-sshd)",
 )
 
