@@ -115,7 +115,8 @@ def _add_launch_parser(groups: argparse._SubParsersAction) -> None:
         "--timeout",
         type=float,
         metavar="S",
-        help="stop all ranks after S seconds without output (exit 124; default: never)",
+        help="stop all ranks after S seconds without output (exit 124; default: never, 1800 "
+        "with --auto-retry; 0: never)",
     )
     launch.add_argument(
         "--retries",
@@ -628,6 +629,11 @@ def _launch(args: argparse.Namespace) -> ExitCode:
     from goodput.launch.attempt import AttemptResult, run_attempt
     from goodput.launch.retry import run_with_retries
 
+    timeout = args.timeout
+    if args.auto_retry and timeout is None:
+        timeout = failover.DEFAULT_IDLE_TIMEOUT_S
+    timeout = timeout or None  # --timeout 0: no watchdog
+
     def start_attempt(
         hosts: tuple[str, ...], on_line: Callable[[bytes], None] | None = None
     ) -> AttemptResult:
@@ -645,7 +651,6 @@ def _launch(args: argparse.Namespace) -> ExitCode:
             on_line=on_line,
         )
 
-    timeout = args.timeout
     attempts_log = run_dir / "attempts.jsonl"
     if not args.auto_retry:
         code = run_with_retries(
@@ -655,9 +660,6 @@ def _launch(args: argparse.Namespace) -> ExitCode:
             attempts_log=attempts_log,
         )
     else:
-        if timeout is None:
-            timeout = failover.DEFAULT_IDLE_TIMEOUT_S
-        timeout = timeout or None  # --timeout 0: no watchdog
 
         def probe(hosts: tuple[str, ...]) -> dict[str, failover.Evidence]:
             probes = {host: launchers.build_probe(plan, host, os.environ) for host in hosts}
