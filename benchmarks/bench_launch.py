@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from goodput.launch.attempt import ProcessSpec, run_attempt
+from goodput.testing.jobs import outside_any_job
 
 REPEATS = 5
 IDLE_TIMEOUT_S = 1.0
@@ -56,7 +57,7 @@ def _two_bare_children(env: dict[str, str]) -> float:
 
 def _overhead(tmp: Path) -> dict[str, Any]:
     goodput = [sys.executable, "-m", "goodput", "launch", "--run-dir", str(tmp / "run")]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_"))}
+    env = outside_any_job()
     hostfile = tmp / "nodes"
     hostfile.write_text(f"{os.uname().nodename}\n")
     pbs = {**env, "PBS_JOBID": "1.bench", "PBS_NODEFILE": str(hostfile)}
@@ -107,7 +108,7 @@ def _srun_overhead() -> dict[str, Any]:
         return {}
     salloc = ["salloc", "--nodes", "1", "--ntasks", "2", "--overcommit", "--time", "5"]
     program = "from benchmarks.bench_launch import _srun_sides; _srun_sides()"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_"))}
+    env = outside_any_job()
     try:
         done = subprocess.run(
             [*salloc, sys.executable, "-c", program],

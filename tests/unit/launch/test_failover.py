@@ -39,8 +39,8 @@ from goodput.launch.failover import (
     steps_gained,
 )
 from goodput.launch.launchers import ProfileConfig, build_probe, load_profile, plan_launch
+from goodput.testing.jobs import outside_any_job
 
-REPO = Path(__file__).resolve().parents[3]
 HOSTS = ["n1", "n2", "n3", "n4"]
 
 # A rank: its host is GOODPUT_LAUNCH_HOSTS[rank] (ppn 1). On a host listed in bad-hosts it
@@ -111,15 +111,13 @@ def _emulated_pbs(tmp_path: Path, bad: list[str], behaviour: str) -> tuple[dict[
             health_timeout_s = 20
         """)
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_"))}
-    env |= {
-        "PBS_JOBID": "4242.emulated",
-        "PBS_NODEFILE": str(nodefile),
-        "GOODPUT_PROFILE": str(profile),
-        "TEST_STATE": str(state),
-        "BEHAVIOUR": behaviour,
-        "PYTHONPATH": str(REPO),
-    }
+    env = outside_any_job(
+        PBS_JOBID="4242.emulated",
+        PBS_NODEFILE=str(nodefile),
+        GOODPUT_PROFILE=str(profile),
+        TEST_STATE=str(state),
+        BEHAVIOUR=behaviour,
+    )
     return env, state
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shlex
 import shutil
 import socket
@@ -33,6 +32,7 @@ from goodput.launch.launchers import (
     profile_names,
     write_hostfile,
 )
+from goodput.testing.jobs import outside_any_job
 
 REPO = Path(__file__).resolve().parents[3]
 COMMAND = ["python", "train.py", "--steps", "10"]
@@ -59,13 +59,6 @@ def local_env(monkeypatch, tmp_path):
     for name in (*SCHEDULER_VARS, "GOODPUT_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
-
-
-def _child_env():
-    env = {k: v for k, v in os.environ.items() if k not in SCHEDULER_VARS}
-    env.pop("GOODPUT_PROFILE", None)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
 
 
 def test_srun_names_the_exact_host_set_and_counts():
@@ -301,7 +294,7 @@ def test_local_ranks_really_run(tmp_path):
         [sys.executable, "-m", "goodput.cli", "launch", "--nproc", "2", "--"]
         + [sys.executable, "-c", code],
         cwd=tmp_path,
-        env=_child_env(),
+        env=outside_any_job(),
         capture_output=True,
         text=True,
         timeout=60,
@@ -330,7 +323,7 @@ def test_pbs_ranks_really_run_under_hydra(tmp_path):
         "open(f\"rank{e['PMI_RANK']}\", 'w').write(' '.join("
         "[e['GREETING'], e['SITE_DATA'], e['MASTER_ADDR'], e['MASTER_PORT']]))"
     )
-    env = {**_child_env(), "PBS_JOBID": "7.pbs", "PBS_NODEFILE": str(tmp_path / "nodefile")}
+    env = {**outside_any_job(), "PBS_JOBID": "7.pbs", "PBS_NODEFILE": str(tmp_path / "nodefile")}
     result = subprocess.run(
         [sys.executable, "-m", "goodput.cli", "launch", "--profile", "./site.toml"]
         + ["--nproc", "2", "--timeout", "60", "--", sys.executable, "-c", code],
@@ -396,7 +389,7 @@ def test_launch_dry_run_never_imports_torch(tmp_path):
     result = subprocess.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,
-        env=_child_env(),
+        env=outside_any_job(),
         capture_output=True,
         text=True,
         check=True,

@@ -9,7 +9,6 @@ environment and starts real ``srun`` steps.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import socket
@@ -19,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from goodput.testing.jobs import outside_any_job
+
 TIMEOUT_S = 60
 
 
@@ -46,14 +46,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _child_env() -> dict[str, str]:
-    """This environment, minus any job this test itself runs in."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_"))}
-    env.pop("GOODPUT_PROFILE", None)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
-
-
 def _salloc(ntasks: int, launch_args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     """``goodput launch LAUNCH_ARGS`` run by ``salloc`` in a fresh one-node allocation."""
     # --overcommit: two tasks fit a one-core node too (salloc passes it on to srun).
@@ -62,7 +54,7 @@ def _salloc(ntasks: int, launch_args: list[str], cwd: Path) -> subprocess.Comple
     return subprocess.run(
         [*salloc, sys.executable, "-m", "goodput", "launch", *launch_args],
         cwd=cwd,
-        env=_child_env(),
+        env=outside_any_job(),
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from goodput import cli
+from goodput.testing.jobs import outside_any_job
 
-REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent  # this venv's bin: the jobs' `goodput` is found here
 CHAIN_TIMEOUT_S = 90
 HOSTILE = ["$(touch PWNED)", ";", "a'b\"c", "`touch PWNED`", "$HOME", "x && touch PWNED"]
@@ -78,16 +78,9 @@ def _launch_argv(script: str) -> list[str]:
 
 
 def _child_env(**extra: str) -> dict[str, str]:
-    """This environment minus any job this test runs in, with this venv's `goodput` on PATH."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SLURM_", "SBATCH_", "PBS_")) and k != "GOODPUT_CHAIN_JOB"
-    }
-    env.pop("GOODPUT_PROFILE", None)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["PATH"] = os.pathsep.join([str(BIN), env["PATH"]])
-    return {**env, **extra}
+    """This environment outside any job, with this venv's `goodput` on PATH."""
+    path = os.pathsep.join([str(BIN), os.environ["PATH"]])
+    return outside_any_job(**{"PATH": path, **extra})
 
 
 @pytest.fixture
