@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from goodput.launch.attempt import ProcessSpec, run_attempt
+from goodput.launch.env import current_placement
 from goodput.testing.jobs import outside_any_job
 
 REPEATS = 5
@@ -89,7 +90,7 @@ def _overhead(tmp: Path) -> dict[str, Any]:
 
 def _srun_sides() -> None:
     """Inside an allocation: the bare srun and goodput launch, alternating; medians as JSON."""
-    node = os.environ["SLURM_JOB_NODELIST"]
+    (node,) = current_placement().hosts  # the one node of the salloc
     bare = ["srun", "--nodes", "1", "--ntasks", "2", "--ntasks-per-node", "2", "--nodelist", node]
     bare += ["--kill-on-bad-exit=1", sys.executable, "-c", CHILD]
     with tempfile.TemporaryDirectory(prefix="goodput-bench-") as tmp:
