@@ -684,11 +684,10 @@ def _broadcast(args: argparse.Namespace) -> ExitCode:
 
     if args.simulate:
         if args.nodes is None or args.copy_seconds is None:
-            raise GoodputError(
+            raise GoodputError.usage(
                 "broadcast --simulate",
                 "needs --nodes and --copy-seconds",
                 "e.g. --simulate --nodes 10624 --copy-seconds 10",
-                code=ExitCode.USAGE,
             )
         tree, star = broadcast.simulate(args.nodes, args.copy_seconds, args.fanout)
         print(f"tree: {tree:.1f} s ({args.nodes} hosts, fanout {args.fanout})")
@@ -699,12 +698,11 @@ def _broadcast(args: argparse.Namespace) -> ExitCode:
         from goodput.launch import stage
 
         if args.source is not None or args.dest is None:
-            raise GoodputError(
+            raise GoodputError.usage(
                 "broadcast --checkpoint",
                 "takes --dest and no SOURCE",
                 "e.g. goodput broadcast --checkpoint RUN_DIR --hostfile $PBS_NODEFILE "
                 "--dest /local/scratch/ckpt",
-                code=ExitCode.USAGE,
             )
         hosts = broadcast.read_hosts(args.hosts, args.hostfile)
         staged = stage.stage_checkpoint(
@@ -720,11 +718,10 @@ def _broadcast(args: argparse.Namespace) -> ExitCode:
         print(stage.describe(staged, len(hosts)))
         return ExitCode.OK
     if args.source is None or args.dest is None:
-        raise GoodputError(
+        raise GoodputError.usage(
             "broadcast",
             "needs SOURCE and --dest",
             "e.g. goodput broadcast .venv --hostfile $PBS_NODEFILE --dest /tmp/.venv",
-            code=ExitCode.USAGE,
         )
     hosts = broadcast.read_hosts(args.hosts, args.hostfile)
     result = broadcast.broadcast(
@@ -753,13 +750,12 @@ def _submit(args: argparse.Namespace) -> ExitCode:
     # A typo in the launch options fails now (exit 2), not hours later when the job starts.
     launch, unknown = build_parser().parse_known_args(launch_line[1:])
     if unknown or launch.cmd in ([], ["--"]):
-        raise GoodputError(
+        raise GoodputError.usage(
             "submit --",
             f"goodput launch does not know {' '.join(unknown)}"
             if unknown
             else "the goodput launch line names no command",
             "see goodput launch --help; end the line with -- CMD, e.g. -- goodput train run.toml",
-            code=ExitCode.USAGE,
         )
     chain = submit.Chain(
         scheduler=args.scheduler or submit.detect_scheduler(),

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 
 T = TypeVar("T")
 
@@ -38,9 +38,7 @@ def load_section(cls: type[T], path: str | Path, section: str, overrides: Sequen
     part); overrides are ``key=value`` within the section."""
     raw = read_toml(path)
     if not isinstance(raw.get(section), dict):
-        raise GoodputError(
-            path, f"no [{section}] table", f"add a [{section}] section", code=ExitCode.USAGE
-        )
+        raise GoodputError.usage(path, f"no [{section}] table", f"add a [{section}] section")
     for item in overrides:
         apply_override(raw[section], item)
     return build(cls, raw[section], str(path), f"{section}.")
@@ -78,24 +76,19 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     try:
         return tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise GoodputError(
-            path, "config file not found", "check the path", code=ExitCode.USAGE
-        ) from None
+        raise GoodputError.usage(path, "config file not found", "check the path") from None
     except tomllib.TOMLDecodeError as exc:
-        raise GoodputError(
-            path, f"invalid TOML: {exc}", "fix the syntax", code=ExitCode.USAGE
-        ) from None
+        raise GoodputError.usage(path, f"invalid TOML: {exc}", "fix the syntax") from None
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
     """Set ``a.b.c=value`` in a nested dict, parsing ``value`` as a TOML value when it is one."""
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
-        raise GoodputError(
+        raise GoodputError.usage(
             item,
             "override is not of the form section.key=value",
             "write e.g. data.seed=7",
-            code=ExitCode.USAGE,
         )
     try:
         value = tomllib.loads(f"v = {text}")["v"]
@@ -106,11 +99,10 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     for part in parents:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise GoodputError(
+            raise GoodputError.usage(
                 key,
                 f"'{part}' is a value, not a section",
                 "override a key inside a section",
-                code=ExitCode.USAGE,
             )
     node[leaf] = value
 
@@ -121,12 +113,11 @@ def build(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") -> T:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     unknown = sorted(set(raw) - set(fields))
     if unknown:
-        raise GoodputError(
+        raise GoodputError.usage(
             where,
             f"unknown key '{prefix}{unknown[0]}'",
             f"valid keys{' in [' + prefix.rstrip('.') + ']' if prefix else ''}: "
             + ", ".join(sorted(fields)),
-            code=ExitCode.USAGE,
         )
     kwargs = {
         name: _coerce(hints[name], value, where, f"{prefix}{name}") for name, value in raw.items()
@@ -134,11 +125,10 @@ def build(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") -> T:
     try:
         return cls(**kwargs)
     except TypeError as exc:  # a required field is missing
-        raise GoodputError(
+        raise GoodputError.usage(
             where,
             f"[{prefix.rstrip('.') or 'top level'}] {exc}",
             "add the missing key",
-            code=ExitCode.USAGE,
         ) from None
     except GoodputError as exc:
         if not exc.where.startswith("["):
@@ -172,11 +162,10 @@ def _coerce(hint: Any, value: Any, where: str, key: str) -> Any:
         return tuple(items) if origin is tuple else items
     if origin is typing.Literal:
         if value not in typing.get_args(hint):
-            raise GoodputError(
+            raise GoodputError.usage(
                 where,
                 f"'{key}' = {value!r} is not allowed",
                 f"use one of {', '.join(map(repr, typing.get_args(hint)))}",
-                code=ExitCode.USAGE,
             )
         return value
     if hint is Any:
@@ -195,9 +184,8 @@ def _name(hint: Any) -> str:
 
 
 def _type_error(where: str, key: str, expected: str, value: Any) -> GoodputError:
-    return GoodputError(
+    return GoodputError.usage(
         where,
         f"'{key}' must be {expected}, got {value!r}",
         "fix the value in the config or the override",
-        code=ExitCode.USAGE,
     )

@@ -31,6 +31,11 @@ class GoodputError(Exception):
         self.code = code
         super().__init__(self.render())
 
+    @classmethod
+    def usage(cls, where: object, what: str, fix: str) -> GoodputError:
+        """A bad command line, option or config: exit 2."""
+        return cls(where, what, fix, code=ExitCode.USAGE)
+
     def __reduce__(self) -> tuple:  # type: ignore[type-arg]
         # Worker processes raise these; pickling must rebuild the parts, not the rendered line.
         return (_rebuild, (self.where, self.what, self.fix, self.code))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -24,7 +24,7 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         def fail(what: str, fix: str) -> None:
-            raise GoodputError("[checkpoint]", what, fix, code=ExitCode.USAGE)
+            raise GoodputError.usage("[checkpoint]", what, fix)
 
         if self.interval_steps < 0 or self.interval_minutes < 0:
             fail("intervals must be >= 0", "use 0 to turn one off")

@@ -40,7 +40,7 @@ from goodput.checkpoint.checksums import checkpoint_files, file_digests, write_c
 from goodput.checkpoint.layout import CONFIG, LATEST, TRAIN_STATE, checkpoints_dir, step_dir
 from goodput.checkpoint.load import load_tensors
 from goodput.config import load_section, to_toml
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 from goodput.io import (
     DIR_MODE,
     atomic_path,
@@ -80,11 +80,10 @@ def read_model_config(directory: Path) -> ModelConfig:
 
 def require_complete(directory: Path) -> None:
     if not directory.is_dir():
-        raise GoodputError(
+        raise GoodputError.usage(
             directory,
             "no such checkpoint directory",
             "pass a step-NNNNNNNN folder",
-            code=ExitCode.USAGE,
         )
     if not is_complete(directory):
         raise GoodputError(
@@ -155,11 +154,10 @@ def write_model_only_checkpoint(
     root = checkpoints_dir(run_dir)
     directory = step_dir(root, 0)
     if root.is_dir() and any(root.iterdir()):
-        raise GoodputError(
+        raise GoodputError.usage(
             root,
             "already holds checkpoints",
             "write the imported checkpoint into a new OUT_DIR",
-            code=ExitCode.USAGE,
         )
     directory.mkdir(parents=True, exist_ok=True)
     try:
@@ -188,11 +186,10 @@ def export_hf(directory: Path, out_dir: Path) -> Path:
     require_complete(directory)
     cfg = read_model_config(directory)
     if cfg.moe is not None:
-        raise GoodputError(
+        raise GoodputError.usage(
             directory,
             "a mixture-of-experts model cannot be exported as HF Llama",
             "export dense models only; `goodput ckpt to-torch` writes MoE weights",
-            code=ExitCode.USAGE,
         )
     _require_empty(out_dir)
     print(f"reading {directory}", flush=True)
@@ -212,11 +209,10 @@ def import_hf(hf_dir: Path, run_dir: Path) -> Path:
     try:
         hf_cfg = json.loads(config_path.read_text())
     except FileNotFoundError:
-        raise GoodputError(
+        raise GoodputError.usage(
             config_path,
             "not found",
             "pass an HF model folder holding config.json",
-            code=ExitCode.USAGE,
         ) from None
     except json.JSONDecodeError as exc:
         raise GoodputError(config_path, f"invalid JSON ({exc})", "fix the file") from None
@@ -234,7 +230,7 @@ def to_torch(directory: Path, file: Path) -> Path:
     of plain tensors (dtypes as saved)."""
     require_complete(directory)
     if file.exists():
-        raise GoodputError(file, "already exists", "choose another file name", code=ExitCode.USAGE)
+        raise GoodputError.usage(file, "already exists", "choose another file name")
     cfg = read_model_config(directory)
     print(f"reading {directory}", flush=True)
     state = load_model_state(directory, cfg)
@@ -251,7 +247,7 @@ def from_torch(file: Path, config: Path, run_dir: Path) -> Path:
     try:
         loaded = torch.load(file, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise GoodputError(file, "not found", "check the path", code=ExitCode.USAGE) from None
+        raise GoodputError.usage(file, "not found", "check the path") from None
     except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
         raise GoodputError(
             file,
@@ -265,11 +261,10 @@ def from_torch(file: Path, config: Path, run_dir: Path) -> Path:
         and "output.weight" in state
         and not torch.equal(state["output.weight"], state["embedding.weight"])
     ):
-        raise GoodputError(
+        raise GoodputError.usage(
             file,
             "output.weight differs from embedding.weight, but the config ties them",
             "set tie_embeddings = false in [model]",
-            code=ExitCode.USAGE,
         )
     if tied:
         state["output.weight"] = state["embedding.weight"]
@@ -299,27 +294,24 @@ def _check_state(
     fix = "pass the [model] config these weights were trained with"
     for name, (shape, _dtype) in expected.items():
         if name not in found:
-            raise GoodputError(
+            raise GoodputError.usage(
                 where,
                 f"the {what} has no '{name}', which the [model] config needs",
                 fix,
-                code=ExitCode.USAGE,
             )
         if found[name][0] != shape:
-            raise GoodputError(
+            raise GoodputError.usage(
                 where,
                 f"'{name}' has shape {list(found[name][0])} in the {what}, the [model] config "
                 f"needs {list(shape)}",
                 fix,
-                code=ExitCode.USAGE,
             )
     for name in found:
         if name not in expected and name not in optional:
-            raise GoodputError(
+            raise GoodputError.usage(
                 where,
                 f"the {what} has '{name}', which the [model] config does not",
                 fix,
-                code=ExitCode.USAGE,
             )
 
 
@@ -334,11 +326,10 @@ def _state_dict_in(loaded: object, file: Path) -> dict[str, torch.Tensor]:
     if not isinstance(loaded, dict) or not all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()
     ):
-        raise GoodputError(
+        raise GoodputError.usage(
             file,
             "does not hold a dict of name -> tensor",
             "save model.state_dict() (optionally under a 'model' key)",
-            code=ExitCode.USAGE,
         )
     return dict(loaded)
 
@@ -353,11 +344,10 @@ def _read_safetensors(hf_dir: Path) -> dict[str, torch.Tensor]:
     elif (hf_dir / HF_WEIGHTS).is_file():
         files = [HF_WEIGHTS]
     else:
-        raise GoodputError(
+        raise GoodputError.usage(
             hf_dir,
             f"no {HF_WEIGHTS} or {HF_INDEX}",
             "pass a folder with safetensors weights (convert .bin weights with transformers)",
-            code=ExitCode.USAGE,
         )
     tensors: dict[str, torch.Tensor] = {}
     for name in files:
@@ -368,11 +358,10 @@ def _read_safetensors(hf_dir: Path) -> dict[str, torch.Tensor]:
 
 def _require_empty(out_dir: Path) -> None:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise GoodputError(
+        raise GoodputError.usage(
             out_dir,
             "already exists and is not empty",
             "choose another OUT_DIR or remove it",
-            code=ExitCode.USAGE,
         )
 
 

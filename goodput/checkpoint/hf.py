@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 from goodput.train.model import ModelConfig
 
 # goodput's llama3 RoPE scaling hard-codes these two (train/model.py, rope_frequencies).
@@ -123,11 +123,10 @@ def from_hf(
         try:
             ours = goodput_name(name)
         except KeyError:
-            raise GoodputError(
+            raise GoodputError.usage(
                 where,
                 f"tensor '{name}' has no counterpart in goodput's Llama",
                 "import only LlamaForCausalLM checkpoints without biases or extra modules",
-                code=ExitCode.USAGE,
             ) from None
         heads = _rope_heads(cfg, ours)
         state[ours] = halves_to_interleaved(tensor, heads) if heads else tensor
@@ -140,11 +139,10 @@ def from_hf(
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     """``config.json`` of a ``LlamaForCausalLM`` computing what ``cfg`` computes."""
     if cfg.moe is not None:
-        raise GoodputError(
+        raise GoodputError.usage(
             "[model.moe]",
             "a mixture-of-experts model has no HF Llama form",
             "export dense models only, or use `goodput ckpt to-torch` for MoE weights",
-            code=ExitCode.USAGE,
         )
     rope_scaling: dict[str, Any] | None = None
     if cfg.rope_scaling == "linear":
@@ -187,7 +185,7 @@ def model_config(hf: dict[str, Any], where: str) -> ModelConfig:
     """The goodput ``ModelConfig`` of an HF Llama ``config.json``; refuses what goodput lacks."""
 
     def refuse(what: str, fix: str = "only plain Llama models can be imported") -> GoodputError:
-        return GoodputError(where, what, fix, code=ExitCode.USAGE)
+        return GoodputError.usage(where, what, fix)
 
     if hf.get("model_type") != "llama":
         raise refuse(f"model_type is {hf.get('model_type')!r}, not 'llama'")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from goodput.checkpoint.layout import LATEST, checkpoints_dir, list_checkpoints
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 
 
 def describe_checkpoints(run_dir: Path, now: float | None = None) -> dict[str, Any]:
@@ -17,11 +17,10 @@ def describe_checkpoints(run_dir: Path, now: float | None = None) -> dict[str, A
     latest}]}``, oldest first."""
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
-        raise GoodputError(
+        raise GoodputError.usage(
             run_dir,
             f"has no {root.name}/ folder",
             "pass a run directory (train.output) that has saved checkpoints",
-            code=ExitCode.USAGE,
         )
     now = time.time() if now is None else now
     latest_file = root / LATEST

@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from goodput.checkpoint.layout import CONFIG, TRAIN_STATE, list_checkpoints, rng_file
 from goodput.checkpoint.state import set_rng_state
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 from goodput.io import is_complete
 
 
@@ -156,9 +156,8 @@ def check_model_shape(directory: Path, saved: dict[str, Any], current: dict[str,
     """Refuse a checkpoint whose ``[model]`` table differs from this run's."""
     differences = config_diff(saved.get("model", {}), current["model"], "model.")
     if differences:
-        raise GoodputError(
+        raise GoodputError.usage(
             directory,
             f"the checkpoint's model differs from this config's ({'; '.join(differences)})",
             "resume with the model config the checkpoint was saved with, or start a new run",
-            code=ExitCode.USAGE,
         )

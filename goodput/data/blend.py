@@ -44,7 +44,7 @@ from goodput.data.manifest import (
     read_json,
 )
 from goodput.data.shards import ShardReader, bin_path, idx_path
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 from goodput.io import fsync_dir, is_complete, sha256_file, write_json, write_marker
 
 __all__ = ["build_blend_index", "parse_file_list", "BlendSpec", "build_blend", "FileListEntry"]
@@ -148,18 +148,16 @@ def _parse_line(path: Path, number: int, text: str) -> FileListEntry:
 def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
     """Build (or find in the cache) the blend of ``spec``; return its directory and manifest."""
     if min(spec.seq_len, spec.num_samples, spec.report_batch_size) < 1:
-        raise GoodputError(
+        raise GoodputError.usage(
             "blend",
             "--seq-len, --num-samples and --report-batch-size must be positive",
             "pass positive values",
-            code=ExitCode.USAGE,
         )
     if spec.on_exhausted not in ON_EXHAUSTED:
-        raise GoodputError(
+        raise GoodputError.usage(
             "blend",
             f"--on-exhausted {spec.on_exhausted!r} is not valid",
             f"use one of {', '.join(ON_EXHAUSTED)}",
-            code=ExitCode.USAGE,
         )
     entries = parse_file_list(spec.file_list)
     shards, tokenizer = _describe_shards(entries, spec)

@@ -24,7 +24,7 @@ import torch
 from goodput.data.blend import file_index_dir
 from goodput.data.manifest import changed_components, check_run_manifest, read_json
 from goodput.data.shards import ShardReader
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 from goodput.io import is_complete
 
 
@@ -117,12 +117,11 @@ class DataLoader:
         self, blend_dir: str | Path, *, global_batch_size: int, dp_rank: int, dp_size: int
     ):
         if global_batch_size < 1 or global_batch_size % dp_size:
-            raise GoodputError(
+            raise GoodputError.usage(
                 "data loader",
                 f"global batch size {global_batch_size} is not a "
                 f"positive multiple of the data-parallel size {dp_size}",
                 "choose a global batch size divisible by the DP size",
-                code=ExitCode.USAGE,
             )
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank {dp_rank} outside [0, {dp_size})")
@@ -153,10 +152,9 @@ class DataLoader:
         manifest = self.samples.manifest
         if state["fingerprint"] != manifest["fingerprint"] and not allow_data_change:
             changed = changed_components(state["components"], manifest["components"])
-            raise GoodputError(
+            raise GoodputError.usage(
                 self.samples.directory / "blend.json",
                 f"data fingerprint differs from the checkpoint's ({', '.join(changed)} changed)",
                 "resume with the blend the run started with, or allow the change explicitly",
-                code=ExitCode.USAGE,
             )
         self.consumed_samples = int(state["consumed_samples"])

@@ -32,7 +32,7 @@ from goodput.data import readers
 from goodput.data.manifest import SHARDS_FORMAT, manifest_path, read_json
 from goodput.data.shards import ShardWriter, bin_path, idx_path, token_dtype
 from goodput.data.tokenizer import load_tokenizer
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 from goodput.io import sha256_file, sha256_json, write_json
 from goodput.progress import Progress
 
@@ -71,7 +71,7 @@ class TokenizeJob:
         )
         for ok, where, what in checks:
             if not ok:
-                raise GoodputError(where, what, "fix the value", code=ExitCode.USAGE)
+                raise GoodputError.usage(where, what, "fix the value")
 
 
 def plan_units(inputs: list[Path], shard_bytes: int) -> list[list[Path]]:

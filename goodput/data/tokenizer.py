@@ -31,7 +31,7 @@ import sentencepiece
 import tokenizers
 
 from goodput.data.readers import iter_texts
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 from goodput.io import write_bytes
 
 # Tokens an HF tokenizer may use to end a document, tried in this order.
@@ -166,11 +166,10 @@ def load_tokenizer(path: str | os.PathLike[str], kind: str | None = None) -> Tok
                 f"({valid})",
             )
     if kind not in KINDS:
-        raise GoodputError(
+        raise GoodputError.usage(
             "--tokenizer-kind",
             f"unknown kind {kind!r}",
             f"use one of: {valid}",
-            code=ExitCode.USAGE,
         )
     return KINDS[kind](path)
 

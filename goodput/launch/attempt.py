@@ -251,11 +251,10 @@ def start_process(spec: ProcessSpec, fix: str) -> subprocess.Popen[bytes]:
             start_new_session=True,
         )
     except OSError as error:
-        raise GoodputError(
+        raise GoodputError.usage(
             " ".join(spec.argv[:1]) or f"process {spec.label}",
             f"cannot start: {error.strerror or error}",
             fix,
-            code=ExitCode.USAGE,
         ) from None
 
 

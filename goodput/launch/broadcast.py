@@ -36,7 +36,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 from goodput.launch.env import check_host
 from goodput.launch.transports import Transport, fix_venv_prefix, is_venv
 
@@ -70,29 +70,25 @@ def _check_args(
     source: Path, hosts: Sequence[str], fanout: int, retries: int, min_success: int | None
 ) -> int:
     if not source.is_dir():
-        raise GoodputError(
-            "broadcast", f"{source} is not a folder", "give the folder to copy", code=ExitCode.USAGE
+        raise GoodputError.usage(
+            "broadcast", f"{source} is not a folder", "give the folder to copy"
         )
     if fanout < 1 or retries < 0:
-        raise GoodputError(
+        raise GoodputError.usage(
             "broadcast",
             f"fanout {fanout}, retries {retries}",
             "use a fanout of at least 1 and retries of at least 0",
-            code=ExitCode.USAGE,
         )
     for host in hosts:
         check_host(host, "--hosts")
     if len(set(hosts)) != len(hosts):
-        raise GoodputError(
-            "--hosts", "a host is listed twice", "list each host once", code=ExitCode.USAGE
-        )
+        raise GoodputError.usage("--hosts", "a host is listed twice", "list each host once")
     needed = len(hosts) if min_success is None else min_success
     if not 0 <= needed <= len(hosts):
-        raise GoodputError(
+        raise GoodputError.usage(
             "--min-success",
             f"{needed} of {len(hosts)} hosts",
             f"use a number from 0 to {len(hosts)}",
-            code=ExitCode.USAGE,
         )
     return needed
 
@@ -107,11 +103,10 @@ def _origin(source: Path, hosts: Sequence[str], transport: Transport) -> Iterato
         yield source
         return
     if len(paths) > 1:  # one staged copy has one prefix, and hosts copy it on as it is
-        raise GoodputError(
+        raise GoodputError.usage(
             "--dest",
             f"a venv must go to one path on every host, not {len(paths)} ({{host}} in --dest)",
             "drop {host} from --dest, or use the local transport",
-            code=ExitCode.USAGE,
         )
     stage = Path(tempfile.mkdtemp(prefix="goodput-broadcast-"))
     try:
@@ -220,11 +215,10 @@ def simulate(num_hosts: int, copy_seconds: float, fanout: int) -> tuple[float, f
     alone, ``fanout`` at a time: ceil(N / fanout) rounds.
     """
     if num_hosts < 0 or copy_seconds < 0 or fanout < 1:
-        raise GoodputError(
+        raise GoodputError.usage(
             "broadcast --simulate",
             f"nodes {num_hosts}, copy seconds {copy_seconds}, fanout {fanout}",
             "use nodes >= 0, copy seconds >= 0 and a fanout of at least 1",
-            code=ExitCode.USAGE,
         )
     free_at = [0.0] * fanout  # the origin's slots
     makespan = 0.0
@@ -241,11 +235,10 @@ def simulate(num_hosts: int, copy_seconds: float, fanout: int) -> tuple[float, f
 def read_hosts(hosts: str | None, hostfile: Path | None) -> list[str]:
     """Hosts from a comma list or a host file (one a line, '#' comments; repeats dropped)."""
     if (hosts is None) == (hostfile is None):
-        raise GoodputError(
+        raise GoodputError.usage(
             "broadcast",
             "need exactly one of --hosts and --hostfile",
             "give --hosts h1,h2,... or --hostfile FILE",
-            code=ExitCode.USAGE,
         )
     if hostfile is not None:
         names = [line.split("#")[0].strip() for line in hostfile.read_text().splitlines()]

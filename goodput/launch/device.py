@@ -14,7 +14,7 @@ import resource
 from pathlib import Path
 from typing import Any
 
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 
 BACKENDS = {"cuda": "nccl", "xpu": "xccl", "mps": "gloo", "cpu": "gloo"}
 
@@ -26,11 +26,10 @@ def detect_device_type(env: dict[str, str] | None = None) -> str:
     override = (env if env is not None else os.environ).get("GOODPUT_DEVICE")
     if override:
         if override not in BACKENDS:
-            raise GoodputError(
+            raise GoodputError.usage(
                 "GOODPUT_DEVICE",
                 f"unknown device type {override!r}",
                 f"use one of {', '.join(BACKENDS)}",
-                code=ExitCode.USAGE,
             )
         return override
     if torch.cuda.is_available():

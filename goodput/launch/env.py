@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 
 HOSTNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 DEFAULT_PORT = 29500
@@ -86,11 +86,10 @@ def launcher_rank(env: Mapping[str, str]) -> tuple[int, int]:
     try:
         return int(values["RANK"]), int(values["WORLD_SIZE"])
     except ValueError:
-        raise GoodputError(
+        raise GoodputError.usage(
             "environment",
             f"RANK={values['RANK']!r} WORLD_SIZE={values['WORLD_SIZE']!r} are not integers",
             "unset them or let the launcher set them",
-            code=ExitCode.USAGE,
         ) from None
 
 
@@ -153,11 +152,10 @@ def _ranks(env: Mapping[str, str], num_hosts: int) -> tuple[str, int, int, int, 
             local_size = _first_int(env, (local_size_key, *LOCAL_SIZE_FALLBACKS))
             per_host = max(world_size // max(num_hosts, 1), 1)
             if not 0 <= rank < world_size:
-                raise GoodputError(
+                raise GoodputError.usage(
                     rank_key,
                     f"rank {rank} is outside a world of {world_size}",
                     "check the launcher's variables",
-                    code=ExitCode.USAGE,
                 )
             return (
                 source,
@@ -173,11 +171,10 @@ def _int(env: Mapping[str, str], key: str) -> int:
     # Slurm writes per-node task counts like "4(x2)"; the leading count is this node's.
     text = env[key].split("(")[0]
     if not text.isdigit():
-        raise GoodputError(
+        raise GoodputError.usage(
             key,
             f"{env[key]!r} is not a count",
             "check the launcher's variables",
-            code=ExitCode.USAGE,
         )
     return int(text)
 

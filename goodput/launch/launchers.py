@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from goodput.config import build, read_toml
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 from goodput.io import write_text
 from goodput.launch.attempt import ProcessSpec
 from goodput.launch.env import Placement, check_host
@@ -65,50 +65,43 @@ class ProfileConfig:
 
     def __post_init__(self) -> None:
         if self.ppn < 1:
-            raise GoodputError(
-                "[profile]", f"ppn = {self.ppn}", "use at least 1", code=ExitCode.USAGE
-            )
+            raise GoodputError.usage("[profile]", f"ppn = {self.ppn}", "use at least 1")
         for item in self.env:
             name, sep, _ = item.partition("=")
             if not sep or not ENV_NAME.match(name):
-                raise GoodputError(
+                raise GoodputError.usage(
                     "[profile]",
                     f"env entry {item!r} is not NAME=VALUE",
                     'write entries like "FI_CXI_DEFAULT_CQ_SIZE=131072"',
-                    code=ExitCode.USAGE,
                 )
         for name in self.pass_env:
             if not ENV_NAME.match(name):
-                raise GoodputError(
+                raise GoodputError.usage(
                     "[profile]",
                     f"pass_env entry {name!r} is not a variable name",
                     "list names only, without values",
-                    code=ExitCode.USAGE,
                 )
 
         for pattern in self.bad_node_patterns:
             try:
                 groups = re.compile(pattern).groupindex
             except re.error as error:
-                raise GoodputError(
+                raise GoodputError.usage(
                     "[profile]",
                     f"bad_node_patterns entry {pattern!r} is not a regular expression: {error}",
                     "fix the pattern (TOML literal strings '...' keep backslashes as written)",
-                    code=ExitCode.USAGE,
                 ) from None
             if "host" not in groups and "addr" not in groups:
-                raise GoodputError(
+                raise GoodputError.usage(
                     "[profile]",
                     f"bad_node_patterns entry {pattern!r} names no host",
                     "capture the host as (?P<host>...) or its address as (?P<addr>...)",
-                    code=ExitCode.USAGE,
                 )
         if not self.health_check:
-            raise GoodputError(
+            raise GoodputError.usage(
                 "[profile]",
                 "health_check is empty",
                 'give a command, e.g. ["true"]',
-                code=ExitCode.USAGE,
             )
 
     def env_vars(self) -> dict[str, str]:
@@ -144,19 +137,17 @@ def load_profile(name: str) -> ProfileConfig:
     elif name in profile_names():
         path = PROFILE_DIR / f"{name}.toml"
     else:
-        raise GoodputError(
+        raise GoodputError.usage(
             "--profile",
             f"unknown machine profile {name!r}",
             f"use one of {', '.join(profile_names())}, or the path of a profile .toml file",
-            code=ExitCode.USAGE,
         )
     raw = read_toml(path)
     if "name" in raw:
-        raise GoodputError(
+        raise GoodputError.usage(
             path,
             "a profile has no 'name' key",
             "remove it; the name is the file's",
-            code=ExitCode.USAGE,
         )
     return build(ProfileConfig, {**raw, "name": path.stem}, str(path))
 
@@ -178,28 +169,24 @@ def plan_launch(
         where = f"in the {placement.scheduler} allocation"
         if placement.scheduler == "local":
             where = "on this machine (outside a Slurm or PBS job)"
-        raise GoodputError(
+        raise GoodputError.usage(
             "--nhosts",
             f"{num_hosts} hosts asked for, {len(available)} {where}",
             f"ask for 1 to {len(available)}",
-            code=ExitCode.USAGE,
         )
     for count, flag in ((ppn, "--ppn"), (nproc, "--nproc")):
         if count is not None and count < 1:
-            raise GoodputError(
-                flag, f"{count} is not a count", "use 1 or more", code=ExitCode.USAGE
-            )
+            raise GoodputError.usage(flag, f"{count} is not a count", "use 1 or more")
     if ppn is None:
         ppn = profile.ppn if nproc is None else -(-nproc // num_hosts)
     if nproc is None:
         nproc = num_hosts * ppn
     if not (num_hosts - 1) * ppn < nproc <= num_hosts * ppn:
-        raise GoodputError(
+        raise GoodputError.usage(
             "--nproc",
             f"{nproc} ranks do not fit {num_hosts} hosts x {ppn} per host with a rank on each",
             f"use --nproc from {(num_hosts - 1) * ppn + 1} to {num_hosts * ppn}, "
             "or change --nhosts/--ppn",
-            code=ExitCode.USAGE,
         )
     for host in available:  # spares too: any of them may run ranks later
         check_host(host, "launch host list")
@@ -221,11 +208,10 @@ def build_processes(
 ) -> list[ProcessSpec]:
     """The processes that run ``command`` as planned; ``env`` is the launcher's environment."""
     if not command:
-        raise GoodputError(
+        raise GoodputError.usage(
             "goodput launch",
             "no command to run",
             "put it after --, e.g. goodput launch -- goodput train CONFIG.toml",
-            code=ExitCode.USAGE,
         )
     return BUILDERS[plan.scheduler](plan, list(command), dict(env))
 
@@ -274,11 +260,10 @@ def _mpiexec(plan: LaunchPlan, command: list[str], env: dict[str, str]) -> list[
 def _local(plan: LaunchPlan, command: list[str], env: dict[str, str]) -> list[ProcessSpec]:
     """One process per rank, with the variables torchrun sets; a rendezvous port free now."""
     if plan.hosts != ("localhost",):
-        raise GoodputError(
+        raise GoodputError.usage(
             "local launch",
             f"cannot start ranks on {', '.join(plan.hosts)}",
             "run inside a Slurm or PBS job to use other hosts",
-            code=ExitCode.USAGE,
         )
     port = str(free_port())
     # As torchrun does: ranks sharing this machine share its cores, so each gets its slice of

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from goodput.checkpoint.layout import CHECKSUMS, STEP_DIR, checkpoints_dir, list_checkpoints
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 from goodput.launch.broadcast import DEFAULT_FANOUT, ORIGIN, BroadcastResult, broadcast
 from goodput.launch.transports import LocalTransport, RemoteTransport, Transport
 
@@ -100,11 +100,10 @@ def _checkpoint_root(run_dir: Path) -> Path:
         return root
     if run_dir.is_dir() and any(STEP_DIR.match(path.name) for path in run_dir.iterdir()):
         return run_dir  # a [checkpoint] folder outside the run directory
-    raise GoodputError(
+    raise GoodputError.usage(
         run_dir,
         "holds no checkpoints/ folder and no step-N checkpoints",
         "pass the run directory (train.output) or its checkpoint folder",
-        code=ExitCode.USAGE,
     )
 
 

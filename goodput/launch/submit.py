@@ -32,7 +32,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 from goodput.io import write_text
 
 DONE_MARKER = "done"
@@ -229,12 +229,11 @@ def write_script(chain: Chain) -> Path:
     if not path.exists():
         write_text(path, text)
     elif path.read_text() != text:
-        raise GoodputError(
+        raise GoodputError.usage(
             path,
             "exists and differs from the script these options give",
             "remove it to write the new one, or submit it as it is: "
             f"{CLIENTS[chain.scheduler]} {shlex.quote(str(path))}",
-            code=ExitCode.USAGE,
         )
     return path
 
@@ -242,19 +241,17 @@ def write_script(chain: Chain) -> Path:
 def submit(chain: Chain) -> str:
     """Queue the chain's first job; return its id."""
     if chain.done_marker.exists():
-        raise GoodputError(
+        raise GoodputError.usage(
             chain.done_marker,
             "exists: this run is complete",
             "remove it to train on (after raising train.steps), or pick another --run-dir",
-            code=ExitCode.USAGE,
         )
     argv = [CLIENTS[chain.scheduler], *SUBMIT_FLAGS[chain.scheduler], str(chain.script)]
     if shutil.which(argv[0]) is None:
-        raise GoodputError(
+        raise GoodputError.usage(
             argv[0],
             "is not on PATH",
             "submit from a login node of the cluster, or drop --submit to only write the script",
-            code=ExitCode.USAGE,
         )
     # Set, not inherited: goodput submit may itself run inside a job of another chain.
     env = {**os.environ, CHAIN_JOB_VAR: "1"}
@@ -272,4 +269,4 @@ def submit(chain: Chain) -> str:
 
 
 def _usage(option: str, what: str, fix: str) -> GoodputError:
-    return GoodputError(f"submit {option}", what, fix, code=ExitCode.USAGE)
+    return GoodputError.usage(f"submit {option}", what, fix)

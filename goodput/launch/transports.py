@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 from goodput.io import DIR_MODE
 from goodput.launch.env import check_host
 
@@ -59,18 +59,16 @@ class LocalTransport:
 
     def __init__(self, dest: str, ssh_config: Path | None = None) -> None:
         if ssh_config is not None:
-            raise GoodputError(
+            raise GoodputError.usage(
                 "--ssh-config",
                 "the local transport runs no ssh",
                 "drop --ssh-config, or use --transport rsync or tar",
-                code=ExitCode.USAGE,
             )
         if "{host}" not in dest:
-            raise GoodputError(
+            raise GoodputError.usage(
                 "--dest",
                 f"{dest!r} has no {{host}} for the local transport",
                 "give each host its own folder, e.g. /tmp/nodes/{host}/venv",
-                code=ExitCode.USAGE,
             )
         self.dest = dest
 
@@ -103,11 +101,10 @@ def _check_path(path: str, where: str, given: str) -> None:
     """Refuse ``path``, ``given`` as such by the user, unless SAFE_PATH matches it."""
     # normpath: no "..", "." or "//" parts, and "/" itself is refused since the copy replaces it.
     if not SAFE_PATH.match(path) or os.path.normpath(path) != path or path == "/":
-        raise GoodputError(
+        raise GoodputError.usage(
             where,
             f"{given!r} is not a safe absolute path",
             "use a normalized absolute path of letters, digits and _.+,=@%-, e.g. /tmp/venv",
-            code=ExitCode.USAGE,
         )
 
 
@@ -125,11 +122,10 @@ class RemoteTransport:
             config = ssh_config.absolute()
             _check_path(str(config), "--ssh-config", str(ssh_config))
             if not config.is_file():
-                raise GoodputError(
+                raise GoodputError.usage(
                     "--ssh-config",
                     f"{ssh_config} is not a file",
                     "give an ssh client config file",
-                    code=ExitCode.USAGE,
                 )
             self.ssh += ["-F", str(config)]
 
@@ -197,11 +193,10 @@ TRANSPORTS: dict[str, Callable[[str, Path | None], Transport]] = {
 
 def make_transport(kind: str, dest: str, ssh_config: Path | None = None) -> Transport:
     if kind not in TRANSPORTS:
-        raise GoodputError(
+        raise GoodputError.usage(
             "--transport",
             f"unknown transport {kind!r}",
             f"use one of {', '.join(TRANSPORTS)}",
-            code=ExitCode.USAGE,
         )
     return TRANSPORTS[kind](dest, ssh_config)
 

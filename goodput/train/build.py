@@ -37,7 +37,7 @@ from goodput.config import to_toml
 from goodput.data.blend import BlendSpec, build_blend, format_report
 from goodput.data.loader import DataLoader
 from goodput.data.manifest import git_sha
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 from goodput.io import write_json, write_text
 from goodput.train.config import BatchPlan, RunConfig
 from goodput.train.model import Transformer
@@ -86,12 +86,11 @@ def build_loader(cfg: RunConfig, plan: BatchPlan, rank: int) -> DataLoader:
     )
     tokenizer = loader.samples.manifest.get("tokenizer")
     if tokenizer and tokenizer["vocab_size"] > cfg.model.vocab_size:
-        raise GoodputError(
+        raise GoodputError.usage(
             cfg.data.file_list,
             f"the tokenizer's vocabulary ({tokenizer['vocab_size']}) is larger than "
             f"model.vocab_size ({cfg.model.vocab_size})",
             f"set model.vocab_size to at least {tokenizer['vocab_size']}",
-            code=ExitCode.USAGE,
         )
     return loader
 

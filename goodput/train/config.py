@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 from goodput.train.model import ModelConfig
 from goodput.train.optim import OptimConfig
 from goodput.train.parallelize import ParallelConfig
@@ -23,7 +23,7 @@ from goodput.train.schedule import ScheduleConfig
 
 
 def _usage_error(where: str, what: str, fix: str) -> GoodputError:
-    return GoodputError(where, what, fix, code=ExitCode.USAGE)
+    return GoodputError.usage(where, what, fix)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,7 +62,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         def fail(what: str, fix: str) -> None:
-            raise GoodputError("[model]", what, fix, code=ExitCode.USAGE)
+            raise GoodputError.usage("[model]", what, fix)
 
         if self.dim % self.num_heads:
             fail(

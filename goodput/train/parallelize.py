@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,11 +41,10 @@ class ParallelConfig:
         # fp32-master's bf16 compute comes from FSDP's mixed-precision policy; a replicated model
         # has no such hook and would silently train in fp32.
         if self.data_parallel == "replicate" and self.precision == "fp32-master":
-            raise GoodputError(
+            raise GoodputError.usage(
                 "[parallel]",
                 "precision 'fp32-master' needs data_parallel = 'fsdp'",
                 "use data_parallel = 'fsdp', or precision 'fp32' or 'pure-bf16' with 'replicate'",
-                code=ExitCode.USAGE,
             )
 
 

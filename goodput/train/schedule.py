@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from goodput.errors import ExitCode, GoodputError
+from goodput.errors import GoodputError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,11 +25,10 @@ class ScheduleConfig:
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise GoodputError(
+            raise GoodputError.usage(
                 "[schedule]",
                 "lr must be > 0, warmup_steps >= 0 and min_lr_ratio in [0, 1]",
                 "fix the values",
-                code=ExitCode.USAGE,
             )
 
 
