@@ -14,11 +14,12 @@ import os
 import signal
 import socket
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from goodput import __version__
-from goodput.errors import ExitCode, GoodputError
+from goodput import __version__, argtypes
+from goodput.errors import ExitCode, GoodputError, from_exception
 
 Handler = Callable[[argparse.Namespace], ExitCode]
 
@@ -28,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="goodput", description="Pre-train LLMs on supercomputers and keep the run alive."
     )
     parser.add_argument("--version", action="version", version=f"goodput {__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error (or GOODPUT_DEBUG=1)"
+    )
     groups = parser.add_subparsers(dest="group", required=True, metavar="GROUP")
     data = groups.add_parser(
         "data",
@@ -50,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     info.add_argument("config", type=Path, help="a TOML file with a [model] table")
     info.add_argument("overrides", nargs="*", help="key=value overrides inside [model]")
-    info.add_argument("--seq-len", type=int, help="default: the config's max_seq_len")
+    info.add_argument(
+        "--seq-len", type=argtypes.positive_int, help="default: the config's max_seq_len"
+    )
     info.add_argument("--json", action="store_true")
     info.set_defaults(handler=_model_info)
     train = groups.add_parser(
@@ -101,10 +107,16 @@ def _add_launch_parser(groups: argparse._SubParsersAction) -> None:
         usage="goodput launch [options] -- CMD ...",
     )
     launch.add_argument(
-        "--nhosts", type=int, help="use the first N hosts of the job; the rest are spares"
+        "--nhosts",
+        type=argtypes.positive_int,
+        help="use the first N hosts of the job; the rest are spares",
     )
-    launch.add_argument("--ppn", type=int, help="ranks per host (default: the profile's)")
-    launch.add_argument("--nproc", type=int, help="ranks in all (default: nhosts x ppn)")
+    launch.add_argument(
+        "--ppn", type=argtypes.positive_int, help="ranks per host (default: the profile's)"
+    )
+    launch.add_argument(
+        "--nproc", type=argtypes.positive_int, help="ranks in all (default: nhosts x ppn)"
+    )
     launch.add_argument(
         "--profile",
         help="machine profile: generic, aurora, polaris, perlmutter, frontier, or a .toml path "
@@ -113,19 +125,19 @@ def _add_launch_parser(groups: argparse._SubParsersAction) -> None:
     launch.add_argument("--dry-run", action="store_true", help="print the command line(s) and exit")
     launch.add_argument(
         "--timeout",
-        type=float,
+        type=argtypes.non_negative_float,
         metavar="S",
         help="stop all ranks after S seconds without output (exit 124; default: never, 1800 "
         "with --auto-retry; 0: never)",
     )
     launch.add_argument(
         "--retries",
-        type=int,
+        type=argtypes.non_negative_int,
         help="attempts after a failed one (default 0; with --auto-retry: no limit but its own)",
     )
     launch.add_argument(
         "--backoff",
-        type=float,
+        type=argtypes.non_negative_float,
         default=5.0,
         metavar="S",
         help="seconds before the first retry, doubling up to 300, jittered (default 5)",
@@ -139,7 +151,7 @@ def _add_launch_parser(groups: argparse._SubParsersAction) -> None:
     )
     launch.add_argument(
         "--grace",
-        type=float,
+        type=argtypes.non_negative_float,
         default=10.0,
         metavar="S",
         help="seconds between SIGTERM and SIGKILL when stopping ranks (default 10)",
@@ -195,15 +207,29 @@ def _add_broadcast_parser(groups: argparse._SubParsersAction) -> None:
         help="ssh client config (ssh -F) for rsync and tar, for every hop; same path on all hosts",
     )
     sub.add_argument(
-        "--fanout", type=int, default=8, help="copies one source serves at once (default 8)"
+        "--fanout",
+        type=argtypes.positive_int,
+        default=8,
+        help="copies one source serves at once (default 8)",
     )
-    sub.add_argument("--retries", type=int, default=2, help="retries of a failed copy (default 2)")
     sub.add_argument(
-        "--min-success", type=int, help="fail unless this many hosts succeed (default: all)"
+        "--retries",
+        type=argtypes.non_negative_int,
+        default=2,
+        help="retries of a failed copy (default 2)",
+    )
+    sub.add_argument(
+        "--min-success",
+        type=argtypes.positive_int,
+        help="fail unless this many hosts succeed (default: all)",
     )
     sub.add_argument("--simulate", action="store_true", help="predict makespans, copy nothing")
-    sub.add_argument("--nodes", type=int, help="hosts to simulate")
-    sub.add_argument("--copy-seconds", type=float, help="seconds one copy takes, to simulate")
+    sub.add_argument("--nodes", type=argtypes.positive_int, help="hosts to simulate")
+    sub.add_argument(
+        "--copy-seconds",
+        type=argtypes.non_negative_float,
+        help="seconds one copy takes, to simulate",
+    )
     sub.set_defaults(handler=_broadcast)
 
 
@@ -227,7 +253,7 @@ def _add_submit_parser(groups: argparse._SubParsersAction) -> None:
         help="the run's output folder (train.output): the script, Slurm's job logs and the done "
         "marker live here",
     )
-    sub.add_argument("--nodes", type=int, required=True, help="nodes per job")
+    sub.add_argument("--nodes", type=argtypes.positive_int, required=True, help="nodes per job")
     sub.add_argument("--time", required=True, metavar="HH:MM:SS", help="walltime per job")
     sub.add_argument(
         "--scheduler",
@@ -239,7 +265,10 @@ def _add_submit_parser(groups: argparse._SubParsersAction) -> None:
     sub.add_argument("--partition", "--queue", dest="queue", help="Slurm partition, PBS queue")
     sub.add_argument("--filesystems", help="PBS -l filesystems=, e.g. home:flare on Aurora")
     sub.add_argument(
-        "--max-jobs", type=int, default=10, help="jobs in the chain at most (default 10)"
+        "--max-jobs",
+        type=argtypes.positive_int,
+        default=10,
+        help="jobs in the chain at most (default 10)",
     )
     sub.add_argument(
         "--submit",
@@ -270,7 +299,7 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
         "train a SentencePiece model on raw inputs (deterministic settings)",
     )
     sub.add_argument("inputs", nargs="+", type=Path, help="files or folders of documents")
-    sub.add_argument("--vocab-size", type=int, required=True)
+    sub.add_argument("--vocab-size", type=argtypes.positive_int, required=True)
     sub.add_argument("--output", type=Path, required=True, help="the .model file to write")
     sub.add_argument("--text-field", default="text", help="JSON field holding the text")
 
@@ -301,19 +330,21 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
     sub.add_argument("--name", help="dataset name (default: the first input's stem)")
     sub.add_argument(
         "--workers",
-        type=int,
+        type=argtypes.positive_int,
         default=os.cpu_count() or 1,
         help="worker processes, each writing its own shards (default: all cores)",
     )
     sub.add_argument(
         "--shard-size-mb",
-        type=float,
+        type=argtypes.positive_float,
         default=1024.0,
         help="input MB per shard, whole files (default 1024)",
     )
     sub.add_argument("--text-field", default="text")
     sub.add_argument(
-        "--pack-seq-len", type=int, help="write rows of L+1 tokens packed across documents"
+        "--pack-seq-len",
+        type=argtypes.positive_int,
+        help="write rows of L+1 tokens packed across documents",
     )
 
     sub = add(
@@ -333,14 +364,14 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
         "of 'weight path-prefix corpus' lines and print the mixture report",
     )
     sub.add_argument("file_list", type=Path)
-    sub.add_argument("--seq-len", type=int, required=True)
+    sub.add_argument("--seq-len", type=argtypes.positive_int, required=True)
     sub.add_argument(
         "--num-samples",
-        type=int,
+        type=argtypes.positive_int,
         required=True,
         help="global samples of seq_len+1 tokens (steps x global batch)",
     )
-    sub.add_argument("--seed", type=int, required=True)
+    sub.add_argument("--seed", type=argtypes.non_negative_int, required=True)
     sub.add_argument(
         "--output",
         type=Path,
@@ -356,7 +387,7 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
     )
     sub.add_argument(
         "--report-batch-size",
-        type=int,
+        type=argtypes.positive_int,
         default=256,
         help="batch size for the per-batch mixture deviation in the report",
     )
@@ -539,29 +570,20 @@ def _train(args: argparse.Namespace) -> ExitCode:
     try:
         train(cfg)
     except Exception as error:
-        # One line that names the rank and its host, for the person reading the log and for
+        # The line names the rank and its host, for the person reading the log and for
         # `goodput launch --auto-retry`, which swaps the host out on a device error.
-        _say_rank_failed(error)
-        raise
+        raise from_exception(error, context=_rank_on_host()) from error
     return ExitCode.OK
 
 
-def _say_rank_failed(error: Exception) -> None:
+def _rank_on_host() -> str:
     from goodput.launch.env import current_placement
 
-    if isinstance(error, GoodputError):
-        return  # already one clear line of its own, and never the host's fault
     try:
         rank = str(current_placement().rank)
     except GoodputError:
         rank = "?"
-    first_line = (str(error).strip().splitlines() or [""])[0]
-    print(
-        f"goodput: rank {rank} on {socket.gethostname()} failed: "
-        f"{type(error).__name__}: {first_line}",
-        file=sys.stderr,
-        flush=True,
-    )
+    return f"rank {rank} on {socket.gethostname()}"
 
 
 def _ckpt_list(args: argparse.Namespace) -> ExitCode:
@@ -785,16 +807,20 @@ def _submit(args: argparse.Namespace) -> ExitCode:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The one boundary: whatever a command raises leaves as one line and a non-zero code."""
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `goodput ... | head` ends quietly
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args))
-    except GoodputError as exc:
-        print(f"goodput: error: {exc.render()}", file=sys.stderr)
-        return int(exc.code)
     except KeyboardInterrupt:
         print("goodput: interrupted", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)
+    except Exception as exc:
+        if args.debug or os.environ.get("GOODPUT_DEBUG") == "1":
+            traceback.print_exc()
+        error = from_exception(exc)
+        print(f"goodput: error: {error.render()}", file=sys.stderr, flush=True)
+        return int(error.code)
 
 
 if __name__ == "__main__":

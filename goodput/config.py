@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from goodput.errors import GoodputError
+from goodput.io import read_text
 
 T = TypeVar("T")
 
@@ -74,9 +75,9 @@ def _toml_value(value: Any) -> str:
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     try:
-        return tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise GoodputError.usage(path, "config file not found", "check the path") from None
+        return tomllib.loads(read_text(path))
+    except GoodputError as exc:  # unreadable, too big, not UTF-8: a config problem
+        raise GoodputError.usage(exc.where, exc.what, exc.fix) from None
     except tomllib.TOMLDecodeError as exc:
         raise GoodputError.usage(path, f"invalid TOML: {exc}", "fix the syntax") from None
 

@@ -2,12 +2,14 @@
 
 Every failure a user can fix is a ``GoodputError``: it names *where* (a file, a file:line, a config
 field), *what* went wrong and the *fix*, and renders as one line. ``assert`` is kept for
-invariants of our own code, never for user input.
+invariants of our own code, never for user input. ``from_exception`` is the one boundary's
+translation: whatever escapes a command (an OS error, a bug) still reaches the user as one line.
 """
 
 from __future__ import annotations
 
 import enum
+import errno
 
 
 class ExitCode(enum.IntEnum):
@@ -48,3 +50,44 @@ class GoodputError(Exception):
 
 def _rebuild(where: str, what: str, fix: str, code: ExitCode) -> GoodputError:
     return GoodputError(where, what, fix, code=code)
+
+
+# What to do about the OS errors a user's paths run into; any other errno gets the generic fix.
+OS_ERROR_FIXES = {
+    errno.ENOENT: "check the path",
+    errno.EACCES: "check the permissions of the path and its folders",
+    errno.EPERM: "check the permissions of the path and its folders",
+    errno.EISDIR: "pass a file, not a folder",
+    errno.ENOTDIR: "a part of the path is a file where a folder should be; fix the path",
+    errno.EEXIST: "remove it or choose another path",
+    errno.ENOTEMPTY: "remove it or choose another path",
+    errno.ENOSPC: "free space on that filesystem, or write elsewhere",
+    errno.EDQUOT: "free space in your quota, or write elsewhere",
+    errno.EROFS: "the filesystem is read-only; write elsewhere",
+    errno.ENAMETOOLONG: "use a shorter path",
+    errno.ELOOP: "the path has a symbolic link loop; fix the link",
+    errno.EFBIG: "the file is larger than allowed here (ulimit -f); write elsewhere",
+}
+DEBUG_HINT = "rerun with GOODPUT_DEBUG=1 (or goodput --debug) for the traceback, and report it"
+
+
+def from_exception(exc: BaseException, context: str = "") -> GoodputError:
+    """``exc`` as one line: a ``GoodputError`` as it is; an OS error names its path and the fix;
+    anything else names its type. ``context`` (e.g. "rank 3 on nid0042") goes first."""
+    if isinstance(exc, GoodputError):
+        return exc
+    prefix = f"{context}: " if context else ""
+    if isinstance(exc, OSError) and (exc.strerror or exc.filename):
+        path = "" if exc.filename is None else str(exc.filename)
+        if exc.filename2 is not None:
+            path += f" -> {exc.filename2}"
+        fix = OS_ERROR_FIXES.get(exc.errno or 0, "check the path and its filesystem")
+        return GoodputError(f"{prefix}{path or 'a file'}", exc.strerror or str(exc), fix)
+    if isinstance(exc, MemoryError):
+        return GoodputError(
+            f"{prefix}goodput", "out of memory", "give it smaller input or a larger machine"
+        )
+    if isinstance(exc, RecursionError):
+        return GoodputError(f"{prefix}goodput", "input nested too deeply", DEBUG_HINT)
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    return GoodputError(f"{prefix}goodput", f"{type(exc).__name__}: {first_line}", DEBUG_HINT)

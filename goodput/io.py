@@ -1,8 +1,11 @@
-"""Atomic file writes, completion markers and checksums.
+"""Atomic file writes, completion markers, checksums, and strict reads of small files.
 
 Invariant: a file that others read appears under its final name only when complete. Writers go
 through a temp name in the same directory, fsync, then ``os.replace``; directories that carry a
 marker count only once the marker exists, and the marker is always written last.
+``read_text`` and ``read_json`` are the one way to read a small text file from outside (configs,
+host files, manifests, checkpoint metadata): bounded in size, strict UTF-8, and every way it can
+be broken is a ``GoodputError`` naming the file.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from goodput.errors import GoodputError, from_exception
+
 CHUNK_BYTES = 8 << 20
+SMALL_FILE_BYTES = 64 << 20  # configs, manifests, host files, checkpoint JSON: far below this
 
 
 def _current_umask() -> int:
@@ -98,3 +104,33 @@ def sha256_json(obj: Any) -> str:
     """Hash of a JSON-serialisable value, independent of dict order."""
     canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def read_text(path: str | os.PathLike[str], max_bytes: int = SMALL_FILE_BYTES) -> str:
+    """The text of a small UTF-8 file; larger, unreadable or not UTF-8 is a ``GoodputError``."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise from_exception(exc) from None
+    if len(data) > max_bytes:
+        raise GoodputError(
+            path, f"is larger than {max_bytes:,} bytes", "pass the right file; this one is too big"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise GoodputError(
+            path, f"is not valid UTF-8 text (byte {exc.start})", "save it as UTF-8"
+        ) from None
+
+
+def read_json(path: str | os.PathLike[str], max_bytes: int = SMALL_FILE_BYTES) -> Any:
+    """The JSON value of a small file; malformed or absurdly nested is a ``GoodputError``."""
+    text = read_text(path, max_bytes)
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise GoodputError(path, f"is not valid JSON ({exc})", "restore or rewrite it") from None
+    except RecursionError:
+        raise GoodputError(path, "is JSON nested too deeply", "restore or rewrite it") from None

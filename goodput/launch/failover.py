@@ -57,7 +57,7 @@ BAD_NODE_PATTERNS = (
     # gloo, when a peer process or its host dies: the peer's address names the host.
     r"Connection closed by peer \[(?P<addr>[0-9A-Fa-f.:]+)\]",
     # goodput train's last line when a rank fails on a device error.
-    r"goodput: rank \d+ on (?P<host>[\w.-]+) failed: .*"
+    r"goodput: error: rank \d+ on (?P<host>[\w.-]+): .*"
     r"(CUDA error|HIP error|UR_RESULT_ERROR|ECC|device lost|DEVICE_LOST|Xid)",
 )
 WINDOW_LINES = 3  # a pattern may span this many consecutive lines (Hydra's block spans two)

@@ -70,5 +70,5 @@ def test_missing_required_key_and_bad_files(tmp_path):
         load_config(RunConfig, write(tmp_path, "steps = 1\n"))
     with pytest.raises(GoodputError, match="invalid TOML"):
         load_config(RunConfig, write(tmp_path, "steps = \n"))
-    with pytest.raises(GoodputError, match="not found"):
+    with pytest.raises(GoodputError, match="nope.toml: No such file or directory; check the path"):
         load_config(RunConfig, tmp_path / "nope.toml")

@@ -250,10 +250,16 @@ def test_a_hydra_exit_code_that_is_not_a_kill_names_no_one():
     assert scanner.found == {}
 
 
-def test_goodput_train_names_its_host_on_a_device_error(capsys):
-    cli._say_rank_failed(RuntimeError("CUDA error: uncorrectable ECC error encountered\nmore"))
+def test_goodput_train_names_its_host_on_a_device_error(capsys, monkeypatch, tmp_path):
+    def device_error(cfg):
+        raise RuntimeError("CUDA error: uncorrectable ECC error encountered\nmore")
+
+    monkeypatch.setattr("goodput.train.loop.train", device_error)
+    config = Path(__file__).parents[3] / "configs" / "tiny-cpu.toml"
+    assert cli.main(["train", str(config), f"train.output={str(tmp_path / 'run')!r}"]) == 1
     line = capsys.readouterr().err.strip()
-    assert line.startswith("goodput: rank ") and "CUDA error" in line
+    assert line.startswith("goodput: error: rank ") and "CUDA error" in line
+    assert "\n" not in line
     scanner = EvidenceScanner(BAD_NODE_PATTERNS, [socket.gethostname()])
     scanner(line.encode())
     assert list(scanner.found) == [socket.gethostname()]
