@@ -14,15 +14,20 @@ torch.
 
 from __future__ import annotations
 
-import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
 from goodput.checkpoint.layout import CHECKSUMS
-from goodput.io import sha256_file, write_json
+from goodput.errors import GoodputError
+from goodput.io import read_json, sha256_file, write_json
 
 ALGORITHM = "sha256"
 NOT_CHECKSUMMED = {CHECKSUMS, ".complete"}
+# A file of the checkpoint folder, one level of subfolder at most (rng/rank-N.json): a name read
+# from checksums.json never reaches outside the folder.
+FILE_NAME = re.compile(r"(?:[\w.-]+/)?[\w.-]+")
+DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def file_digests(directory: Path, names: Iterable[str]) -> dict[str, str]:
@@ -46,14 +51,27 @@ def write_checksums(directory: Path, digests: dict[str, str]) -> None:
 
 
 def read_checksums(directory: Path) -> dict[str, str] | None:
-    """The digests ``checksums.json`` records, or None when the checkpoint has none."""
+    """The digests ``checksums.json`` records, or None when the checkpoint has none; a list
+    that is not one is a ``GoodputError`` naming the file."""
     path = directory / CHECKSUMS
-    if not path.is_file():
+    if not path.exists():
         return None
-    recorded = json.loads(path.read_text())
-    if recorded.get("algorithm") != ALGORITHM or not isinstance(recorded.get("files"), dict):
-        raise ValueError(f"{path} is not a {ALGORITHM} checksum list")
-    return dict(recorded["files"])
+    recorded = read_json(path)
+    if not isinstance(recorded, dict) or recorded.get("algorithm") != ALGORITHM:
+        raise _not_a_list(path, f"not a {ALGORITHM} checksum list")
+    files = recorded.get("files")
+    if not isinstance(files, dict) or not files:
+        raise _not_a_list(path, f"not a {ALGORITHM} checksum list")
+    for name, digest in files.items():
+        if not FILE_NAME.fullmatch(name) or ".." in name.split("/"):
+            raise _not_a_list(path, f"names {name!r}, not a file of this checkpoint")
+        if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
+            raise _not_a_list(path, f"{name}: {digest!r} is not a SHA-256 digest")
+    return dict(files)
+
+
+def _not_a_list(path: Path, what: str) -> GoodputError:
+    return GoodputError(path, what, "resume from another checkpoint, or restore this file")
 
 
 def first_mismatch(directory: Path, expected: dict[str, str]) -> str | None:

@@ -21,6 +21,9 @@ class CheckpointConfig:
     # The --dest of `goodput broadcast --checkpoint`: resume reads this host's copy of the
     # chosen checkpoint from here once its checksums match. Saves never go here.
     local_dir: str | None = None
+    # Resume hashes the checkpoint's files against checksums.json, split over all ranks (about
+    # 1 s per GB per rank, README: Trust); false skips that, e.g. on a filesystem known intact.
+    verify_checksums: bool = True
 
     def __post_init__(self) -> None:
         def fail(what: str, fix: str) -> None:

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -39,6 +38,7 @@ from goodput.checkpoint import hf
 from goodput.checkpoint.checksums import checkpoint_files, file_digests, write_checksums
 from goodput.checkpoint.layout import CONFIG, LATEST, TRAIN_STATE, checkpoints_dir, step_dir
 from goodput.checkpoint.load import load_tensors
+from goodput.checkpoint.metadata import read_metadata
 from goodput.config import load_section, to_toml
 from goodput.errors import GoodputError
 from goodput.io import (
@@ -100,12 +100,7 @@ def load_model_state(
     ``dtype`` (None: as saved). Tied embeddings come back as one tensor under both names."""
     require_complete(directory)
     expected = model_shapes(cfg)
-    try:
-        metadata = FileSystemReader(directory).read_metadata().state_dict_metadata
-    except (OSError, ValueError, RuntimeError, EOFError) as exc:
-        raise GoodputError(
-            directory, f"unreadable DCP metadata ({exc})", "check the files"
-        ) from None
+    metadata = read_metadata(directory).state_dict_metadata
     prefix = MODEL + "."
     saved = {
         name[len(prefix) :]: info

@@ -15,8 +15,9 @@ each rank's RNG state is restored when the world size is the one it was saved at
 from __future__ import annotations
 
 import io
-import json
+import math
 import tomllib
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict import (
@@ -34,9 +35,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from goodput.checkpoint.layout import CONFIG, TRAIN_STATE, list_checkpoints, rng_file
+from goodput.checkpoint.metadata import MetadataReader, files_and_sizes, read_metadata
 from goodput.checkpoint.state import set_rng_state
 from goodput.errors import GoodputError
-from goodput.io import is_complete
+from goodput.io import is_complete, read_json, read_text
 
 
 class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
@@ -53,10 +55,11 @@ class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
 
 
 def load_tensors(state: dict[str, Any], directory: Path, *, no_dist: bool = False) -> None:
-    """``dcp.load`` of tensors only; a refusal surfaces as its own one-line error rather than
-    inside DCP's per-rank exception report."""
+    """``dcp.load`` of tensors only, with metadata from goodput's allow-listing reader; a
+    refusal surfaces as its own one-line error rather than inside DCP's per-rank report."""
+    reader = MetadataReader(directory, read_metadata(directory))
     try:
-        dcp.load(state, checkpoint_id=directory, planner=TensorsOnlyLoadPlanner(), no_dist=no_dist)
+        dcp.load(state, storage_reader=reader, planner=TensorsOnlyLoadPlanner(), no_dist=no_dist)
     except CheckpointException as exc:
         for error, _trace in exc.failures.values():
             if isinstance(error, GoodputError):
@@ -64,8 +67,9 @@ def load_tensors(state: dict[str, Any], directory: Path, *, no_dist: bool = Fals
         raise
 
 
-def find_checkpoint(root: Path, resume: str) -> Path | None:
-    """The checkpoint directory to resume from, or None to start fresh."""
+def find_checkpoint(root: Path, resume: str, refused: Collection[Path] = ()) -> Path | None:
+    """The checkpoint directory to resume from, or None to start fresh; ``auto`` passes over
+    the ``refused`` ones (their checksums did not match)."""
     if resume == "never":
         return None
     if resume != "auto":
@@ -77,6 +81,8 @@ def find_checkpoint(root: Path, resume: str) -> Path | None:
             )
         return directory
     for checkpoint in reversed(list_checkpoints(root)):
+        if checkpoint.path in refused:
+            continue
         problem = checkpoint_problem(checkpoint.path)
         if problem is None:
             return checkpoint.path
@@ -89,15 +95,11 @@ def checkpoint_problem(directory: Path) -> str | None:
     if not is_complete(directory):
         return "incomplete (no .complete marker: the save was interrupted or failed)"
     try:
-        json.loads((directory / TRAIN_STATE).read_text())
-        metadata = FileSystemReader(directory).read_metadata()
-    except (OSError, ValueError, RuntimeError, EOFError) as exc:
-        return f"damaged ({type(exc).__name__}: {exc})"
-    needed: dict[str, int] = {}
-    for info in (metadata.storage_data or {}).values():
-        end = info.offset + info.length
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
-    for name, size in needed.items():
+        read_json(directory / TRAIN_STATE)
+        metadata = read_metadata(directory)
+    except GoodputError as exc:
+        return f"damaged ({exc.what})"
+    for name, size in files_and_sizes(metadata).items():
         path = directory / name
         if not path.is_file() or path.stat().st_size < size:
             return f"damaged ({name} is missing or shorter than recorded)"
@@ -131,13 +133,60 @@ def load_checkpoint(
     )
     rank_file = rng_file(directory, dist.get_rank())
     if train_state.get("world_size") == dist.get_world_size() and rank_file.is_file():
-        set_rng_state(json.loads(rank_file.read_text()), device)
+        set_rng_state(read_json(rank_file), device, rank_file)
 
 
 def read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the saved config, the train state) of a checkpoint directory."""
-    saved = tomllib.loads((directory / CONFIG).read_text())
-    return saved, json.loads((directory / TRAIN_STATE).read_text())
+    """(the saved config, the train state) of a checkpoint directory, both checked as data."""
+    path = directory / CONFIG
+    try:
+        saved = tomllib.loads(read_text(path))
+    except tomllib.TOMLDecodeError as exc:
+        raise _damaged(path, f"invalid TOML ({exc})") from None
+    return saved, check_train_state(read_json(directory / TRAIN_STATE), directory / TRAIN_STATE)
+
+
+def check_train_state(state: Any, path: Path) -> dict[str, Any]:
+    """``state`` if it has the shape goodput writes: a step, and unless model-only the world
+    size, the loader position and the optimizer's hyper-parameters as JSON scalars."""
+    if not isinstance(state, dict) or not _is_count(state.get("step")):
+        raise _damaged(path, "no step count")
+    if state.get("model_only") is True:
+        return state
+    loader = state.get("loader")
+    if not (
+        isinstance(loader, dict)
+        and _is_count(loader.get("consumed_samples"))
+        and isinstance(loader.get("fingerprint"), str)
+    ):
+        raise _damaged(path, "no loader position (consumed_samples, fingerprint)")
+    if not _is_count(state.get("world_size")) or state["world_size"] < 1:
+        raise _damaged(path, "no world_size")
+    groups = state.get("optimizer_param_groups")
+    if not isinstance(groups, list) or not all(_is_param_group(g) for g in groups):
+        raise _damaged(path, "optimizer_param_groups is not a list of hyper-parameter tables")
+    return state
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_param_group(group: Any) -> bool:
+    def scalar(value: Any) -> bool:
+        if isinstance(value, float):
+            return math.isfinite(value)
+        return value is None or isinstance(value, bool | int | str)
+
+    return isinstance(group, dict) and all(
+        scalar(v) or (isinstance(v, list) and all(scalar(x) for x in v)) for v in group.values()
+    )
+
+
+def _damaged(path: Path, what: str) -> GoodputError:
+    return GoodputError(
+        path, f"damaged checkpoint file: {what}", "resume from another checkpoint (--resume)"
+    )
 
 
 def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:

@@ -23,6 +23,7 @@ from typing import Any
 import torch.distributed as dist
 
 from goodput.checkpoint.checksums import first_mismatch, read_checksums
+from goodput.errors import GoodputError
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +48,8 @@ def choose_copy(saved: Path, local_root: Path) -> Choice:
                     "a node-local copy cannot be verified, reading the saved checkpoint",
                     flush=True,
                 )
-        except (OSError, ValueError) as exc:
-            print(f"warning: {saved}: unreadable checksums ({exc}); reading it there", flush=True)
+        except GoodputError as exc:
+            print(f"warning: {exc.render()}; reading the saved checkpoint", flush=True)
     dist.broadcast_object_list(expected, src=0)
     host = socket.gethostname()
     machines: list[Any] = [None] * world_size

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import base64
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from goodput.errors import GoodputError
 from goodput.launch.device import get_device_rng_state, set_device_rng_state
 
 
@@ -29,14 +31,27 @@ def rng_state(device: torch.device) -> dict[str, Any]:
     }
 
 
-def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    version, python_state, gauss = state["python"]
-    random.setstate((version, tuple(python_state), gauss))
-    kind, keys, position, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
-    torch.set_rng_state(_decode(state["torch"]))
-    if state["device"] is not None:
-        set_device_rng_state(device, _decode(state["device"]))
+def set_rng_state(state: Any, device: torch.device, source: Path) -> None:
+    """Restore what ``rng_state`` saved; anything else in ``source`` is a ``GoodputError``."""
+    try:
+        version, python_state, gauss = state["python"]
+        kind, keys, position, has_gauss, cached = state["numpy"]
+        python = (version, tuple(python_state), gauss)
+        numpy = (kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached)
+        torch_state = _decode(state["torch"])
+        device_state = None if state["device"] is None else _decode(state["device"])
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(torch_state)
+        if device_state is not None:
+            set_device_rng_state(device, device_state)
+    except (TypeError, ValueError, KeyError, IndexError, OverflowError, RuntimeError) as exc:
+        # Each generator checks its own state; whatever fails, nothing of this file is trusted.
+        raise GoodputError(
+            source,
+            f"not a goodput RNG state ({type(exc).__name__}: {exc})",
+            "resume from another checkpoint, or delete this file to reseed this rank's RNGs",
+        ) from None
 
 
 def _encode(tensor: torch.Tensor) -> str:
@@ -44,4 +59,4 @@ def _encode(tensor: torch.Tensor) -> str:
 
 
 def _decode(text: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+    return torch.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8)

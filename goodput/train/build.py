@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from goodput import __version__
+from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.layout import checkpoints_dir
 from goodput.checkpoint.load import (
     check_model_shape,
@@ -33,6 +34,7 @@ from goodput.checkpoint.load import (
     read_checkpoint,
 )
 from goodput.checkpoint.local_copy import choose_copy
+from goodput.checkpoint.verify import verify_checkpoint
 from goodput.config import to_toml
 from goodput.data.blend import BlendSpec, build_blend, format_report
 from goodput.data.loader import DataLoader
@@ -105,19 +107,10 @@ def resume(
 ) -> int | None:
     """Load the checkpoint ``checkpoint.resume`` names, if any; return the step it was saved at
     (0 for a model-only checkpoint), or None for a fresh start."""
-    found = decided_by_rank_zero(
-        lambda: _path_or_none(find_checkpoint(root, cfg.checkpoint.resume))
-    )
-    if found is None:
+    chosen = choose_checkpoint(cfg.checkpoint, root)
+    if chosen is None:
         return None
-    directory, copies = Path(found), ""
-    if cfg.checkpoint.local_dir:
-        choice = choose_copy(directory, Path(cfg.checkpoint.local_dir))
-        directory = choice.directory
-        copies = (
-            f"; node-local copy read on {choice.num_local_hosts} of {choice.num_hosts} host(s), "
-            f"checksums checked in {choice.seconds:.2f} s"
-        )
+    directory, copies = chosen
     saved, train_state = read_checkpoint(directory)
     current = tomllib.loads(to_toml(cfg))
     check_model_shape(directory, saved, current)
@@ -137,6 +130,53 @@ def resume(
             flush=True,
         )
     return int(train_state["step"])
+
+
+def choose_checkpoint(cfg: CheckpointConfig, root: Path) -> tuple[Path, str] | None:
+    """Collective: the copy of the checkpoint to resume from that this rank reads, and a note
+    on how it was checked; None for a fresh start. A checkpoint whose files do not match its
+    checksums is refused by name; ``auto`` then falls back to the newest older complete one."""
+    refused: list[Path] = []
+    while True:
+        found = decided_by_rank_zero(
+            lambda: _path_or_none(find_checkpoint(root, cfg.resume, refused))
+        )
+        if found is None:
+            return None
+        saved = directory = Path(found)
+        notes = []
+        every_host_local = False
+        if cfg.local_dir:
+            choice = choose_copy(saved, Path(cfg.local_dir))
+            directory = choice.directory
+            every_host_local = choice.num_local_hosts == choice.num_hosts
+            notes.append(
+                f"node-local copy read on {choice.num_local_hosts} of {choice.num_hosts} "
+                f"host(s), checksums checked in {choice.seconds:.2f} s"
+            )
+        if not cfg.verify_checksums or every_host_local:
+            return directory, "".join(f"; {note}" for note in notes)
+        verdict = verify_checkpoint(saved)
+        if verdict.problem is None:
+            notes.append(
+                f"checksums of {verdict.num_bytes / 1e9:.2f} GB checked in {verdict.seconds:.2f} s"
+                if verdict.checksummed
+                else "not verified: it has no checksums.json (saved before goodput wrote them)"
+            )
+            return directory, "".join(f"; {note}" for note in notes)
+        if cfg.resume != "auto":
+            raise GoodputError(
+                saved,
+                f"refused: {verdict.problem}",
+                "resume from another checkpoint (--resume auto takes the newest intact one)",
+            )
+        if dist.get_rank() == 0:
+            print(
+                f"warning: refusing checkpoint {saved}: {verdict.problem}; "
+                "falling back to the newest older complete checkpoint",
+                flush=True,
+            )
+        refused.append(saved)
 
 
 def checkpoint_root(cfg: RunConfig) -> Path:
