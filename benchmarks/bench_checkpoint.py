@@ -32,9 +32,13 @@ is then exactly what a user's step pays, and the flush's effect on the steps aro
 
 Load: ``LOAD_REPEATS`` in-process resumes (``checkpoint.resume = PATH``, no further steps) from
 the final checkpoint of the last save run; the figure is the ``loaded in X s`` the trainer
-prints (DCP read into the model and optimizer, RNG restore), median. Each repeat is run twice:
-warm (every checkpoint file just read, as after a process restart on the same node) and cold
-(``posix_fadvise(DONTNEED)`` on every file first: read from disk, as on a fresh node).
+prints (DCP read into the model and optimizer, RNG restore), median. Each repeat is run four
+times: warm (every checkpoint file just read, as after a process restart on the same node) and
+cold (``posix_fadvise(DONTNEED)`` on every file first: read from disk, as on a fresh node), each
+with the default checksum verification (``checksums of X GB checked in Y s``, before the load)
+and without it (``checkpoint.verify_checksums = false``, the baseline): the cost of verifying
+is verified (checksums + load) against unverified (load), side by side. Verifying a cold
+checkpoint also warms the page cache for the load that follows, which the ratio includes.
 
 Recovery: ``python -m goodput train CONFIG.toml`` (``to_toml`` of the run config, async saves
 every ``RECOVERY_INTERVAL`` steps) is SIGKILLed as soon as it prints its first ``complete``
@@ -111,7 +115,8 @@ COMPLETE = re.compile(r"^checkpoint: (\S+) complete$")
 FAILED = re.compile(r"^checkpoint: saving .* FAILED")
 RESUMED = re.compile(
     r"^resume: from (\S+) \(step (\d+)\) loaded in ([\d.]+) s"
-    r"(?:; node-local copy read on (\d+) of (\d+) host\(s\), checksums checked in ([\d.]+) s)?$"
+    r"(?:; node-local copy read on (\d+) of (\d+) host\(s\), checksums checked in ([\d.]+) s)?"
+    r"(?:; checksums of [\d.]+ GB checked in ([\d.]+) s)?$"
 )
 STEP = re.compile(r"^step=(\d+) .* step_time=([\d.]+)s$")
 
@@ -240,18 +245,20 @@ def _read_into_page_cache(directory: Path) -> None:
                 pass
 
 
-def _load_run(base: RunConfig, checkpoint: Path, output: Path) -> float:
-    """An in-process resume from ``checkpoint`` with no steps left; its reported load seconds."""
+def _load_run(base: RunConfig, checkpoint: Path, output: Path, verify: bool) -> dict[str, float]:
+    """An in-process resume from ``checkpoint`` with no steps left: its reported load seconds,
+    and with ``verify`` the seconds its checksums took before."""
     cfg = dataclasses.replace(
         base,
         train=dataclasses.replace(base.train, output=str(output)),
-        checkpoint=CheckpointConfig(resume=str(checkpoint)),
+        checkpoint=CheckpointConfig(resume=str(checkpoint), verify_checksums=verify),
     )
     lines = _train_recorded(cfg)
     loaded = [match for _, line in lines if (match := RESUMED.match(line))]
-    if len(loaded) != 1 or loaded[0][1] != str(checkpoint):
-        raise RuntimeError(f"no resume from {checkpoint}:\n{_tail(lines)}")
-    return float(loaded[0][3])
+    if len(loaded) != 1 or loaded[0][1] != str(checkpoint) or (loaded[0][7] is None) == verify:
+        raise RuntimeError(f"no resume from {checkpoint} (verify={verify}):\n{_tail(lines)}")
+    load, checked = float(loaded[0][3]), float(loaded[0][7] or 0.0)
+    return {"load_s": load, "verify_s": checked, "total_s": load + checked}
 
 
 class Child:
@@ -380,7 +387,9 @@ def _recovery(base: RunConfig, tmp: Path) -> dict[str, list[dict[str, float]]]:
 def main() -> dict[str, Any]:
     start = time.perf_counter()
     save_runs: dict[str, list[dict[str, Any]]] = {"async": [], "sync": []}
-    load_s: dict[str, list[float]] = {"warm": [], "cold": []}
+    loads: dict[str, list[dict[str, float]]] = {
+        f"{cache}_{check}": [] for cache in ("warm", "cold") for check in ("verified", "unverified")
+    }
     with tempfile.TemporaryDirectory(prefix="goodput-bench-") as tmp_name:
         tmp = Path(tmp_name)
         base = _base_config(tmp)
@@ -397,13 +406,15 @@ def main() -> dict[str, Any]:
         checkpoint = step_dir(last_run / "checkpoints", STEPS)
         checkpoint_bytes = sum(path.stat().st_size for path in _each_file(checkpoint))
         for repeat in range(LOAD_REPEATS):
-            for cache in ("warm", "cold") if repeat % 2 == 0 else ("cold", "warm"):
+            variants = list(loads) if repeat % 2 == 0 else list(reversed(loads))
+            for variant in variants:
+                cache, check = variant.split("_")
                 if cache == "warm":
                     _read_into_page_cache(checkpoint)
                 else:
                     _drop_from_page_cache(checkpoint)
-                output = tmp / f"load-{cache}{repeat}"
-                load_s[cache].append(_load_run(base, checkpoint, output))
+                output = tmp / f"load-{variant}{repeat}"
+                loads[variant].append(_load_run(base, checkpoint, output, check == "verified"))
                 shutil.rmtree(output)
         shutil.rmtree(last_run)
         restarts = _recovery(base, tmp)
@@ -436,10 +447,12 @@ def main() -> dict[str, Any]:
         "sync_save_with_drag_s": statistics.median(with_drag["sync"]),
         "ratio_with_drag": statistics.median(with_drag["async"])
         / statistics.median(with_drag["sync"]),
-        "load_warm_s": statistics.median(load_s["warm"]),
-        "load_cold_s": statistics.median(load_s["cold"]),
-        "load_warm_s_each": load_s["warm"],
-        "load_cold_s_each": load_s["cold"],
+        **{
+            f"load_{variant}_{key}": statistics.median(run[key] for run in runs_)
+            for variant, runs_ in loads.items()
+            for key in ("load_s", "verify_s", "total_s")
+        },
+        "load_each": loads,
         **{f"recovery_{key}": statistics.median(values) for key, values in recovery.items()},
         "recovery_each": restarts["shared"],
         **{f"recovery_staged_{key}": statistics.median(values) for key, values in staged.items()},
@@ -484,10 +497,15 @@ def _print_summary(figures: dict[str, Any]) -> None:
         f"({figures['stall_with_drag_s']:.3f} s / {figures['sync_save_with_drag_s']:.3f} s: "
         "what training loses per save)"
     )
-    print(
-        f"  load (resume)               : {figures['load_warm_s']:6.3f} s warm page cache, "
-        f"{figures['load_cold_s']:.3f} s cold (median of {LOAD_REPEATS} each)"
-    )
+    for cache in ("warm", "cold"):
+        plain = figures[f"load_{cache}_unverified_total_s"]
+        checked = figures[f"load_{cache}_verified_total_s"]
+        print(
+            f"  resume, {cache} page cache     : load {plain:6.3f} s unverified; checksums "
+            f"{figures[f'load_{cache}_verified_verify_s']:.3f} s + load "
+            f"{figures[f'load_{cache}_verified_load_s']:.3f} s verified = {checked:.3f} s, "
+            f"{checked / plain:.2f}x (medians of {LOAD_REPEATS})"
+        )
     print(
         f"  recovery, kill -> 1st step  : {figures['recovery_kill_to_step_s']:6.3f} s  (exec -> "
         f"step {figures['recovery_exec_to_step_s']:.3f} s; medians of "

@@ -35,7 +35,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from goodput.checkpoint import hf
-from goodput.checkpoint.checksums import checkpoint_files, file_digests, write_checksums
+from goodput.checkpoint.checksums import (
+    checkpoint_files,
+    file_digests,
+    first_mismatch,
+    read_checksums,
+    write_checksums,
+)
 from goodput.checkpoint.layout import CONFIG, LATEST, TRAIN_STATE, checkpoints_dir, step_dir
 from goodput.checkpoint.load import load_tensors
 from goodput.checkpoint.metadata import read_metadata
@@ -93,12 +99,26 @@ def require_complete(directory: Path) -> None:
         )
 
 
+def require_intact(directory: Path) -> None:
+    """Refuse a checkpoint whose files differ from its checksums.json (one without: a warning)."""
+    digests = read_checksums(directory)
+    if digests is None:
+        print(f"warning: {directory} has no checksums.json; its files are not verified")
+        return
+    problem = first_mismatch(directory, digests)
+    if problem:
+        raise GoodputError(
+            directory, f"refused: {problem}", "convert another checkpoint; this one is damaged"
+        )
+
+
 def load_model_state(
     directory: Path, cfg: ModelConfig, dtype: torch.dtype | None = None
 ) -> dict[str, torch.Tensor]:
     """The consolidated model state dict of a complete checkpoint, as plain CPU tensors in
     ``dtype`` (None: as saved). Tied embeddings come back as one tensor under both names."""
     require_complete(directory)
+    require_intact(directory)
     expected = model_shapes(cfg)
     metadata = read_metadata(directory).state_dict_metadata
     prefix = MODEL + "."

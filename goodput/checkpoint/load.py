@@ -95,10 +95,10 @@ def checkpoint_problem(directory: Path) -> str | None:
     if not is_complete(directory):
         return "incomplete (no .complete marker: the save was interrupted or failed)"
     try:
-        read_json(directory / TRAIN_STATE)
+        check_train_state(read_json(directory / TRAIN_STATE), directory / TRAIN_STATE)
         metadata = read_metadata(directory)
     except GoodputError as exc:
-        return f"damaged ({exc.what})"
+        return f"damaged ({exc.where}: {exc.what})"
     for name, size in files_and_sizes(metadata).items():
         path = directory / name
         if not path.is_file() or path.stat().st_size < size:
@@ -184,9 +184,7 @@ def _is_param_group(group: Any) -> bool:
 
 
 def _damaged(path: Path, what: str) -> GoodputError:
-    return GoodputError(
-        path, f"damaged checkpoint file: {what}", "resume from another checkpoint (--resume)"
-    )
+    return GoodputError(path, what, "resume from another checkpoint (--resume)")
 
 
 def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
