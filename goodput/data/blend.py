@@ -1,13 +1,14 @@
 """Blend by weight: a file list of ``weight path-prefix corpus`` lines -> a memory-mapped index.
 
-Three levels, each cached by what it depends on and nothing more:
+The file list is parsed by ``file_list``. Three levels, each cached by what it depends on and
+nothing more:
 
 * **file** (``files/<sha256>-seed<S>/``): the file's documents in a seeded order and their
   start offsets in that order's token stream. Sample ``s`` of the file is tokens
   ``[s·L, s·L + L + 1)`` of that stream (packed across documents, one token of overlap so the
   last label is the next sample's first input). Depends only on (checksum, seed): a weight,
   seq_len or run-length change never rebuilds it. Packed shards (``--pack-seq-len``) need none:
-  row ``s`` is sample ``s``.
+  row ``s`` is sample ``s``. Its ``sha256.json`` lets a later blend reuse it only intact.
 * **corpus**: all samples of a corpus's files in one seeded permutation per epoch, so files are
   mixed in proportion to their token counts. Only the prefix the run needs is stored.
 * **blend** (``build_blend_index``): for every global sample, its corpus and its running number
@@ -16,8 +17,14 @@ Three levels, each cached by what it depends on and nothing more:
 
 A blend directory ``blends/<fingerprint>/`` is built in a temp directory and renamed into place
 with ``.complete`` inside, so readers never see half an index; ``blend.json`` in it is the run
-manifest (see ``manifest``). Per-file lines' weights add up to their corpus's weight; inside a
-corpus, files are mixed by token count.
+manifest (see ``manifest``), and records the sha256 of every index array the blend reads
+(``index_sha256``, see ``index_files``). A cache hit is checked as the loader checks a blend:
+arrays and checksums. A blend built before checksums were recorded is refused with the fix
+(delete it; the rebuild has the same fingerprint and the same samples).
+
+Per-file lines' weights add up to their corpus's weight; inside a corpus, files are mixed by token
+count. A shard is listed once: two lines reaching one file (``file_list``) or the same bytes (one
+checksum) are refused, naming both lines.
 """
 
 from __future__ import annotations
@@ -35,14 +42,28 @@ from typing import Any
 import numpy as np
 
 from goodput import __version__
-from goodput.data.interleave import build_blend_index, max_batch_deviation
+from goodput.data.file_list import FileListEntry, corpus_weights, listed_twice, parse_file_list
+from goodput.data.index_files import (
+    SHARD_INDEX_SHA256,
+    corpus_order_name,
+    index_files,
+    reuse_shard_index,
+    save_array,
+    shard_index_files,
+)
+from goodput.data.interleave import (
+    MAX_SAMPLES,
+    build_blend_index,
+    max_batch_deviation,
+)
 from goodput.data.manifest import (
-    RUN_FORMAT,
     ShardIndex,
     fingerprint,
     git_sha,
-    read_json,
+    open_blend,
 )
+from goodput.data.paths import check_output_dir
+from goodput.data.schema import RUN_FORMAT
 from goodput.data.shards import ShardReader, bin_path, idx_path
 from goodput.errors import GoodputError
 from goodput.io import fsync_dir, is_complete, sha256_file, write_json, write_marker
@@ -50,14 +71,6 @@ from goodput.io import fsync_dir, is_complete, sha256_file, write_json, write_ma
 __all__ = ["build_blend_index", "parse_file_list", "BlendSpec", "build_blend", "FileListEntry"]
 
 ON_EXHAUSTED = ("repeat", "error")
-
-
-@dataclass(frozen=True, slots=True)
-class FileListEntry:
-    weight: float
-    prefix: Path
-    corpus: str
-    line: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,80 +82,6 @@ class BlendSpec:
     output: Path
     on_exhausted: str = "repeat"
     report_batch_size: int = 256
-
-
-def parse_file_list(path: Path) -> list[FileListEntry]:
-    """Read ``weight path-prefix corpus`` lines; ``#`` comments and blank lines are skipped.
-
-    Relative prefixes are resolved against the file list's own directory, so a list travels
-    with its data.
-    """
-    try:
-        lines = Path(path).read_text().splitlines()
-    except FileNotFoundError:
-        raise GoodputError(path, "file list not found", "check the path") from None
-    except UnicodeDecodeError:
-        raise GoodputError(
-            path, "file list is not UTF-8 text", "write lines of 'weight path-prefix corpus'"
-        ) from None
-    entries = []
-    seen: dict[Path, int] = {}
-    for number, raw in enumerate(lines, start=1):
-        text = raw.split("#", 1)[0].strip()
-        if not text:
-            continue
-        entry = _parse_line(path, number, text)
-        if entry.prefix in seen:
-            raise GoodputError(
-                f"{path}:{number}",
-                f"'{entry.prefix}' is already listed on line {seen[entry.prefix]}",
-                "list each file once; its weight is what sets how often it is read",
-            )
-        seen[entry.prefix] = number
-        entries.append(entry)
-    if not entries:
-        raise GoodputError(
-            path, "file list has no entries", "add lines of 'weight path-prefix corpus'"
-        )
-    return entries
-
-
-def _parse_line(path: Path, number: int, text: str) -> FileListEntry:
-    where = f"{path}:{number}"
-    fields = text.split()
-    if len(fields) != 3:
-        raise GoodputError(
-            where,
-            f"expected 3 fields 'weight path-prefix corpus', got {len(fields)}",
-            "fix the line (paths may not contain spaces)",
-        )
-    weight_text, prefix_text, corpus = fields
-    try:
-        weight = float(weight_text)
-    except ValueError:
-        raise GoodputError(
-            where, f"weight '{weight_text}' is not a number", "write a positive number first"
-        ) from None
-    if not math.isfinite(weight) or weight <= 0:
-        raise GoodputError(
-            where,
-            f"weight {weight_text} must be positive and finite",
-            "remove the line to drop a file, or give it a positive weight",
-        )
-    prefix = Path(prefix_text)
-    for suffix in (".bin", ".idx"):
-        if prefix.name.endswith(suffix):
-            prefix = prefix.with_name(prefix.name[: -len(suffix)])
-    if not prefix.is_absolute():
-        prefix = (Path(path).parent / prefix).resolve()
-    for file in (bin_path(prefix), idx_path(prefix)):
-        if not file.is_file():
-            raise GoodputError(
-                where,
-                f"'{file}' does not exist",
-                "fix the path prefix (without .bin/.idx) or tokenize it first",
-            )
-    return FileListEntry(weight, prefix, corpus, number)
 
 
 def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
@@ -159,16 +98,19 @@ def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
             f"--on-exhausted {spec.on_exhausted!r} is not valid",
             f"use one of {', '.join(ON_EXHAUSTED)}",
         )
+    if spec.num_samples > MAX_SAMPLES:
+        raise GoodputError.usage(
+            "--num-samples", f"{spec.num_samples:,} is above {MAX_SAMPLES:,}", "pass fewer"
+        )
+    check_output_dir(spec.output, "--output")
     entries = parse_file_list(spec.file_list)
+    weights = corpus_weights(entries, spec.file_list)
     shards, tokenizer = _describe_shards(entries, spec)
-    corpora = list(dict.fromkeys(e.corpus for e in entries))
-    totals = {c: sum(e.weight for e in entries if e.corpus == c) for c in corpora}
-    weight_sum = sum(totals.values())
     pinned: dict[str, Any] = {
         "format": RUN_FORMAT,
         "tokenizer": tokenizer,
         "shards": shards,
-        "weights": [[c, totals[c] / weight_sum] for c in corpora],
+        "weights": weights,
         "seed": spec.seed,
         "seq_len": spec.seq_len,
         "num_samples": spec.num_samples,
@@ -178,7 +120,8 @@ def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
     final = spec.output / "blends" / blend_fingerprint[:20]
     if is_complete(final):
         print(f"blend: cached at {final}", file=sys.stderr)
-        return final, _cached_manifest(final, spec.report_batch_size)
+        _build_file_indices(shards, spec)  # only those deleted since: they rebuild identical
+        return final, cached_manifest(final, spec.report_batch_size)
     manifest = {
         **pinned,
         "fingerprint": blend_fingerprint,
@@ -186,13 +129,13 @@ def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
         "goodput_version": __version__,
         "git_sha": git_sha(),
     }
-    manifest["report"] = _build_into(final, manifest, spec)
-    return final, manifest
+    return final, _build_into(final, manifest, spec)
 
 
 def _describe_shards(entries: list[FileListEntry], spec: BlendSpec) -> tuple[list[dict], Any]:
     """Checksums and sample counts of every listed shard; one tokenizer across all of them."""
     shards, tokenizers = [], {}
+    by_checksum: dict[str, FileListEntry] = {}
     index = ShardIndex()
     for entry in entries:
         where = f"{spec.file_list}:{entry.line}"
@@ -215,6 +158,9 @@ def _describe_shards(entries: list[FileListEntry], spec: BlendSpec) -> tuple[lis
                 )
             sha_bin, sha_idx = shard["sha256_bin"], shard["sha256_idx"]
             tokenizer, packed = dataset["tokenizer"], dataset.get("pack_seq_len")
+        first = by_checksum.setdefault(sha_bin, entry)
+        if first is not entry:
+            raise listed_twice(spec.file_list, first, entry, "a byte-identical copy of")
         if packed is not None and packed != spec.seq_len:
             raise GoodputError(
                 where,
@@ -247,25 +193,26 @@ def _describe_shards(entries: list[FileListEntry], spec: BlendSpec) -> tuple[lis
     return shards, tokenizer
 
 
-def _build_into(final: Path, manifest: dict[str, Any], spec: BlendSpec) -> dict[str, Any]:
-    """Write every index of the blend into a temp dir, then rename it to ``final``."""
+def _build_into(final: Path, pinned: dict[str, Any], spec: BlendSpec) -> dict[str, Any]:
+    """Write every index of the blend and its manifest (returned) into a temp dir, then rename
+    it to ``final``."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        shards = manifest["shards"]
-        for shard in shards:
-            if not shard["packed"]:
-                build_file_index(Path(shard["prefix"]), shard["sha256_bin"], spec.seed, spec.output)
-        weights = np.array([w for _, w in manifest["weights"]])
+        _build_file_indices(pinned["shards"], spec)
+        weights = np.array([w for _, w in pinned["weights"]])
         corpus_index, sample_index = build_blend_index(weights, spec.num_samples)
-        report = _mixture_report(manifest, corpus_index, spec.report_batch_size)
+        report = _mixture_report(pinned, corpus_index, spec.report_batch_size)
         _refuse_exhausted(report, spec)
-        np.save(tmp / "corpus_index.npy", corpus_index)
-        np.save(tmp / "sample_index.npy", sample_index)
+        save_array(tmp / "corpus_index.npy", corpus_index)
+        save_array(tmp / "sample_index.npy", sample_index)
         for c, row in enumerate(report["corpora"]):
             order = corpus_order(row["corpus"], row["available"], row["samples"], spec.seed)
-            np.save(tmp / f"corpus_{c:04d}.npy", order)
-        write_json(tmp / "blend.json", {**manifest, "report": report})
+            save_array(tmp / corpus_order_name(c), order)
+        manifest = {**pinned, "report": report}
+        files = index_files(tmp, manifest)
+        manifest["index_sha256"] = {key: sha256_file(file.path) for key, file in files.items()}
+        write_json(tmp / "blend.json", manifest)
         write_marker(tmp)
         try:
             os.replace(tmp, final)
@@ -277,37 +224,37 @@ def _build_into(final: Path, manifest: dict[str, Any], spec: BlendSpec) -> dict[
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return report
+    return manifest
 
 
-def file_index_dir(output: Path, sha256_bin: str, seed: int) -> Path:
-    return output / "files" / f"{sha256_bin[:32]}-seed{seed}"
+def _build_file_indices(shards: list[dict[str, Any]], spec: BlendSpec) -> None:
+    for shard in shards:
+        if not shard["packed"]:  # row s of a packed shard is sample s: no index
+            build_file_index(shard, spec.seed, spec.output)
 
 
-def build_file_index(prefix: Path, sha256_bin: str, seed: int, output: Path) -> Path:
-    """Seeded document order of one shard and the start of each document in that order."""
-    directory = file_index_dir(output, sha256_bin, seed)
-    if is_complete(directory):
-        return directory
-    reader = ShardReader(prefix)
-    rng = np.random.default_rng([seed, int(sha256_bin[:16], 16)])
+def build_file_index(shard: dict[str, Any], seed: int, cache: Path) -> None:
+    """Seeded document order of one shard and the start of each document in that order.
+
+    Shared by every blend of the shard with this seed: one found complete and intact (its
+    checksums) is kept, one damaged is refused, naming the file."""
+    files = shard_index_files(cache, shard["sha256_bin"], seed, shard["num_documents"])
+    if reuse_shard_index(files):
+        return
+    reader = ShardReader(shard["prefix"])
+    rng = np.random.default_rng([seed, int(shard["sha256_bin"][:16], 16)])
     order = rng.permutation(len(reader)).astype(np.int64)
     starts = np.zeros(len(reader) + 1, np.int64)
     np.cumsum(reader.document_lengths[order], out=starts[1:])
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, array in (("document_order.npy", order), ("document_starts.npy", starts)):
-        _save_atomic(directory / name, array)
+    (order_name, order_file), (starts_name, starts_file) = files
+    save_array(order_file.path, order)
+    save_array(starts_file.path, starts)
+    directory = order_file.path.parent
+    write_json(
+        directory / SHARD_INDEX_SHA256,
+        {order_name: sha256_file(order_file.path), starts_name: sha256_file(starts_file.path)},
+    )
     write_marker(directory)
-    return directory
-
-
-def _save_atomic(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, array)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def corpus_order(corpus: str, available: int, needed: int, seed: int) -> np.ndarray:
@@ -325,12 +272,12 @@ def corpus_order(corpus: str, available: int, needed: int, seed: int) -> np.ndar
     return np.concatenate(epochs)[:needed] if epochs else np.zeros(0, dtype)
 
 
-def _cached_manifest(directory: Path, batch_size: int) -> dict[str, Any]:
-    """A built blend's manifest, its report redone when asked for another batch size."""
-    manifest = read_json(directory / "blend.json")
+def cached_manifest(directory: Path, batch_size: int) -> dict[str, Any]:
+    """A built blend's manifest, checked as the loader checks it (``open_blend``), its report
+    redone when asked for another batch size."""
+    manifest, arrays = open_blend(directory)
     if manifest["report"]["batch_size"] != batch_size:
-        corpus_index = np.load(directory / "corpus_index.npy", mmap_mode="r")
-        manifest["report"] = _mixture_report(manifest, corpus_index, batch_size)
+        manifest["report"] = _mixture_report(manifest, arrays["corpus_index.npy"], batch_size)
     return manifest
 
 

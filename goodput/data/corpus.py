@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from pydoc_data.topics import topics
 
+from goodput.data.paths import check_output_dir
 from goodput.io import write_text
 
 # Caps per domain, in bytes of JSONL written. The full 3.11 stdlib is ~12.5 MB of code; 8 MB keeps
@@ -52,6 +53,7 @@ _BODY_FIELDS = ("body", "handlers", "orelse", "finalbody", "cases")
 
 def build_demo_corpus(output_dir: Path) -> dict[str, Path]:
     """Write the three demo domains under ``output_dir``; return ``{domain: jsonl_path}``."""
+    check_output_dir(Path(output_dir), "--output")
     sources = _stdlib_sources(Path(sysconfig.get_paths()["stdlib"]))
     domains = {
         "code": (sources, MAX_CODE_BYTES),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from goodput.data.manifest import ShardIndex, check_shard, read_json
+from goodput.data.manifest import ShardIndex, check_shard, read_dataset_manifest
 from goodput.data.shards import ShardReader
 
 PREVIEW_TOKENS = 32
@@ -14,7 +14,7 @@ PREVIEW_TOKENS = 32
 def describe(path: Path, tokenizer_path: Path | None = None) -> dict[str, Any]:
     """Counts, dtype, the first document and checksum problems of a shard or a dataset."""
     if path.name.endswith(".manifest.json"):
-        manifest = read_json(path)
+        manifest = read_dataset_manifest(path)
         prefixes = [path.parent / shard["shard"] for shard in manifest["shards"]]
     else:
         prefix = path.with_suffix("") if path.suffix in (".bin", ".idx") else path

@@ -6,10 +6,11 @@ consumed-sample count plus the blend's fingerprint, so a run resumed at another 
 exactly the same global sequence. A sample is ``seq_len + 1`` tokens: ``input_ids`` are the first
 ``seq_len``, ``labels`` the last ``seq_len``.
 
-At open the loader refuses a blend whose manifest was edited or whose shards no longer match
-it, and — when resuming — one whose fingerprint differs from the checkpoint's, naming the
-components that changed. ``goodput data verify`` does the full checksum pass; opening checks
-sizes only, so start-up stays cheap at any scale.
+At open the loader refuses a blend whose manifest was edited, whose index arrays changed (each
+one's dtype, length and sha256 against ``blend.json``: ``manifest.open_blend``) or whose shards
+no longer match it, and — when resuming — one whose fingerprint differs from the checkpoint's,
+naming the components that changed. The shards themselves are checked by size only, so start-up
+stays cheap at any scale; ``goodput data verify`` re-hashes them too.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from goodput.data.blend import file_index_dir
-from goodput.data.manifest import changed_components, check_run_manifest, read_json
+from goodput.data import schema
+from goodput.data.index_files import corpus_order_name, file_index_key
+from goodput.data.manifest import changed_components, open_blend
 from goodput.data.shards import ShardReader
 from goodput.errors import GoodputError
-from goodput.io import is_complete
 
 
 class BlendedSamples:
@@ -33,28 +34,17 @@ class BlendedSamples:
 
     def __init__(self, blend_dir: str | Path):
         self.directory = Path(blend_dir)
-        if not is_complete(self.directory):
-            raise GoodputError(
-                self.directory,
-                "not a complete blend directory (no .complete)",
-                "build it with `goodput data blend` and pass the directory it prints",
-            )
-        self.manifest = read_json(self.directory / "blend.json")
-        check_run_manifest(self.directory / "blend.json", self.manifest)
+        self.manifest, arrays = open_blend(self.directory)
         self.seq_len: int = self.manifest["seq_len"]
-        self.corpus_index = np.load(self.directory / "corpus_index.npy", mmap_mode="r")
-        self.sample_index = np.load(self.directory / "sample_index.npy", mmap_mode="r")
+        self.corpus_index = arrays["corpus_index.npy"]
+        self.sample_index = arrays["sample_index.npy"]
         names = [name for name, _ in self.manifest["weights"]]
-        self.corpus_orders = [
-            np.load(self.directory / f"corpus_{c:04d}.npy", mmap_mode="r")
-            for c in range(len(names))
-        ]
+        self.corpus_orders = [arrays[corpus_order_name(c)] for c in range(len(names))]
         self.files: list[list[_File]] = [[] for _ in names]
         self.file_starts: list[np.ndarray] = []
-        output = self.directory.parents[1]
         for shard in self.manifest["shards"]:
             self.files[names.index(shard["corpus"])].append(
-                _File(shard, output, self.manifest["seed"])
+                _File(shard, arrays, self.manifest["seed"])
             )
         for corpus_files in self.files:
             counts = [f.num_samples for f in corpus_files]
@@ -74,7 +64,7 @@ class BlendedSamples:
 class _File:
     """One shard of a blend, opened and checked against the run manifest."""
 
-    def __init__(self, shard: dict[str, Any], output: Path, seed: int):
+    def __init__(self, shard: dict[str, Any], arrays: dict[str, np.ndarray], seed: int):
         self.reader = ShardReader(shard["prefix"])
         if (self.reader.num_tokens, len(self.reader)) != (
             shard["num_tokens"],
@@ -88,9 +78,8 @@ class _File:
         self.num_samples: int = shard["num_samples"]
         self.packed: bool = shard["packed"]
         if not self.packed:
-            directory = file_index_dir(output, shard["sha256_bin"], seed)
-            self.order = np.load(directory / "document_order.npy", mmap_mode="r")
-            self.starts = np.load(directory / "document_starts.npy", mmap_mode="r")
+            self.order = arrays[file_index_key(shard["sha256_bin"], seed, "document_order.npy")]
+            self.starts = arrays[file_index_key(shard["sha256_bin"], seed, "document_starts.npy")]
 
     def sample(self, s: int, seq_len: int) -> np.ndarray:
         if self.packed:
@@ -149,6 +138,7 @@ class DataLoader:
 
     def load_state_dict(self, state: dict[str, Any], *, allow_data_change: bool = False) -> None:
         """Resume at a global sample count; refuse different data unless explicitly allowed."""
+        schema.check("checkpoint data state", state, schema.LOADER_STATE)
         manifest = self.samples.manifest
         if state["fingerprint"] != manifest["fingerprint"] and not allow_data_change:
             changed = changed_components(state["components"], manifest["components"])

@@ -6,22 +6,31 @@ manifest* (``blend.json`` in a blend directory) pins what a training run reads: 
 identity, every shard's checksum, corpus weights, seed, seq_len, num_samples, plus the goodput
 version and git SHA that built it. Its fingerprint is a hash of per-component hashes
 (``components``), so a mismatch can name *what* changed, not only that something did. The
-version and git SHA are recorded but not fingerprinted: they do not change the data.
+version and git SHA are recorded but not fingerprinted: they do not change the data; so is
+``index_sha256``, the checksum of every index array the blend reads (see ``index_files``), which
+``verify_run`` re-hashes.
+
+Every manifest is read through ``read_dataset_manifest``, ``read_part_record`` or
+``read_run_manifest``: bounded, strict UTF-8 and checked field by field (``schema``), so a damaged
+or foreign file is one line naming it and the field.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from goodput import io
+from goodput.data import schema
+from goodput.data.index_files import index_problems, open_index
+from goodput.data.interleave import MAX_CORPORA
 from goodput.data.shards import bin_path, idx_path
 from goodput.errors import GoodputError
-from goodput.io import sha256_file, sha256_json
+from goodput.io import is_complete, sha256_json
 
-SHARDS_FORMAT = "goodput.shards/1"
-RUN_FORMAT = "goodput.blend/1"
 FINGERPRINTED = (
     "tokenizer",
     "shards",
@@ -38,20 +47,35 @@ def manifest_path(directory: Path, name: str) -> Path:
     return Path(directory) / f"{name}.manifest.json"
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise GoodputError(path, "missing", "check the path") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise GoodputError(
-            path,
-            f"not valid JSON: {exc}",
-            "the file is damaged; rebuild it with the command that wrote it",
-        ) from None
-    if not isinstance(value, dict):
-        raise GoodputError(path, "expected a JSON object", "rebuild it")
-    return value
+def read_dataset_manifest(path: Path) -> dict[str, Any]:
+    return _read(path, schema.DATASET_MANIFEST)
+
+
+def read_part_record(path: Path) -> dict[str, Any]:
+    return _read(path, schema.PART_RECORD)
+
+
+def read_run_manifest(path: Path) -> dict[str, Any]:
+    """A ``blend.json`` whose fields have their types and whose corpora agree with each other."""
+    manifest = _read(path, schema.RUN_MANIFEST)
+    names = [name for name, _ in manifest["weights"]]
+    rows = [row["corpus"] for row in manifest["report"]["corpora"]]
+    stray = [s["corpus"] for s in manifest["shards"] if s["corpus"] not in names]
+    if not 1 <= len(names) <= MAX_CORPORA or len(set(names)) != len(names) or rows != names:
+        raise _inconsistent(path, "weights and report do not name the same corpora once each")
+    if stray:
+        raise _inconsistent(path, f"shard of corpus {stray[0]!r}, which has no weight")
+    return manifest
+
+
+def _read(path: Path, spec: schema.Spec) -> dict[str, Any]:
+    value = io.read_json(path)
+    schema.check(path, value, spec)
+    return value  # type: ignore[no-any-return]  # check() proved it is an object
+
+
+def _inconsistent(path: Path, what: str) -> GoodputError:
+    return GoodputError(path, what, "rebuild the blend with `goodput data blend`")
 
 
 class ShardIndex:
@@ -68,15 +92,15 @@ class ShardIndex:
             self._by_directory[directory] = {
                 shard["shard"]: (manifest, shard)
                 for candidate in sorted(directory.glob("*.manifest.json"))
-                for manifest in [read_json(candidate)]
-                for shard in manifest.get("shards", [])
+                for manifest in [read_dataset_manifest(candidate)]
+                for shard in manifest["shards"]
             }
         return self._by_directory[directory].get(prefix.name)
 
 
 def verify_dataset(manifest_file: Path) -> list[str]:
     """Re-hash every shard of a dataset manifest; return one line per problem (empty = ok)."""
-    manifest = read_json(manifest_file)
+    manifest = read_dataset_manifest(manifest_file)
     problems = []
     for shard in manifest["shards"]:
         prefix = manifest_file.parent / shard["shard"]
@@ -89,7 +113,7 @@ def check_shard(prefix: Path, sha256_bin: str, sha256_idx: str) -> list[str]:
     for path, expected in ((bin_path(prefix), sha256_bin), (idx_path(prefix), sha256_idx)):
         if not path.exists():
             problems.append(f"{path}: missing")
-        elif sha256_file(path) != expected:
+        elif io.sha256_file(path) != expected:
             problems.append(f"{path}: checksum mismatch (the file changed since it was pinned)")
     return problems
 
@@ -127,9 +151,25 @@ def check_run_manifest(path: Path, manifest: dict[str, Any]) -> None:
         )
 
 
+def open_blend(directory: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The manifest and index arrays of a complete blend directory, after every check that
+    does not re-hash the shards: fields, fingerprint, each array's dtype, length and checksum."""
+    if not is_complete(directory):
+        raise GoodputError(
+            directory,
+            "not a complete blend directory (no .complete)",
+            "build it with `goodput data blend` and pass the directory it prints",
+        )
+    path = directory / "blend.json"
+    manifest = read_run_manifest(path)
+    check_run_manifest(path, manifest)
+    return manifest, open_index(path, manifest)
+
+
 def verify_run(path: Path) -> list[str]:
-    """Full check of a run manifest: its fingerprint, every shard's checksum, the tokenizer."""
-    manifest = read_json(path)
+    """Full check of a run manifest: its fingerprint, every shard's checksum, the tokenizer and
+    every index array (header, size, checksum)."""
+    manifest = read_run_manifest(path)
     problems = []
     try:
         check_run_manifest(path, manifest)
@@ -143,10 +183,10 @@ def verify_run(path: Path) -> list[str]:
     if (
         tokenizer_file
         and tokenizer_file.is_file()
-        and sha256_file(tokenizer_file) != tokenizer["sha256"]
+        and io.sha256_file(tokenizer_file) != tokenizer["sha256"]
     ):
         problems.append(f"{tokenizer_file}: tokenizer file changed since it was pinned")
-    return problems
+    return problems + index_problems(path, manifest)
 
 
 def git_sha() -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Any, Protocol
 
 import zstandard
 
+from goodput.data.paths import file_identity
 from goodput.errors import GoodputError
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".txt")
@@ -75,19 +77,21 @@ def list_inputs(paths: Sequence[str | Path]) -> list[Path]:
     """Expand ``paths`` into input files: named files as given, folders recursively and sorted.
 
     Inside folders, hidden entries and files of other types are skipped; a folder that yields no
-    inputs, a file named twice, and any missing, unreadable, empty or unknown file are errors.
+    inputs and any missing, unreadable, empty or unknown file are errors. A file reached twice
+    (named twice, inside a named folder too, or through a symbolic or hard link) is read once,
+    where it first appears, and said so on stderr.
     """
     inputs: list[Path] = []
     for given in paths:
         path = Path(given)
         _check_readable(path)
         inputs.extend(_folder_inputs(path) if path.is_dir() else [_named_input(path)])
-    seen: dict[Path, Path] = {}
+    seen: dict[tuple[int, int], Path] = {}
     for path in inputs:
-        first = seen.setdefault(path.resolve(), path)
+        first = seen.setdefault(file_identity(path), path)
         if first is not path:
-            raise GoodputError(path, f"is the same file as {first}", "name each input only once")
-    return inputs
+            print(f"{path}: the same file as {first}; reading it once", file=sys.stderr)
+    return list(seen.values())
 
 
 def _check_readable(path: Path) -> None:

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import struct
 from pathlib import Path
 
 import numpy as np
 
-from goodput.errors import GoodputError
+from goodput.errors import GoodputError, from_exception
 from goodput.io import atomic_path
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -141,8 +142,8 @@ class ShardReader:
 
     def __init__(self, prefix: str | Path):
         self.prefix = Path(prefix)
-        index = _map(idx_path(prefix), "index")
         where = idx_path(prefix)
+        index = _map(where, np.dtype(np.uint8), _size(where))
         if len(index) < HEADER.size:
             raise _corrupt(
                 where,
@@ -157,6 +158,8 @@ class ShardReader:
         if code not in DTYPE_CODES:
             raise _corrupt(where, f"unknown dtype code {code}")
         self.dtype = np.dtype(DTYPE_CODES[code])
+        if self.dtype.kind not in "iu":
+            raise _corrupt(where, f"dtype code {code} ({self.dtype}) is not an integer token type")
         expected = HEADER.size + 12 * num_sequences + 8 * num_boundaries
         if len(index) < expected:
             raise _corrupt(
@@ -166,13 +169,19 @@ class ShardReader:
         lengths = np.frombuffer(index, "<i4", num_sequences, offset)
         pointers = np.frombuffer(index, "<i8", num_sequences, offset + 4 * num_sequences)
         boundaries = np.frombuffer(index, "<i8", num_boundaries, offset + 12 * num_sequences)
-        if num_boundaries < 1 or boundaries[0] != 0 or boundaries[-1] != num_sequences:
-            raise _corrupt(where, "document boundaries do not cover the sequences")
+        steps = np.diff(boundaries)  # sequences per document
+        if (
+            num_boundaries < 1
+            or boundaries[0] != 0
+            or boundaries[-1] != num_sequences
+            or (steps < 0).any()
+        ):
+            raise _corrupt(where, "document boundaries do not cover the sequences in order")
         self._check_pointers(where, lengths, pointers)
         self.num_tokens = int(lengths.sum(dtype=np.int64))
         self._tokens = self._map_tokens()
         seq_offsets = pointers // self.dtype.itemsize
-        if num_boundaries == num_sequences + 1:  # one sequence per document: the common case
+        if (steps == 1).all():  # one sequence per document: the common case
             self.document_lengths = lengths
             self.document_offsets = seq_offsets
         else:
@@ -199,9 +208,7 @@ class ShardReader:
                 f"{size:,} bytes, the index promises {expected:,} "
                 f"({'truncated' if size < expected else 'trailing data'})",
             )
-        if size == 0:
-            return np.zeros(0, self.dtype)
-        return np.memmap(path, self.dtype, mode="r", shape=(self.num_tokens,))
+        return _map(path, self.dtype, self.num_tokens)
 
     def __len__(self) -> int:
         return len(self.document_lengths)
@@ -219,24 +226,28 @@ class ShardReader:
 
 def _size(path: Path) -> int:
     try:
-        return os.stat(path).st_size
+        status = os.stat(path)
     except FileNotFoundError:
         raise GoodputError(
             path,
             "missing",
             "check the path prefix (without .bin/.idx) or re-run `goodput data tokenize`",
         ) from None
-
-
-def _map(path: Path, what: str) -> np.ndarray:
-    if _size(path) == 0:
-        return np.zeros(0, np.uint8)
-    try:
-        return np.memmap(path, np.uint8, mode="r")
     except OSError as exc:
-        raise GoodputError(
-            path, f"cannot read the {what}: {exc.strerror}", "check permissions"
-        ) from None
+        raise from_exception(exc) from None
+    if not stat.S_ISREG(status.st_mode):
+        raise GoodputError(path, "is not a regular file", "pass the path prefix of a shard")
+    return status.st_size
+
+
+def _map(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
+    """The first ``count`` items of ``path``, memory-mapped read-only."""
+    if count == 0:
+        return np.zeros(0, dtype)
+    try:
+        return np.memmap(path, dtype, mode="r", shape=(count,))
+    except OSError as exc:
+        raise from_exception(exc) from None
 
 
 def _corrupt(path: Path, what: str) -> GoodputError:

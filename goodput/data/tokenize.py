@@ -29,7 +29,9 @@ import numpy as np
 
 from goodput import __version__
 from goodput.data import readers
-from goodput.data.manifest import SHARDS_FORMAT, manifest_path, read_json
+from goodput.data.manifest import manifest_path, read_dataset_manifest, read_part_record
+from goodput.data.paths import check_name, check_output_dir
+from goodput.data.schema import SHARDS_FORMAT
 from goodput.data.shards import ShardWriter, bin_path, idx_path, token_dtype
 from goodput.data.tokenizer import load_tokenizer
 from goodput.errors import GoodputError
@@ -72,6 +74,8 @@ class TokenizeJob:
         for ok, where, what in checks:
             if not ok:
                 raise GoodputError.usage(where, what, "fix the value")
+        check_name(self.name, "--name")
+        check_output_dir(self.output, "--output")
 
 
 def plan_units(inputs: list[Path], shard_bytes: int) -> list[list[Path]]:
@@ -113,7 +117,7 @@ def run(job: TokenizeJob) -> dict[str, Any] | None:
     manifest_file = manifest_path(job.output, job.name)
     if manifest_file.exists():  # _refuse_foreign_output checked it is this job's
         print(f"{manifest_file}: already complete, nothing to do", file=sys.stderr)
-        return read_json(manifest_file)
+        return read_dataset_manifest(manifest_file)
     mine = [u for u in range(len(units)) if u % job.world_size == job.rank]
     pending = [u for u in mine if not _unit_done(job, u, job_key)]
     if len(pending) < len(mine):
@@ -139,12 +143,17 @@ def _refuse_foreign_output(job: TokenizeJob, job_key: str) -> None:
     if parts.is_dir():
         records += sorted(parts.glob(f"{job.name}_[0-9][0-9][0-9][0-9][0-9].json"))
     for record in records:
-        if record.exists() and read_json(record).get("job_key") != job_key:
+        if record.exists() and _read_record(record)["job_key"] != job_key:
             raise GoodputError(
                 record,
                 f"dataset '{job.name}' here was built from other inputs or settings",
                 "choose another --output or --name, or delete the old dataset first",
             )
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    is_manifest = path.name.endswith(".manifest.json")
+    return read_dataset_manifest(path) if is_manifest else read_part_record(path)
 
 
 def _part_path(job: TokenizeJob, unit: int) -> Path:
@@ -155,16 +164,18 @@ def _unit_done(job: TokenizeJob, unit: int, job_key: str) -> bool:
     part = _part_path(job, unit)
     if not part.exists():
         return False
-    record = read_json(part)
-    prefix = job.output / record["shard"]
+    record = read_part_record(part)
+    prefix = job.output / shard_name(job.name, unit)
     try:
         sizes = (bin_path(prefix).stat().st_size, idx_path(prefix).stat().st_size)
     except FileNotFoundError:
         return False
-    return record["job_key"] == job_key and list(sizes) == [
+    return (record["job_key"], record["shard"], *sizes) == (
+        job_key,
+        prefix.name,
         record["bin_bytes"],
         record["idx_bytes"],
-    ]
+    )
 
 
 def _run_units(
@@ -318,7 +329,7 @@ def _write_manifest(
     tokenizer_identity: dict[str, Any],
     dtype: np.dtype,
 ) -> dict[str, Any]:
-    parts = [read_json(_part_path(job, u)) for u in range(len(units))]
+    parts = [read_part_record(_part_path(job, u)) for u in range(len(units))]
     shards = [
         {
             key: part[key]

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import sentencepiece
 import tokenizers
 
+from goodput.data.paths import check_output_file
 from goodput.data.readers import iter_texts
 from goodput.errors import GoodputError
 from goodput.io import write_bytes
@@ -192,9 +193,11 @@ def train_sentencepiece(
     through the model (identity normalisation, no whitespace folding, unknown characters fall
     back to bytes). Ids: unk 0, bos 1, eos 2, no pad.
     """
-    output = Path(output)
+    output = check_output_file(Path(output), "--output")
     if output.suffix != ".model":
-        raise GoodputError(output, "a SentencePiece model must end in .model", "rename the output")
+        raise GoodputError.usage(
+            output, "a SentencePiece model must end in .model", "rename the output"
+        )
     feed = _TrainingFeed(inputs, text_field)
     model = io.BytesIO()
     try:

@@ -52,7 +52,7 @@ def test_bad_file_list_lines_name_file_and_line(three_corpora, line, message):
 
 
 def test_empty_or_missing_file_list(tmp_path):
-    with pytest.raises(GoodputError, match="not found"):
+    with pytest.raises(GoodputError, match="No such file"):
         parse_file_list(tmp_path / "none.txt")
     (tmp_path / "empty.txt").write_text("# nothing\n\n")
     with pytest.raises(GoodputError, match="no entries"):

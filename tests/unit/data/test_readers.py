@@ -259,9 +259,15 @@ def test_folder_without_inputs(tmp_path):
     assert f"{tmp_path}: holds no input files" in error_of(list_inputs, [tmp_path])
 
 
-def test_file_named_twice(tmp_path):
-    path = touch(tmp_path / "a.jsonl")
-    assert "name each input only once" in error_of(list_inputs, [tmp_path, path])
+def test_a_file_reached_twice_is_read_once(tmp_path, capsys):
+    folder = tmp_path / "corpus"
+    path = touch(folder / "a.jsonl")
+    os.link(path, folder / "b.jsonl")
+    (tmp_path / "c.jsonl").symlink_to(path)
+    assert list_inputs([folder, path, tmp_path / "c.jsonl"]) == [path]
+    err = capsys.readouterr().err
+    assert f"{folder / 'b.jsonl'}: the same file as {path}; reading it once" in err
+    assert f"{tmp_path / 'c.jsonl'}: the same file as {path}; reading it once" in err
 
 
 def test_unreadable_file(tmp_path, monkeypatch):
