@@ -646,6 +646,7 @@ def _launch(args: argparse.Namespace) -> ExitCode:
         for line in launchers.format_processes(processes, os.environ):
             print(line)
         return ExitCode.OK
+    launchers.prepare_outputs(run_dir, args.log)
 
     from goodput.launch import failover
     from goodput.launch.attempt import AttemptResult, run_attempt

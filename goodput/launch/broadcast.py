@@ -12,9 +12,13 @@ makespan of the same policy and of a star.
 
 Transports (``transports``) carry out one copy: local, rsync or tar over ssh.
 Invariants: a copy lands under a temp sibling and is renamed onto its final path only when
-complete, so a half copy never looks like a copy; host names and node-local paths are validated
-(letters, digits and a few punctuation marks) before they reach a command line; local commands are
-argv lists and every remote argument is ``shlex.quote``d (ssh hands the remote shell one string).
+complete, so a half copy never looks like a copy; each finished copy carries the transport's
+marker file naming its source, and only a copy with that marker is ever replaced, so a
+``--dest`` that names someone's folder is refused, never emptied; a destination may not lie
+inside the source or hold it. Host names and node-local paths are validated (letters, digits and
+a few punctuation marks; absolute and normalized) before they reach a command line; local
+commands are argv lists and every remote argument is ``shlex.quote``d (ssh hands the remote shell
+one string). A copy refused that way is not retried: the next try would find the same folder.
 A virtual environment names its own absolute path (in ``bin/activate*``, ``pyvenv.cfg`` and the
 shebang lines of ``bin/*``): the local transport rewrites each copy; for the remote ones, which
 copy bytes as they are, ``broadcast`` first stages one rewritten copy on this machine and sends
@@ -26,18 +30,21 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import json
 import math
+import os
 import shutil
+import socket
 import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from goodput.errors import GoodputError
-from goodput.launch.env import check_host
+from goodput.launch.env import MAX_HOSTS, check_host, read_hostfile
 from goodput.launch.transports import Transport, fix_venv_prefix, is_venv
 
 ORIGIN = "(origin)"  # not a valid host name, so it never collides with one
@@ -67,7 +74,12 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _check_args(
-    source: Path, hosts: Sequence[str], fanout: int, retries: int, min_success: int | None
+    source: Path,
+    hosts: Sequence[str],
+    transport: Transport,
+    fanout: int,
+    retries: int,
+    min_success: int | None,
 ) -> int:
     if not source.is_dir():
         raise GoodputError.usage(
@@ -90,7 +102,22 @@ def _check_args(
             f"{needed} of {len(hosts)} hosts",
             f"use a number from 0 to {len(hosts)}",
         )
+    _check_outside(source, {transport.path(host) for host in hosts})
     return needed
+
+
+def _check_outside(source: Path, paths: set[str]) -> None:
+    """Refuse a destination inside the source or holding it: the copy would copy itself, or
+    replacing it would take the source along (on a shared filesystem, for the remote ones)."""
+    real = PurePosixPath(os.path.realpath(source))
+    for path in sorted(paths):
+        dest = PurePosixPath(os.path.realpath(path))
+        if dest != real and (dest.is_relative_to(real) or real.is_relative_to(dest)):
+            raise GoodputError.usage(
+                "--dest",
+                f"{path} is inside {source} or holds it",
+                "copy to a folder beside the source, not within or above it",
+            )
 
 
 @contextlib.contextmanager
@@ -134,7 +161,9 @@ def broadcast(
     ``min_success`` None means every host. ``relay=False`` is the star: only the origin serves.
     Raises ``GoodputError`` naming the failed hosts when fewer than ``min_success`` succeeded.
     """
-    needed = _check_args(source, hosts, fanout, retries, min_success)
+    needed = _check_args(source, hosts, transport, fanout, retries, min_success)
+    # What each copy's marker file says it is a copy of.
+    marker = json.dumps({"source": os.path.realpath(source), "from": socket.gethostname()})
     result = BroadcastResult()
     busy: dict[str, int] = {ORIGIN: 0}  # in insertion order: the origin, then hosts as they finish
     order = {ORIGIN: 0}
@@ -146,7 +175,7 @@ def broadcast(
 
     def timed_copy(src: str, host: str) -> tuple[float, float]:
         start = time.monotonic()
-        transport.copy(origin, None if src == ORIGIN else src, host)
+        transport.copy(origin, None if src == ORIGIN else src, host, marker)
         return start - began, time.monotonic() - start
 
     def pick_source(host: str) -> str | None:
@@ -188,7 +217,7 @@ def broadcast(
                 reason = _one_line(error)
                 num_failures[host] = num_failures.get(host, 0) + 1
                 last_failed_source[host] = src
-                if num_failures[host] <= retries:
+                if num_failures[host] <= retries and not isinstance(error, GoodputError):
                     progress(f"broadcast: {host} from {src} failed ({reason}); retrying")
                     pending.append(host)
                 else:
@@ -233,7 +262,8 @@ def simulate(num_hosts: int, copy_seconds: float, fanout: int) -> tuple[float, f
 
 
 def read_hosts(hosts: str | None, hostfile: Path | None) -> list[str]:
-    """Hosts from a comma list or a host file (one a line, '#' comments; repeats dropped)."""
+    """Hosts from a comma list or a host file (``env.read_hostfile``: one a line, '#' comments);
+    repeats dropped, since a PBS node file names a host once per rank and the copy is per host."""
     if (hosts is None) == (hostfile is None):
         raise GoodputError.usage(
             "broadcast",
@@ -241,8 +271,13 @@ def read_hosts(hosts: str | None, hostfile: Path | None) -> list[str]:
             "give --hosts h1,h2,... or --hostfile FILE",
         )
     if hostfile is not None:
-        names = [line.split("#")[0].strip() for line in hostfile.read_text().splitlines()]
-    else:
-        names = [name.strip() for name in (hosts or "").split(",")]
-    # A PBS node file names a host once per rank; the copy is per host.
-    return list(dict.fromkeys(name for name in names if name))
+        return read_hostfile(hostfile)
+    names = dict.fromkeys(name.strip() for name in (hosts or "").split(","))
+    names.pop("", None)
+    if len(names) > MAX_HOSTS:
+        raise GoodputError.usage(
+            "--hosts", f"names more than {MAX_HOSTS:,} hosts", "pass at most that many"
+        )
+    for name in names:
+        check_host(name, "--hosts")
+    return list(names)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import json
 import os
 import random
 import re
@@ -41,7 +40,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from goodput.errors import ExitCode
+from goodput.errors import ExitCode, GoodputError
+from goodput.io import read_json
 from goodput.launch.attempt import AttemptResult, ProcessSpec, start_process
 from goodput.launch.retry import append_line, backoff_delay, describe_exit, now
 
@@ -61,9 +61,14 @@ BAD_NODE_PATTERNS = (
     r"(CUDA error|HIP error|UR_RESULT_ERROR|ECC|device lost|DEVICE_LOST|Xid)",
 )
 WINDOW_LINES = 3  # a pattern may span this many consecutive lines (Hydra's block spans two)
+# Of each line, only the head is scanned: evidence lines are short, and a pattern's cost on a
+# megabyte line without a newline (attempt's longest) could stall the launcher.
+SCAN_BYTES = 4096
 DEFAULT_IDLE_TIMEOUT_S = 1800.0  # long enough for a checkpoint or an eval, short of a walltime
 MAX_STEPLESS_ATTEMPTS = 2
 RESOLVE_TIMEOUT_S = 5.0
+HEARTBEAT_BYTES = 1 << 16  # the trainer writes a line of JSON
+MAX_STEP = 2**53
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -92,7 +97,7 @@ class EvidenceScanner:
         self.resolved: dict[str, str | None] = {}
 
     def __call__(self, line: bytes) -> None:
-        self.window.append(ANSI.sub("", line.decode(errors="replace")))
+        self.window.append(ANSI.sub("", line[:SCAN_BYTES].decode(errors="replace")))
         text = "\n".join(self.window)
         for pattern in self.patterns:
             match = pattern.search(text)
@@ -185,12 +190,15 @@ def steps_gained(
 
 
 def read_heartbeat_step(path: Path | None) -> int | None:
+    """The step the heartbeat file names; None when it is absent, replaced mid-read or not a
+    heartbeat (the run folder may be shared: whatever is there is read bounded, strictly)."""
     if path is None:
         return None
     try:
-        return int(json.loads(path.read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # absent, or replaced mid-read: no progress signal from it
+        step = read_json(path, HEARTBEAT_BYTES)["step"]
+    except (GoodputError, KeyError, TypeError):
+        return None
+    return step if type(step) is int and 0 <= step <= MAX_STEP else None
 
 
 @dataclass

@@ -12,8 +12,12 @@ applies. ``build_processes`` turns a plan and a command into ``ProcessSpec``s fo
 Invariants: argv lists, never shell strings; every host name is validated before it reaches a
 command line; a different host set always gives a different command (the PBS host file is named
 by its contents, so an attempt's file never changes under it). Machine specifics (ranks per
-node, CPU binding, environment) are data: ``profiles/NAME.toml``. Standard library only, and
-nothing here starts a process.
+node, CPU binding, environment) are data: ``profiles/NAME.toml``, parsed strictly (unknown keys,
+wrong types, values out of range and patterns that do not compile are one line naming the
+file). Rank counts are bounded (``MAX_PPN`` a host), so no plan builds an absurd list.
+``prepare_outputs`` makes the run folder and the log before any rank starts, so a path that
+cannot take them is one line naming its option. Standard library only, and nothing here starts
+a process.
 """
 
 from __future__ import annotations
@@ -30,14 +34,19 @@ from pathlib import Path
 from typing import Literal
 
 from goodput.config import build, read_toml
-from goodput.errors import GoodputError
+from goodput.errors import GoodputError, from_exception
 from goodput.io import write_text
 from goodput.launch.attempt import ProcessSpec
 from goodput.launch.env import Placement, check_host
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 DEFAULT_PROFILE = "generic"
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # always fullmatch: no "\n" after
+CPU_BIND = re.compile(r"[A-Za-z0-9_:,.=+-]{1,1000}")  # "cores", "depth", "list:1-8:9-16"
+# Ranks on one host: past any node (a 512-thread CPU node at one rank each) by a margin; it keeps
+# a local launch from planning a process per rank of a typo.
+MAX_PPN = 1024
+MAX_HEALTH_TIMEOUT_S = 86400.0
 LOCAL_ADDR = "127.0.0.1"
 HOSTS_VAR = "GOODPUT_LAUNCH_HOSTS"  # every rank learns the attempt's host set, in rank order
 PROBE_HOST_VAR = "GOODPUT_PROBE_HOST"  # the host a health probe was sent to
@@ -64,18 +73,30 @@ class ProfileConfig:
     health_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.ppn < 1:
-            raise GoodputError.usage("[profile]", f"ppn = {self.ppn}", "use at least 1")
+        if not 1 <= self.ppn <= MAX_PPN:
+            raise GoodputError.usage("[profile]", f"ppn = {self.ppn}", f"use 1 to {MAX_PPN}")
+        if not 0 < self.health_timeout_s <= MAX_HEALTH_TIMEOUT_S:  # NaN fails too
+            raise GoodputError.usage(
+                "[profile]",
+                f"health_timeout_s = {self.health_timeout_s}",
+                f"use a number of seconds above 0, at most {MAX_HEALTH_TIMEOUT_S:g}",
+            )
+        if self.cpu_bind is not None and not CPU_BIND.fullmatch(self.cpu_bind):
+            raise GoodputError.usage(
+                "[profile]",
+                f"cpu_bind {self.cpu_bind!r} is not a binding",
+                'use letters, digits and _:,.=+-, e.g. "cores" or "list:1-8:9-16"',
+            )
         for item in self.env:
             name, sep, _ = item.partition("=")
-            if not sep or not ENV_NAME.match(name):
+            if not sep or not ENV_NAME.fullmatch(name):
                 raise GoodputError.usage(
                     "[profile]",
                     f"env entry {item!r} is not NAME=VALUE",
                     'write entries like "FI_CXI_DEFAULT_CQ_SIZE=131072"',
                 )
         for name in self.pass_env:
-            if not ENV_NAME.match(name):
+            if not ENV_NAME.fullmatch(name):
                 raise GoodputError.usage(
                     "[profile]",
                     f"pass_env entry {name!r} is not a variable name",
@@ -85,7 +106,8 @@ class ProfileConfig:
         for pattern in self.bad_node_patterns:
             try:
                 groups = re.compile(pattern).groupindex
-            except re.error as error:
+            # OverflowError: a repeat count past the engine's; RecursionError: deep nesting.
+            except (re.error, OverflowError, RecursionError) as error:
                 raise GoodputError.usage(
                     "[profile]",
                     f"bad_node_patterns entry {pattern!r} is not a regular expression: {error}",
@@ -179,6 +201,12 @@ def plan_launch(
             raise GoodputError.usage(flag, f"{count} is not a count", "use 1 or more")
     if ppn is None:
         ppn = profile.ppn if nproc is None else -(-nproc // num_hosts)
+    if ppn > MAX_PPN:
+        raise GoodputError.usage(
+            "--ppn" if nproc is None else "--nproc",
+            f"{ppn} ranks a host is more than {MAX_PPN}",
+            "ask for fewer ranks, or more hosts",
+        )
     if nproc is None:
         nproc = num_hosts * ppn
     if not (num_hosts - 1) * ppn < nproc <= num_hosts * ppn:
@@ -342,6 +370,32 @@ def write_hostfile(plan: LaunchPlan) -> Path | None:
         return None
     write_text(plan.hostfile, "".join(f"{host}\n" for host in plan.hosts))
     return plan.hostfile
+
+
+def prepare_outputs(run_dir: Path, log: Path | None) -> None:
+    """Make ``run_dir`` and open ``log`` for appending now, before any rank starts, so that a
+    path that cannot take them (a file where the folder goes, a folder as the log, no
+    permission) is one line naming its option rather than a failure in the first attempt."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise GoodputError.usage("--run-dir", f"{run_dir} is a file", "give a folder")
+    if log is not None and log.is_dir():
+        raise GoodputError.usage("--log", f"{log} is a folder", "give the path of a file")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _option_error("--run-dir", exc) from None
+    if log is not None:
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "ab"):
+                pass
+        except OSError as exc:
+            raise _option_error("--log", exc) from None
+
+
+def _option_error(option: str, exc: OSError) -> GoodputError:
+    error = from_exception(exc)
+    return GoodputError.usage(f"{option} {error.where}", error.what, error.fix)
 
 
 def free_port() -> int:

@@ -7,7 +7,10 @@ does); each newer, incomplete one is named and skipped, as ``--resume auto`` doe
 DEST/step-N on every host by ``broadcast``'s greedy tree, under its own name, so that a trainer
 with ``[checkpoint] local_dir = DEST`` finds it. A copy appears only whole (the transport renames
 a finished temp copy into place); only after that, and only on that host, are the older
-``step-N`` folders at DEST removed, so a host whose copy failed keeps what it had. A checkpoint
+``step-N`` folders at DEST removed, so a host whose copy failed keeps what it had. Only folders
+that carry the transport's marker (copies staged by goodput) are ever removed, and DEST may not
+be the run's checkpoint folder, lie within it or hold it: a run's own checkpoints are never
+touched. A checkpoint
 saved without ``checksums.json`` is not staged: the trainer could not verify the copy, so would
 not read it. Staging does not verify: the trainer checks each copy where and when it reads it.
 Nothing here imports torch.
@@ -15,6 +18,7 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import shlex
 import shutil
@@ -27,7 +31,7 @@ from pathlib import Path
 from goodput.checkpoint.layout import CHECKSUMS, STEP_DIR, checkpoints_dir, list_checkpoints
 from goodput.errors import GoodputError
 from goodput.launch.broadcast import DEFAULT_FANOUT, ORIGIN, BroadcastResult, broadcast
-from goodput.launch.transports import LocalTransport, RemoteTransport, Transport
+from goodput.launch.transports import MARKER, LocalTransport, RemoteTransport, Transport
 
 REMOVE_THREADS = 64  # hosts cleaned up at once (one ssh each for the remote transports)
 REMOVE_TIMEOUT_S = 300.0
@@ -56,8 +60,9 @@ def stage_checkpoint(
     """Send the newest complete checkpoint of ``run_dir`` to ``dest``/step-N on every host by
     ``broadcast`` (the options are its own); ``transport_for`` makes the transport for a
     destination pattern. Raises ``GoodputError`` where ``broadcast`` does."""
+    root = _checkpoint_root(run_dir)
     newest = None
-    for checkpoint in reversed(list_checkpoints(_checkpoint_root(run_dir))):
+    for checkpoint in reversed(list_checkpoints(root)):
         if checkpoint.complete:
             newest = checkpoint
             break
@@ -72,6 +77,7 @@ def stage_checkpoint(
         )
     destination = posixpath.join(dest, newest.path.name)
     transport = transport_for(destination)
+    _check_apart(root, {posixpath.dirname(transport.path(host)) for host in hosts}, dest)
     result = broadcast(
         newest.path,
         hosts,
@@ -107,20 +113,43 @@ def _checkpoint_root(run_dir: Path) -> Path:
     )
 
 
+def _check_apart(root: Path, folders: set[str], dest: str) -> None:
+    """Refuse staging into the run's checkpoint folder ``root``, within it or above it: the
+    staged copies and their clean-up must never meet the checkpoints they are copies of."""
+    real_root = Path(os.path.realpath(root))
+    for folder in sorted(folders):
+        real = Path(os.path.realpath(folder))
+        if real.is_relative_to(real_root) or real_root.is_relative_to(real):
+            raise GoodputError.usage(
+                "--dest",
+                f"{dest} is {folder}, which is the run's checkpoint folder {root}, within it "
+                "or above it",
+                "stage to a node-local folder outside the run, e.g. /local/scratch/ckpt",
+            )
+
+
 def remove_older(transport: Transport, host: str, step: int) -> list[str]:
-    """Remove the ``step-N`` folders with N < ``step`` beside ``host``'s copy; their names."""
+    """Remove the staged ``step-N`` folders with N < ``step`` beside ``host``'s copy (only those
+    that carry the transport's marker: goodput's own copies); their names."""
     parent = posixpath.dirname(transport.path(host))
     if isinstance(transport, LocalTransport):
-        older = [c.path for c in list_checkpoints(Path(parent)) if c.step < step]
+        older = [
+            c.path
+            for c in list_checkpoints(Path(parent))
+            if c.step < step and _is_staged_copy(c.path)
+        ]
         for path in older:
             shutil.rmtree(path)
         return [path.name for path in older]
     # The remote transports' own ssh (with --ssh-config when given). Fixed-width names: `test`
-    # reads "00000004" as decimal. Run by sh, whatever the login shell is.
+    # reads "00000004" as decimal. Run by sh, whatever the login shell is; no "!", which
+    # csh-family login shells expand.
     assert isinstance(transport, RemoteTransport)
     script = (
         f"cd {shlex.quote(parent)} 2>/dev/null || exit 0; for d in step-{'[0-9]' * 8}; do "
-        f'if [ -d "$d" ] && [ "${{d#step-}}" -lt {step} ]; then rm -rf -- "$d" && echo "$d"; fi; '
+        f'if [ -L "$d" ] || [ -L "$d/{MARKER}" ]; then continue; fi; '
+        f'if [ -d "$d" ] && [ -f "$d/{MARKER}" ] && [ "${{d#step-}}" -lt {step} ]; then '
+        'rm -rf -- "$d" && echo "$d"; fi; '
         "done"
     )
     finished = subprocess.run(
@@ -133,6 +162,11 @@ def remove_older(transport: Transport, host: str, step: int) -> list[str]:
         message = " ".join(finished.stderr.split())[-300:]
         raise RuntimeError(f"ssh exited {finished.returncode}: {message}")
     return finished.stdout.split()
+
+
+def _is_staged_copy(path: Path) -> bool:
+    marker = path / MARKER
+    return not path.is_symlink() and not marker.is_symlink() and marker.is_file()
 
 
 def describe(staged: Staged, num_hosts: int) -> str:

@@ -32,8 +32,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from goodput.errors import GoodputError
-from goodput.io import write_text
+from goodput.errors import GoodputError, from_exception
+from goodput.io import read_text, write_text
+from goodput.launch.env import MAX_HOSTS
 
 DONE_MARKER = "done"
 CHAIN_JOB_VAR = "GOODPUT_CHAIN_JOB"
@@ -47,6 +48,7 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # accounts, partitions, q
 FILESYSTEMS = re.compile(r"[A-Za-z0-9_]+(:[A-Za-z0-9_]+)*")
 PATH = re.compile(r"[A-Za-z0-9._/+-]+")
 WALLTIME = re.compile(r"[0-9]{1,4}:[0-5][0-9]:[0-5][0-9]")
+MAX_JOBS = 10_000  # a chain that long has stopped making progress long before
 
 # The script a job runs after its headers. Values appear once, each shell-quoted and assigned to
 # a variable, and are filled in one pass, so a value holding "@...@" is never filled again.
@@ -59,6 +61,11 @@ script=@SCRIPT@
 done_marker=@DONE@
 job=${GOODPUT_CHAIN_JOB:-1}
 max_jobs=@MAX_JOBS@
+# Checked before (( )) reads it: bash arithmetic would evaluate any expression, $(...) included.
+if [[ ! $job =~ ^[1-9][0-9]{0,8}$ ]]; then
+  echo "goodput chain: GOODPUT_CHAIN_JOB=$job is not a job number; unset it" >&2
+  exit 2
+fi
 if [[ -e $done_marker ]]; then
   echo "goodput chain: job $job: $done_marker exists, the run is complete; nothing to do"
   exit 0
@@ -125,11 +132,16 @@ class Chain:
     def __post_init__(self) -> None:
         assert self.scheduler in CLIENTS, self.scheduler
         assert self.run_dir.is_absolute() and self.workdir.is_absolute()
-        if not WALLTIME.fullmatch(self.walltime):
-            raise _usage("--time", f"{self.walltime!r} is not HH:MM:SS", "e.g. --time 06:00:00")
-        for option, count in (("--nodes", self.nodes), ("--max-jobs", self.max_jobs)):
-            if count < 1:
-                raise _usage(option, f"is {count}", "give 1 or more")
+        if not WALLTIME.fullmatch(self.walltime) or not self.walltime.strip("0:"):
+            raise _usage(
+                "--time", f"{self.walltime!r} is not HH:MM:SS above zero", "e.g. --time 06:00:00"
+            )
+        for option, count, most in (
+            ("--nodes", self.nodes, MAX_HOSTS),
+            ("--max-jobs", self.max_jobs, MAX_JOBS),
+        ):
+            if not 1 <= count <= most:
+                raise _usage(option, f"is {count}", f"give 1 to {most}")
         if self.filesystems is not None and self.scheduler != "pbs":
             raise _usage("--filesystems", "is a PBS resource", "drop it for Slurm")
         names = "up to 64 letters, digits and ._-"
@@ -226,9 +238,15 @@ def _pbs_headers(chain: Chain) -> list[str]:
 def write_script(chain: Chain) -> Path:
     """Write ``chain.script`` atomically; the same script again is fine, a different one is not."""
     text, path = render(chain), chain.script
+    if chain.run_dir.exists() and not chain.run_dir.is_dir():
+        raise _usage("--run-dir", f"{chain.run_dir} is a file", "give a folder")
     if not path.exists():
-        write_text(path, text)
-    elif path.read_text() != text:
+        try:
+            write_text(path, text)
+        except OSError as exc:
+            error = from_exception(exc)
+            raise _usage(f"--run-dir {error.where}", error.what, error.fix) from None
+    elif read_text(path) != text:
         raise GoodputError.usage(
             path,
             "exists and differs from the script these options give",
@@ -255,9 +273,12 @@ def submit(chain: Chain) -> str:
         )
     # Set, not inherited: goodput submit may itself run inside a job of another chain.
     env = {**os.environ, CHAIN_JOB_VAR: "1"}
-    result = subprocess.run(
-        argv, cwd=chain.workdir, env=env, capture_output=True, text=True, check=False
-    )
+    try:
+        result = subprocess.run(
+            argv, cwd=chain.workdir, env=env, capture_output=True, text=True, errors="replace"
+        )
+    except OSError as exc:
+        raise from_exception(exc) from None
     if result.returncode != 0:
         said = (result.stderr.strip().splitlines() or ["no message"])[-1]
         raise GoodputError(

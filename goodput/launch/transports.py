@@ -7,11 +7,15 @@ Transports (``TRANSPORTS``, keyed by the CLI ``--transport`` kind) carry out one
   - tar: ``tar -c | ssh DST tar -x``, run on the source host.
 The remote transports pass ``-F SSH_CONFIG`` to every ssh they start, the ssh a source host runs
 to reach the next host included, so that file must sit at the same path on every host.
-Invariants: a copy lands under a temp sibling and is renamed onto its final path only when
-complete; host names and paths are validated before they reach a command line; local commands
-are argv lists and every remote argument is ``shlex.quote``d (ssh hands the remote shell one
-string). ``fix_venv_prefix`` points a copied virtual environment at its new path. Standard
-library only.
+Invariants: ``dest`` is absolute and normalized for every transport (no ``..``, not ``/``) and
+``{host}`` is replaced only by a validated host name, so no copy lands outside its path. A copy
+lands under a temp sibling (``.partial``) and is renamed onto its final path only when complete,
+with a ``MARKER`` file inside naming its source; an existing final path is replaced only when
+it carries that marker (a copy goodput made), anything else there is refused and left as it
+is. So a transport deletes only its own partial copies and its own earlier copies. Local
+commands are argv lists and every remote argument is ``shlex.quote``d (ssh hands the remote
+shell one string). ``fix_venv_prefix`` points a copied virtual environment at its new path.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from goodput.io import DIR_MODE
 from goodput.launch.env import check_host
 
 COMMAND_TIMEOUT_S = 3600.0
+MARKER = ".goodput-broadcast"  # in every finished copy: its source, as one line of JSON
+REFUSED = "goodput-broadcast-refused:"  # what the remote guard prints before exit 3
 
 
 class Transport(Protocol):
@@ -43,13 +49,55 @@ class Transport(Protocol):
         """The node-local path of the copy on ``host``."""
         ...
 
-    def copy(self, origin: Path, src_host: str | None, dst_host: str) -> None:
-        """Copy ``origin`` (``src_host`` None) or ``src_host``'s copy to ``dst_host``."""
+    def copy(self, origin: Path, src_host: str | None, dst_host: str, marker: str) -> None:
+        """Copy ``origin`` (``src_host`` None) or ``src_host``'s copy to ``dst_host``, with
+        ``marker`` as the text of its ``MARKER`` file. A final path that is not a copy goodput
+        made is refused (``GoodputError``), not replaced."""
         ...
 
 
 def _host_path(dest: str, host: str) -> str:
+    check_host(host, "broadcast")  # a valid name has no separator and is never "." or ".."
     return dest.replace("{host}", host)
+
+
+# What may be a destination, and reach a remote command line as a path: absolute, and characters
+# no shell, rsync version or ssh config parser treats specially (quoting is kept anyway, as a
+# second guard).
+SAFE_PATH = re.compile(r"/[A-Za-z0-9_.+,=@%/-]*")
+
+
+def _check_path(path: str, where: str, given: str) -> None:
+    """Refuse ``path``, ``given`` as such by the user, unless SAFE_PATH matches the whole of it."""
+    # normpath: no "..", "." or "//" parts, and "/" itself is refused since the copy replaces it.
+    if not SAFE_PATH.fullmatch(path) or os.path.normpath(path) != path or path == "/":
+        raise GoodputError.usage(
+            where,
+            f"{given!r} is not a safe absolute path",
+            "use a normalized absolute path of letters, digits and _.+,=@%-, e.g. /tmp/venv",
+        )
+
+
+def _check_dest(dest: str) -> None:
+    # Any valid host name keeps a safe path safe, so one stands for all.
+    _check_path(_host_path(dest, "h"), "--dest", dest)
+
+
+def not_goodputs_copy(path: str) -> GoodputError:
+    return GoodputError(
+        path,
+        f"exists and is not a copy goodput made (it has no {MARKER}), so it is not replaced",
+        "move it away or choose another --dest",
+    )
+
+
+def _check_replaceable(final: Path) -> None:
+    """Refuse ``final`` if it exists and is not a folder holding our marker (links included)."""
+    if not os.path.lexists(final):
+        return
+    marker = final / MARKER
+    if final.is_symlink() or not final.is_dir() or marker.is_symlink() or not marker.is_file():
+        raise not_goodputs_copy(str(final))
 
 
 class LocalTransport:
@@ -70,21 +118,26 @@ class LocalTransport:
                 f"{dest!r} has no {{host}} for the local transport",
                 "give each host its own folder, e.g. /tmp/nodes/{host}/venv",
             )
+        _check_dest(dest)
         self.dest = dest
 
     def path(self, host: str) -> str:
-        return os.path.abspath(_host_path(self.dest, host))
+        return _host_path(self.dest, host)
 
-    def copy(self, origin: Path, src_host: str | None, dst_host: str) -> None:
+    def copy(self, origin: Path, src_host: str | None, dst_host: str, marker: str) -> None:
         src = origin.absolute() if src_host is None else Path(self.path(src_host))
         dst = Path(self.path(dst_host))
+        _check_replaceable(dst)  # before the copy, so a refusal costs nothing
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".partial", dir=dst.parent))
         try:
             shutil.copytree(src, tmp, symlinks=True, dirs_exist_ok=True)
             os.chmod(tmp, DIR_MODE)
             fix_venv_prefix(tmp, old=str(src), new=str(dst))
-            if dst.exists():
+            (tmp / MARKER).unlink(missing_ok=True)  # a copy of a copy brings its source's
+            (tmp / MARKER).write_text(marker + "\n")
+            _check_replaceable(dst)  # and again: something may have appeared meanwhile
+            if os.path.lexists(dst):
                 shutil.rmtree(dst)
             os.replace(tmp, dst)
         except BaseException:
@@ -92,20 +145,15 @@ class LocalTransport:
             raise
 
 
-# What may reach a remote command line as a path: absolute, and characters no shell, rsync
-# version or ssh config parser treats specially (quoting is kept anyway, as a second guard).
-SAFE_PATH = re.compile(r"^/[A-Za-z0-9_.+,=@%/-]*$")
-
-
-def _check_path(path: str, where: str, given: str) -> None:
-    """Refuse ``path``, ``given`` as such by the user, unless SAFE_PATH matches it."""
-    # normpath: no "..", "." or "//" parts, and "/" itself is refused since the copy replaces it.
-    if not SAFE_PATH.match(path) or os.path.normpath(path) != path or path == "/":
-        raise GoodputError.usage(
-            where,
-            f"{given!r} is not a safe absolute path",
-            "use a normalized absolute path of letters, digits and _.+,=@%-, e.g. /tmp/venv",
-        )
+# Run on a destination host before a copy and before it is published, by sh whatever the login
+# shell is: exit 3 with REFUSED when the final path ($1) exists and is not a copy goodput made
+# (a link, or no MARKER file in it), and drop a partial copy ($2) that is a link: it would
+# steer rsync --delete into another folder. No "!": csh-family login shells expand it.
+GUARD = f"""\
+refuse() {{ echo "{REFUSED} $1" >&2; exit 3; }}
+if [ -L "$1" ] || [ -L "$1/{MARKER}" ]; then refuse "$1"; fi
+if [ -e "$1" ]; then [ -f "$1/{MARKER}" ] || refuse "$1"; fi
+if [ -L "$2" ]; then rm -f -- "$2"; fi"""
 
 
 class RemoteTransport:
@@ -114,8 +162,8 @@ class RemoteTransport:
     rewrites_venv_prefix = False
 
     def __init__(self, dest: str, ssh_config: Path | None = None) -> None:
+        _check_dest(dest)
         self.dest = dest
-        _check_path(self.path("h"), "--dest", dest)  # valid host names keep a safe path safe
         self.ssh = ["ssh"]
         if ssh_config is not None:
             # Absolute: the source hosts run ssh with it too, from their home folders.
@@ -132,47 +180,57 @@ class RemoteTransport:
     def path(self, host: str) -> str:
         return _host_path(self.dest, host)
 
-    def commands(self, origin: Path, src_host: str | None, dst_host: str) -> list[list[list[str]]]:
+    def commands(
+        self, origin: Path, src_host: str | None, dst_host: str, marker: str
+    ) -> list[list[list[str]]]:
         raise NotImplementedError
 
-    def copy(self, origin: Path, src_host: str | None, dst_host: str) -> None:
-        for host in (src_host, dst_host):
-            if host is not None:
-                check_host(host, "broadcast")
-        for pipeline in self.commands(origin, src_host, dst_host):
-            _run_pipeline(pipeline)
+    def copy(self, origin: Path, src_host: str | None, dst_host: str, marker: str) -> None:
+        final = f"{dst_host}:{self.path(dst_host)}"
+        for pipeline in self.commands(origin, src_host, dst_host, marker):
+            _run_pipeline(pipeline, refused=not_goodputs_copy(final))
 
     def on(self, host: str, *argv: str) -> list[str]:
         """Run ``argv`` on ``host``: ssh joins its arguments into one line, so quote each."""
         return [*self.ssh, host, shlex.join(argv)]
 
-    def _publish(self, dst_host: str) -> list[list[str]]:
-        """Rename the finished temp copy onto the final path, on ``dst_host``."""
-        final = shlex.quote(self.path(dst_host))
-        partial = shlex.quote(self.path(dst_host) + ".partial")
-        return [[*self.ssh, dst_host, f"rm -rf {final} && mv {partial} {final}"]]
+    def guarded(self, dst_host: str, then: str, *args: str) -> list[str]:
+        """``sh -c GUARD; then`` for ``dst_host``'s final path ($1) and partial copy ($2)."""
+        final = self.path(dst_host)
+        return ["sh", "-c", f"{GUARD}\n{then}", "sh", final, f"{final}.partial", *args]
+
+    def _publish(self, dst_host: str, marker: str) -> list[list[str]]:
+        """Mark the finished temp copy and rename it onto the final path, on ``dst_host``."""
+        # rm first: a link copied in as the marker must not steer the write elsewhere.
+        marked = f'rm -f -- "$2/{MARKER}" && printf "%s\\n" "$3" >"$2/{MARKER}"'
+        publish = f'{marked} && rm -rf -- "$1" && mv -- "$2" "$1"'
+        return [self.on(dst_host, *self.guarded(dst_host, publish, marker))]
 
 
 class RsyncTransport(RemoteTransport):
-    def commands(self, origin: Path, src_host: str | None, dst_host: str) -> list[list[list[str]]]:
+    def commands(
+        self, origin: Path, src_host: str | None, dst_host: str, marker: str
+    ) -> list[list[list[str]]]:
         partial = self.path(dst_host) + ".partial"
         # rsync makes the last folder only; --rsync-path runs before the receiver on dst_host.
+        prepare = shlex.join(self.guarded(dst_host, 'mkdir -p -- "$2"'))
         rsync = ["rsync", "-a", "--delete", "-e", shlex.join(self.ssh)]
-        rsync += ["--rsync-path", f"mkdir -p {shlex.quote(partial)} && rsync"]
+        rsync += ["--rsync-path", f"{prepare} && rsync"]
         target = f"{dst_host}:{partial}/"
         if src_host is None:
             push = [*rsync, f"{origin.absolute()}/", target]
         else:  # the source host pushes, so the bytes never pass through this machine
             push = self.on(src_host, *rsync, f"{self.path(src_host)}/", target)
-        return [[push], self._publish(dst_host)]
+        return [[push], self._publish(dst_host, marker)]
 
 
 class TarTransport(RemoteTransport):
-    def commands(self, origin: Path, src_host: str | None, dst_host: str) -> list[list[list[str]]]:
-        partial = shlex.quote(self.path(dst_host) + ".partial")
+    def commands(
+        self, origin: Path, src_host: str | None, dst_host: str, marker: str
+    ) -> list[list[list[str]]]:
         # A stale partial from a failed try would mix with this one: start empty.
-        unpack = f"rm -rf {partial} && mkdir -p {partial} && tar -C {partial} -xf -"
-        receive = [*self.ssh, dst_host, unpack]
+        unpack = 'rm -rf -- "$2" && mkdir -p -- "$2" && tar -C "$2" -xf -'
+        receive = self.on(dst_host, *self.guarded(dst_host, unpack))
         if src_host is None:
             stream = [["tar", "-C", str(origin.absolute()), "-cf", "-", "."], receive]
         else:
@@ -181,7 +239,7 @@ class TarTransport(RemoteTransport):
             pack = shlex.join(["tar", "-C", self.path(src_host), "-cf", "-", "."])
             line = f"{pack} | {shlex.join(receive)}"
             stream = [self.on(src_host, "bash", "-o", "pipefail", "-c", line)]
-        return [stream, self._publish(dst_host)]
+        return [stream, self._publish(dst_host, marker)]
 
 
 TRANSPORTS: dict[str, Callable[[str, Path | None], Transport]] = {
@@ -201,8 +259,9 @@ def make_transport(kind: str, dest: str, ssh_config: Path | None = None) -> Tran
     return TRANSPORTS[kind](dest, ssh_config)
 
 
-def _run_pipeline(argvs: Sequence[list[str]]) -> None:
-    """Run argv lists connected stdout to stdin; raise with every failed stage's stderr.
+def _run_pipeline(argvs: Sequence[list[str]], refused: GoodputError) -> None:
+    """Run argv lists connected stdout to stdin; raise with every failed stage's stderr, or
+    ``refused`` when a stage's ``GUARD`` refused the destination.
 
     Every stage is waited for: when one end of a pipe fails the other usually fails too (a broken
     pipe), and only both messages together say which was the cause. Stderr goes to files, not
@@ -233,8 +292,11 @@ def _run_pipeline(argvs: Sequence[list[str]]) -> None:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             if proc.returncode != 0:
                 err.seek(0)
+                said = err.read(1 << 16).decode(errors="replace")
+                if REFUSED in said:
+                    raise refused
                 # The head: the cause comes first (ssh's, before rsync's "connection closed").
-                message = " ".join(err.read().decode(errors="replace").split())[:200]
+                message = " ".join(said.split())[:200]
                 failures.append(
                     f"{argv[0]} exited {proc.returncode}" + (f": {message}" if message else "")
                 )

@@ -16,6 +16,7 @@ from goodput.checkpoint.convert import from_torch, to_torch
 from goodput.checkpoint.layout import checkpoints_dir, step_dir
 from goodput.config import to_toml
 from goodput.io import sha256_file
+from goodput.launch.transports import MARKER
 from goodput.testing.dist import run_distributed
 from goodput.testing.sshd import SSH_CONFIG, sshd_answers
 from goodput.testing.tiny import tiny_run_config
@@ -46,11 +47,18 @@ def resumed(cfg, output, **checkpoint):
 
 
 def tree(folder):
+    """Every file's bytes but the marker's, which only staged copies have."""
     return {
         str(path.relative_to(folder)): path.read_bytes()
         for path in sorted(folder.rglob("*"))
-        if path.is_file()
+        if path.is_file() and path != folder / MARKER
     }
+
+
+def stage_by_hand(source, copy):
+    """A copy as an earlier ``goodput broadcast --checkpoint`` left it: marked as goodput's."""
+    shutil.copytree(source, copy)
+    (copy / MARKER).write_text('{"source": "an earlier staging"}\n')
 
 
 def flip_a_byte(path):
@@ -95,7 +103,7 @@ def test_broadcast_stages_the_newest_complete_checkpoint_only(saved, tmp_path):
     shutil.copytree(step_dir(root, 8), newer)
     (newer / ".complete").unlink()  # as a save killed mid-flush leaves it
     older = tmp_path / "nodes" / "a" / "ckpt" / "step-00000004"
-    shutil.copytree(step_dir(root, 4), older)  # staged before an earlier relaunch
+    stage_by_hand(step_dir(root, 4), older)  # staged before an earlier relaunch
     dest = tmp_path / "nodes" / "{host}" / "ckpt"
 
     staging = goodput_broadcast(
@@ -131,8 +139,10 @@ def test_broadcast_stages_the_newest_complete_checkpoint_only(saved, tmp_path):
 def test_over_ssh_older_copies_are_removed_by_the_same_ssh(saved, tmp_path):
     _, root, _ = saved
     older = tmp_path / "node1" / "ckpt" / "step-00000004"
-    shutil.copytree(step_dir(root, 4), older)
+    stage_by_hand(step_dir(root, 4), older)
     (tmp_path / "node1" / "ckpt" / "step-00000004x").mkdir()  # not a step folder: left alone
+    # A step folder goodput did not stage (no marker): left alone too.
+    shutil.copytree(step_dir(root, 4), tmp_path / "node1" / "ckpt" / "step-00000002")
     dest = tmp_path / "{host}" / "ckpt"
     staging = goodput_broadcast(
         "--checkpoint", root.parent, "--transport", "rsync", "--ssh-config", SSH_CONFIG,
@@ -143,6 +153,7 @@ def test_over_ssh_older_copies_are_removed_by_the_same_ssh(saved, tmp_path):
     for host in ("node1", "node2"):
         assert tree(tmp_path / host / "ckpt" / "step-00000008") == tree(step_dir(root, 8))
     assert sorted(path.name for path in (tmp_path / "node1" / "ckpt").iterdir()) == [
+        "step-00000002",
         "step-00000004x",
         "step-00000008",
     ]
@@ -205,7 +216,7 @@ def test_a_verified_local_copy_is_read_and_a_damaged_one_is_not(saved, tmp_path,
 def test_copies_of_another_step_or_without_checksums_are_not_read(saved, tmp_path, capsys):
     cfg, root, _ = saved
     run = tmp_path / "run"
-    shutil.copytree(root, checkpoints_dir(run))
+    shutil.copytree(root.parent, run)  # the whole run folder: its run.json makes it one
     local = tmp_path / "local"
     shutil.copytree(step_dir(root, 4), local / "step-00000004")
     newest = step_dir(checkpoints_dir(run), 8)

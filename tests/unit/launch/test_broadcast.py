@@ -2,11 +2,13 @@
 
 The local transport copies for real (no mocks): each "host" is a folder under tmp_path, and a host
 that must fail has a file where its folder's parent should be. The remote transports are checked
-by their argv lists only; ``simulate`` is checked against the closed form of the tree.
+by their argv lists here (test_broadcast_ssh.py runs them); ``simulate`` is checked against the
+closed form of the tree. Hostile destinations and host lists: test_trust.py.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shlex
@@ -17,7 +19,14 @@ import pytest
 from goodput import cli
 from goodput.errors import GoodputError
 from goodput.launch.broadcast import ORIGIN, BroadcastResult, broadcast, read_hosts, simulate
-from goodput.launch.transports import RsyncTransport, TarTransport, fix_venv_prefix, make_transport
+from goodput.launch.transports import (
+    GUARD,
+    MARKER,
+    RsyncTransport,
+    TarTransport,
+    fix_venv_prefix,
+    make_transport,
+)
 
 HOSTS = [f"nid{i:03d}" for i in range(16)]
 
@@ -33,10 +42,11 @@ def _source(tmp_path: Path) -> Path:
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
+    """Every file's bytes but the marker's, which only copies have."""
     return {
         str(path.relative_to(folder)): path.read_bytes()
         for path in sorted(folder.rglob("*"))
-        if path.is_file() and not path.is_symlink()
+        if path.is_file() and not path.is_symlink() and path != folder / MARKER
     }
 
 
@@ -64,6 +74,7 @@ def test_every_host_gets_an_identical_copy_by_a_tree(tmp_path: Path) -> None:
     for host in HOSTS:
         copy = tmp_path / "nodes" / host / "payload"
         assert _tree(copy) == expected
+        assert json.loads((copy / MARKER).read_text())["source"] == str(source)
         assert os.readlink(copy / "link") == "README"
         assert not list(copy.parent.glob(".*partial"))  # no temp copies left behind
     sources = {copy.source for copy in result.copies}
@@ -197,7 +208,7 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(GoodputError, match="has no {host}"):
         make_transport("local", "/tmp/x")
     with pytest.raises(GoodputError, match="--min-success"):
-        broadcast(_source(tmp_path), ["a"], transport=make_transport("local", "{host}"),
+        broadcast(_source(tmp_path), ["a"], transport=make_transport("local", "/tmp/{host}"),
                   min_success=2)  # fmt: skip
     assert cli.main(["broadcast", "--hosts", "a", "--dest", "/tmp/x"]) == 2
     assert "needs SOURCE and --dest" in capsys.readouterr().err
@@ -208,32 +219,42 @@ def test_remote_transports_build_argv_lists(tmp_path: Path) -> None:
     config = tmp_path / "ssh_config"
     config.write_text("")
     ssh = ["ssh", "-F", str(config)]
-    publish = [[*ssh, "n2", "rm -rf /tmp/venv && mv /tmp/venv.partial /tmp/venv"]]
+    marker = '{"source": "/lus/proj/venv"}'
+
+    def guarded(then: str, *args: str) -> list[str]:
+        return ["sh", "-c", f"{GUARD}\n{then}", "sh", "/tmp/venv", "/tmp/venv.partial", *args]
+
+    def on_n2(argv: list[str]) -> tuple[list[str], list[str]]:
+        return argv[:4], shlex.split(argv[4])
+
+    publish = guarded(
+        f'rm -f -- "$2/{MARKER}" && printf "%s\\n" "$3" >"$2/{MARKER}" && rm -rf -- "$1" '
+        '&& mv -- "$2" "$1"',
+        marker,
+    )
     rsync = RsyncTransport("/tmp/venv", config)
     options = ["-a", "--delete", "-e", f"ssh -F {config}"]
-    options += ["--rsync-path", "mkdir -p /tmp/venv.partial && rsync"]
-    assert rsync.commands(origin, None, "n2") == [
-        [["rsync", *options, "/lus/proj/venv/", "n2:/tmp/venv.partial/"]],
-        publish,
-    ]
+    options += ["--rsync-path", shlex.join(guarded('mkdir -p -- "$2"')) + " && rsync"]
+    (push,), (last,) = rsync.commands(origin, None, "n2", marker)
+    assert push == ["rsync", *options, "/lus/proj/venv/", "n2:/tmp/venv.partial/"]
+    assert on_n2(last) == ([*ssh, "n2"], publish)
     # Host to host: n1 runs rsync, whose own ssh to n2 gets the config too; one quoted line.
-    (push,) = rsync.commands(origin, "n1", "n2")[0]
+    (push,) = rsync.commands(origin, "n1", "n2", marker)[0]
     assert push[:4] == [*ssh, "n1"]
     assert shlex.split(push[4]) == ["rsync", *options, "/tmp/venv/", "n2:/tmp/venv.partial/"]
-    assert RsyncTransport("/tmp/venv").commands(origin, None, "n2")[0][0][4] == "ssh"
+    assert RsyncTransport("/tmp/venv").commands(origin, None, "n2", marker)[0][0][4] == "ssh"
 
     tar = TarTransport("/tmp/venv", config)
-    unpack = (
-        "rm -rf /tmp/venv.partial && mkdir -p /tmp/venv.partial && tar -C /tmp/venv.partial -xf -"
-    )
-    assert tar.commands(origin, None, "n2") == [
-        [["tar", "-C", "/lus/proj/venv", "-cf", "-", "."], [*ssh, "n2", unpack]],
-        publish,
-    ]
-    (relay,) = tar.commands(origin, "n1", "n2")[0]
+    unpack = guarded('rm -rf -- "$2" && mkdir -p -- "$2" && tar -C "$2" -xf -')
+    (pack, receive), (last,) = tar.commands(origin, None, "n2", marker)
+    assert pack == ["tar", "-C", "/lus/proj/venv", "-cf", "-", "."]
+    assert on_n2(receive) == ([*ssh, "n2"], unpack)
+    assert on_n2(last) == ([*ssh, "n2"], publish)
+    (relay,) = tar.commands(origin, "n1", "n2", marker)[0]
     assert relay[:4] == [*ssh, "n1"]
     *bash, line = shlex.split(relay[4])
     assert bash == ["bash", "-o", "pipefail", "-c"]
-    pack, receive = line.split(" | ")
-    assert pack == "tar -C /tmp/venv -cf - ."
-    assert shlex.split(receive) == [*ssh, "n2", unpack]
+    pack_line, receive_line = line.split(" | ")
+    assert pack_line == "tar -C /tmp/venv -cf - ."
+    receive = shlex.split(receive_line)
+    assert on_n2(receive) == ([*ssh, "n2"], unpack)

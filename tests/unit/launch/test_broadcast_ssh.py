@@ -8,6 +8,7 @@ folder. Elsewhere these tests skip unless that server answers.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
@@ -21,7 +22,7 @@ import pytest
 
 from goodput import cli
 from goodput.launch.broadcast import ORIGIN, broadcast
-from goodput.launch.transports import make_transport
+from goodput.launch.transports import MARKER, make_transport
 from goodput.testing.sshd import SSH_CONFIG, sshd_answers
 
 HOSTS = ["node1", "node2", "node3", "node4"]
@@ -39,9 +40,12 @@ def _on_node1(*argv: str) -> str:
 
 
 def _tree(folder: Path) -> dict[str, tuple[int, bytes]]:
-    """Every entry under ``folder``: its mode, and its bytes or a symlink's target."""
+    """Every entry under ``folder`` but the marker of a copy: its mode, and its bytes or a
+    symlink's target."""
     entries = {}
     for path in sorted(folder.rglob("*")):
+        if path == folder / MARKER:
+            continue
         mode = path.lstat().st_mode
         data = os.readlink(path).encode() if path.is_symlink() else b""
         if stat.S_ISREG(mode):
@@ -69,6 +73,7 @@ def test_a_tree_over_ssh_lands_identical_copies(tmp_path: Path, kind: str) -> No
     # A copy left by an earlier broadcast, and a half copy of a failed one, on node3.
     (nodes / "node3" / "payload").mkdir(parents=True)
     (nodes / "node3" / "payload" / "stale").write_text("from an older copy")
+    (nodes / "node3" / "payload" / MARKER).write_text('{"source": "/older"}\n')
     (nodes / "node3" / "payload.partial").mkdir()
     (nodes / "node3" / "payload.partial" / "junk").write_text("half")
     transport = make_transport(kind, str(nodes / "{host}" / "payload"), SSH_CONFIG)
@@ -81,6 +86,8 @@ def test_a_tree_over_ssh_lands_identical_copies(tmp_path: Path, kind: str) -> No
     for host in HOSTS:
         assert _tree(nodes / host / "payload") == expected, host
         assert sorted(os.listdir(nodes / host)) == ["payload"]  # no partial left behind
+        marker = json.loads((nodes / host / "payload" / MARKER).read_text())
+        assert marker["source"] == str(source)
 
 
 @pytest.mark.parametrize("kind", ["rsync", "tar"])

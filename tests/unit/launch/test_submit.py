@@ -201,8 +201,11 @@ def test_pbs_paths_are_quoted_wherever_they_appear(monkeypatch, tmp_path, capsys
         (["--queue", "prod queue"], "submit --partition/--queue"),
         (["--time", "1:00"], "submit --time"),
         (["--time", "01:60:00"], "submit --time"),
-        (["--nodes", "0"], "submit --nodes"),
-        (["--max-jobs", "0"], "submit --max-jobs"),
+        (["--time", "00:00:00"], "submit --time"),
+        (["--time", "01:00:00\n"], "submit --time"),
+        (["--job-name", "run\n"], "submit --job-name"),
+        (["--nodes", "100001"], "submit --nodes"),  # 0 and below: argparse refuses them
+        (["--max-jobs", "10001"], "submit --max-jobs"),
         (["--filesystems", "home:flare"], "submit --filesystems"),  # Slurm has none
         (["--scheduler", "pbs", "--filesystems", "home;flare"], "submit --filesystems"),
         (["--run-dir", "run dir"], "submit --run-dir"),  # in #SBATCH --output
@@ -377,6 +380,20 @@ def test_a_pbs_job_of_a_finished_run_does_nothing(monkeypatch, tmp_path, capsys,
     assert result.returncode == 0, result.stderr
     assert "the run is complete; nothing to do" in result.stdout
     assert _events(log) == []
+
+
+@pytest.mark.parametrize("chain_job", ["a[$(touch PWNED)]", "0", "1\n", "x"])
+def test_a_job_refuses_a_chain_position_that_is_not_a_number(
+    monkeypatch, tmp_path, capsys, stand_ins, chain_job
+):
+    # bash arithmetic would evaluate the first one, running the $(...) inside it.
+    _, log = stand_ins
+    run_dir = tmp_path / "run"
+    _write(monkeypatch, tmp_path, capsys, ["--scheduler", "pbs"], _run_line(log, run_dir, 0))
+    result = _run_pbs_job(tmp_path, stand_ins, run_dir / "chain.pbs", chain_job)
+    assert result.returncode == 2 and "is not a job number; unset it" in result.stderr
+    assert _events(log) == [] and not list(tmp_path.rglob("PWNED"))
+    assert not (Path.home() / "PWNED").exists()
 
 
 # --- real Slurm chains -------------------------------------------------------------------------
