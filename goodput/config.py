@@ -4,7 +4,13 @@ One loader for every component config. A config class is a
 ``@dataclass(frozen=True, slots=True, kw_only=True)`` whose fields are scalars, lists or nested
 config classes (a TOML table each). Unknown keys are rejected with the valid ones listed; values
 are checked against the field's type; ``section.key=value`` overrides are parsed as TOML values
-(so ``lr=3e-4`` is a float and ``name=foo`` a string). Cross-field checks belong in each class's
+(so ``lr=3e-4`` is a float and ``name=foo`` a string).
+
+Every number is checked here, at parse time, naming its key: it must be finite and in
+``[0, 2**53]`` unless its field's ``limits(...)`` metadata says otherwise (``dim: int =
+field(metadata=limits(at_least=1, at_most=2**17))``; ``inf_ok`` for a field where inf means "no
+limit"). A text field never holds a NUL byte, and one marked ``NON_EMPTY`` is never blank. That
+is the one way a config states a range; cross-field checks belong in each class's
 ``__post_init__``, raising ``GoodputError``. ``to_toml`` writes a built config back out (the
 run directory's resolved config); ``None`` fields are left out, so they must default to ``None``.
 """
@@ -13,10 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,6 +31,56 @@ from goodput.errors import GoodputError
 from goodput.io import read_text
 
 T = TypeVar("T")
+
+MAX_NUMBER = 2**53  # far above any config number; beyond it a float no longer holds every integer
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Limits:
+    """The numbers a field admits: ``low`` to ``high``, each end included unless ``*_open``."""
+
+    low: float = 0
+    high: float = MAX_NUMBER
+    low_open: bool = False
+    high_open: bool = False
+    inf_ok: bool = False  # +inf is admitted too: the field reads it as "no limit"
+
+    def admits(self, value: float) -> bool:
+        if value == math.inf and self.inf_ok:
+            return True
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below  # NaN is neither
+
+    def __str__(self) -> str:
+        opening, closing = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        interval = f"{opening}{_show(self.low)}, {_show(self.high)}{closing}"
+        return f"{interval} or inf" if self.inf_ok else interval
+
+
+def _show(bound: float) -> str:
+    if bound == MAX_NUMBER:
+        return "2**53"
+    return str(int(bound)) if float(bound).is_integer() else repr(bound)
+
+
+DEFAULT_LIMITS = Limits()
+NON_EMPTY: Mapping[str, bool] = types.MappingProxyType({"non_empty": True})
+
+
+def limits(
+    *,
+    at_least: float = 0,
+    above: float | None = None,
+    at_most: float = MAX_NUMBER,
+    below: float | None = None,
+    inf_ok: bool = False,
+) -> dict[str, Limits]:
+    """Field metadata: the range the loader admits for this number (or each number of a list);
+    ``above``/``below`` exclude their end, ``at_least``/``at_most`` include it."""
+    low, low_open = (at_least, False) if above is None else (above, True)
+    high, high_open = (at_most, False) if below is None else (below, True)
+    return {"limits": Limits(low, high, low_open, high_open, inf_ok)}
 
 
 def load_config(cls: type[T], path: str | Path | None, overrides: Sequence[str] = ()) -> T:
@@ -80,6 +137,8 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise GoodputError.usage(exc.where, exc.what, exc.fix) from None
     except tomllib.TOMLDecodeError as exc:
         raise GoodputError.usage(path, f"invalid TOML: {exc}", "fix the syntax") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise GoodputError.usage(path, "TOML nested too deeply", "fix the syntax") from None
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
@@ -92,9 +151,11 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
             "write e.g. data.seed=7",
         )
     try:
-        value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = text  # a bare word: take it as a string
+        parsed = tomllib.loads(f"v = {text}")
+    except (tomllib.TOMLDecodeError, RecursionError):
+        parsed = {}
+    # A bare word is a string; so is text that parses only with more TOML after it ("1\nx=2").
+    value = parsed["v"] if parsed.keys() == {"v"} else text
     node = raw
     *parents, leaf = key.strip().split(".")
     for part in parents:
@@ -121,7 +182,8 @@ def build(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") -> T:
             + ", ".join(sorted(fields)),
         )
     kwargs = {
-        name: _coerce(hints[name], value, where, f"{prefix}{name}") for name, value in raw.items()
+        name: _coerce(hints[name], value, where, f"{prefix}{name}", fields[name].metadata)
+        for name, value in raw.items()
     }
     try:
         return cls(**kwargs)
@@ -138,7 +200,14 @@ def build(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") -> T:
         raise GoodputError(f"{where} {exc.where}", exc.what, exc.fix, code=exc.code) from None
 
 
-def _coerce(hint: Any, value: Any, where: str, key: str) -> Any:
+def coerce_field(cls: type, name: str, value: Any, where: str, key: str) -> Any:
+    """``value`` checked as field ``name`` of config ``cls`` would be, with ``key`` named in the
+    error: for readers of other formats (an HF ``config.json``) that fill a config class."""
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return _coerce(typing.get_type_hints(cls)[name], value, where, key, field.metadata)
+
+
+def _coerce(hint: Any, value: Any, where: str, key: str, metadata: Mapping[str, Any]) -> Any:
     origin = typing.get_origin(hint)
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
@@ -148,18 +217,30 @@ def _coerce(hint: Any, value: Any, where: str, key: str) -> Any:
         options = typing.get_args(hint)
         if value is None and type(None) in options:
             return None
+        errors = []
         for option in options:
             if option is not type(None):
                 try:
-                    return _coerce(option, value, where, key)
-                except GoodputError:
-                    continue
+                    return _coerce(option, value, where, key, metadata)
+                except GoodputError as error:
+                    errors.append(error)
+        if len(errors) == 1:  # X | None: X's own error says more ("out of range", a nested key)
+            raise errors[0]
         raise _type_error(where, key, " or ".join(_name(o) for o in options), value)
     if origin in (list, tuple):
         if not isinstance(value, list):
             raise _type_error(where, key, "a list", value)
-        (item_hint, *_rest) = typing.get_args(hint) or (Any,)
-        items = [_coerce(item_hint, v, where, f"{key}[{i}]") for i, v in enumerate(value)]
+        args = typing.get_args(hint) or (Any,)
+        if origin is tuple and args[-1] is not Ellipsis:  # tuple[float, float]: exactly two
+            if len(value) != len(args):
+                raise _type_error(where, key, f"a list of {len(args)}", value)
+            item_hints = args
+        else:
+            item_hints = (args[0],) * len(value)
+        items = [
+            _coerce(item_hint, v, where, f"{key}[{i}]", metadata)
+            for i, (item_hint, v) in enumerate(zip(item_hints, value, strict=True))
+        ]
         return tuple(items) if origin is tuple else items
     if origin is typing.Literal:
         if value not in typing.get_args(hint):
@@ -171,12 +252,36 @@ def _coerce(hint: Any, value: Any, where: str, key: str) -> Any:
         return value
     if hint is Any:
         return value
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+    if hint in (int, float):
+        return _number(hint, value, where, key, metadata.get("limits", DEFAULT_LIMITS))
+    if hint is str:
+        return _text(value, where, key, metadata.get("non_empty", False))
     if hint is bool and not isinstance(value, bool):
         raise _type_error(where, key, "true or false", value)
     if isinstance(hint, type) and not isinstance(value, hint):
         raise _type_error(where, key, _name(hint), value)
+    return value
+
+
+def _number(hint: type, value: Any, where: str, key: str, bounds: Limits) -> int | float:
+    # bool is an int to Python, never to a config; an int is a float, a float never an int.
+    if isinstance(value, bool) or not isinstance(value, int if hint is int else int | float):
+        raise _type_error(where, key, _name(hint), value)
+    number = hint(value)
+    if not bounds.admits(number):
+        raise GoodputError.usage(
+            where, f"'{key}' = {value!r} is out of range", f"use a value in {bounds}"
+        )
+    return number
+
+
+def _text(value: Any, where: str, key: str, non_empty: bool) -> str:
+    if not isinstance(value, str):
+        raise _type_error(where, key, "str", value)
+    if "\0" in value:  # no path or name holds one; the OS would refuse it later, less clearly
+        raise _type_error(where, key, "text without NUL bytes", value)
+    if non_empty and not value.strip():
+        raise GoodputError.usage(where, f"'{key}' is empty", "give it a value")
     return value
 
 

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from goodput.errors import GoodputError
+from goodput.config import NON_EMPTY, limits
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CheckpointConfig:
     interval_steps: int = 0  # save every N steps; 0: not by steps
     interval_minutes: float = 0.0  # save when this much wall time has passed; 0: not by time
-    keep_last: int = 3  # complete checkpoints kept; older ones are pruned after a new one completes
+    # complete checkpoints kept; older ones are pruned after a new one completes
+    keep_last: int = field(default=3, metadata=limits(at_least=1))
     async_save: bool = True  # the step only waits for the snapshot to host memory
-    max_concurrent_writers: int = 64  # ranks writing at the same moment, in waves
-    resume: str = "auto"  # auto | never | a checkpoint directory
+    # ranks writing at the same moment, in waves
+    max_concurrent_writers: int = field(default=64, metadata=limits(at_least=1))
+    resume: str = field(default="auto", metadata=NON_EMPTY)  # auto | never | a checkpoint dir
     allow_data_change: bool = False  # resume even if the data fingerprint differs
     save_on_sigterm: bool = True  # a final synchronous save when the scheduler sends SIGTERM
     folder: str | None = None  # default: RUN/checkpoints
@@ -24,17 +26,3 @@ class CheckpointConfig:
     # Resume hashes the checkpoint's files against checksums.json, split over all ranks (about
     # 1 s per GB per rank, README: Trust); false skips that, e.g. on a filesystem known intact.
     verify_checksums: bool = True
-
-    def __post_init__(self) -> None:
-        def fail(what: str, fix: str) -> None:
-            raise GoodputError.usage("[checkpoint]", what, fix)
-
-        if self.interval_steps < 0 or self.interval_minutes < 0:
-            fail("intervals must be >= 0", "use 0 to turn one off")
-        if self.keep_last < 1:
-            fail(f"keep_last = {self.keep_last} must be >= 1", "keep at least the newest one")
-        if self.max_concurrent_writers < 1:
-            fail(
-                f"max_concurrent_writers = {self.max_concurrent_writers} must be >= 1",
-                "set it to at least 1",
-            )

@@ -1,8 +1,9 @@
 """Builders the loop calls in order: each turns its config table into one ready object.
 
-Rank 0 builds the blend (a cache hit after the first run) and picks the checkpoint to resume
-from, and tells the other ranks; an error there reaches every rank, so no rank waits out the
-collective timeout. With ``[checkpoint] local_dir`` each host then reads its node-local copy of
+Rank 0 checks that the run directory is ours to write (new, empty, or a goodput run directory),
+builds the blend (a cache hit after the first run) and picks the checkpoint to resume from, and
+tells the other ranks; an error there reaches every rank, so no rank waits out the collective
+timeout. With ``[checkpoint] local_dir`` each host then reads its node-local copy of
 that checkpoint instead, once the copy's checksums match (``checkpoint.local_copy``). The model
 is built whole on every rank from the same seed, then checkpointed/compiled per block and
 sharded — in that order, since FSDP must wrap what it finally runs.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
+import re
 import sys
 import time
 import tomllib
@@ -39,13 +41,20 @@ from goodput.config import to_toml
 from goodput.data.blend import BlendSpec, build_blend, format_report
 from goodput.data.loader import DataLoader
 from goodput.data.manifest import git_sha
-from goodput.errors import GoodputError
+from goodput.errors import GoodputError, from_exception
 from goodput.io import write_json, write_text
 from goodput.train.config import BatchPlan, RunConfig
 from goodput.train.model import Transformer
 from goodput.train.parallelize import parallelize
 
 RECORDED_PACKAGES = ("torch", "numpy", "sentencepiece", "tokenizers", "tensorboard")
+RUN_RECORD = "run.json"  # written at the start of every run: its presence makes a run directory
+# What goodput launch and goodput submit put into a run directory before its trainer first
+# starts: the job chain's script, Slurm's job logs (<job-name>-<id>.out), a launch --log, PBS
+# host files and the attempts log. The trainer writes none of these names, so it overwrites none.
+LAUNCH_FILES = re.compile(
+    r"chain\.(sbatch|pbs)|.+-[0-9]+\.out|.+\.log|hostfile-[0-9a-f]{12}|attempts\.jsonl"
+)
 
 
 def decided_by_rank_zero(decide: Callable[[], Any]) -> Any:
@@ -62,6 +71,30 @@ def decided_by_rank_zero(decide: Callable[[], Any]) -> Any:
     if isinstance(found[0], GoodputError):
         raise found[0]
     return found[0]
+
+
+def require_run_dir(run_dir: Path) -> None:
+    """Refuse a run directory that is not ours: it must be absent, empty, a goodput run
+    directory (it has run.json) or hold only what goodput's launch and submit put there first.
+    Training into anything else would overwrite (config.toml) or mix with someone's files."""
+    fix = "set train.output to a new or empty folder, or to an existing run directory"
+    try:
+        if not run_dir.exists():
+            return
+        if not run_dir.is_dir():
+            raise GoodputError.usage(run_dir, "is a file, not a folder", fix)
+        if (run_dir / RUN_RECORD).is_file():
+            return
+        foreign = sorted(p.name for p in run_dir.iterdir() if not LAUNCH_FILES.fullmatch(p.name))
+    except OSError as exc:
+        raise from_exception(exc) from None
+    if foreign:
+        raise GoodputError.usage(
+            run_dir,
+            f"is not a goodput run directory (no {RUN_RECORD}) and not empty: it holds "
+            f"{foreign[0]!r}" + (f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""),
+            fix,
+        )
 
 
 def build_loader(cfg: RunConfig, plan: BatchPlan, rank: int) -> DataLoader:
@@ -218,7 +251,7 @@ def write_run_record(
             continue
     manifest = loader.samples.manifest
     write_json(
-        run_dir / "run.json",
+        run_dir / RUN_RECORD,
         {
             "goodput": __version__,
             "git_sha": git_sha(),

@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from goodput.checkpoint.config import CheckpointConfig
+from goodput.config import NON_EMPTY, limits
 from goodput.errors import GoodputError
 from goodput.train.model import ModelConfig
 from goodput.train.optim import OptimConfig
 from goodput.train.parallelize import ParallelConfig
 from goodput.train.schedule import ScheduleConfig
+
+POSITIVE = limits(at_least=1)
 
 
 def _usage_error(where: str, what: str, fix: str) -> GoodputError:
@@ -28,24 +31,22 @@ def _usage_error(where: str, what: str, fix: str) -> GoodputError:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig:
-    steps: int
-    tokens_per_step: int  # the global batch, in tokens
-    seq_len: int
-    micro_batch_size: int  # samples per forward pass on one rank
-    output: str  # the run directory
-    max_grad_norm: float = 1.0  # inf: no clipping
+    steps: int = field(metadata=POSITIVE)
+    tokens_per_step: int = field(metadata=POSITIVE)  # the global batch, in tokens
+    seq_len: int = field(metadata=POSITIVE)
+    micro_batch_size: int = field(metadata=POSITIVE)  # samples per forward pass on one rank
+    # The run directory: new, empty, or a goodput run directory (build.require_run_dir).
+    output: str = field(metadata=NON_EMPTY)
+    # inf: no clipping
+    max_grad_norm: float = field(default=1.0, metadata=limits(above=0, inf_ok=True))
     seed: int = 0  # model init; data order comes from [data] seed
     activation_checkpointing: bool = False  # recompute each block in backward
     compile: bool = False  # torch.compile each block
-    peak_tflops: float | None = None  # per device, for MFU; None: the device table or a CPU probe
+    # per device, for MFU; None: the device table or a CPU probe
+    peak_tflops: float | None = field(default=None, metadata=limits(above=0))
     tensorboard: bool = True  # also write TensorBoard events when tensorboard is installed
 
     def __post_init__(self) -> None:
-        for name in ("steps", "tokens_per_step", "seq_len", "micro_batch_size"):
-            if getattr(self, name) < 1:
-                raise _usage_error(
-                    "[train]", f"{name} = {getattr(self, name)} must be >= 1", "set it positive"
-                )
         if self.tokens_per_step % self.seq_len:
             raise _usage_error(
                 "[train]",
@@ -53,19 +54,14 @@ class TrainConfig:
                 f"{self.seq_len}",
                 f"use e.g. tokens_per_step = {_round_up(self.tokens_per_step, self.seq_len)}",
             )
-        if not self.max_grad_norm > 0:
-            raise _usage_error(
-                "[train]",
-                f"max_grad_norm = {self.max_grad_norm} must be > 0",
-                "use inf to turn clipping off",
-            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DataConfig:
-    file_list: str  # "weight path-prefix corpus" lines, as for `goodput data blend`
+    # "weight path-prefix corpus" lines, as for `goodput data blend`
+    file_list: str = field(metadata=NON_EMPTY)
     seed: int = 1234  # the blend's sample order
-    cache: str = "blend-cache"  # where blends are built once and reused
+    cache: str = field(default="blend-cache", metadata=NON_EMPTY)  # blends built once, reused
     on_exhausted: Literal["repeat", "error"] = "repeat"
 
 

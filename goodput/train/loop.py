@@ -24,7 +24,9 @@ from goodput.train.build import (
     build_loader,
     build_model,
     checkpoint_root,
+    decided_by_rank_zero,
     fresh_loss_warning,
+    require_run_dir,
     resume,
     write_run_record,
 )
@@ -48,6 +50,7 @@ def train(cfg: RunConfig) -> list[float]:
         device = local_device(detect_device_type(), current_placement().local_rank)
         plan = plan_batches(cfg.train, dp_size=world_size)
         run_dir = Path(cfg.train.output)
+        decided_by_rank_zero(lambda: require_run_dir(run_dir))  # before anything is written
         loader = build_loader(cfg, plan, rank)
         model = build_model(cfg, device)
         optimizer = build_optimizer(model, cfg.optim, cfg.schedule.lr)

@@ -9,27 +9,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-from goodput.errors import GoodputError
+from goodput.config import limits
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleConfig:
     kind: Literal["warmup_cosine", "wsd"] = "warmup_cosine"
-    lr: float = 3e-4
+    lr: float = field(default=3e-4, metadata=limits(above=0))
     warmup_steps: int = 100
-    min_lr_ratio: float = 0.1
-    decay_fraction: float = 0.2  # wsd only
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise GoodputError.usage(
-                "[schedule]",
-                "lr must be > 0, warmup_steps >= 0 and min_lr_ratio in [0, 1]",
-                "fix the values",
-            )
+    min_lr_ratio: float = field(default=0.1, metadata=limits(at_most=1))
+    decay_fraction: float = field(default=0.2, metadata=limits(at_most=1))  # wsd only
 
 
 def _warmup_cosine(cfg: ScheduleConfig, step: int, total_steps: int) -> float:

@@ -3,7 +3,7 @@ from typing import Literal
 
 import pytest
 
-from goodput.config import load_config
+from goodput.config import NON_EMPTY, limits, load_config
 from goodput.errors import ExitCode, GoodputError
 
 
@@ -21,6 +21,18 @@ class RunConfig:
     compile: bool = False
     warmup: int | None = None
     optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BoundedConfig:
+    count: int = field(default=1, metadata=limits(at_least=1, at_most=8))
+    rate: float = field(default=0.5, metadata=limits(above=0, below=1))
+    ratio: float = 0.0  # no metadata: finite, in [0, 2**53]
+    clip: float = field(default=1.0, metadata=limits(above=0, inf_ok=True))
+    pair: tuple[float, float] = (0.0, 0.0)
+    path: str = field(default="x", metadata=NON_EMPTY)
+    label: str = ""
+    inner: OptimConfig | None = None
 
 
 def write(tmp_path, text):
@@ -72,3 +84,51 @@ def test_missing_required_key_and_bad_files(tmp_path):
         load_config(RunConfig, write(tmp_path, "steps = \n"))
     with pytest.raises(GoodputError, match="nope.toml: No such file or directory; check the path"):
         load_config(RunConfig, tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("count=0", "'count' = 0 is out of range; use a value in [1, 8]"),
+        ("count=9", "'count' = 9 is out of range; use a value in [1, 8]"),
+        ("count=true", "'count' must be int, got True"),
+        ("rate=0", "'rate' = 0 is out of range; use a value in (0, 1)"),
+        ("rate=1", "'rate' = 1 is out of range"),
+        ("ratio=nan", "'ratio' = nan is out of range; use a value in [0, 2**53]"),
+        ("ratio=inf", "'ratio' = inf is out of range"),
+        ("ratio=-0.5", "'ratio' = -0.5 is out of range"),
+        ("ratio=1e300", "'ratio' = 1e+300 is out of range"),
+        ("ratio=9223372036854775807", "'ratio' = 9223372036854775807 is out of range"),
+        ("clip=nan", "'clip' = nan is out of range; use a value in (0, 2**53] or inf"),
+        ("pair=[1.0]", "'pair' must be a list of 2"),
+        ("pair=[1.0, -inf]", "'pair[1]' = -inf is out of range"),
+        ("path=''", "'path' is empty"),
+        ('label="a\\u0000b"', "'label' must be text without NUL bytes"),
+        ("inner.lr=nan", "'inner.lr' = nan is out of range"),  # X | None: X's own error
+        ("inner.betas=[0.9, 'x']", "'inner.betas[1]' must be float"),
+    ],
+)
+def test_every_number_is_finite_and_in_its_fields_range(tmp_path, override, expected):
+    with pytest.raises(GoodputError) as exc:
+        load_config(BoundedConfig, write(tmp_path, ""), [override])
+    assert expected in exc.value.render() and exc.value.code == ExitCode.USAGE
+
+
+def test_limits_admit_their_range(tmp_path):
+    overrides = ["count=8", "rate=0.999", "ratio=0", "clip=inf", "pair=[0, 2]", "label=''"]
+    cfg = load_config(BoundedConfig, write(tmp_path, ""), overrides)
+    assert (cfg.count, cfg.clip, cfg.pair, cfg.label) == (8, float("inf"), (0.0, 2.0), "")
+
+
+def test_hostile_files_are_one_line_usage_errors(tmp_path):
+    deep = write(tmp_path, "x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(GoodputError, match="TOML nested too deeply") as exc:
+        load_config(RunConfig, deep)
+    assert exc.value.code == ExitCode.USAGE
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b'name = "\xff"\n')
+    with pytest.raises(GoodputError, match="not valid UTF-8") as exc:
+        load_config(RunConfig, binary)
+    assert exc.value.code == ExitCode.USAGE
+    with pytest.raises(GoodputError, match="'steps' must be int"):
+        load_config(RunConfig, write(tmp_path, 'name = "a"\n'), ["steps=" + "[" * 10_000])

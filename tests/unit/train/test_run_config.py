@@ -1,20 +1,39 @@
-"""The run config: derivation of the batch plan, clear errors for configs that cannot run, and a
-resolved config that reads back to the same thing."""
+"""The run config: derivation of the batch plan, clear errors for configs that cannot run, a
+resolved config that reads back to the same thing, and a run directory that is ours."""
 
+import dataclasses
 import subprocess
 import sys
 import tomllib
+import typing
 from pathlib import Path
 
 import pytest
 
 from goodput.config import build, load_config, load_section, to_toml
 from goodput.errors import GoodputError
+from goodput.train.build import require_run_dir
 from goodput.train.config import RunConfig, TrainConfig, plan_batches
 from goodput.train.model import ModelConfig
 from goodput.train.parallelize import ParallelConfig
 
 CONFIGS = Path(__file__).parents[3] / "configs"
+
+
+def goodput_train(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "goodput", "train", str(CONFIGS / "tiny-cpu.toml"), *overrides],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("goodput: error: "), result.stderr
+    return lines[0]
 
 
 def train_config(**changes):
@@ -43,7 +62,12 @@ def test_a_batch_that_does_not_divide_names_the_numbers_and_a_value_that_works()
     ("override", "message"),
     [
         ("train.tokens_per_step=1000", "tokens_per_step 1000 is not a multiple of seq_len 128"),
-        ("train.micro_batch_size=0", "micro_batch_size = 0 must be >= 1"),
+        ("train.micro_batch_size=0", "'train.micro_batch_size' = 0 is out of range"),
+        ("model.dim=-128", "'model.dim' = -128 is out of range; use a value in [1, 1048576]"),
+        ("model.num_layers=0", "'model.num_layers' = 0 is out of range"),
+        ("model.vocab_size=nan", "'model.vocab_size' must be int, got nan"),
+        ("schedule.lr=nan", "'schedule.lr' = nan is out of range; use a value in (0, 2**53]"),
+        ("schedule.lr=-3e-4", "'schedule.lr' = -0.0003 is out of range"),
         ("train.seq_len=512", "seq_len 512 exceeds model.max_seq_len 256"),
         ("train.stesp=5", "unknown key 'train.stesp'"),
         ("model.num_heads=3", "dim 128 is not divisible by num_heads 3"),
@@ -56,26 +80,108 @@ def test_goodput_train_refuses_a_bad_config_in_one_line(tmp_path, override, mess
     overrides = [override]
     if override.startswith("parallel."):
         overrides.append("parallel.precision=fp32-master")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "goodput",
-            "train",
-            str(CONFIGS / "tiny-cpu.toml"),
-            *overrides,
-            f"train.output={tmp_path / 'run'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    result = goodput_train(tmp_path, *overrides, f"train.output={tmp_path / 'run'}")
     assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0]
-    assert "tiny-cpu.toml" in lines[0] or override == "train.micro_batch_size=3"
+    line = one_line_error(result)
+    assert message in line
+    assert "tiny-cpu.toml" in line or override == "train.micro_batch_size=3"
     assert not (tmp_path / "run").exists()
+
+
+def number_keys(cls: type, prefix: str = "") -> list[tuple[str, type]]:
+    """The dotted key and type of every number field of a config class, nested ones included."""
+    keys = []
+    for field in dataclasses.fields(cls):
+        hint = typing.get_type_hints(cls)[field.name]
+        options = [o for o in typing.get_args(hint) if o is not type(None)] or [hint]
+        for option in options:
+            if dataclasses.is_dataclass(option):
+                keys += number_keys(option, f"{prefix}{field.name}.")
+            elif option in (int, float) or typing.get_origin(option) is tuple:
+                keys.append((f"{prefix}{field.name}", option))
+    return keys
+
+
+@pytest.mark.parametrize(("key", "hint"), number_keys(RunConfig), ids=lambda k: str(k))
+def test_every_number_of_the_run_config_refuses_nan_and_negatives(key, hint):
+    """Class-level: no number field anywhere in the run config, present or future, takes NaN,
+    -inf or a negative value; the error names the key."""
+    bad = ("nan", "-inf", "-1", "-1.5") if hint is not int else ("nan", "-1", "1.5")
+    for text in bad:
+        value = f"[{text}, {text}]" if typing.get_origin(hint) is tuple else text
+        with pytest.raises(GoodputError) as error:
+            load_config(RunConfig, CONFIGS / "tiny-cpu.toml", [f"{key}={value}"])
+        assert f"'{key}" in error.value.render() and error.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.ffn_dim=9007199254740993", "'model.ffn_dim' = 9007199254740993 is out of"),
+        ("model.vocab_size=100000000", "use a value in [1, 16777216]"),
+        ("model.norm_eps=inf", "'model.norm_eps' = inf is out of range"),
+        ("model.moe.top_k=0", "'model.moe.top_k' = 0 is out of range"),
+        ("optim.betas=[0.9, 1.0]", "'optim.betas[1]' = 1.0 is out of range; use a value in [0, 1)"),
+        ("optim.betas=[0.9]", "'optim.betas' must be a list of 2"),
+        ("schedule.min_lr_ratio=1.5", "'schedule.min_lr_ratio' = 1.5 is out of range"),
+        ("checkpoint.keep_last=0", "'checkpoint.keep_last' = 0 is out of range"),
+        ("checkpoint.resume=''", "'checkpoint.resume' is empty"),
+        ("data.cache=' '", "'data.cache' is empty"),
+        ("train.steps=true", "'train.steps' must be int, got True"),
+        ("train.steps=8\nmodel.dim=1", "'train.steps' must be int"),  # one value per override
+    ],
+)
+def test_out_of_range_values_name_their_key(override, message):
+    with pytest.raises(GoodputError, match="tiny-cpu.toml") as error:
+        load_config(RunConfig, CONFIGS / "tiny-cpu.toml", [override])
+    assert message in error.value.render()
+
+
+def test_inf_turns_clipping_off_and_nothing_else():
+    cfg = load_config(RunConfig, CONFIGS / "tiny-cpu.toml", ["train.max_grad_norm=inf"])
+    assert cfg.train.max_grad_norm == float("inf")
+    with pytest.raises(GoodputError, match="'train.max_grad_norm' = -inf is out of range"):
+        load_config(RunConfig, CONFIGS / "tiny-cpu.toml", ["train.max_grad_norm=-inf"])
+
+
+def test_an_empty_output_is_refused_and_the_working_directory_untouched(tmp_path):
+    (tmp_path / "config.toml").write_text("mine\n")
+    result = goodput_train(tmp_path, "train.output=")
+    assert result.returncode == 2
+    assert "'train.output' is empty" in one_line_error(result)
+    assert [p.name for p in tmp_path.iterdir()] == ["config.toml"]
+    assert (tmp_path / "config.toml").read_text() == "mine\n"
+
+
+def test_a_foreign_folder_is_refused_as_run_directory_and_left_untouched(tmp_path):
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "config.toml").write_text("mine\n")
+    (foreign / "notes").mkdir()
+    result = goodput_train(tmp_path, f"train.output={foreign}")
+    assert result.returncode == 2
+    line = one_line_error(result)
+    assert "is not a goodput run directory (no run.json) and not empty" in line
+    assert "'config.toml' and 1 more" in line
+    assert sorted(p.name for p in foreign.iterdir()) == ["config.toml", "notes"]
+    assert (foreign / "config.toml").read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]  # no blend cache either
+
+
+def test_a_run_directory_is_new_empty_a_run_or_holds_only_launcher_files(tmp_path):
+    require_run_dir(tmp_path / "new")
+    require_run_dir(tmp_path)  # empty
+    launcher_files = ("chain.sbatch", "j-42.out", "train.log", "hostfile-0123456789ab")
+    for name in (*launcher_files, "attempts.jsonl"):
+        (tmp_path / name).write_text("")
+    require_run_dir(tmp_path)  # what goodput submit and launch write before the trainer
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(GoodputError, match="holds 'metrics.jsonl'"):
+        require_run_dir(tmp_path)
+    (tmp_path / "run.json").write_text("{}")
+    require_run_dir(tmp_path)  # a goodput run directory: resumed or extended
+    with pytest.raises(GoodputError, match="is a file, not a folder"):
+        require_run_dir(tmp_path / "run.json")
 
 
 def test_a_missing_table_is_named(tmp_path):
