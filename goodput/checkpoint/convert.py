@@ -46,12 +46,13 @@ from goodput.checkpoint.layout import CONFIG, LATEST, TRAIN_STATE, checkpoints_d
 from goodput.checkpoint.load import load_tensors
 from goodput.checkpoint.metadata import read_metadata
 from goodput.config import load_section, to_toml
-from goodput.errors import GoodputError
+from goodput.errors import GoodputError, from_exception
 from goodput.io import (
     DIR_MODE,
     atomic_path,
     fsync_dir,
     is_complete,
+    read_json,
     write_json,
     write_marker,
     write_text,
@@ -219,19 +220,17 @@ def export_hf(directory: Path, out_dir: Path) -> Path:
 
 
 def import_hf(hf_dir: Path, run_dir: Path) -> Path:
-    """An HF Llama folder as a model-only goodput checkpoint under ``run_dir``."""
+    """An HF Llama folder as a model-only goodput checkpoint under ``run_dir``. Everything read
+    is checked before anything is written: config.json, every safetensors header, then the
+    tensors' names, shapes and values against the config."""
     config_path = hf_dir / HF_CONFIG
-    try:
-        hf_cfg = json.loads(config_path.read_text())
-    except FileNotFoundError:
+    if not config_path.is_file():
         raise GoodputError.usage(
             config_path,
             "not found",
             "pass an HF model folder holding config.json",
-        ) from None
-    except json.JSONDecodeError as exc:
-        raise GoodputError(config_path, f"invalid JSON ({exc})", "fix the file") from None
-    cfg = hf.model_config(hf_cfg, str(config_path))
+        )
+    cfg = hf.model_config(read_json(config_path), str(config_path))
     print(f"reading {hf_dir}", flush=True)
     tensors = _read_safetensors(hf_dir)
     # Upcast to the fp32 the trainer keeps its weights in (exact for bf16/fp16 inputs).
@@ -297,6 +296,14 @@ def _write_checked(
         where=source,
         what=what,
     )
+    for name in expected:
+        # fp64 beyond fp32's range arrives here as inf; a damaged file may hold NaN.
+        if not torch.isfinite(state[name]).all():
+            raise GoodputError(
+                source,
+                f"'{name}' holds NaN or infinite values",
+                "import weights that are finite in fp32",
+            )
     ordered = {name: state[name].contiguous() for name in expected}
     return write_model_only_checkpoint(run_dir, ordered, cfg)
 
@@ -339,36 +346,87 @@ def _state_dict_in(loaded: object, file: Path) -> dict[str, torch.Tensor]:
                 loaded = loaded[key]
                 break
     if not isinstance(loaded, dict) or not all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()
+        isinstance(k, str) and _is_weight(v) for k, v in loaded.items()
     ):
         raise GoodputError.usage(
             file,
-            "does not hold a dict of name -> tensor",
+            "does not hold a dict of name -> dense floating-point tensor",
             "save model.state_dict() (optionally under a 'model' key)",
         )
     return dict(loaded)
 
 
+def _is_weight(value: object) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.layout == torch.strided
+        and value.is_floating_point()
+    )
+
+
 def _read_safetensors(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's safetensors files; all headers are checked first."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    files = _safetensors_files(hf_dir)
+    for path in files:
+        _check_safetensors_header(path)
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        print(f"reading {path}", flush=True)
+        try:
+            loaded = load_file(str(path), device="cpu")
+        except SafetensorError as exc:  # what our header check does not look at
+            raise GoodputError(
+                path, f"unreadable safetensors ({exc})", "download it again"
+            ) from None
+        twice = sorted(tensors.keys() & loaded.keys())
+        if twice:
+            raise GoodputError.usage(
+                path, f"holds '{twice[0]}' again", "remove the duplicate from one of the files"
+            )
+        tensors.update(loaded)
+    return tensors
+
+
+def _safetensors_files(hf_dir: Path) -> list[Path]:
+    """The weight files of an HF folder: those its index names, else model.safetensors. An
+    index may name plain file names in the folder only."""
     index = hf_dir / HF_INDEX
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        files = sorted(set(weight_map.values()))
-    elif (hf_dir / HF_WEIGHTS).is_file():
-        files = [HF_WEIGHTS]
-    else:
+    if not index.is_file():
+        if (hf_dir / HF_WEIGHTS).is_file():
+            return [hf_dir / HF_WEIGHTS]
         raise GoodputError.usage(
             hf_dir,
             f"no {HF_WEIGHTS} or {HF_INDEX}",
             "pass a folder with safetensors weights (convert .bin weights with transformers)",
         )
-    tensors: dict[str, torch.Tensor] = {}
-    for name in files:
-        print(f"reading {hf_dir / name}", flush=True)
-        tensors.update(load_file(str(hf_dir / name), device="cpu"))
-    return tensors
+    contents = read_json(index)
+    weight_map = contents.get("weight_map") if isinstance(contents, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(name, str) and _is_file_name(name) for name in weight_map.values()
+    ):
+        raise GoodputError(
+            index,
+            "has no weight_map of tensor name -> file name in this folder",
+            "restore the index that came with the weights",
+        )
+    return [hf_dir / name for name in sorted(set(weight_map.values()))]
+
+
+def _is_file_name(name: str) -> bool:
+    return name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+
+def _check_safetensors_header(path: Path) -> None:
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            length = hf.safetensors_header_length(f.read(8), size, str(path))
+            hf.check_safetensors_header(f.read(length), size - 8 - length, str(path))
+    except OSError as exc:
+        raise from_exception(exc) from None
 
 
 def _require_empty(out_dir: Path) -> None:

@@ -5,6 +5,7 @@ Checkpoints are written the way the trainer writes them: DCP of {"model", "optim
 get_state_dict, a run config, train_state.json, .complete last — one of them by 2 FSDP ranks."""
 
 import json
+import struct
 from dataclasses import replace
 from pathlib import Path
 
@@ -351,3 +352,167 @@ def test_list_shows_complete_incomplete_and_latest(tmp_path, capsys):
 
     code, _, err = run_cli(capsys, "ckpt", "list", tmp_path / "nothing")
     assert_one_line_error(code, err, 2, "no checkpoints/ folder")
+
+
+# Hostile inputs to the importers: each is one line, a non-zero exit and nothing in OUT_DIR.
+
+
+def safetensors_bytes(header: object, data: bytes = b"", length: int | None = None) -> bytes:
+    text = json.dumps(header).encode() if not isinstance(header, bytes) else header
+    return struct.pack("<Q", len(text) if length is None else length) + text + data
+
+
+@pytest.fixture
+def hf_folder(tmp_path) -> Path:
+    """A valid HF folder of TINY_MODEL, written without a checkpoint (fast)."""
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(hf.hf_config(TINY_MODEL)))
+    save_file(
+        hf.to_hf(tiny_model(TINY_MODEL).state_dict(), TINY_MODEL), folder / "model.safetensors"
+    )
+    return folder
+
+
+def import_fails(capsys, folder: Path, out: Path, code: int, *phrases: str) -> None:
+    exit_code, _, err = run_cli(capsys, "ckpt", "import-hf", folder, out)
+    assert_one_line_error(exit_code, err, code, *phrases)
+    assert not out.exists()
+
+
+CONFIG_CHANGES = [
+    ([1, 2], "is not a JSON object"),
+    ({"hidden_size": None}, "'hidden_size' is missing"),
+    ({"hidden_size": "32"}, "'hidden_size' must be int, got '32'"),
+    ({"hidden_size": 0}, "'hidden_size' = 0 is out of range"),
+    ({"num_hidden_layers": True}, "'num_hidden_layers' must be int, got True"),
+    ({"vocab_size": 2**40}, "'vocab_size' = 1099511627776 is out of range"),
+    ({"intermediate_size": -64}, "'intermediate_size' = -64 is out of range"),
+    ({"num_key_value_heads": 3}, "num_heads 4 is not a multiple of num_kv_heads 3"),
+    ({"rms_norm_eps": float("nan")}, "'rms_norm_eps' = nan is out of range"),
+    ({"max_position_embeddings": 1.5}, "'max_position_embeddings' must be int"),
+    ({"tie_word_embeddings": "yes"}, "'tie_word_embeddings' must be true or false"),
+    ({"rope_theta": "big"}, "'rope_theta' must be float"),
+    ({"rope_scaling": "linear"}, "rope scaling 'linear' is not an object"),
+    ({"rope_scaling": {"rope_type": "linear"}}, "'rope_scaling.factor' must be float, got None"),
+    ({"rope_scaling": {"rope_type": ["x"]}}, "rope scaling type ['x'] is not supported"),
+]
+
+
+@pytest.mark.parametrize(("change", "phrase"), CONFIG_CHANGES, ids=lambda c: str(c)[:40])
+def test_import_refuses_a_malformed_config_json(hf_folder, tmp_path, capsys, change, phrase):
+    config = json.loads((hf_folder / "config.json").read_text())
+    text = json.dumps(change if isinstance(change, list) else {**config, **change})
+    (hf_folder / "config.json").write_text(text)
+    import_fails(capsys, hf_folder, tmp_path / "out", 2, "config.json", phrase)
+
+
+@pytest.mark.parametrize(
+    ("content", "phrase"),
+    [
+        (b'{"model_type": "\xff"}', "is not valid UTF-8 text"),
+        (b'{"model_type": ', "is not valid JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    ],
+)
+def test_import_refuses_an_unreadable_config_json(hf_folder, tmp_path, capsys, content, phrase):
+    (hf_folder / "config.json").write_bytes(content)
+    import_fails(capsys, hf_folder, tmp_path / "out", 1, "config.json", phrase)
+
+
+def one_tensor(dtype: str = "F32", shape: object = (2,), offsets: object = (0, 8)) -> dict:
+    return {"norm": {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets)}}
+
+
+SAFETENSORS = {
+    "too short": (b"\x01\x00", "shorter than a safetensors header"),
+    "huge length": (struct.pack("<Q", 2**63) + b"{}", "announces a header of"),
+    "length beyond the file": (safetensors_bytes({}, length=100), "announces a header of 100"),
+    "invalid JSON": (safetensors_bytes(b"{not json"), "header that is not valid JSON"),
+    "invalid UTF-8": (safetensors_bytes(b'{"\xff": 1}'), "header that is not valid UTF-8"),
+    "not an object": (safetensors_bytes([1]), "header that is not a JSON object"),
+    "entry not an object": (safetensors_bytes({"x": 3}), "described by 3"),
+    "unknown dtype": (safetensors_bytes(one_tensor("Q4"), bytes(8)), "of dtype 'Q4'"),
+    "integer dtype": (safetensors_bytes(one_tensor("I64"), bytes(8)), "of dtype 'I64'"),
+    "negative shape": (safetensors_bytes(one_tensor(shape=[-2]), bytes(8)), "shape [-2]"),
+    "offsets past the end": (
+        safetensors_bytes(one_tensor(offsets=[0, 800]), bytes(8)),
+        "at bytes 0-800 of a 8-byte data section",
+    ),
+    "shape and bytes differ": (
+        safetensors_bytes(one_tensor(shape=[3]), bytes(8)),
+        "of shape [3] F32 in 8 bytes",
+    ),
+    "huge shape": (
+        safetensors_bytes(one_tensor(shape=[2**62] * 50), bytes(8)),
+        "F32 in 8 bytes",
+    ),
+    "trailing bytes": (safetensors_bytes(one_tensor(), bytes(12)), "4 bytes after its last"),
+    "bad metadata": (safetensors_bytes({"__metadata__": {"a": 1}}), "__metadata__"),
+}
+
+
+@pytest.mark.parametrize(("content", "phrase"), SAFETENSORS.values(), ids=list(SAFETENSORS))
+def test_import_refuses_a_malformed_safetensors_header(
+    hf_folder, tmp_path, capsys, content, phrase
+):
+    (hf_folder / "model.safetensors").write_bytes(content)
+    import_fails(capsys, hf_folder, tmp_path / "out", 1, "model.safetensors", phrase)
+
+
+def test_import_refuses_weights_that_do_not_fit_or_are_not_finite(hf_folder, tmp_path, capsys):
+    weights = hf_folder / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["model.norm.weight"] = torch.ones(33)
+    save_file(tensors, weights)
+    import_fails(capsys, hf_folder, tmp_path / "out", 2, "'norm.weight' has shape [33]", "[32]")
+
+    tensors["model.norm.weight"] = torch.full((32,), 1e300, dtype=torch.float64)  # inf in fp32
+    save_file(tensors, weights)
+    import_fails(capsys, hf_folder, tmp_path / "out", 1, "'norm.weight' holds NaN or infinite")
+
+
+def test_import_reads_only_files_in_the_folder_its_index_names(hf_folder, tmp_path, capsys):
+    outside = tmp_path / "outside.safetensors"
+    (hf_folder / "model.safetensors").rename(outside)
+    index = hf_folder / "model.safetensors.index.json"
+    for weight_map in ({"x": "../outside.safetensors"}, {"x": str(outside)}, {"x": 3}, None):
+        index.write_text(json.dumps({"weight_map": weight_map}))
+        import_fails(capsys, hf_folder, tmp_path / "out", 1, "index.json", "no weight_map")
+    index.write_text("[]")
+    import_fails(capsys, hf_folder, tmp_path / "out", 1, "index.json", "no weight_map")
+
+
+def test_import_refuses_a_tensor_in_two_shards(hf_folder, tmp_path, capsys):
+    tensors = load_file(hf_folder / "model.safetensors")
+    save_file(tensors, hf_folder / "a.safetensors")
+    save_file({"model.norm.weight": tensors["model.norm.weight"]}, hf_folder / "b.safetensors")
+    weight_map = {name: "a.safetensors" for name in tensors}
+    weight_map["model.norm.weight"] = "b.safetensors"  # and a.safetensors holds it too
+    (hf_folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    import_fails(capsys, hf_folder, tmp_path / "out", 2, "holds 'model.norm.weight' again")
+
+
+@pytest.mark.parametrize(
+    ("payload", "code", "phrase"),
+    [
+        (b"", 1, "not a plain tensor file"),
+        (b"\x00garbage" * 10, 1, "not a plain tensor file"),
+        ([torch.zeros(2)], 2, "does not hold a dict of name -> dense floating-point tensor"),
+        ({"embedding.weight": torch.zeros(2, dtype=torch.int64)}, 2, "dense floating-point"),
+        ({"embedding.weight": torch.zeros(2, 2).to_sparse()}, 2, "dense floating-point"),
+        ({1: torch.zeros(2)}, 2, "does not hold a dict"),
+        ({"model": {"x": "text"}}, 2, "does not hold a dict"),
+    ],
+)
+def test_from_torch_refuses_what_is_not_a_dict_of_weights(tmp_path, capsys, payload, code, phrase):
+    file = tmp_path / "model.pt"
+    if isinstance(payload, bytes):
+        file.write_bytes(payload)
+    else:
+        torch.save(payload, file)
+    config = tmp_path / "model.toml"
+    config.write_text(convert.model_config_toml(TINY_MODEL))
+    exit_code, _, err = run_cli(capsys, "ckpt", "from-torch", file, config, tmp_path / "o")
+    assert_one_line_error(exit_code, err, code, phrase)
+    assert not (tmp_path / "o").exists()
