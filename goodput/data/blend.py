@@ -61,6 +61,7 @@ from goodput.data.manifest import (
     fingerprint,
     git_sha,
     open_blend,
+    shard_samples,
 )
 from goodput.data.paths import check_output_dir
 from goodput.data.schema import RUN_FORMAT
@@ -169,19 +170,16 @@ def _describe_shards(entries: list[FileListEntry], spec: BlendSpec) -> tuple[lis
             )
         if tokenizer is not None:
             tokenizers[tokenizer["sha256"], tokenizer["library"]] = (where, tokenizer)
-        num_samples = len(reader) if packed else max(reader.num_tokens - 1, 0) // spec.seq_len
-        shards.append(
-            {
-                "prefix": str(entry.prefix),
-                "corpus": entry.corpus,
-                "sha256_bin": sha_bin,
-                "sha256_idx": sha_idx,
-                "packed": bool(packed),
-                "num_tokens": reader.num_tokens,
-                "num_documents": len(reader),
-                "num_samples": num_samples,
-            }
-        )
+        shard = {
+            "prefix": str(entry.prefix),
+            "corpus": entry.corpus,
+            "sha256_bin": sha_bin,
+            "sha256_idx": sha_idx,
+            "packed": bool(packed),
+            "num_tokens": reader.num_tokens,
+            "num_documents": len(reader),
+        }
+        shards.append({**shard, "num_samples": shard_samples(shard, spec.seq_len)})
     if len(tokenizers) > 1:
         (where_a, _), (where_b, _) = list(tokenizers.values())[:2]
         raise GoodputError(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from tokenize import TokenError
 from typing import Any
 
 import numpy as np
@@ -140,7 +141,8 @@ def load_array(file: IndexFile) -> np.ndarray:
         raise _bad_array(file.path, "missing") from None
     except OSError as exc:
         raise from_exception(exc) from None
-    except (ValueError, TypeError, EOFError, SyntaxError) as exc:  # numpy on a bad header
+    except (ValueError, TypeError, EOFError, SyntaxError, TokenError) as exc:
+        # What numpy's header parser (and the ast/tokenize modules under it) raise on bad bytes.
         raise _bad_array(file.path, f"not a valid .npy file ({exc})") from None
     if dtype not in file.dtypes:
         raise _bad_array(
@@ -164,10 +166,14 @@ def open_index(blend_json: Path, manifest: dict[str, Any]) -> dict[str, np.ndarr
     Hashing costs about a tenth of building the index (1.7 GB, a blend of 10^8 samples over
     2·10^7 documents: 1.7 s to hash, 17 s to build) and reads the pages a run reads anyway."""
     recorded = recorded_hashes(blend_json, manifest)
-    return {
-        key: _checked(key, file, recorded)
-        for key, file in index_files(blend_json.parent, manifest).items()
-    }
+    files = index_files(blend_json.parent, manifest)
+    if set(recorded) != set(files):
+        raise GoodputError(
+            blend_json,
+            "index_sha256 does not list exactly the index arrays the blend reads",
+            _rebuild(blend_json.parent),
+        )
+    return {key: _checked(key, file, recorded) for key, file in files.items()}
 
 
 def index_problems(blend_json: Path, manifest: dict[str, Any]) -> list[str]:

@@ -44,7 +44,7 @@ class BlendedSamples:
         self.file_starts: list[np.ndarray] = []
         for shard in self.manifest["shards"]:
             self.files[names.index(shard["corpus"])].append(
-                _File(shard, arrays, self.manifest["seed"])
+                _File(shard, arrays, self.manifest["seed"], self.seq_len)
             )
         for corpus_files in self.files:
             counts = [f.num_samples for f in corpus_files]
@@ -64,11 +64,15 @@ class BlendedSamples:
 class _File:
     """One shard of a blend, opened and checked against the run manifest."""
 
-    def __init__(self, shard: dict[str, Any], arrays: dict[str, np.ndarray], seed: int):
+    def __init__(
+        self, shard: dict[str, Any], arrays: dict[str, np.ndarray], seed: int, seq_len: int
+    ):
         self.reader = ShardReader(shard["prefix"])
-        if (self.reader.num_tokens, len(self.reader)) != (
+        rows_ok = not shard["packed"] or bool((self.reader.document_lengths == seq_len + 1).all())
+        if (self.reader.num_tokens, len(self.reader), rows_ok) != (
             shard["num_tokens"],
             shard["num_documents"],
+            True,
         ):
             raise GoodputError(
                 shard["prefix"],

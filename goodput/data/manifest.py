@@ -56,16 +56,34 @@ def read_part_record(path: Path) -> dict[str, Any]:
 
 
 def read_run_manifest(path: Path) -> dict[str, Any]:
-    """A ``blend.json`` whose fields have their types and whose corpora agree with each other."""
+    """A ``blend.json`` whose fields have their types and agree with each other."""
     manifest = _read(path, schema.RUN_MANIFEST)
     names = [name for name, _ in manifest["weights"]]
-    rows = [row["corpus"] for row in manifest["report"]["corpora"]]
-    stray = [s["corpus"] for s in manifest["shards"] if s["corpus"] not in names]
-    if not 1 <= len(names) <= MAX_CORPORA or len(set(names)) != len(names) or rows != names:
-        raise _inconsistent(path, "weights and report do not name the same corpora once each")
-    if stray:
-        raise _inconsistent(path, f"shard of corpus {stray[0]!r}, which has no weight")
+    rows = manifest["report"]["corpora"]
+    if not 1 <= len(names) <= MAX_CORPORA or len(set(names)) != len(names):
+        raise _inconsistent(path, "weights must name 1 or more corpora, each once")
+    if [row["corpus"] for row in rows] != names:
+        raise _inconsistent(path, "the report's corpora are not the weights' corpora")
+    if sum(row["samples"] for row in rows) != manifest["num_samples"]:
+        raise _inconsistent(path, "the report's samples do not add up to num_samples")
+    available = dict.fromkeys(names, 0)
+    for i, shard in enumerate(manifest["shards"]):
+        if shard["corpus"] not in available:
+            raise _inconsistent(path, f"shards[{i}] is of corpus {shard['corpus']!r}, unweighted")
+        if shard["num_samples"] != shard_samples(shard, manifest["seq_len"]):
+            raise _inconsistent(path, f"shards[{i}].num_samples does not follow from its counts")
+        available[shard["corpus"]] += shard["num_samples"]
+    if [row["available"] for row in rows] != list(available.values()):
+        raise _inconsistent(path, "the report's available samples are not the shards' sum")
     return manifest
+
+
+def shard_samples(shard: dict[str, Any], seq_len: int) -> int:
+    """Samples of ``seq_len + 1`` tokens a shard holds: a row each when packed, else windows
+    of its token stream overlapping by one token."""
+    if shard["packed"]:
+        return int(shard["num_documents"])
+    return max(int(shard["num_tokens"]) - 1, 0) // seq_len
 
 
 def _read(path: Path, spec: schema.Spec) -> dict[str, Any]:

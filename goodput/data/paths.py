@@ -47,13 +47,13 @@ def check_name(value: str, option: str) -> str:
 
 def check_output_dir(path: Path, option: str) -> Path:
     """``path`` if it is a folder we can write into, or one we can create."""
-    _check_nearest_existing_folder(path, option)
+    _check_nearest_existing_folder(path, path, option)
     return path
 
 
 def check_output_file(path: Path, option: str) -> Path:
     """``path`` if it can be written as a file (it is replaced atomically if it exists)."""
-    _check_nearest_existing_folder(path.parent, option)
+    _check_nearest_existing_folder(path.parent, path, option)
     if path.is_dir():
         raise GoodputError.usage(
             f"{option} {path}", "is a folder, not a file", "pass the path of the file to write"
@@ -61,19 +61,21 @@ def check_output_file(path: Path, option: str) -> Path:
     return path
 
 
-def _check_nearest_existing_folder(path: Path, option: str) -> None:
+def _check_nearest_existing_folder(folder: Path, given: Path, option: str) -> None:
+    """``folder`` (``given`` or its parent) exists as a folder we may write into, or its nearest
+    existing ancestor is one."""
     try:  # a folder on the way that we may not search raises here
-        existing = next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())
+        existing = next(p for p in (folder, *folder.parents) if p.exists() or p.is_symlink())
     except OSError as exc:
         raise from_exception(exc) from None
     if not existing.is_dir():
-        what = "is a file" if existing == path else f"{existing} is a file"
+        what = "is a file" if existing == given else f"{existing} is a file"
         raise GoodputError.usage(
-            f"{option} {path}", f"{what} where a folder should be", "fix the path"
+            f"{option} {given}", f"{what} where a folder should be", "fix the path"
         )
     if not os.access(existing, os.W_OK | os.X_OK):
         raise GoodputError.usage(
-            f"{option} {path}",
+            f"{option} {given}",
             f"permission denied: cannot write into {existing}",
             "choose a folder you can write into, or fix its permissions",
         )

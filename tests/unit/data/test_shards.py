@@ -2,6 +2,7 @@
 (magic, <Q version, <B dtype code, <Q sequences, <Q document boundaries, int32 lengths,
 int64 byte pointers, int64 document indices) — not against our own writer."""
 
+import re
 import struct
 
 import numpy as np
@@ -112,3 +113,38 @@ def test_aborted_writer_leaves_nothing(tmp_path):
     writer.add_documents(np.array([1, 0], np.uint16), np.array([2]))
     writer.abort()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ((b"MMIDIDX\x00\x00", 1, 8, 2**60, 2**60 + 1), "the header promises at least"),
+        ((b"MMIDIDX\x00\x00", 1, 8, 2**64 - 1, 2**64 - 1), "the header promises at least"),
+        ((b"MMIDIDX\x00\x00", 2, 8, 2, 3), "index version 2"),
+        ((b"MMIDIDX\x00\x00", 1, 9, 2, 3), "unknown dtype code 9"),
+        ((b"MMIDIDX\x00\x00", 1, 6, 2, 3), "dtype code 6 (float64) is not an integer token type"),
+        ((b"MMIDIDX\x00\x00", 1, 8, 2, 0), "document boundaries do not cover"),
+    ],
+)
+def test_absurd_headers_are_named_errors_without_allocating(tmp_path, header, message):
+    write_shard(tmp_path / "s", [np.array([1, 2, 0]), np.array([3, 0])], np.uint16)
+    idx = (tmp_path / "s.idx").read_bytes()
+    (tmp_path / "s.idx").write_bytes(struct.pack("<9sQBQQ", *header) + idx[34:])
+    with pytest.raises(GoodputError, match=re.escape(message)) as exc:
+        ShardReader(tmp_path / "s")
+    assert exc.value.render().startswith(f"{tmp_path / 's.idx'}: corrupt shard: ")
+
+
+def test_boundaries_out_of_order_are_refused(tmp_path):
+    (tmp_path / "s.bin").write_bytes(np.arange(6, dtype="<u2").tobytes())
+    (tmp_path / "s.idx").write_bytes(megatron_idx([2, 2, 2], [0, 3, 1, 3], 8, 2))
+    with pytest.raises(GoodputError, match="in order"):
+        ShardReader(tmp_path / "s")
+
+
+def test_a_folder_where_a_shard_file_should_be_is_a_named_error(tmp_path):
+    write_shard(tmp_path / "s", [np.array([1, 0])], np.uint16)
+    (tmp_path / "s.bin").unlink()
+    (tmp_path / "s.bin").mkdir()
+    with pytest.raises(GoodputError, match="s.bin: is not a regular file"):
+        ShardReader(tmp_path / "s")

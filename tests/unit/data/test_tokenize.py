@@ -314,3 +314,39 @@ def test_blend_refuses_shards_of_two_tokenizers(corpus, tmp_path):
         blend_list(tmp_path, seq_len=8, num_samples=10)
     assert exc.value.render().startswith(f"{tmp_path / 'list.txt'}:2:")
     assert f"{tmp_path / 'list.txt'}:1" in exc.value.render()
+
+
+@pytest.mark.parametrize("name", ["../sentinel", "../x", "sub/x", "..", ".hidden", "", "a\0b"])
+def test_an_unsafe_name_is_refused_before_anything_is_written(corpus, tmp_path, capsys, name):
+    folder, model, _ = corpus
+    sentinel = tmp_path / "sentinel"
+    sentinel.mkdir()
+    (sentinel / "keep.txt").write_text("keep")
+    out = tmp_path / "out"
+    argv = ["data", "tokenize", folder, "--tokenizer", model, "--output", out, "--name", name]
+    assert run_cli(*argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("goodput: error: --name: ") and err.count("\n") == 1
+    assert "is not a plain name" in err
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
+        "sentinel",
+        "sentinel/keep.txt",
+    ]
+
+
+def test_an_unsafe_default_name_is_refused_too(corpus, tmp_path, capsys):
+    _, model, _ = corpus
+    hidden = tmp_path / ".notes.jsonl"
+    hidden.write_text('{"text": "x"}\n')
+    assert run_cli("data", "tokenize", hidden, "--tokenizer", model, "--output", tmp_path) == 2
+    assert "--name: '.notes' is not a plain name" in capsys.readouterr().err
+
+
+def test_an_input_reached_twice_is_tokenized_once(corpus, tmp_path):
+    folder, model, texts = corpus
+    first = sorted(folder.iterdir())[0]
+    (tmp_path / "link.jsonl").symlink_to(first)
+    os.link(first, tmp_path / "hard.jsonl")
+    inputs = [folder, tmp_path / "link.jsonl", tmp_path / "hard.jsonl", first]
+    manifest = tokenize.run(job(folder, model, tmp_path / "out", inputs=inputs))
+    assert manifest["num_documents"] == len(texts)
