@@ -272,7 +272,8 @@ def read_hosts(hosts: str | None, hostfile: Path | None) -> list[str]:
         )
     if hostfile is not None:
         return read_hostfile(hostfile)
-    names = dict.fromkeys(name.strip() for name in (hosts or "").split(","))
+    # Spaces after commas are usual; any other white space (a newline) is refused in a name.
+    names = dict.fromkeys(name.strip(" ") for name in (hosts or "").split(","))
     names.pop("", None)
     if len(names) > MAX_HOSTS:
         raise GoodputError.usage(

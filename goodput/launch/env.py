@@ -25,6 +25,7 @@ from goodput.errors import GoodputError
 from goodput.io import read_text
 
 HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # always fullmatch: no "\n" after
+MAX_HOST_CHARS = 253
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\[\]-]{0,127}")  # Slurm 123, PBS 123[4].server
 DEFAULT_PORT = 29500
 PORT_SPREAD = 2000  # jobs sharing a node get different ports, derived from the job id
@@ -123,7 +124,13 @@ def expand_nodelist(spec: str, where: str = "SLURM_JOB_NODELIST") -> list[str]:
     """
     names = _parse_nodelist(spec, where)
     num_hosts = 0
-    for _, groups in names:
+    for literals, groups in names:
+        if _longest_name(literals, groups) > MAX_HOST_CHARS:
+            raise GoodputError(
+                where,
+                f"makes names longer than {MAX_HOST_CHARS} characters",
+                "check the node list the scheduler set",
+            )
         num_hosts += _count_names(groups, MAX_HOSTS - num_hosts)
         if num_hosts > MAX_HOSTS:
             raise GoodputError(
@@ -186,6 +193,11 @@ def _bad_nodelist(where: str, spec: str, position: int, what: str) -> GoodputErr
     )
 
 
+def _longest_name(literals: list[str], groups: list[list[tuple[int, int, int]]]) -> int:
+    widths = (max(max(width, len(str(high))) for _, high, width in ranges) for ranges in groups)
+    return sum(map(len, literals)) + sum(widths)
+
+
 def _count_names(groups: list[list[tuple[int, int, int]]], room: int) -> int:
     """How many names the groups make, or any number above ``room`` once it is exceeded."""
     count = 1
@@ -213,7 +225,7 @@ def parse_hostfile(text: str, where: str) -> list[str]:
     """Host names of a host file's text: one a line, '#' starts a comment, blank lines and
     repeats dropped (a PBS node file names a host once per rank). A bad name is named by
     ``where``:line."""
-    if text.count("\n") >= MAX_HOSTFILE_LINES:
+    if text.count("\n") > MAX_HOSTFILE_LINES:
         raise GoodputError(
             where,
             f"has more than {MAX_HOSTFILE_LINES:,} lines",
@@ -236,10 +248,12 @@ def read_hostfile(path: str | os.PathLike[str]) -> list[str]:
 
 
 def _unique_hosts(hosts: list[str], where: str) -> list[str]:
+    seen: set[str] = set()
     for host in hosts:
         check_host(host, where)
-    if len(set(hosts)) != len(hosts):
-        raise GoodputError(where, "names a host twice", "list each host once")
+        if host in seen:
+            raise GoodputError(where, f"names {host} twice", "check the job's node list")
+        seen.add(host)
     return hosts
 
 

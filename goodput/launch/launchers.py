@@ -373,24 +373,24 @@ def write_hostfile(plan: LaunchPlan) -> Path | None:
 
 
 def prepare_outputs(run_dir: Path, log: Path | None) -> None:
-    """Make ``run_dir`` and open ``log`` for appending now, before any rank starts, so that a
+    """Open ``log`` for appending and make ``run_dir`` now, before any rank starts, so that a
     path that cannot take them (a file where the folder goes, a folder as the log, no
     permission) is one line naming its option rather than a failure in the first attempt."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise GoodputError.usage("--run-dir", f"{run_dir} is a file", "give a folder")
-    if log is not None and log.is_dir():
-        raise GoodputError.usage("--log", f"{log} is a folder", "give the path of a file")
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise _option_error("--run-dir", exc) from None
     if log is not None:
+        if log.is_dir():
+            raise GoodputError.usage("--log", f"{log} is a folder", "give the path of a file")
         try:
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "ab"):
                 pass
         except OSError as exc:
             raise _option_error("--log", exc) from None
+    if run_dir.exists() and not run_dir.is_dir():
+        raise GoodputError.usage("--run-dir", f"{run_dir} is a file", "give a folder")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _option_error("--run-dir", exc) from None
 
 
 def _option_error(option: str, exc: OSError) -> GoodputError:

@@ -77,7 +77,7 @@ def stage_checkpoint(
         )
     destination = posixpath.join(dest, newest.path.name)
     transport = transport_for(destination)
-    _check_apart(root, {posixpath.dirname(transport.path(host)) for host in hosts}, dest)
+    _check_apart(root, {posixpath.dirname(transport.path(host)) for host in hosts})
     result = broadcast(
         newest.path,
         hosts,
@@ -113,7 +113,7 @@ def _checkpoint_root(run_dir: Path) -> Path:
     )
 
 
-def _check_apart(root: Path, folders: set[str], dest: str) -> None:
+def _check_apart(root: Path, folders: set[str]) -> None:
     """Refuse staging into the run's checkpoint folder ``root``, within it or above it: the
     staged copies and their clean-up must never meet the checkpoints they are copies of."""
     real_root = Path(os.path.realpath(root))
@@ -122,8 +122,7 @@ def _check_apart(root: Path, folders: set[str], dest: str) -> None:
         if real.is_relative_to(real_root) or real_root.is_relative_to(real):
             raise GoodputError.usage(
                 "--dest",
-                f"{dest} is {folder}, which is the run's checkpoint folder {root}, within it "
-                "or above it",
+                f"{folder} is the run's checkpoint folder {real_root}, or within or above it",
                 "stage to a node-local folder outside the run, e.g. /local/scratch/ckpt",
             )
 

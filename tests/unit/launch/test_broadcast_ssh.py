@@ -189,3 +189,93 @@ def test_unsafe_input_is_refused_with_one_line(
     err = capsys.readouterr().err
     assert err.startswith("goodput: error: ") and err.count("\n") == 1 and message in err
     assert not (tmp_path / "nodes").exists()  # refused before anything ran
+
+
+# --- destinations goodput may not write or delete --------------------------------------------
+
+
+def _sentinel(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "keep.txt").write_text("mine\n")
+    return folder
+
+
+def _broadcast(source: Path, kind: str, dest: str, hosts: str = "node1") -> int:
+    options = ["--dest", dest, "--ssh-config", str(SSH_CONFIG), "--retries", "1"]
+    return cli.main(["broadcast", str(source), "--transport", kind, "--hosts", hosts, *options])
+
+
+def _last_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.endswith("\n"), err
+    return err.splitlines()[-1]
+
+
+@pytest.mark.parametrize("kind", ["rsync", "tar"])
+@pytest.mark.parametrize(
+    "dest", ["nodes/{host}/payload", "{root}/nodes/{host}/../../victim", "{root}/nodes/.."]
+)
+def test_a_dest_outside_its_folder_is_refused_before_any_ssh(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    kind: str, dest: str,
+) -> None:  # fmt: skip
+    source = _source(tmp_path)
+    monkeypatch.chdir(_sentinel(tmp_path / "work"))
+    victim = _sentinel(tmp_path / "victim")
+    before = _tree(tmp_path)
+    assert _broadcast(source, kind, dest.replace("{root}", str(tmp_path))) == 2
+    assert "is not a safe absolute path" in _last_line(capsys)
+    assert _tree(tmp_path) == before and (victim / "keep.txt").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("kind", ["rsync", "tar"])
+def test_someones_folder_at_the_destination_survives_over_ssh(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    source = _source(tmp_path)
+    theirs = _sentinel(tmp_path / "nodes" / "node1" / "payload")
+    marked = _sentinel(tmp_path / "elsewhere")
+    (marked / MARKER).write_text("{}\n")  # a marked folder reached by a link is not ours either
+    (tmp_path / "nodes" / "node2").mkdir()
+    (tmp_path / "nodes" / "node2" / "payload").symlink_to(marked)
+    before = _tree(tmp_path)
+    dest = str(tmp_path / "nodes" / "{host}" / "payload")
+    assert _broadcast(source, kind, dest, "node1,node2") == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "retrying" not in err  # a refusal is not retried
+    for host in ("node1", "node2"):
+        assert f"{host}:{tmp_path}/nodes/{host}/payload: exists and is not a copy goodput" in err
+    assert _tree(tmp_path) == before  # no partial copy left either
+    assert (theirs / "keep.txt").read_text() == "mine\n"
+
+
+def test_a_linked_partial_copy_cannot_steer_rsync_delete(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = _source(tmp_path)
+    victim = _sentinel(tmp_path / "victim")
+    (tmp_path / "nodes" / "node1").mkdir(parents=True)
+    (tmp_path / "nodes" / "node1" / "payload.partial").symlink_to(victim)  # planted by another
+    assert _broadcast(source, "rsync", str(tmp_path / "nodes" / "{host}" / "payload")) == 0
+    assert (victim / "keep.txt").read_text() == "mine\n" and sorted(os.listdir(victim)) == [
+        "keep.txt"
+    ]
+    assert _tree(tmp_path / "nodes" / "node1" / "payload") == _tree(source)
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("kind", ["rsync", "tar"])
+def test_staging_into_the_runs_checkpoints_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    checkpoints = tmp_path / "run" / "checkpoints"
+    for step in (4, 8):
+        step_dir = _sentinel(checkpoints / f"step-{step:08d}")
+        (step_dir / "checksums.json").write_text("{}\n")
+        (step_dir / ".complete").touch()
+    before = _tree(tmp_path)
+    code = cli.main(["broadcast", "--checkpoint", str(tmp_path / "run"), "--transport", kind,
+                     "--hosts", "node1", "--dest", str(checkpoints),
+                     "--ssh-config", str(SSH_CONFIG)])  # fmt: skip
+    assert code == 2 and "is the run's checkpoint folder" in _last_line(capsys)
+    assert _tree(tmp_path) == before
