@@ -18,7 +18,7 @@ from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.convert import from_torch, to_torch
 from goodput.checkpoint.layout import LATEST, checkpoints_dir, list_checkpoints, step_dir
 from goodput.checkpoint.load import find_checkpoint, load_tensors
-from goodput.config import to_toml
+from goodput.config import build, to_toml
 from goodput.errors import GoodputError
 from goodput.testing.dist import run_distributed
 from goodput.train.loop import train
@@ -162,8 +162,8 @@ def test_a_full_disk_keeps_the_previous_checkpoint(run_config, tmp_path, small_t
 
 
 def test_checkpoint_config_is_checked():
-    with pytest.raises(GoodputError, match="keep_last = 0 must be >= 1"):
-        CheckpointConfig(keep_last=0)
+    with pytest.raises(GoodputError, match=r"'keep_last' = 0 is out of range; use a value in \[1,"):
+        build(CheckpointConfig, {"keep_last": 0}, "run.toml")
 
 
 def test_training_starts_from_a_model_only_checkpoint(run_config, tmp_path, capsys):
@@ -183,12 +183,13 @@ def test_training_starts_from_a_model_only_checkpoint(run_config, tmp_path, caps
 def test_saves_by_wall_time(run_config, tmp_path):
     cfg = replace(
         run_config,
-        train=replace(run_config.train, output=str(tmp_path)),
+        train=replace(run_config.train, output=str(tmp_path / "run")),
         checkpoint=replace(run_config.checkpoint, interval_minutes=1e-6, keep_last=8),
     )
     train(cfg)
     # Every step outlasts 60 microseconds, so every step is due.
-    assert [c.step for c in list_checkpoints(checkpoints_dir(tmp_path))] == list(range(1, 9))
+    saved = list_checkpoints(checkpoints_dir(tmp_path / "run"))
+    assert [c.step for c in saved] == list(range(1, 9))
 
 
 def test_a_pickled_value_in_a_checkpoint_is_refused_not_loaded(tmp_path):
