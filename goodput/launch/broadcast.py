@@ -271,14 +271,20 @@ def read_hosts(hosts: str | None, hostfile: Path | None) -> list[str]:
             "give --hosts h1,h2,... or --hostfile FILE",
         )
     if hostfile is not None:
-        return read_hostfile(hostfile)
-    # Spaces after commas are usual; any other white space (a newline) is refused in a name.
-    names = dict.fromkeys(name.strip(" ") for name in (hosts or "").split(","))
-    names.pop("", None)
-    if len(names) > MAX_HOSTS:
+        found = read_hostfile(hostfile)
+    else:
+        # Spaces after commas are usual; any other white space (a newline) is refused in a name.
+        names = dict.fromkeys(name.strip(" ") for name in (hosts or "").split(","))
+        names.pop("", None)
+        if len(names) > MAX_HOSTS:
+            raise GoodputError.usage(
+                "--hosts", f"names more than {MAX_HOSTS:,} hosts", "pass at most that many"
+            )
+        for name in names:
+            check_host(name, "--hosts")
+        found = list(names)
+    if not found:
         raise GoodputError.usage(
-            "--hosts", f"names more than {MAX_HOSTS:,} hosts", "pass at most that many"
+            hostfile or "--hosts", "names no host", "give the hosts to copy to"
         )
-    for name in names:
-        check_host(name, "--hosts")
-    return list(names)
+    return found

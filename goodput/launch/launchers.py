@@ -29,11 +29,11 @@ import shlex
 import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from goodput.config import build, read_toml
+from goodput.config import build, limits, read_toml
 from goodput.errors import GoodputError, from_exception
 from goodput.io import write_text
 from goodput.launch.attempt import ProcessSpec
@@ -58,7 +58,8 @@ class ProfileConfig:
 
     name: str  # the file's stem; not written in the file
     description: str = ""
-    ppn: int = 1  # ranks per node when --ppn and --nproc are not given
+    # Ranks per node when --ppn and --nproc are not given.
+    ppn: int = field(default=1, metadata=limits(at_least=1, at_most=MAX_PPN))
     mpiexec: Literal["hydra", "pals"] = "hydra"  # the flag dialect of the PBS launcher
     cpu_bind: str | None = None  # srun --cpu-bind=, PALS --cpu-bind, Hydra -bind-to
     env: tuple[str, ...] = ()  # NAME=VALUE set for every rank
@@ -70,17 +71,11 @@ class ProfileConfig:
     bad_node_patterns: tuple[str, ...] = ()
     # The per-host probe run before evicting a host no log line named (argv; exit 0 = healthy).
     health_check: tuple[str, ...] = (sys.executable, "-m", "goodput.launch.health")
-    health_timeout_s: float = 60.0
+    health_timeout_s: float = field(
+        default=60.0, metadata=limits(above=0, at_most=MAX_HEALTH_TIMEOUT_S)
+    )
 
     def __post_init__(self) -> None:
-        if not 1 <= self.ppn <= MAX_PPN:
-            raise GoodputError.usage("[profile]", f"ppn = {self.ppn}", f"use 1 to {MAX_PPN}")
-        if not 0 < self.health_timeout_s <= MAX_HEALTH_TIMEOUT_S:  # NaN fails too
-            raise GoodputError.usage(
-                "[profile]",
-                f"health_timeout_s = {self.health_timeout_s}",
-                f"use a number of seconds above 0, at most {MAX_HEALTH_TIMEOUT_S:g}",
-            )
         if self.cpu_bind is not None and not CPU_BIND.fullmatch(self.cpu_bind):
             raise GoodputError.usage(
                 "[profile]",

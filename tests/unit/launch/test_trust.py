@@ -106,6 +106,8 @@ def test_a_host_name_cannot_carry_a_path_into_dest(tmp_path, capsys):
         code = local_broadcast(src, f"{tmp_path}/nodes/{{host}}/payload", hosts)
         refused(capsys, code, "--hosts: ", "is not a valid host name")
     assert tree(tmp_path) == before
+    code = local_broadcast(src, f"{tmp_path}/nodes/{{host}}/payload", " , ")
+    refused(capsys, code, "--hosts: names no host")
 
 
 @pytest.mark.parametrize(
@@ -271,6 +273,7 @@ def test_host_files_are_read_strictly(tmp_path, capsys):
         (b"n1\n# a comment\nn2 n3\n", f"{hostfile}:3: 'n2 n3' is not a valid host name"),
         (b"n1\n$(reboot)\n", f"{hostfile}:2: '$(reboot)' is not a valid host name"),
         (b"n1\r\nn2\n", "is not a copy goodput made"),  # CRLF is fine; it gets past the names
+        (b"# only a comment\n\n", f"{hostfile}: names no host"),
     ]
     (tmp_path / "nodes" / "n1" / "payload").mkdir(parents=True)  # ... to be refused here
     for data, message in cases:
@@ -306,8 +309,9 @@ def test_a_pbs_node_file_is_read_strictly(tmp_path, monkeypatch, capsys):
     [
         (b"ppn = 4\nppm = 4\n", "unknown key 'ppm'"),
         (b'ppn = "4"\n', "'ppn' must be int"),
-        (b"ppn = 100000\n", "ppn = 100000"),
-        (b"health_timeout_s = nan\n", "health_timeout_s"),
+        (b"ppn = 100000\n", "'ppn' = 100000 is out of range; use a value in [1, 1024]"),
+        (b"ppn = true\n", "'ppn' must be int"),
+        (b"health_timeout_s = nan\n", "'health_timeout_s' = nan is out of range"),
         (b'cpu_bind = "cores\\n-x"\n', "is not a binding"),
         (b'env = ["A\\n=1"]\n', "is not NAME=VALUE"),
         (b"bad_node_patterns = ['(?P<host>x']\n", "is not a regular expression"),
@@ -345,3 +349,17 @@ def test_a_folder_without_permission_is_named(tmp_path, capsys):
     locked.mkdir(mode=0o500)
     code = cli.main(["launch", "--run-dir", str(locked / "run"), "--", "true"])
     refused(capsys, code, f"--run-dir {locked / 'run'}: Permission denied", "permissions")
+
+
+def test_a_submit_run_dir_that_is_a_file_is_named(tmp_path, capsys):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for run_dir, message in [
+        (a_file, f"submit --run-dir: {a_file} is a file; give a folder"),
+        (a_file / "run", f"submit --run-dir {a_file / 'run'}: Not a directory"),
+    ]:
+        code = cli.main(["submit", "--run-dir", str(run_dir), "--nodes", "1", "--time",
+                         "01:00:00", "--scheduler", "slurm", "--", "goodput", "launch", "--",
+                         "true"])  # fmt: skip
+        refused(capsys, code, message)
+    assert a_file.read_text() == ""
