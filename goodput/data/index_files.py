@@ -12,13 +12,13 @@ lists them all with the dtype and length the run manifest implies, keyed as ``bl
 Invariants: saving is atomic. Loading never unpickles (``allow_pickle=False``): the ``.npy``
 header is parsed first, and anything but a 1-D array of an expected dtype and length, with the
 file size that implies — an object array included — is one line naming the file before numpy
-maps it read-only. ``open_index`` refuses a blend without recorded checksums (built before they
-were recorded) and any array whose sha256 differs from the recorded one.
+maps it read-only. ``open_index`` refuses any array whose sha256 differs from the one recorded.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from tokenize import TokenError
@@ -165,54 +165,49 @@ def open_index(blend_json: Path, manifest: dict[str, Any]) -> dict[str, np.ndarr
 
     Hashing costs about a tenth of building the index (1.7 GB, a blend of 10^8 samples over
     2·10^7 documents: 1.7 s to hash, 17 s to build) and reads the pages a run reads anyway."""
-    recorded = recorded_hashes(blend_json, manifest)
+    recorded = manifest["index_sha256"]
     files = index_files(blend_json.parent, manifest)
-    if set(recorded) != set(files):
-        raise GoodputError(
-            blend_json,
-            "index_sha256 does not list exactly the index arrays the blend reads",
-            _rebuild(blend_json.parent),
-        )
+    _check_listed(blend_json, recorded, files)
     return {key: _checked(key, file, recorded) for key, file in files.items()}
 
 
 def index_problems(blend_json: Path, manifest: dict[str, Any]) -> list[str]:
-    """One line per index array of a blend that is missing, malformed or changed."""
-    recorded = recorded_hashes(blend_json, manifest)
-    problems = []
-    for key, file in index_files(blend_json.parent, manifest).items():
-        try:
-            _checked(key, file, recorded)
-        except GoodputError as exc:
-            problems.append(exc.render())
+    """One line per problem with a blend's index arrays: unlisted, missing, malformed, changed."""
+    recorded = manifest["index_sha256"]
+    files = index_files(blend_json.parent, manifest)
+    problems = _problems(_check_listed, blend_json, recorded, files)
+    for key, file in files.items():
+        problems += _problems(_checked, key, file, recorded)
     return problems
+
+
+def _problems(check: Callable[..., object], *args: Any) -> list[str]:
+    try:
+        check(*args)
+    except GoodputError as exc:
+        return [exc.render()]
+    return []
+
+
+def _check_listed(blend_json: Path, recorded: dict[str, Any], files: dict[str, IndexFile]) -> None:
+    if set(recorded) != set(files):
+        raise GoodputError(
+            blend_json,
+            "index_sha256 does not list exactly the index arrays the blend reads",
+            rebuild_fix(blend_json.parent),
+        )
 
 
 def _checked(key: str, file: IndexFile, recorded: dict[str, Any]) -> np.ndarray:
     array = load_array(file)
-    if key not in recorded:
-        raise _bad_array(file.path, "blend.json records no checksum for it")
-    if sha256_file(file.path) != recorded[key]:
+    if sha256_file(file.path) != recorded.get(key):
         raise _bad_array(file.path, "checksum mismatch (it changed since the blend was built)")
     return array
 
 
-def recorded_hashes(blend_json: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """``index_sha256`` of a run manifest; a blend built without it is refused."""
-    recorded = manifest.get("index_sha256")
-    if not isinstance(recorded, dict):
-        raise GoodputError(
-            blend_json,
-            f"built by goodput {manifest.get('goodput_version', '(unknown)')} without index "
-            "checksums, so a changed index could not be noticed",
-            _rebuild(blend_json.parent),
-        )
-    return recorded
-
-
 def _bad_array(path: Path, what: str) -> GoodputError:
-    return GoodputError(path, f"corrupt blend index: {what}", _rebuild(path.parent))
+    return GoodputError(path, f"corrupt blend index: {what}", rebuild_fix(path.parent))
 
 
-def _rebuild(directory: Path) -> str:
+def rebuild_fix(directory: Path) -> str:
     return f"delete {directory} and rerun `goodput data blend` (the rebuild is identical)"

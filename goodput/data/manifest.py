@@ -25,7 +25,7 @@ import numpy as np
 
 from goodput import io
 from goodput.data import schema
-from goodput.data.index_files import index_problems, open_index
+from goodput.data.index_files import index_problems, open_index, rebuild_fix
 from goodput.data.interleave import MAX_CORPORA
 from goodput.data.shards import bin_path, idx_path
 from goodput.errors import GoodputError
@@ -56,8 +56,24 @@ def read_part_record(path: Path) -> dict[str, Any]:
 
 
 def read_run_manifest(path: Path) -> dict[str, Any]:
-    """A ``blend.json`` whose fields have their types and agree with each other."""
-    manifest = _read(path, schema.RUN_MANIFEST)
+    """A ``blend.json`` whose fields have their types and agree with each other. One built
+    before index checksums were recorded is refused with the fix: rebuild it."""
+    manifest = io.read_json(path)
+    if isinstance(manifest, dict) and "index_sha256" not in manifest:
+        version = str(manifest.get("goodput_version", "(unknown)"))[:40]
+        raise GoodputError(
+            path,
+            f"built by goodput {version} without index checksums, so a changed index could "
+            "not be noticed",
+            rebuild_fix(path.parent),
+        )
+    schema.check(path, manifest, schema.RUN_MANIFEST)
+    _check_consistent(path, manifest)
+    return manifest
+
+
+def _check_consistent(path: Path, manifest: dict[str, Any]) -> None:
+    """Corpora, shards and report of a run manifest agree: what the loader relies on."""
     names = [name for name, _ in manifest["weights"]]
     rows = manifest["report"]["corpora"]
     if not 1 <= len(names) <= MAX_CORPORA or len(set(names)) != len(names):
@@ -75,7 +91,6 @@ def read_run_manifest(path: Path) -> dict[str, Any]:
         available[shard["corpus"]] += shard["num_samples"]
     if [row["available"] for row in rows] != list(available.values()):
         raise _inconsistent(path, "the report's available samples are not the shards' sum")
-    return manifest
 
 
 def shard_samples(shard: dict[str, Any], seq_len: int) -> int:
@@ -93,7 +108,7 @@ def _read(path: Path, spec: schema.Spec) -> dict[str, Any]:
 
 
 def _inconsistent(path: Path, what: str) -> GoodputError:
-    return GoodputError(path, what, "rebuild the blend with `goodput data blend`")
+    return GoodputError(path, f"inconsistent run manifest: {what}", rebuild_fix(path.parent))
 
 
 class ShardIndex:

@@ -129,6 +129,7 @@ RUN_MANIFEST = {
     "fingerprint": SHA256,
     "components": {},
     "report": {"batch_size": POSITIVE, "corpora": [REPORT_ROW]},
+    "index_sha256": {},
 }
 
 

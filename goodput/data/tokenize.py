@@ -12,6 +12,10 @@ then its part record ``.parts/<shard>.json`` (checksums, sizes, counts) is writt
 as done only when its record exists and the files on disk have the recorded sizes, so a rerun
 after a kill redoes exactly the unfinished units. ``<name>.manifest.json`` is written last, by
 whichever rank finishes the final unit: it is the dataset's completion marker.
+
+Every file the job writes is named after ``--name``, checked to be a plain name (``paths``) before
+anything is written, so all of them land inside ``--output``. Inputs reached twice (another
+path, a link) are read once (``readers.list_inputs``).
 """
 
 from __future__ import annotations
