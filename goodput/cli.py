@@ -484,7 +484,7 @@ def _tokenize(args: argparse.Namespace) -> ExitCode:
         tokenizer=args.tokenizer,
         tokenizer_kind=args.tokenizer_kind,
         output=args.output,
-        name=args.name or _stem(args.inputs[0]),
+        name=_stem(args.inputs[0]) if args.name is None else args.name,
         num_workers=args.workers,
         shard_size_mb=args.shard_size_mb,
         text_field=args.text_field,
