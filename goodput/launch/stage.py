@@ -10,10 +10,9 @@ a finished temp copy into place); only after that, and only on that host, are th
 ``step-N`` folders at DEST removed, so a host whose copy failed keeps what it had. Only folders
 that carry the transport's marker (copies staged by goodput) are ever removed, and DEST may not
 be the run's checkpoint folder, lie within it or hold it: a run's own checkpoints are never
-touched. A checkpoint
-saved without ``checksums.json`` is not staged: the trainer could not verify the copy, so would
-not read it. Staging does not verify: the trainer checks each copy where and when it reads it.
-Nothing here imports torch.
+touched. A checkpoint saved without ``checksums.json`` is not staged: the trainer could not
+verify the copy, so would not read it. Staging does not verify: the trainer checks each copy
+where and when it reads it. Nothing here imports torch.
 """
 
 from __future__ import annotations
