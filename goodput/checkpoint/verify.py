@@ -3,12 +3,15 @@
 Rank 0 reads the reference digests and the file sizes and sends them to all; the ranks then
 split the hashing — each file to the rank with the fewest bytes so far, largest files first —
 so the check costs about (checkpoint bytes / ranks) of hashing per rank, and every rank learns
-every verdict. A checkpoint saved before goodput wrote checksums cannot be verified: the caller
-is told (``expected`` is None) and decides. Nothing is written.
+every verdict. The hashing runs in a background thread from ``start_verification`` to
+``result``, so the trainer builds its model meanwhile (hashlib and file reads release the GIL).
+A checkpoint saved before goodput wrote checksums cannot be verified: the verdict says so and
+the caller decides. Nothing is written.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,28 +28,54 @@ class Verdict:
     checksummed: bool  # False: the checkpoint has no checksums.json, nothing was checked
     problem: str | None  # the first file that does not match, as "NAME: why"
     num_bytes: int  # hashed, over all ranks
-    seconds: float
+    hashing_s: float  # this rank's share, in the background
+    waited_s: float  # what ``result`` blocked for: hashing not hidden behind other work, and peers
 
 
-def verify_checkpoint(directory: Path) -> Verdict:
-    """Collective over every rank: does ``directory`` hold the bytes its checksums name?"""
-    start = time.perf_counter()
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    reference: list[Any] = [None]
-    if rank == 0:
-        reference[0] = _reference(directory)
-    dist.broadcast_object_list(reference, src=0)
-    if reference[0] is None:
-        return Verdict(False, None, 0, time.perf_counter() - start)
-    if isinstance(reference[0], str):  # checksums.json itself is broken
-        return Verdict(True, reference[0], 0, time.perf_counter() - start)
-    expected, sizes = reference[0]
-    share = assign(sizes, world_size)[rank]
-    problem = first_mismatch(directory, {name: expected[name] for name in share})
-    problems: list[Any] = [None] * world_size
-    dist.all_gather_object(problems, problem)
-    found = next((p for p in problems if p is not None), None)
-    return Verdict(True, found, sum(sizes.values()), time.perf_counter() - start)
+class PendingVerification:
+    """This rank's share of the hashing, running; ``result`` is the collective end."""
+
+    def __init__(self, directory: Path) -> None:
+        """Collective over every rank: agree on the reference, start hashing this rank's share."""
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        reference: list[Any] = [None]
+        if rank == 0:
+            reference[0] = _reference(directory)
+        dist.broadcast_object_list(reference, src=0)
+        self._reference = reference[0]
+        self._problem: str | None = None
+        self._hashing_s = 0.0
+        self._thread: threading.Thread | None = None
+        if isinstance(self._reference, tuple):
+            expected, sizes = self._reference
+            share = {name: expected[name] for name in assign(sizes, world_size)[rank]}
+            self._thread = threading.Thread(
+                target=self._hash, args=(directory, share), name="goodput-verify", daemon=True
+            )
+            self._thread.start()
+
+    def _hash(self, directory: Path, share: dict[str, str]) -> None:
+        start = time.perf_counter()
+        try:
+            self._problem = first_mismatch(directory, share)
+        except OSError as exc:  # unreadable now although it was there a moment ago
+            self._problem = f"{exc.filename}: {exc.strerror}"
+        self._hashing_s = time.perf_counter() - start
+
+    def result(self) -> Verdict:
+        """Collective over every rank: wait for all shares; the first problem any rank found."""
+        if self._reference is None:
+            return Verdict(False, None, 0, 0.0, 0.0)
+        if isinstance(self._reference, str):  # checksums.json itself is broken
+            return Verdict(True, self._reference, 0, 0.0, 0.0)
+        assert self._thread is not None
+        start = time.perf_counter()
+        self._thread.join()
+        problems: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, self._problem)
+        found = next((p for p in problems if p is not None), None)
+        num_bytes = sum(self._reference[1].values())
+        return Verdict(True, found, num_bytes, self._hashing_s, time.perf_counter() - start)
 
 
 def assign(sizes: dict[str, int], num_ranks: int) -> list[list[str]]:

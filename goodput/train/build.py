@@ -18,6 +18,7 @@ import sys
 import time
 import tomllib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ from goodput.checkpoint.load import (
     read_checkpoint,
 )
 from goodput.checkpoint.local_copy import choose_copy
-from goodput.checkpoint.verify import verify_checkpoint
+from goodput.checkpoint.verify import PendingVerification, Verdict
 from goodput.config import to_toml
 from goodput.data.blend import BlendSpec, build_blend, format_report
 from goodput.data.loader import DataLoader
@@ -118,6 +119,7 @@ def build_loader(cfg: RunConfig, plan: BatchPlan, rank: int) -> DataLoader:
         global_batch_size=plan.global_batch_size,
         dp_rank=rank,
         dp_size=plan.dp_size,
+        hash_index=False,  # build_blend on rank 0 has just checked (or written) the hashes
     )
     tokenizer = loader.samples.manifest.get("tokenizer")
     if tokenizer and tokenizer["vocab_size"] > cfg.model.vocab_size:
@@ -132,15 +134,15 @@ def build_loader(cfg: RunConfig, plan: BatchPlan, rank: int) -> DataLoader:
 
 def resume(
     cfg: RunConfig,
-    root: Path,
+    choice: CheckpointChoice,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     loader: DataLoader,
     device: torch.device,
 ) -> int | None:
-    """Load the checkpoint ``checkpoint.resume`` names, if any; return the step it was saved at
-    (0 for a model-only checkpoint), or None for a fresh start."""
-    chosen = choose_checkpoint(cfg.checkpoint, root)
+    """Load the checkpoint ``choice`` settles on, if any; return the step it was saved at (0 for
+    a model-only checkpoint), or None for a fresh start."""
+    chosen = choice.finish()
     if chosen is None:
         return None
     directory, copies = chosen
@@ -165,51 +167,78 @@ def resume(
     return int(train_state["step"])
 
 
-def choose_checkpoint(cfg: CheckpointConfig, root: Path) -> tuple[Path, str] | None:
-    """Collective: the copy of the checkpoint to resume from that this rank reads, and a note
-    on how it was checked; None for a fresh start. A checkpoint whose files do not match its
-    checksums is refused by name; ``auto`` then falls back to the newest older complete one."""
-    refused: list[Path] = []
-    while True:
+@dataclass(slots=True)
+class _Candidate:
+    saved: Path  # the checkpoint as saved
+    directory: Path  # the copy this rank reads: the saved one or its node-local copy
+    notes: list[str]
+    verification: PendingVerification | None  # None: nothing (more) to check
+
+
+class CheckpointChoice:
+    """Collective: which copy of which checkpoint this rank resumes from. Begun before the model
+    is built, so the checksum hashing runs meanwhile; ``finish`` after. A checkpoint whose files
+    do not match its checksums is refused by name; ``auto`` then falls back to the newest older
+    complete one (checked without overlap: a rare path)."""
+
+    def __init__(self, cfg: CheckpointConfig, root: Path) -> None:
+        self.cfg, self.root = cfg, root
+        self.refused: list[Path] = []
+        self.candidate = self._next()
+
+    def _next(self) -> _Candidate | None:
         found = decided_by_rank_zero(
-            lambda: _path_or_none(find_checkpoint(root, cfg.resume, refused))
+            lambda: _path_or_none(find_checkpoint(self.root, self.cfg.resume, self.refused))
         )
         if found is None:
             return None
-        saved = directory = Path(found)
-        notes = []
+        saved = Path(found)
+        candidate = _Candidate(saved, saved, [], None)
         every_host_local = False
-        if cfg.local_dir:
-            choice = choose_copy(saved, Path(cfg.local_dir))
-            directory = choice.directory
-            every_host_local = choice.num_local_hosts == choice.num_hosts
-            notes.append(
-                f"node-local copy read on {choice.num_local_hosts} of {choice.num_hosts} "
-                f"host(s), checksums checked in {choice.seconds:.2f} s"
+        if self.cfg.local_dir:
+            copy = choose_copy(saved, Path(self.cfg.local_dir))
+            candidate.directory = copy.directory
+            every_host_local = copy.num_local_hosts == copy.num_hosts
+            candidate.notes.append(
+                f"node-local copy read on {copy.num_local_hosts} of {copy.num_hosts} "
+                f"host(s), checksums checked in {copy.seconds:.2f} s"
             )
-        if not cfg.verify_checksums or every_host_local:
-            return directory, "".join(f"; {note}" for note in notes)
-        verdict = verify_checkpoint(saved)
-        if verdict.problem is None:
-            notes.append(
-                f"checksums of {verdict.num_bytes / 1e9:.2f} GB checked in {verdict.seconds:.2f} s"
-                if verdict.checksummed
-                else "not verified: it has no checksums.json (saved before goodput wrote them)"
-            )
-            return directory, "".join(f"; {note}" for note in notes)
-        if cfg.resume != "auto":
-            raise GoodputError(
-                saved,
-                f"refused: {verdict.problem}",
-                "resume from another checkpoint (--resume auto takes the newest intact one)",
-            )
-        if dist.get_rank() == 0:
-            print(
-                f"warning: refusing checkpoint {saved}: {verdict.problem}; "
-                "falling back to the newest older complete checkpoint",
-                flush=True,
-            )
-        refused.append(saved)
+        if self.cfg.verify_checksums and not every_host_local:
+            candidate.verification = PendingVerification(saved)
+        return candidate
+
+    def finish(self) -> tuple[Path, str] | None:
+        """The copy to read and a note on how it was checked; None for a fresh start."""
+        while (candidate := self.candidate) is not None:
+            verdict = candidate.verification.result() if candidate.verification else None
+            if verdict is None or verdict.problem is None:
+                if verdict is not None:
+                    candidate.notes.append(_describe(verdict))
+                return candidate.directory, "".join(f"; {note}" for note in candidate.notes)
+            if self.cfg.resume != "auto":
+                raise GoodputError(
+                    candidate.saved,
+                    f"refused: {verdict.problem}",
+                    "resume from another checkpoint (--resume auto takes the newest intact one)",
+                )
+            if dist.get_rank() == 0:
+                print(
+                    f"warning: refusing checkpoint {candidate.saved}: {verdict.problem}; "
+                    "falling back to the newest older complete checkpoint",
+                    flush=True,
+                )
+            self.refused.append(candidate.saved)
+            self.candidate = self._next()
+        return None
+
+
+def _describe(verdict: Verdict) -> str:
+    if not verdict.checksummed:
+        return "not verified: it has no checksums.json (saved before goodput wrote them)"
+    return (
+        f"checksums of {verdict.num_bytes / 1e9:.2f} GB checked in {verdict.hashing_s:.2f} s "
+        f"({verdict.waited_s:.2f} s of it not hidden behind the model build)"
+    )
 
 
 def checkpoint_root(cfg: RunConfig) -> Path:

@@ -21,6 +21,7 @@ from goodput.launch.device import detect_device_type, local_device
 from goodput.launch.env import current_placement
 from goodput.launch.submit import DONE_MARKER
 from goodput.train.build import (
+    CheckpointChoice,
     build_loader,
     build_model,
     checkpoint_root,
@@ -52,11 +53,13 @@ def train(cfg: RunConfig) -> list[float]:
         run_dir = Path(cfg.train.output)
         decided_by_rank_zero(lambda: require_run_dir(run_dir))  # before anything is written
         loader = build_loader(cfg, plan, rank)
+        # Chosen before the model is built, so its checksums are hashed meanwhile.
+        checkpoint_choice = CheckpointChoice(cfg.checkpoint, checkpoint_root(cfg))
         model = build_model(cfg, device)
         optimizer = build_optimizer(model, cfg.optim, cfg.schedule.lr)
         checkpointer = Checkpointer(cfg.checkpoint, checkpoint_root(cfg), device)
         # Before anything is written: a refused resume must leave the run directory as it was.
-        resumed_at = resume(cfg, checkpointer.root, model, optimizer, loader, device)
+        resumed_at = resume(cfg, checkpoint_choice, model, optimizer, loader, device)
         start_step = resumed_at or 0
         peak, peak_source = peak_flops(device, compute_dtype(cfg.parallel), cfg.train.peak_tflops)
         if rank == 0:

@@ -14,9 +14,11 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from goodput.checkpoint.layout import CONFIG, TRAIN_STATE, checkpoints_dir, step_dir
 from goodput.checkpoint.metadata import read_metadata
+from goodput.checkpoint.verify import assign
 from goodput.cli import main
 from goodput.config import to_toml
 from goodput.errors import GoodputError
+from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import tiny_run_config
 from goodput.train.loop import train
 
@@ -212,3 +214,39 @@ def test_auto_passes_over_a_checkpoint_with_a_broken_train_state(run, capsys):
     damaged = f"damaged ({step(run, 8) / TRAIN_STATE}: no step count)"
     assert f"skipping checkpoint {step(run, 8)}: {damaged}" in out
     assert f"resume: from {step(run, 4)} (step 4)" in out
+
+
+def train_on_rank(rank, world_size, cfg):
+    return train(cfg)
+
+
+@pytest.mark.parametrize("damaged_file", ["__0_0.distcp", "__1_0.distcp"])
+def test_two_ranks_split_the_hashing_and_both_fall_back(tmp_path, capfd, damaged_file):
+    # Each rank hashes about half the bytes: whichever rank holds the damaged file in its share,
+    # both refuse the checkpoint and resume from the same older one.
+    cfg = tiny_run_config(tmp_path)
+    cfg = replace(
+        cfg,
+        train=replace(cfg.train, output=str(tmp_path / "run")),
+        checkpoint=replace(cfg.checkpoint, interval_steps=4),
+    )
+    straight = run_distributed(train_on_rank, 2, cfg)[0]
+    root = checkpoints_dir(cfg.train.output)
+    sizes = {p.name: p.stat().st_size for p in step_dir(root, 8).glob("*.distcp")}
+    assert [sorted(share) for share in assign(sizes, 2)] in (
+        [["__0_0.distcp"], ["__1_0.distcp"]],
+        [["__1_0.distcp"], ["__0_0.distcp"]],
+    )
+    flip_a_byte(step_dir(root, 8) / damaged_file)
+    capfd.readouterr()
+    losses = run_distributed(train_on_rank, 2, cfg)
+    out = capfd.readouterr().out
+    assert losses[0] == losses[1] == straight[4:]
+    assert f"warning: refusing checkpoint {step_dir(root, 8)}: {damaged_file}: checksum" in out
+    assert f"resume: from {step_dir(root, 4)} (step 4)" in out
+
+
+def test_the_hashing_is_split_by_bytes():
+    sizes = {"a": 100, "b": 60, "c": 50, "d": 1}
+    assert assign(sizes, 2) == [["a", "d"], ["b", "c"]]
+    assert assign(sizes, 5) == [["a"], ["b"], ["c"], ["d"], []]
