@@ -7,7 +7,8 @@ exactly the same global sequence. A sample is ``seq_len + 1`` tokens: ``input_id
 ``seq_len``, ``labels`` the last ``seq_len``.
 
 At open the loader refuses a blend whose manifest was edited, whose index arrays changed (each
-one's dtype, length and sha256 against ``blend.json``: ``manifest.open_blend``) or whose shards
+one's dtype, length and — unless the caller has just checked them — sha256 against
+``blend.json``: ``manifest.open_blend``) or whose shards
 no longer match it, and — when resuming — one whose fingerprint differs from the checkpoint's,
 naming the components that changed. The shards themselves are checked by size only, so start-up
 stays cheap at any scale; ``goodput data verify`` re-hashes them too.
@@ -32,9 +33,9 @@ from goodput.errors import GoodputError
 class BlendedSamples:
     """Sample ``i`` of a blend as ``seq_len + 1`` int64 tokens."""
 
-    def __init__(self, blend_dir: str | Path):
+    def __init__(self, blend_dir: str | Path, *, hash_index: bool = True):
         self.directory = Path(blend_dir)
-        self.manifest, arrays = open_blend(self.directory)
+        self.manifest, arrays = open_blend(self.directory, hash_index=hash_index)
         self.seq_len: int = self.manifest["seq_len"]
         self.corpus_index = arrays["corpus_index.npy"]
         self.sample_index = arrays["sample_index.npy"]
@@ -107,8 +108,16 @@ class DataLoader:
     """Yields this DP rank's ``(input_ids, labels)`` slice of each global batch."""
 
     def __init__(
-        self, blend_dir: str | Path, *, global_batch_size: int, dp_rank: int, dp_size: int
+        self,
+        blend_dir: str | Path,
+        *,
+        global_batch_size: int,
+        dp_rank: int,
+        dp_size: int,
+        hash_index: bool = True,
     ):
+        """``hash_index=False`` checks the index arrays' headers and sizes but not their
+        checksums: for ranks of a job whose blend one rank has just checked whole."""
         if global_batch_size < 1 or global_batch_size % dp_size:
             raise GoodputError.usage(
                 "data loader",
@@ -118,7 +127,7 @@ class DataLoader:
             )
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank {dp_rank} outside [0, {dp_size})")
-        self.samples = BlendedSamples(blend_dir)
+        self.samples = BlendedSamples(blend_dir, hash_index=hash_index)
         self.global_batch_size = global_batch_size
         self.local_batch_size = global_batch_size // dp_size
         self.dp_rank = dp_rank

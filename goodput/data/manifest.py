@@ -184,9 +184,12 @@ def check_run_manifest(path: Path, manifest: dict[str, Any]) -> None:
         )
 
 
-def open_blend(directory: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def open_blend(
+    directory: Path, *, hash_index: bool = True
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The manifest and index arrays of a complete blend directory, after every check that
-    does not re-hash the shards: fields, fingerprint, each array's dtype, length and checksum."""
+    does not re-hash the shards: fields, fingerprint, each array's dtype, length and (when
+    ``hash_index``) checksum."""
     if not is_complete(directory):
         raise GoodputError(
             directory,
@@ -196,7 +199,7 @@ def open_blend(directory: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     path = directory / "blend.json"
     manifest = read_run_manifest(path)
     check_run_manifest(path, manifest)
-    return manifest, open_index(path, manifest)
+    return manifest, open_index(path, manifest, hashed=hash_index)
 
 
 def verify_run(path: Path) -> list[str]:
