@@ -30,7 +30,7 @@ TRAIN_STATE = "train_state.json"
 METADATA = ".metadata"  # DCP's name for it
 CHECKSUMS = "checksums.json"
 RNG_DIR = "rng"
-STEP_DIR = re.compile(r"^step-(\d{8})$")
+STEP_DIR = re.compile(r"step-(\d{8})")  # matched whole (fullmatch): no trailing newline
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +58,7 @@ def list_checkpoints(root: Path) -> list[Checkpoint]:
         return []
     found = []
     for path in root.iterdir():
-        match = STEP_DIR.match(path.name)
+        match = STEP_DIR.fullmatch(path.name)
         if match and path.is_dir():
             found.append(Checkpoint(int(match.group(1)), path, is_complete(path)))
     return sorted(found, key=lambda c: c.step)

@@ -103,7 +103,7 @@ def _checkpoint_root(run_dir: Path) -> Path:
     root = checkpoints_dir(run_dir)
     if root.is_dir():
         return root
-    if run_dir.is_dir() and any(STEP_DIR.match(path.name) for path in run_dir.iterdir()):
+    if run_dir.is_dir() and any(STEP_DIR.fullmatch(path.name) for path in run_dir.iterdir()):
         return run_dir  # a [checkpoint] folder outside the run directory
     raise GoodputError.usage(
         run_dir,
