@@ -106,8 +106,8 @@ def sha256_json(obj: Any) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def read_text(path: str | os.PathLike[str], max_bytes: int = SMALL_FILE_BYTES) -> str:
-    """The text of a small UTF-8 file; larger, unreadable or not UTF-8 is a ``GoodputError``."""
+def read_bytes(path: str | os.PathLike[str], max_bytes: int = SMALL_FILE_BYTES) -> bytes:
+    """The bytes of a file of at most ``max_bytes``; larger or unreadable: a ``GoodputError``."""
     try:
         with open(path, "rb") as f:
             data = f.read(max_bytes + 1)
@@ -117,6 +117,12 @@ def read_text(path: str | os.PathLike[str], max_bytes: int = SMALL_FILE_BYTES) -
         raise GoodputError(
             path, f"is larger than {max_bytes:,} bytes", "pass the right file; this one is too big"
         )
+    return data
+
+
+def read_text(path: str | os.PathLike[str], max_bytes: int = SMALL_FILE_BYTES) -> str:
+    """The text of a small UTF-8 file; larger, unreadable or not UTF-8 is a ``GoodputError``."""
+    data = read_bytes(path, max_bytes)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -10,6 +10,7 @@ from typing import Any
 
 from goodput.checkpoint.layout import LATEST, checkpoints_dir, list_checkpoints
 from goodput.errors import GoodputError
+from goodput.io import read_text
 
 
 def describe_checkpoints(run_dir: Path, now: float | None = None) -> dict[str, Any]:
@@ -24,7 +25,7 @@ def describe_checkpoints(run_dir: Path, now: float | None = None) -> dict[str, A
         )
     now = time.time() if now is None else now
     latest_file = root / LATEST
-    latest = latest_file.read_text().strip() if latest_file.is_file() else None
+    latest = _read_latest(latest_file) if latest_file.exists() else None
     rows = []
     for checkpoint in list_checkpoints(root):
         size, newest = _size_and_mtime(checkpoint.path)
@@ -39,6 +40,14 @@ def describe_checkpoints(run_dir: Path, now: float | None = None) -> dict[str, A
             }
         )
     return {"root": str(root), "latest": latest, "checkpoints": rows}
+
+
+def _read_latest(path: Path) -> str:
+    """The step folder ``latest`` names; a broken file is shown, not fatal, in a listing."""
+    try:
+        return read_text(path, max_bytes=4096).strip()
+    except GoodputError as exc:
+        return f"nothing readable ({exc.what})"
 
 
 def format_checkpoints(info: dict[str, Any]) -> str:

@@ -31,7 +31,8 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from goodput.checkpoint.layout import METADATA
-from goodput.errors import GoodputError, from_exception
+from goodput.errors import GoodputError
+from goodput.io import read_bytes
 
 MAX_METADATA_BYTES = 1 << 30  # ~100x the metadata of a 405B model saved by 16k ranks
 DCP_FILE = re.compile(r"__\d{1,9}_\d{1,9}\.distcp")
@@ -71,13 +72,7 @@ def read_metadata(directory: Path) -> Metadata:
     """The DCP metadata of the checkpoint ``directory``, or a ``GoodputError`` naming the
     file: unreadable, too big, a payload that is not metadata, or entries that do not add up."""
     path = directory / METADATA
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_METADATA_BYTES + 1)
-    except OSError as exc:
-        raise from_exception(exc) from None
-    if len(data) > MAX_METADATA_BYTES:
-        raise _refused(path, f"larger than {MAX_METADATA_BYTES:,} bytes")
+    data = read_bytes(path, MAX_METADATA_BYTES)
     try:
         metadata = _AllowListUnpickler(io.BytesIO(data)).load()
     except Exception as exc:  # a hostile or torn pickle fails in many ways; each is a refusal

@@ -21,15 +21,9 @@ from goodput.checkpoint.checksums import read_checksums
 from goodput.checkpoint.load import check_train_state
 from goodput.checkpoint.metadata import read_metadata
 from goodput.checkpoint.state import rng_state, set_rng_state
-from goodput.errors import GoodputError
+from goodput.testing import fuzz
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
-    ),
-    max_leaves=20,
-)
+json_values = fuzz.json_values()
 
 
 def valid_metadata_pickle() -> bytes:
@@ -50,14 +44,6 @@ def valid_metadata_pickle() -> bytes:
 VALID_METADATA = valid_metadata_pickle()
 
 
-def accepts_or_refuses(read, *args):
-    try:
-        return read(*args)
-    except GoodputError as error:
-        assert "\n" not in error.render()
-        return None
-
-
 def test_the_valid_metadata_reads(tmp_path):
     (tmp_path / ".metadata").write_bytes(VALID_METADATA)
     assert list(read_metadata(tmp_path).state_dict_metadata) == ["model.w"]
@@ -67,7 +53,7 @@ def test_the_valid_metadata_reads(tmp_path):
 def test_random_bytes_as_metadata(tmp_path_factory, data):
     directory = tmp_path_factory.mktemp("m")
     (directory / ".metadata").write_bytes(data)
-    accepts_or_refuses(read_metadata, directory)
+    fuzz.result_or_refusal(read_metadata, directory)
 
 
 @given(
@@ -80,7 +66,7 @@ def test_mutated_metadata(tmp_path_factory, position, value, cut):
     data = bytearray(VALID_METADATA)
     data[position] = value
     (directory / ".metadata").write_bytes(bytes(data[:cut]))
-    metadata = accepts_or_refuses(read_metadata, directory)
+    metadata = fuzz.result_or_refusal(read_metadata, directory)
     if metadata is not None:  # what got through is checkpoint metadata, naming only DCP files
         assert isinstance(metadata, Metadata)
         assert all(i.relative_path.endswith(".distcp") for i in metadata.storage_data.values())
@@ -90,7 +76,7 @@ def test_mutated_metadata(tmp_path_factory, position, value, cut):
 def test_checksums_json(tmp_path_factory, value):
     directory = tmp_path_factory.mktemp("c")
     (directory / "checksums.json").write_text(json.dumps(value))
-    digests = accepts_or_refuses(read_checksums, directory)
+    digests = fuzz.result_or_refusal(read_checksums, directory)
     if digests is not None:
         assert all(".." not in name.split("/") for name in digests)
 
@@ -100,14 +86,14 @@ def test_checksums_json_names(tmp_path_factory, files):
     directory = tmp_path_factory.mktemp("c")
     recorded = {"algorithm": "sha256", "files": files}
     (directory / "checksums.json").write_text(json.dumps(recorded))
-    digests = accepts_or_refuses(read_checksums, directory)
+    digests = fuzz.result_or_refusal(read_checksums, directory)
     for name in digests or {}:
         assert not name.startswith("/") and ".." not in name.split("/")
 
 
 @given(value=json_values)
 def test_train_state(value):
-    accepts_or_refuses(check_train_state, value, Path("train_state.json"))
+    fuzz.result_or_refusal(check_train_state, value, Path("train_state.json"))
 
 
 def leaves(value, path=()):
@@ -144,9 +130,9 @@ def keep_the_rngs():
 @given(path=st.sampled_from(RNG_LEAVES), new=json_values)
 def test_rng_state_with_one_value_replaced(path, new):
     broken = replaced(SAVED_RNG, path, new)
-    accepts_or_refuses(set_rng_state, broken, torch.device("cpu"), Path("rng/rank-00000.json"))
+    fuzz.result_or_refusal(set_rng_state, broken, torch.device("cpu"), Path("rng/rank-00000.json"))
 
 
 @given(value=json_values)
 def test_rng_state_of_random_json(value):
-    accepts_or_refuses(set_rng_state, value, torch.device("cpu"), Path("rng/rank-00000.json"))
+    fuzz.result_or_refusal(set_rng_state, value, torch.device("cpu"), Path("rng/rank-00000.json"))

@@ -16,36 +16,19 @@ from goodput.data.index_files import INT16, IndexFile, load_array
 from goodput.data.loader import BlendedSamples
 from goodput.data.manifest import read_dataset_manifest, read_part_record, read_run_manifest
 from goodput.data.shards import ShardWriter
-from goodput.errors import GoodputError
+from goodput.testing import fuzz
 
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats()
-    | st.text(max_size=20)
-    | st.sampled_from(["ab" * 32, "../x", "web_00000", "goodput.blend/1", "goodput.shards/1"]),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
-    ),
-    max_leaves=20,
+json_values = fuzz.json_values(
+    "ab" * 32, "../x", "web_00000", "goodput.blend/1", "goodput.shards/1"
 )
-
-
-def refused_or(read, *args):
-    try:
-        return read(*args)
-    except GoodputError as error:
-        assert "\n" not in error.render()
-        return None
 
 
 @given(value=json_values, reader=st.sampled_from([read_dataset_manifest, read_part_record]))
 def test_random_json(tmp_path, value, reader):
     path = tmp_path / "x.manifest.json"
     path.write_text(json.dumps(value))
-    refused_or(reader, path)
-    refused_or(read_run_manifest, path)
+    fuzz.result_or_refusal(reader, path)
+    fuzz.result_or_refusal(read_run_manifest, path)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +75,7 @@ def test_mutated_blend_json_opens_or_is_refused(built_blend, data):
             parent[path[-1]] = data.draw(json_values | st.integers(0, 64) | st.booleans())
     (directory / "blend.json").write_text(json.dumps(manifest))
     try:
-        samples = refused_or(BlendedSamples, directory)
+        samples = fuzz.result_or_refusal(BlendedSamples, directory)
         if samples is not None:  # what is left unchecked must still read every sample
             for i in range(len(samples)):
                 assert len(samples[i]) == samples.seq_len + 1
@@ -122,7 +105,7 @@ VALID_NPY = npy_bytes(np.arange(16, dtype=np.int16))
 def test_npy_index_arrays(tmp_path, data):
     path = tmp_path / "corpus_index.npy"
     path.write_bytes(data)
-    array = refused_or(load_array, IndexFile(path, (INT16,), 16))
+    array = fuzz.result_or_refusal(load_array, IndexFile(path, (INT16,), 16))
     if array is not None:
         assert array.dtype == INT16 and array.shape == (16,)
         array.tolist()  # every byte mapped is readable

@@ -10,14 +10,9 @@ from hypothesis import strategies as st
 
 from goodput.data.readers import iter_texts
 from goodput.errors import GoodputError
+from goodput.testing import fuzz
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
-    ),
-    max_leaves=20,
-)
+json_values = fuzz.json_values()
 records = json_values | st.fixed_dictionaries({"text": json_values})
 
 

@@ -82,7 +82,8 @@ def test_resume_at_another_dp_size_continues_the_run(run_config, tmp_path, saved
 
 
 def test_auto_resume_skips_incomplete_and_damaged_checkpoints_by_name(run_config, tmp_path, capsys):
-    cfg = with_checkpoints(replace(run_config, train=replace(run_config.train, steps=12)), tmp_path)
+    longer = replace(run_config, train=replace(run_config.train, steps=12))
+    cfg = with_checkpoints(longer, tmp_path / "run")
     train(cfg)
     root = checkpoints_dir(cfg.train.output)
     (step_dir(root, 12) / ".complete").unlink()
@@ -99,7 +100,7 @@ def test_auto_resume_skips_incomplete_and_damaged_checkpoints_by_name(run_config
 
 
 def test_a_rerun_resumes_where_the_run_stopped(run_config, tmp_path, capsys):
-    cfg = with_checkpoints(run_config, tmp_path)
+    cfg = with_checkpoints(run_config, tmp_path / "run")
     train(cfg)
     (step_dir(checkpoints_dir(cfg.train.output), 8) / ".complete").unlink()  # as if killed
     hotter = replace(cfg, schedule=replace(cfg.schedule, lr=0.02))
@@ -130,7 +131,7 @@ def fail_writes_on_rank_one(rank, world_size, cfg):
 
 
 def test_a_save_failing_on_one_rank_is_reported_and_training_goes_on(run_config, tmp_path, capfd):
-    cfg = with_checkpoints(run_config, tmp_path, folder=str(tmp_path / "ckpt"))
+    cfg = with_checkpoints(run_config, tmp_path / "run", folder=str(tmp_path / "ckpt"))
     results = run_distributed(fail_writes_on_rank_one, 2, cfg)
     assert all(len(losses) == 8 for losses in results)
     out = capfd.readouterr().out
@@ -153,7 +154,7 @@ def small_tmpfs(tmp_path):
 
 
 def test_a_full_disk_keeps_the_previous_checkpoint(run_config, tmp_path, small_tmpfs, capsys):
-    cfg = with_checkpoints(run_config, tmp_path, folder=str(small_tmpfs), keep_last=2)
+    cfg = with_checkpoints(run_config, tmp_path / "run", folder=str(small_tmpfs), keep_last=2)
     train(cfg)
     out = capsys.readouterr().out
     assert "FAILED on rank(s) 0: disk full" in out
@@ -200,10 +201,11 @@ def test_a_pickled_value_in_a_checkpoint_is_refused_not_loaded(tmp_path):
 
 
 def test_a_refused_resume_leaves_the_run_directory_as_it_was(run_config, tmp_path):
-    cfg = with_checkpoints(run_config, tmp_path)
+    run_dir = tmp_path / "run"
+    cfg = with_checkpoints(run_config, run_dir)
     train(cfg)
-    before = {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    before = {p: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
     other_data = replace(cfg, data=replace(cfg.data, seed=99))
     with pytest.raises(GoodputError, match="data fingerprint differs"):
         train(other_data)  # auto: finds step 8 of the other data
-    assert {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    assert {p: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before

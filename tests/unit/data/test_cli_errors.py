@@ -2,10 +2,6 @@
 a folder where a file should be, a file where a folder should be, an existing file in the way,
 and permission denied (with root's override of file modes dropped when the tests run as root)."""
 
-import ctypes
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +10,7 @@ import pytest
 from goodput import cli
 from goodput.data.shards import ShardWriter
 from goodput.data.tokenizer import train_sentencepiece
-
-PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 24, 1, 2  # <linux/prctl.h>, capability.h
+from goodput.testing.unprivileged import run_goodput
 
 
 def one_line_error(capsys, *argv):
@@ -93,24 +88,10 @@ def test_train_tokenizer_and_demo_corpus(capsys, places, tokenizer):
     assert f"{folder.parent / 'demo' / 'code'}: File exists; remove it or choose another" in err
 
 
-def _drop_file_permission_override():
-    """Root ignores file modes through two capabilities; drop them for the child's exec."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    for capability in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
-        if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
-
-
 def without_override(*argv):
     """``python -m goodput ARGV`` for which file modes hold, even when tests run as root:
     (exit code, its one stderr line)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "goodput", *map(str, argv)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        preexec_fn=_drop_file_permission_override if os.geteuid() == 0 else None,
-    )
+    result = run_goodput(*argv)
     err = result.stderr
     assert result.returncode != 0 and "Traceback" not in err
     assert err.startswith("goodput: error: ") and err.count("\n") == 1, err

@@ -250,3 +250,10 @@ def test_the_hashing_is_split_by_bytes():
     sizes = {"a": 100, "b": 60, "c": 50, "d": 1}
     assert assign(sizes, 2) == [["a", "d"], ["b", "c"]]
     assert assign(sizes, 5) == [["a"], ["b"], ["c"], ["d"], []]
+
+
+def test_ckpt_list_shows_a_broken_latest_file_instead_of_failing(run, capsys):
+    (checkpoints_dir(run_dir(run)) / "latest").write_bytes(b"\xff\xfe" * 10)
+    assert main(["ckpt", "list", str(run_dir(run))]) == 0
+    out = capsys.readouterr().out
+    assert "latest names nothing readable (is not valid UTF-8 text" in out

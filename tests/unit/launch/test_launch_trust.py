@@ -18,6 +18,7 @@ import pytest
 from goodput import cli
 from goodput.launch.transports import MARKER
 from goodput.testing.jobs import JOB_PREFIXES, JOB_VARS
+from goodput.testing.unprivileged import run_goodput
 
 
 @pytest.fixture(autouse=True)
@@ -343,12 +344,14 @@ def test_paths_goodput_launch_cannot_write_are_named_before_any_rank_starts(tmp_
     assert not marker.exists()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root is never refused by permissions")
-def test_a_folder_without_permission_is_named(tmp_path, capsys):
+def test_a_folder_without_permission_is_named(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
-    code = cli.main(["launch", "--run-dir", str(locked / "run"), "--", "true"])
-    refused(capsys, code, f"--run-dir {locked / 'run'}: Permission denied", "permissions")
+    result = run_goodput("launch", "--run-dir", locked / "run", "--", "true")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"goodput: error: --run-dir {locked / 'run'}: Permission denied")
+    assert "permissions" in line
 
 
 def test_a_submit_run_dir_that_is_a_file_is_named(tmp_path, capsys):
