@@ -513,7 +513,7 @@ def _print_summary(figures: dict[str, Any]) -> None:
         "what training loses per save)"
     )
     for cache in ("warm", "cold"):
-        plain, checked = (figures[f"load_{cache}_{check}_to_resume_s"] for check in CHECKS)
+        checked, plain = (figures[f"load_{cache}_{check}_to_resume_s"] for check in CHECKS)
         print(
             f"  resume, {cache} page cache     : train() -> resumed {checked:6.3f} s verified vs "
             f"{plain:.3f} s unverified, {checked / plain:.2f}x (medians of {LOAD_REPEATS})"

@@ -114,6 +114,13 @@ def test_a_crafted_metadata_runs_on_no_command(run, tmp_path, capsys, kind):
     one_line_error(capsys, "ckpt", "export-hf", newest, tmp_path / "hf")
     one_line_error(capsys, "ckpt", "to-torch", newest, tmp_path / "model.pt")
     assert main(["ckpt", "list", str(run_dir(run))]) == 0
+    # Staged to "node-local" disk, and resumed from there.
+    local = tmp_path / "local"
+    staging = ["broadcast", "--checkpoint", run_dir(run), "--transport", "local"]
+    assert main([str(a) for a in [*staging, "--hosts", "a", "--dest", f"{local}/{{host}}"]]) == 0
+    local_dir = f"checkpoint.local_dir={str(local / 'a')!r}"
+    err = one_line_error(capsys, "train", run, local_dir, "--resume", newest)
+    assert "refused as checkpoint metadata" in err
     assert not marker.exists()
     assert not (tmp_path / "hf").exists() and not (tmp_path / "model.pt").exists()
 
