@@ -1,0 +1,80 @@
+"""The commands the README and docs/ show: the README's quick starts run as written, and every
+``goodput`` command line in a code block of the README or docs/ parses with the real parser
+(most of those need a cluster, a GPU or a checkpoint to run; their features' own tests run
+them)."""
+
+import contextlib
+import io
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from goodput.cli import build_parser
+from goodput.testing.jobs import REPO, outside_any_job
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+FENCE = re.compile(r"```(\w*)\n(.*?)```", re.S)
+QUICK_START = re.compile(r"^## Quick start: (\w+)\n(.*?)(?=^## )", re.S | re.M)
+
+
+def command_lines(text: str) -> list[str]:
+    """The shell lines of the fenced blocks of ``text``, continuations joined, comments cut."""
+    lines = []
+    for _lang, body in FENCE.findall(text):
+        for line in body.replace("\\\n", " ").splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                lines.append(line.split(" # ")[0].strip())
+    return lines
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_goodput_command_line_parses(page):
+    lines = [line for line in command_lines(page.read_text()) if line.startswith("goodput ")]
+    for line in lines:
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            try:
+                build_parser().parse_args(shlex.split(line)[1:])
+            except SystemExit as exit_:
+                assert not exit_.code, f"{page.name}: {line}: {stderr.getvalue()}"
+
+
+def test_the_readme_has_the_three_quick_starts():
+    found = [name for name, _ in QUICK_START.findall((REPO / "README.md").read_text())]
+    assert found == ["data", "train", "launch"]
+
+
+@pytest.mark.timeout(900)  # tokenizer training, two short runs: about 2 min on 2 cores
+def test_the_readme_quick_starts_run_as_written(tmp_path):
+    """In a fresh folder holding the shipped configs, with the venv's goodput on PATH."""
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    bin_dir = str(Path(sys.executable).parent)
+    env = outside_any_job(PATH=f"{bin_dir}:{outside_any_job()['PATH']}")
+    outputs = {}
+    for name, section in QUICK_START.findall((REPO / "README.md").read_text()):
+        for line in command_lines(section):
+            result = subprocess.run(
+                ["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True
+            )
+            assert result.returncode == 0, f"{name}: {line}\n{result.stdout}\n{result.stderr}"
+            outputs[line] = result.stdout + result.stderr
+    blend_dirs = list((tmp_path / "demo" / "cache" / "blends").iterdir())
+    assert len(blend_dirs) == 1  # training on the quick-start blend was a cache hit
+    verify = next(out for line, out in outputs.items() if line.startswith("goodput data verify"))
+    assert verify.strip().endswith(": ok")
+    for run in ("run-1", "run-2"):
+        metrics = (tmp_path / "demo" / run / "metrics.jsonl").read_text().splitlines()
+        losses = [json.loads(line)["loss"] for line in metrics]
+        assert len(losses) == 40 and losses[-1] < losses[0] - 1
+    listing = next(out for line, out in outputs.items() if line.startswith("goodput ckpt list"))
+    assert "<- latest" in listing
+    dry_run = next(out for line, out in outputs.items() if "--dry-run" in line)
+    assert "goodput train configs/tiny-cpu.toml" in dry_run
+    assert (tmp_path / "demo" / "run-2" / "attempts.jsonl").is_file()
