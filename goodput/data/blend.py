@@ -10,7 +10,8 @@ nothing more:
   seq_len or run-length change never rebuilds it. Packed shards (``--pack-seq-len``) need none:
   row ``s`` is sample ``s``. Its ``sha256.json`` lets a later blend reuse it only intact.
 * **corpus**: all samples of a corpus's files in one seeded permutation per epoch, so files are
-  mixed in proportion to their token counts. Only the prefix the run needs is stored.
+  mixed in proportion to their token counts. Only the prefix the run needs is stored; a longer
+  run's extends it.
 * **blend** (``build_blend_index``): for every global sample, its corpus and its running number
   in that corpus, interleaved so that every prefix — hence every global batch — is within one
   sample of ``weight × n`` for each corpus.
@@ -256,7 +257,9 @@ def build_file_index(shard: dict[str, Any], seed: int, cache: Path) -> None:
 
 
 def corpus_order(corpus: str, available: int, needed: int, seed: int) -> np.ndarray:
-    """The first ``needed`` samples of a corpus: one fresh seeded permutation per epoch."""
+    """The first ``needed`` samples of a corpus: one fresh seeded permutation per epoch, seeded
+    by the epoch alone, so a larger ``needed`` extends a smaller one (a lengthened run's
+    resume relies on it and checks it: ``goodput.data.prefix``)."""
     if needed and not available:
         raise GoodputError(
             corpus, "corpus has no complete sample", "add data to it or lower --seq-len"

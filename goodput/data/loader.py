@@ -10,8 +10,11 @@ At open the loader refuses a blend whose manifest was edited, whose index arrays
 one's dtype, length and — unless the caller has just checked them — sha256 against
 ``blend.json``: ``manifest.open_blend``) or whose shards
 no longer match it, and — when resuming — one whose fingerprint differs from the checkpoint's,
-naming the components that changed. The shards themselves are checked by size only, so start-up
-stays cheap at any scale; ``goodput data verify`` re-hashes them too.
+naming the components that changed. The one change it accepts is a longer run (``num_samples``
+alone changed) whose blend starts with the very samples the checkpoint consumed: the loader
+state records their digest (``prefix``, see ``goodput.data.prefix``), and the resume hashes the
+same prefix of the new blend. The shards themselves are checked by size only, so start-up stays
+cheap at any scale; ``goodput data verify`` re-hashes them too.
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ import torch
 from goodput.data import schema
 from goodput.data.index_files import corpus_order_name, file_index_key
 from goodput.data.manifest import changed_components, open_blend
+from goodput.data.prefix import PrefixDigest
 from goodput.data.shards import ShardReader
 from goodput.errors import GoodputError
+
+CHECKPOINT_STATE = "checkpoint data state"  # where a bad field is
 
 
 class BlendedSamples:
@@ -60,6 +66,18 @@ class BlendedSamples:
         starts = self.file_starts[corpus]
         f = int(np.searchsorted(starts, within, side="right")) - 1
         return self.files[corpus][f].sample(within - int(starts[f]), self.seq_len)
+
+    def identities(self, first: int, stop: int) -> bytes:
+        """What samples ``[first, stop)`` read: each one's corpus (int16) and its number in
+        that corpus's order (int64). With the shards, seed and seq_len fixed, they fix the
+        tokens; unlike the tokens, they cost no shard read."""
+        corpora = np.asarray(self.corpus_index[first:stop])
+        numbers = np.asarray(self.sample_index[first:stop])
+        within = np.empty(len(corpora), np.dtype("<i8"))
+        for corpus in np.unique(corpora):
+            chosen = corpora == corpus
+            within[chosen] = self.corpus_orders[corpus][numbers[chosen]]
+        return corpora.astype("<i2").tobytes() + within.tobytes()
 
 
 class _File:
@@ -132,6 +150,7 @@ class DataLoader:
         self.local_batch_size = global_batch_size // dp_size
         self.dp_rank = dp_rank
         self.consumed_samples = 0
+        self._prefix = PrefixDigest(self.samples.identities)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while self.consumed_samples + self.global_batch_size <= len(self.samples):
@@ -147,17 +166,42 @@ class DataLoader:
             "consumed_samples": self.consumed_samples,
             "fingerprint": manifest["fingerprint"],
             "components": dict(manifest["components"]),
+            "prefix": self._prefix.record(self.consumed_samples),
         }
 
     def load_state_dict(self, state: dict[str, Any], *, allow_data_change: bool = False) -> None:
-        """Resume at a global sample count; refuse different data unless explicitly allowed."""
-        schema.check("checkpoint data state", state, schema.LOADER_STATE)
-        manifest = self.samples.manifest
-        if state["fingerprint"] != manifest["fingerprint"] and not allow_data_change:
-            changed = changed_components(state["components"], manifest["components"])
-            raise GoodputError.usage(
-                self.samples.directory / "blend.json",
-                f"data fingerprint differs from the checkpoint's ({', '.join(changed)} changed)",
-                "resume with the blend the run started with, or allow the change explicitly",
-            )
-        self.consumed_samples = int(state["consumed_samples"])
+        """Resume at a global sample count; refuse different data unless explicitly allowed,
+        or unless this blend only lengthens the checkpoint's (same first samples)."""
+        schema.check(CHECKPOINT_STATE, state, schema.LOADER_STATE)
+        prefix = state.get("prefix")  # absent from checkpoints of older goodput versions
+        if prefix is not None:
+            schema.check(CHECKPOINT_STATE, prefix, schema.PREFIX_RECORD, "prefix")
+        consumed = int(state["consumed_samples"])
+        # Hashed afresh unless carried on: after an allowed change it describes this blend.
+        self._prefix = PrefixDigest(self.samples.identities)
+        if state["fingerprint"] == self.samples.manifest["fingerprint"]:
+            if prefix is not None:
+                self._prefix.resume(consumed, prefix["chain"])
+        elif not allow_data_change:
+            self._check_lengthened(state, prefix)
+        self.consumed_samples = consumed
+
+    def _check_lengthened(self, state: dict[str, Any], prefix: dict[str, str] | None) -> None:
+        """Refuse, naming what changed, unless only the run's length did and this blend's first
+        ``consumed_samples`` samples are those the checkpoint consumed."""
+        changed = changed_components(state["components"], self.samples.manifest["components"])
+        consumed = int(state["consumed_samples"])
+        differs = f"data fingerprint differs from the checkpoint's ({', '.join(changed)} changed)"
+        fix = "resume with the blend the run started with, or allow the change explicitly"
+        if changed != ["num_samples"]:
+            raise GoodputError.usage(self.samples.directory / "blend.json", differs, fix)
+        if prefix is None:
+            why = "the checkpoint, saved by an older goodput, records no digest of its samples"
+        elif consumed > len(self.samples):
+            why = f"the blend has {len(self.samples):,} samples, the checkpoint used {consumed:,}"
+            fix = f"size the run for at least {consumed:,} samples (train.steps x global batch)"
+        elif self._prefix.record(consumed)["sha256"] != prefix["sha256"]:
+            why = f"this blend's first {consumed:,} samples are not those the checkpoint consumed"
+        else:
+            return
+        raise GoodputError.usage(self.samples.directory / "blend.json", f"{differs}: {why}", fix)

@@ -1,12 +1,12 @@
 """What the JSON files of the data part must hold, checked once when they are read.
 
 Owns the field specs of a dataset manifest (``<name>.manifest.json``), a tokenize part record
-(``.parts/<shard>.json``) and a run manifest (``blend.json``), and ``check``, which walks a parsed
-value against a spec. Every field the code reads later is here with its type and range, so past
-``check`` a manifest from disk is as trustworthy as one we built: a missing key, a wrong type, a
-negative count, a checksum that is not hex or a shard name with a path in it is one
-``GoodputError`` naming the file and the field, never a ``KeyError`` later. Keys not in a spec
-are ignored (older and newer writers may add some).
+(``.parts/<shard>.json``), a run manifest (``blend.json``) and the loader state a checkpoint
+holds, and ``check``, which walks a parsed value against a spec. Every field the code reads
+later is here with its type and range, so past ``check`` a manifest from disk is as trustworthy
+as one we built: a missing key, a wrong type, a negative count, a checksum that is not hex or a
+shard name with a path in it is one ``GoodputError`` naming the file and the field, never a
+``KeyError`` later. Keys not in a spec are ignored (older and newer writers may add some).
 
 It does not read files (``goodput.io.read_json`` does) nor judge content against the disk.
 """
@@ -117,6 +117,8 @@ REPORT_ROW = {
     "files": COUNT,
 }
 LOADER_STATE = {"consumed_samples": COUNT, "fingerprint": TEXT, "components": {}}
+# The loader state's "prefix" (``goodput.data.prefix``); older checkpoints have none.
+PREFIX_RECORD = {"chain": SHA256, "sha256": SHA256}
 RUN_MANIFEST = {
     "format": one_of(RUN_FORMAT),
     "tokenizer": Nullable(TOKENIZER),

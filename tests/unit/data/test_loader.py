@@ -1,23 +1,31 @@
 import json
 
+import numpy as np
 import pytest
 import torch
 
+from goodput.data import prefix
 from goodput.data.blend import BlendSpec, build_blend
 from goodput.data.loader import BlendedSamples, DataLoader
 from goodput.errors import GoodputError
 from goodput.testing.dist import run_distributed
 
 
+def blend_of(three_corpora, tmp_path, num_samples=512, seed=3):
+    file_list, _ = three_corpora
+    spec = BlendSpec(
+        file_list=file_list,
+        seq_len=32,
+        num_samples=num_samples,
+        seed=seed,
+        output=tmp_path / "cache",
+    )
+    return build_blend(spec)[0]
+
+
 @pytest.fixture
 def blend_dir(three_corpora, tmp_path):
-    file_list, _ = three_corpora
-    directory, _ = build_blend(
-        BlendSpec(
-            file_list=file_list, seq_len=32, num_samples=512, seed=3, output=tmp_path / "cache"
-        )
-    )
-    return directory
+    return blend_of(three_corpora, tmp_path)
 
 
 def global_batches(blend_dir, num_batches, batch_size=8):
@@ -95,3 +103,91 @@ def test_edited_manifest_and_changed_shard_are_refused(blend_dir, three_corpora)
 def test_batch_must_divide_over_ranks(blend_dir):
     with pytest.raises(GoodputError, match="not a positive multiple"):
         DataLoader(blend_dir, global_batch_size=6, dp_rank=0, dp_size=4)
+
+
+@pytest.fixture
+def saved_at_40(blend_dir, monkeypatch):
+    """The state of a loader that consumed 40 samples (5 batches), chained in links of 16 so
+    that whole links and a rest are both checked."""
+    monkeypatch.setattr(prefix, "LINK", 16)
+    loader = DataLoader(blend_dir, global_batch_size=8, dp_rank=0, dp_size=1)
+    batches = iter(loader)
+    for _ in range(5):
+        next(batches)
+    return loader.state_dict()
+
+
+def test_a_longer_blend_resumes_where_the_shorter_one_stopped(
+    blend_dir, saved_at_40, three_corpora, tmp_path
+):
+    longer = DataLoader(
+        blend_of(three_corpora, tmp_path, num_samples=1024),
+        global_batch_size=8,
+        dp_rank=0,
+        dp_size=1,
+    )
+    longer.load_state_dict(saved_at_40)  # no allow_data_change: only the length changed
+    assert longer.state_dict()["prefix"] == saved_at_40["prefix"]
+    input_ids, _ = next(iter(longer))
+    assert torch.equal(input_ids, global_batches(blend_dir, 6)[5][:, :-1])
+    shorter = DataLoader(blend_dir, global_batch_size=8, dp_rank=0, dp_size=1)
+    shorter.load_state_dict(longer.state_dict())  # shortened, yet past what was consumed
+    assert shorter.consumed_samples == 48
+
+
+def test_a_resume_in_the_same_blend_carries_the_digest_on(blend_dir, saved_at_40):
+    straight = DataLoader(blend_dir, global_batch_size=8, dp_rank=0, dp_size=1)
+    straight.consumed_samples = 200
+    resumed = DataLoader(blend_dir, global_batch_size=8, dp_rank=0, dp_size=1)
+    resumed.load_state_dict(saved_at_40)
+    resumed.consumed_samples = 200
+    assert resumed.state_dict() == straight.state_dict()
+
+
+def other_blend(three_corpora, tmp_path, **changes):
+    directory = blend_of(three_corpora, tmp_path, **changes)
+    return DataLoader(directory, global_batch_size=8, dp_rank=0, dp_size=1)
+
+
+@pytest.mark.parametrize(
+    ("changes", "edit", "message"),
+    [
+        ({}, {"sha256": "0" * 64}, "first 40 samples are not those the checkpoint consumed"),
+        ({}, None, "saved by an older goodput, records no digest"),
+        ({"num_samples": 32}, {}, "the blend has 32 samples, the checkpoint used 40"),
+        ({"seed": 4}, {}, r"\(num_samples, seed changed\); resume with"),
+    ],
+    ids=["prefix-differs", "no-record", "shrunk-below-consumed", "seed-too"],
+)
+def test_a_longer_blend_is_refused_unless_it_starts_with_what_was_consumed(
+    saved_at_40, three_corpora, tmp_path, changes, edit, message
+):
+    state = dict(saved_at_40)
+    if edit is None:
+        del state["prefix"]
+    else:
+        state["prefix"] = {**state["prefix"], **edit}
+    loader = other_blend(three_corpora, tmp_path, **{"num_samples": 1024, **changes})
+    with pytest.raises(GoodputError, match=message) as refused:
+        loader.load_state_dict(state)
+    assert refused.value.what.startswith("data fingerprint differs from the checkpoint's")
+    loader.load_state_dict(state, allow_data_change=True)
+    assert loader.consumed_samples == 40
+
+
+def test_a_damaged_prefix_record_is_refused_by_field(blend_dir, saved_at_40):
+    loader = DataLoader(blend_dir, global_batch_size=8, dp_rank=0, dp_size=1)
+    state = {**saved_at_40, "prefix": {"chain": "xyz", "sha256": "0" * 64}}
+    with pytest.raises(GoodputError, match="field prefix.chain must be a sha256 hex digest"):
+        loader.load_state_dict(state)
+
+
+def test_identities_name_each_samples_corpus_and_number_in_it(blend_dir):
+    samples = BlendedSamples(blend_dir)
+    raw = samples.identities(10, 20)
+    corpora = np.frombuffer(raw[:20], "<i2")
+    within = np.frombuffer(raw[20:], "<i8")
+    for k, i in enumerate(range(10, 20)):
+        order = samples.corpus_orders[corpora[k]]
+        assert corpora[k] == samples.corpus_index[i]
+        assert within[k] == order[samples.sample_index[i]]
