@@ -8,7 +8,6 @@ exit code; argparse usage errors exit 2. Heavy modules are imported inside handl
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import signal
@@ -625,81 +624,24 @@ def _ckpt_from_torch(args: argparse.Namespace) -> ExitCode:
 
 
 def _launch(args: argparse.Namespace) -> ExitCode:
-    from goodput.launch import launchers
-    from goodput.launch.env import current_placement
+    from goodput.launch import LaunchOptions, run
 
-    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    profile = launchers.load_profile(
-        args.profile or os.environ.get("GOODPUT_PROFILE") or launchers.DEFAULT_PROFILE
+    options = LaunchOptions(
+        command=tuple(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd),
+        nhosts=args.nhosts,
+        ppn=args.ppn,
+        nproc=args.nproc,
+        profile=args.profile,
+        idle_timeout_s=args.timeout,
+        retries=args.retries,
+        backoff_s=args.backoff,
+        auto_retry=args.auto_retry,
+        grace_s=args.grace,
+        log=args.log,
+        run_dir=args.run_dir,
+        prefix=not args.no_prefix,
     )
-    placement = current_placement()
-    run_dir = (
-        args.run_dir
-        or (args.log.parent if args.log else Path(f"launch-{placement.job_id or 'local'}"))
-    ).absolute()  # the printed command works from any directory
-    plan = launchers.plan_launch(
-        placement, profile, run_dir=run_dir, nhosts=args.nhosts, ppn=args.ppn, nproc=args.nproc
-    )
-    processes = launchers.build_processes(plan, command, os.environ)
-    print(f"launch: {launchers.describe_plan(plan)}", file=sys.stderr)
-    if args.dry_run:
-        for line in launchers.format_processes(processes, os.environ):
-            print(line)
-        return ExitCode.OK
-    launchers.prepare_outputs(run_dir, args.log)
-
-    from goodput.launch import failover
-    from goodput.launch.attempt import AttemptResult, run_attempt
-    from goodput.launch.retry import run_with_retries
-
-    timeout = args.timeout
-    if args.auto_retry and timeout is None:
-        timeout = failover.DEFAULT_IDLE_TIMEOUT_S
-    timeout = timeout or None  # --timeout 0: no watchdog
-
-    def start_attempt(
-        hosts: tuple[str, ...], on_line: Callable[[bytes], None] | None = None
-    ) -> AttemptResult:
-        # Built afresh each attempt: a local rendezvous port is free only for a moment, and
-        # --auto-retry may have replaced hosts.
-        spares = tuple(h for h in plan.hosts + plan.spares if h not in hosts)
-        attempt_plan = dataclasses.replace(plan, hosts=hosts, spares=spares)
-        launchers.write_hostfile(attempt_plan)
-        return run_attempt(
-            launchers.build_processes(attempt_plan, command, os.environ),
-            idle_timeout_s=timeout,
-            grace_s=args.grace,
-            log_path=args.log,
-            prefix=not args.no_prefix,
-            on_line=on_line,
-        )
-
-    attempts_log = run_dir / "attempts.jsonl"
-    if not args.auto_retry:
-        code = run_with_retries(
-            lambda _: start_attempt(plan.hosts),
-            retries=args.retries or 0,
-            backoff_s=args.backoff,
-            attempts_log=attempts_log,
-        )
-    else:
-
-        def probe(hosts: tuple[str, ...]) -> dict[str, failover.Evidence]:
-            probes = {host: launchers.build_probe(plan, host, os.environ) for host in hosts}
-            return failover.probe_hosts(probes, plan.profile.health_timeout_s)
-
-        code = failover.run_with_auto_retry(
-            start_attempt,
-            probe,
-            pool=failover.Pool(list(plan.hosts), list(plan.spares)),
-            patterns=[*failover.BAD_NODE_PATTERNS, *profile.bad_node_patterns],
-            attempts_log=attempts_log,
-            heartbeat=run_dir / "heartbeat",
-            max_attempts=None if args.retries is None else args.retries + 1,
-            backoff_s=args.backoff,
-        )
-    # A death by signal (128 + N) has no ExitCode of its own; attempts.jsonl keeps the number.
-    return ExitCode(code) if code in {member.value for member in ExitCode} else ExitCode.ERROR
+    return run(options, dry_run=args.dry_run)
 
 
 def _broadcast(args: argparse.Namespace) -> ExitCode:

@@ -35,7 +35,8 @@ from typing import BinaryIO
 
 from goodput.errors import ExitCode, GoodputError
 
-STEP_LINE = re.compile(rb"step=(\d+)")
+# A step number past 15 digits is no trainer's (and past 2**53 no record's): not a step line.
+STEP_LINE = re.compile(rb"step=(\d{1,15})(?!\d)")
 NUM_TAIL_LINES = 50
 POLL_S = 0.05
 READ_BYTES = 1 << 16
@@ -61,6 +62,7 @@ class AttemptResult:
     first_step: int | None  # the lowest step seen (a resumed run starts past 1)
     tail_lines: list[bytes]  # the last lines as printed (prefixed), without newlines
     launcher_signal: int | None = None  # SIGINT/SIGTERM the launcher itself got, if any
+    first_step_after_s: float | None = None  # when the first ``step=`` line came, from the start
 
 
 def run_attempt(
@@ -87,9 +89,14 @@ def run_attempt(
             exit_code, failed, timed_out = attempt.wait(idle_timeout_s, received)
         finally:
             attempt.stop(grace_s, received)
+    duration_s = time.monotonic() - started
+    first_step_after_s = None
+    if attempt.first_step_time is not None:
+        # A reader left behind by ``stop`` may still see a step; it cannot come after the end.
+        first_step_after_s = min(attempt.first_step_time - started, duration_s)
     return AttemptResult(
         int(exit_code),
-        time.monotonic() - started,
+        duration_s,
         timed_out,
         failed,
         attempt.steps_seen,
@@ -97,6 +104,7 @@ def run_attempt(
         attempt.first_step,
         list(attempt.tail),
         received[0] if received else None,
+        first_step_after_s,
     )
 
 
@@ -118,6 +126,7 @@ class _Attempt:
         self.steps_seen = 0
         self.last_step: int | None = None
         self.first_step: int | None = None
+        self.first_step_time: float | None = None  # time.monotonic() of the first step line
         self.tail: collections.deque[bytes] = collections.deque(maxlen=NUM_TAIL_LINES)
         self.running: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.readers: list[threading.Thread] = []
@@ -215,6 +224,8 @@ class _Attempt:
                 step = int(match[1])
                 self.last_step = max(step, self.last_step or 0)
                 self.first_step = min(step, self.first_step or step)
+                if self.first_step_time is None:
+                    self.first_step_time = time.monotonic()
             self.tail.append(head + line)
             self._write(head + line + b"\n")
             if self.on_line is not None:

@@ -1,25 +1,22 @@
-"""Unattended recovery across attempts (``goodput launch --auto-retry``): classify each attempt,
-replace bad hosts from the spare pool, and stop when another attempt cannot help.
+"""Why an attempt failed and which hosts to blame (``goodput launch --auto-retry``): the attempt
+loop (``retry``) asks this module for each attempt's class, its steps gained and the evidence
+against hosts, and swaps the blamed hosts for spares with ``Pool``.
 
 Each attempt gets one class, from its exit code, the trainer's progress (``step=N`` lines and the
 ``heartbeat`` file: steps gained this attempt) and its output:
   - ``success``: exit 0;
-  - ``interrupted``: Ctrl-C (130) — stop;
+  - ``interrupted``: Ctrl-C (130);
   - ``walltime``: 143, the allocation is ending (the launcher itself got SIGTERM, or the ranks
-    did with no bad-node evidence) — stop; continuing is the job chain's work (``goodput submit``);
+    did with no bad-node evidence);
   - ``bad-node``: an output line names a host (``BAD_NODE_PATTERNS`` plus the profile's own): a
     rank killed by SIGKILL/SIGBUS on host X, a peer closing the connection from an address that
-    resolves to X, ... — X is replaced by a spare;
+    resolves to X, ...;
   - ``hang``: the idle watchdog fired (124);
   - ``stuck-pre-training``: no step this attempt;
-  - ``error``: any other failure. A usage error (exit 2) is not retried.
-After a ``hang``, ``stuck-pre-training`` or ``error`` no line named a culprit, so every active host
-runs the profile's health probe (in parallel, bounded by its timeout) and only hosts that fail it
-are replaced — never a blind pick; when all pass, the next attempt keeps the same hosts.
-It stops on success, walltime and Ctrl-C; after two attempts in a row without a step (a config
-bug must not burn the spare pool); when a bad host has no spare left; and after ``max_attempts``.
-Every attempt appends one line to ``attempts.jsonl``: class, evidence (line or probe result, and
-where it came from), hosts, replacements, steps gained, durations, and what was decided.
+  - ``error``: any other failure.
+When no line named a culprit, ``probe_hosts`` runs the profile's health probe on every active
+host (in parallel, bounded by its timeout): only hosts that fail it are blamed, never a blind
+pick. Evidence text is bounded and free of NUL bytes, so its record reads back.
 Patterns are data; the code here only applies them. Standard library only.
 """
 
@@ -29,12 +26,10 @@ import collections
 import concurrent.futures
 import contextlib
 import os
-import random
 import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -43,7 +38,7 @@ from pathlib import Path
 from goodput.errors import ExitCode, GoodputError
 from goodput.io import read_json
 from goodput.launch.attempt import AttemptResult, ProcessSpec, start_process
-from goodput.launch.retry import append_line, backoff_delay, describe_exit, now
+from goodput.launch.history import AttemptClass, Evidence
 
 # Lines that name a bad host on any machine; a profile's ``bad_node_patterns`` add the site's.
 # Signals 9 and 7 are the node's doing (the OOM killer, a dying node, a memory fault); a rank
@@ -64,19 +59,10 @@ WINDOW_LINES = 3  # a pattern may span this many consecutive lines (Hydra's bloc
 # Of each line, only the head is scanned: evidence lines are short, and a pattern's cost on a
 # megabyte line without a newline (attempt's longest) could stall the launcher.
 SCAN_BYTES = 4096
-DEFAULT_IDLE_TIMEOUT_S = 1800.0  # long enough for a checkpoint or an eval, short of a walltime
-MAX_STEPLESS_ATTEMPTS = 2
 RESOLVE_TIMEOUT_S = 5.0
 HEARTBEAT_BYTES = 1 << 16  # the trainer writes a line of JSON
 MAX_STEP = 2**53
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-@dataclass(frozen=True, slots=True)
-class Evidence:
-    host: str
-    said: str  # the log line(s), or the probe's answer
-    source: str  # "log" or "probe"
 
 
 class EvidenceScanner:
@@ -108,7 +94,7 @@ class EvidenceScanner:
             if host is None and groups.get("addr"):
                 host = self._host_of_address(groups["addr"])
             if host is not None and host not in self.found:
-                self.found[host] = Evidence(host, match.group(0).strip(), "log")
+                self.found[host] = Evidence(host, _printable(match.group(0).strip()), "log")
 
     def _host(self, name: str) -> str | None:
         return self.by_short_name.get(_short(name))
@@ -122,6 +108,11 @@ class EvidenceScanner:
 
 def _short(name: str) -> str:
     return name.split(".", 1)[0].lower()
+
+
+def _printable(said: str) -> str:
+    """Evidence as a record keeps it: bounded, and without NUL bytes (which no record holds)."""
+    return said[: WINDOW_LINES * SCAN_BYTES].replace("\0", "\ufffd")
 
 
 def resolve_address(addr: str) -> list[str]:
@@ -149,6 +140,7 @@ def probe_hosts(probes: dict[str, ProcessSpec], timeout_s: float) -> dict[str, E
             output, _ = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
             lines = output.decode(errors="replace").strip().splitlines()
             said = f"exit {process.returncode}: {lines[-1] if lines else 'no output'}"
+            said = _printable(said)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
@@ -159,7 +151,7 @@ def probe_hosts(probes: dict[str, ProcessSpec], timeout_s: float) -> dict[str, E
     return failed
 
 
-def classify(result: AttemptResult, steps_gained: int, named: Sequence[Evidence]) -> str:
+def classify(result: AttemptResult, steps_gained: int, named: Sequence[Evidence]) -> AttemptClass:
     code = result.exit_code
     if code == ExitCode.OK:
         return "success"
@@ -216,100 +208,3 @@ class Pool:
             self.active[self.active.index(host)] = spare
             swaps[host] = spare
         return swaps
-
-
-def run_with_auto_retry(
-    start_attempt: Callable[[tuple[str, ...], Callable[[bytes], None]], AttemptResult],
-    probe: Callable[[tuple[str, ...]], dict[str, Evidence]],
-    *,
-    pool: Pool,
-    patterns: Sequence[str],
-    attempts_log: Path,
-    heartbeat: Path | None = None,
-    max_attempts: int | None = None,
-    backoff_s: float = 5.0,
-    backoff_max_s: float = 300.0,
-    rng: random.Random | None = None,
-    sleep: Callable[[float], object] = time.sleep,
-    resolve: Callable[[str], list[str]] | None = None,
-) -> int:
-    """Run attempts on ``pool.active`` until a stop rule says otherwise; the last exit code."""
-    rng = rng if rng is not None else random.Random()
-    stepless = 0  # attempts in a row without a step
-    failures = 0  # failed attempts since the last progress (the backoff doubles with it)
-    for attempt in range(1, (max_attempts or sys.maxsize) + 1):
-        hosts = tuple(pool.active)
-        scanner = EvidenceScanner(patterns, [*pool.active, *pool.spares], resolve)
-        before = read_heartbeat_step(heartbeat)
-        started = now()
-        result = start_attempt(hosts, scanner)
-        gained = steps_gained(result, before, heartbeat)
-        named = [scanner.found[host] for host in hosts if host in scanner.found]
-        kind = classify(result, gained, named)
-        stepless = stepless + 1 if gained == 0 else 0
-        failures = 1 if gained else failures + 1
-        evidence, swaps, stop = list(named), {}, None
-        if kind in ("success", "walltime", "interrupted"):
-            stop = kind
-        elif result.exit_code == ExitCode.USAGE:
-            stop = "usage or config error (exit 2): fix it, then relaunch"
-        elif stepless >= MAX_STEPLESS_ATTEMPTS:
-            stop = (
-                f"{stepless} attempts in a row made no step: a config or code error is likely; "
-                "read the log above, fix it, then relaunch"
-            )
-        else:
-            if not named:
-                _say(f"attempt {attempt}: {kind}, no host named; probing {len(hosts)} host(s)")
-                evidence = sorted(probe(hosts).values(), key=lambda e: hosts.index(e.host))
-            bad = [item.host for item in evidence]
-            if len(bad) > len(pool.spares):
-                stop = (
-                    f"no spare left for {', '.join(bad[len(pool.spares) :])} "
-                    f"({len(pool.spares)} spare(s) for {len(bad)} bad host(s))"
-                )
-            else:
-                swaps = pool.replace(bad)
-            if stop is None and attempt == max_attempts:
-                stop = f"{max_attempts} attempt(s) made, the most allowed"
-        record = {
-            "attempt": attempt,
-            "class": kind,
-            "exit_code": result.exit_code,
-            "exit": describe_exit(result.exit_code) if result.exit_code else "ok",
-            "hosts": list(hosts),
-            "evidence": [{"host": e.host, "said": e.said, "source": e.source} for e in evidence],
-            "replaced": swaps,
-            "spares_left": list(pool.spares),
-            "steps_gained": gained,
-            "last_step": result.last_step,
-            "duration_s": round(result.duration_s, 3),
-            "started": started.isoformat(timespec="milliseconds"),
-            "ended": now().isoformat(timespec="milliseconds"),
-            "decision": "stop" if stop is not None else "retry",
-            "reason": stop,
-        }
-        append_line(attempts_log, record)
-        said = f"attempt {attempt}: {kind} (exit {result.exit_code}, {gained} step(s) gained)"
-        for item in evidence:
-            _say(f"  {item.host}: {item.said.splitlines()[-1]} [{item.source}]")
-        if stop is not None:
-            _say(f"{said}; stop: {stop}")
-            return result.exit_code
-        changes = ", ".join(f"{old} -> {new}" for old, new in swaps.items())
-        delay = backoff_delay(failures - 1, backoff_s, backoff_max_s, rng)
-        _say(
-            f"{said}; "
-            + (f"replaced {changes}; " if swaps else "same hosts; ")
-            + f"retrying in {delay:.1f} s"
-        )
-        try:
-            sleep(delay)
-        except KeyboardInterrupt:
-            _say("interrupted while waiting to retry")
-            return ExitCode.INTERRUPTED
-    raise AssertionError("unreachable: the last attempt always stops")
-
-
-def _say(text: str) -> None:
-    print(f"launch: {text}", file=sys.stderr, flush=True)

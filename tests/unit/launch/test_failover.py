@@ -30,15 +30,16 @@ from goodput.launch.attempt import AttemptResult, ProcessSpec
 from goodput.launch.env import read_placement
 from goodput.launch.failover import (
     BAD_NODE_PATTERNS,
-    Evidence,
     EvidenceScanner,
     Pool,
     classify,
     probe_hosts,
-    run_with_auto_retry,
     steps_gained,
 )
+from goodput.launch.history import Evidence, read_attempts
 from goodput.launch.launchers import ProfileConfig, build_probe, load_profile, plan_launch
+from goodput.launch.retry import Policy, run_attempts
+from goodput.launch.run import MAX_STEPLESS_ATTEMPTS
 from goodput.testing.jobs import outside_any_job
 
 HOSTS = ["n1", "n2", "n3", "n4"]
@@ -129,8 +130,23 @@ def _auto_retry(
     argv += ["--run-dir", str(run_dir), "--grace", "1", "--backoff", "0.1", *flags]
     argv += ["--", sys.executable, str(tmp_path / "worker.py")]
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
-    lines = (run_dir / "attempts.jsonl").read_text().splitlines()
-    return result, [json.loads(line) for line in lines]
+    return result, read_log(run_dir / "attempts.jsonl")
+
+
+def read_log(path: Path) -> list[dict]:
+    return [record.to_json() for record in read_attempts(path)]  # strictly, as a report reads
+
+
+def auto_retry(attempt, log: Path, pool: Pool, sleep, backoff_s: float = 5.0) -> int:
+    """``--auto-retry``'s policy around ``attempt``, with a probe that finds every host healthy."""
+    policy = Policy(
+        max_attempts=None,
+        backoff_s=backoff_s,
+        patterns=BAD_NODE_PATTERNS,
+        probe=lambda hosts: {},
+        max_stepless=MAX_STEPLESS_ATTEMPTS,
+    )
+    return run_attempts(attempt, policy, pool, attempts_log=log, sleep=sleep)
 
 
 @needs_mpiexec
@@ -215,9 +231,7 @@ def test_walltime_stops_at_once(tmp_path):
     assert launcher.stdout.readline().strip().endswith(b"step=1")
     launcher.send_signal(signal.SIGTERM)  # what the scheduler does at walltime
     assert launcher.wait(30) == 143
-    (record,) = [
-        json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().split("\n") if line
-    ]
+    (record,) = read_log(run_dir / "attempts.jsonl")
     assert record["class"] == "walltime" and record["decision"] == "stop"
 
 
@@ -308,14 +322,7 @@ def test_a_usage_error_is_not_retried(tmp_path):
         calls.append(hosts)
         return _result(2)
 
-    code = run_with_auto_retry(
-        attempt,
-        lambda hosts: {},
-        pool=Pool(["a"], ["b"]),
-        patterns=BAD_NODE_PATTERNS,
-        attempts_log=tmp_path / "attempts.jsonl",
-        sleep=lambda s: None,
-    )
+    code = auto_retry(attempt, tmp_path / "attempts.jsonl", Pool(["a"], ["b"]), lambda s: None)
     assert code == 2 and len(calls) == 1
 
 
@@ -343,21 +350,16 @@ def test_the_backoff_doubles_without_progress_and_restarts_after_it(tmp_path):
     def attempt(hosts, on_line):
         code, steps = next(script)
         first, last = steps if steps else (None, None)
-        return AttemptResult(code, 1.0, False, None, 0, last, first, [])
+        seen = last - first + 1 if steps else 0
+        return AttemptResult(code, 1.0, False, None, seen, last, first, [])
 
-    code = run_with_auto_retry(
-        attempt,
-        lambda hosts: {},
-        pool=Pool(["a"], []),
-        patterns=BAD_NODE_PATTERNS,
-        attempts_log=tmp_path / "attempts.jsonl",
-        backoff_s=4.0,
-        sleep=delays.append,
+    code = auto_retry(
+        attempt, tmp_path / "attempts.jsonl", Pool(["a"], []), delays.append, backoff_s=4.0
     )
     assert code == 0
     low, doubled, restarted = delays
     assert 2.0 <= low <= 4.0 and 4.0 <= doubled <= 8.0 and 2.0 <= restarted <= 4.0
-    records = [json.loads(line) for line in (tmp_path / "attempts.jsonl").read_text().splitlines()]
+    records = read_log(tmp_path / "attempts.jsonl")
     assert [r["class"] for r in records] == ["error", "stuck-pre-training", "error", "success"]
     assert [r["steps_gained"] for r in records] == [5, 0, 4, 3]
 

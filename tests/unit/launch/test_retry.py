@@ -1,9 +1,8 @@
-"""run_with_retries over real attempts that fail, hang and then succeed."""
+"""The attempt loop under plain ``--retries``: real attempts that fail, hang and then succeed."""
 
 from __future__ import annotations
 
 import io
-import json
 import os
 import random
 import sys
@@ -14,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from goodput.launch.attempt import AttemptResult, ProcessSpec, run_attempt
-from goodput.launch.retry import backoff_delay, describe_exit, run_with_retries
+from goodput.launch.failover import Pool
+from goodput.launch.history import read_attempts
+from goodput.launch.retry import Policy, backoff_delay, describe_exit, run_attempts
 
 # Attempt n (counted in the file "count") behaves as OUTCOMES[n]: exit with that code, hang
 # after printing (the watchdog ends it), or print steps and succeed.
@@ -40,29 +41,30 @@ def flaky(tmp_path: Path, *outcomes: int | str):
     spec = ProcessSpec([sys.executable, "-u", str(script)], dict(os.environ), "0")
     started: list[int] = []
 
-    def start_attempt(index: int) -> AttemptResult:
-        started.append(index)
+    def start_attempt(hosts, on_line) -> AttemptResult:
+        assert hosts == ("localhost",) and on_line is None  # plain retries look at no line
+        started.append(len(started))
         return run_attempt([spec], idle_timeout_s=1.0, grace_s=1.0, out=io.BytesIO())
 
     return start_attempt, started
 
 
+def retry(start_attempt, retries: int, log: Path, **options) -> int:
+    """Plain ``--retries``: the trivial policy, on one host with no spare."""
+    backoff = {"backoff_s": options.pop("backoff_s")} if "backoff_s" in options else {}
+    policy = Policy(max_attempts=retries + 1, **backoff)
+    return run_attempts(start_attempt, policy, Pool(["localhost"], []), attempts_log=log, **options)
+
+
 def read_log(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return [record.to_json() for record in read_attempts(path)]  # strictly, as a report reads
 
 
 def test_fails_twice_then_succeeds(tmp_path, capsys):
     start_attempt, started = flaky(tmp_path, 1, "hang", "ok")
     sleeps: list[float] = []
     log = tmp_path / "run" / "attempts.jsonl"
-    code = run_with_retries(
-        start_attempt,
-        retries=3,
-        backoff_s=2.0,
-        attempts_log=log,
-        rng=random.Random(0),
-        sleep=sleeps.append,
-    )
+    code = retry(start_attempt, 3, log, backoff_s=2.0, rng=random.Random(0), sleep=sleeps.append)
     assert code == 0
     assert started == [0, 1, 2]
     records = read_log(log)
@@ -70,9 +72,15 @@ def test_fails_twice_then_succeeds(tmp_path, capsys):
     assert [r["exit_code"] for r in records] == [1, 124, 0]
     assert [r["timed_out"] for r in records] == [False, True, False]
     assert [(r["steps_seen"], r["last_step"]) for r in records] == [(0, None), (0, None), (2, 2)]
+    assert [r["class"] for r in records] == ["stuck-pre-training", "hang", "success"]
+    assert [r["decision"] for r in records] == ["retry", "retry", "stop"]
+    assert [r["wait_s"] for r in records] == [*sleeps, None]
     for record in records:
-        assert record["of"] == 4 and record["duration_s"] >= 0
+        assert record["of"] == 4 and record["hosts"] == ["localhost"] and record["replaced"] == {}
         assert datetime.fromisoformat(record["started"]) <= datetime.fromisoformat(record["ended"])
+    first_step_at = datetime.fromisoformat(records[2]["first_step_at"])
+    assert records[2]["started"] <= records[2]["first_step_at"] <= records[2]["ended"]
+    assert first_step_at.utcoffset() is not None and records[0]["first_step_at"] is None
     assert len(sleeps) == 2
     assert 1.0 <= sleeps[0] <= 2.0 and 2.0 <= sleeps[1] <= 4.0  # doubling, jittered ×[0.5, 1]
     messages = capsys.readouterr().err.splitlines()
@@ -86,9 +94,7 @@ def test_exhausted_retries_return_the_last_code(tmp_path, capsys):
     start_attempt, started = flaky(tmp_path, 3, 3, 4)
     sleeps: list[float] = []
     log = tmp_path / "attempts.jsonl"
-    code = run_with_retries(
-        start_attempt, retries=2, backoff_s=1.0, attempts_log=log, sleep=sleeps.append
-    )
+    code = retry(start_attempt, 2, log, backoff_s=1.0, sleep=sleeps.append)
     assert code == 4
     assert started == [0, 1, 2]
     assert [r["exit_code"] for r in read_log(log)] == [3, 3, 4]
@@ -98,30 +104,32 @@ def test_exhausted_retries_return_the_last_code(tmp_path, capsys):
     assert last.endswith("; no retries left")
 
 
-@pytest.mark.parametrize("code", [130, 143, 2])
-def test_interrupts_terminations_and_usage_errors_are_not_retried(code):
-    attempts: list[int] = []
+@pytest.mark.parametrize(
+    ("code", "kind"), [(130, "interrupted"), (143, "walltime"), (2, "stuck-pre-training")]
+)
+def test_interrupts_terminations_and_usage_errors_are_not_retried(code, kind, tmp_path):
+    attempts: list[tuple[str, ...]] = []
 
-    def start_attempt(index: int) -> AttemptResult:
-        attempts.append(index)
+    def start_attempt(hosts, on_line) -> AttemptResult:
+        attempts.append(hosts)
         return AttemptResult(code, 0.1, False, "0", 0, None, None, [])
 
     sleeps: list[float] = []
-    final = run_with_retries(start_attempt, retries=5, attempts_log=None, sleep=sleeps.append)
-    assert (final, attempts, sleeps) == (code, [0], [])
+    log = tmp_path / "attempts.jsonl"
+    final = retry(start_attempt, 5, log, sleep=sleeps.append)
+    assert (final, len(attempts), sleeps) == (code, 1, [])
+    (record,) = read_log(log)
+    assert record["class"] == kind and record["decision"] == "stop" and record["reason"]
 
 
-def test_ctrl_c_during_the_backoff_returns_130():
-    def start_attempt(index: int) -> AttemptResult:
+def test_ctrl_c_during_the_backoff_returns_130(tmp_path):
+    def start_attempt(hosts, on_line) -> AttemptResult:
         return AttemptResult(1, 0.1, False, "0", 0, None, None, [])
 
     def interrupted_sleep(seconds: float) -> None:
         raise KeyboardInterrupt
 
-    assert (
-        run_with_retries(start_attempt, retries=3, attempts_log=None, sleep=interrupted_sleep)
-        == 130
-    )
+    assert retry(start_attempt, 3, tmp_path / "attempts.jsonl", sleep=interrupted_sleep) == 130
 
 
 def test_backoff_doubles_up_to_the_cap_with_jitter():

@@ -8,7 +8,6 @@ environment and starts real ``srun`` steps.
 
 from __future__ import annotations
 
-import json
 import shlex
 import shutil
 import socket
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from goodput.launch.history import read_attempts
 from goodput.testing.jobs import outside_any_job
 
 TIMEOUT_S = 60
@@ -73,8 +73,8 @@ def test_ranks_really_run_under_srun(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert sorted(result.stdout.splitlines()) == ["[srun] rank 0 of 2", "[srun] rank 1 of 2"]
     assert "launch: slurm: 1 host(s) x 2 = 2 rank(s)" in result.stderr
-    (record,) = (run_dir / "attempts.jsonl").read_text().splitlines()
-    assert json.loads(record)["exit_code"] == 0
+    (record,) = read_attempts(run_dir / "attempts.jsonl")
+    assert record.exit_code == 0
 
 
 def test_dry_run_names_this_host_from_the_allocation(tmp_path):
@@ -100,7 +100,7 @@ def test_auto_retry_names_the_host_srun_reports_and_stops_without_a_spare(tmp_pa
     launch = ["--auto-retry", "--ppn", "2", "--run-dir", str(run_dir), "--backoff", "0.1"]
     result = _salloc(2, [*launch, "--", sys.executable, "-c", code], tmp_path)
     assert result.returncode != 0
-    (record,) = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    (record,) = [r.to_json() for r in read_attempts(run_dir / "attempts.jsonl")]
     node = _slurm_node()
     assert record["class"] == "bad-node" and record["hosts"] == [node]
     assert record["evidence"][0]["said"] == f"srun: error: {node}: task 1: Killed"
@@ -112,7 +112,7 @@ def test_auto_retry_probes_the_node_through_srun_and_stops_a_config_bug(tmp_path
     launch = ["--auto-retry", "--ppn", "2", "--run-dir", str(run_dir), "--backoff", "0.1"]
     result = _salloc(2, [*launch, "--", sys.executable, "-c", "raise SystemExit(3)"], tmp_path)
     assert result.returncode == 1  # goodput launch's own code for an exit it has no name for
-    records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    records = [r.to_json() for r in read_attempts(run_dir / "attempts.jsonl")]
     assert [r["exit_code"] for r in records] == [3, 3]
     assert [r["class"] for r in records] == ["stuck-pre-training"] * 2
     assert all(r["evidence"] == [] and r["replaced"] == {} for r in records)

@@ -1,0 +1,130 @@
+"""The Python API behind ``goodput launch``: ``run(LaunchOptions(command=[...], ...))``.
+
+It reads where it runs (``env.current_placement``), plans the ranks (``launchers``), makes the
+run folder, then runs attempts through the one attempt loop (``retry``) with plain retries or
+``--auto-retry``'s policy, and returns the exit code ``goodput launch`` exits with.
+``goodput launch`` is a thin parse of its options into a call of ``run``, and every job of a
+``goodput submit`` chain runs such a line; any other caller (a chaos campaign) comes through here
+too, so that a launch behaves the same whoever started it. Every attempt is logged to
+``RUN_DIR/attempts.jsonl`` (``history``). Like all of ``goodput.launch``, it never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from goodput.errors import ExitCode
+from goodput.launch import failover, launchers
+from goodput.launch.attempt import AttemptResult, run_attempt
+from goodput.launch.env import current_placement
+from goodput.launch.history import ATTEMPTS_LOG, Evidence
+from goodput.launch.retry import Policy, StartAttempt, run_attempts
+
+PROFILE_VAR = "GOODPUT_PROFILE"  # the profile when none is named
+DEFAULT_IDLE_TIMEOUT_S = 1800.0  # --auto-retry's: long enough for a checkpoint or an eval
+MAX_STEPLESS_ATTEMPTS = 2  # --auto-retry stops after this many attempts in a row without a step
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchOptions:
+    """What ``goodput launch`` takes, as its options name it (``goodput launch --help``)."""
+
+    command: tuple[str, ...]  # what every rank runs
+    nhosts: int | None = None  # the first N hosts of the job run ranks; the rest are spares
+    ppn: int | None = None  # ranks per host; None: the profile's
+    nproc: int | None = None  # ranks in all; None: nhosts x ppn
+    profile: str | None = None  # a name or a .toml path; None: $GOODPUT_PROFILE, else generic
+    idle_timeout_s: float | None = None  # None: never, 1800 with auto_retry; 0: never
+    retries: int | None = None  # None: 0, no limit but the policy's with auto_retry
+    backoff_s: float = 5.0
+    auto_retry: bool = False
+    grace_s: float = 10.0  # between SIGTERM and SIGKILL
+    log: Path | None = None  # all output is appended here too
+    run_dir: Path | None = None  # None: the log's folder, else ./launch-JOBID
+    prefix: bool = True  # [rank] before each output line
+
+
+def run(options: LaunchOptions, *, dry_run: bool = False) -> ExitCode:
+    """Launch ``options.command``; the exit code of ``goodput launch``: the last attempt's when
+    ``ExitCode`` names it, else 1 (a death by signal: ``attempts.jsonl`` keeps the number).
+    ``dry_run`` prints the command line(s) and writes nothing."""
+    profile = launchers.load_profile(
+        options.profile or os.environ.get(PROFILE_VAR) or launchers.DEFAULT_PROFILE
+    )
+    placement = current_placement()
+    run_dir = (
+        options.run_dir
+        or (options.log.parent if options.log else Path(f"launch-{placement.job_id or 'local'}"))
+    ).absolute()  # the printed command works from any directory
+    plan = launchers.plan_launch(
+        placement,
+        profile,
+        run_dir=run_dir,
+        nhosts=options.nhosts,
+        ppn=options.ppn,
+        nproc=options.nproc,
+    )
+    processes = launchers.build_processes(plan, options.command, os.environ)
+    print(f"launch: {launchers.describe_plan(plan)}", file=sys.stderr)
+    if dry_run:
+        for line in launchers.format_processes(processes, os.environ):
+            print(line)
+        return ExitCode.OK
+    launchers.prepare_outputs(run_dir, options.log)
+    code = run_attempts(
+        _attempt_starter(plan, options),
+        _policy(plan, options),
+        failover.Pool(list(plan.hosts), list(plan.spares)),
+        attempts_log=run_dir / ATTEMPTS_LOG,
+        heartbeat=run_dir / "heartbeat",
+        job=placement.job_id,
+    )
+    return ExitCode(code) if code in {member.value for member in ExitCode} else ExitCode.ERROR
+
+
+def _policy(plan: launchers.LaunchPlan, options: LaunchOptions) -> Policy:
+    max_attempts = None if options.retries is None else options.retries + 1
+    if not options.auto_retry:
+        return Policy(max_attempts=max_attempts or 1, backoff_s=options.backoff_s)
+
+    def probe(hosts: tuple[str, ...]) -> dict[str, Evidence]:
+        probes = {host: launchers.build_probe(plan, host, os.environ) for host in hosts}
+        return failover.probe_hosts(probes, plan.profile.health_timeout_s)
+
+    return Policy(
+        max_attempts=max_attempts,
+        backoff_s=options.backoff_s,
+        patterns=(*failover.BAD_NODE_PATTERNS, *plan.profile.bad_node_patterns),
+        probe=probe,
+        max_stepless=MAX_STEPLESS_ATTEMPTS,
+    )
+
+
+def _attempt_starter(plan: launchers.LaunchPlan, options: LaunchOptions) -> StartAttempt:
+    timeout_s = options.idle_timeout_s
+    if timeout_s is None and options.auto_retry:
+        timeout_s = DEFAULT_IDLE_TIMEOUT_S
+
+    def start_attempt(
+        hosts: tuple[str, ...], on_line: Callable[[bytes], None] | None
+    ) -> AttemptResult:
+        # Built afresh each attempt: a local rendezvous port is free only for a moment, and
+        # --auto-retry may have replaced hosts.
+        spares = tuple(host for host in plan.hosts + plan.spares if host not in hosts)
+        attempt_plan = dataclasses.replace(plan, hosts=hosts, spares=spares)
+        launchers.write_hostfile(attempt_plan)
+        return run_attempt(
+            launchers.build_processes(attempt_plan, options.command, os.environ),
+            idle_timeout_s=timeout_s or None,  # 0: no watchdog
+            grace_s=options.grace_s,
+            log_path=options.log,
+            prefix=options.prefix,
+            on_line=on_line,
+        )
+
+    return start_attempt

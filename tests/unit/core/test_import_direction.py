@@ -1,0 +1,40 @@
+"""Import direction, checked in fresh interpreters: what one part imports, not what this test
+process happens to have imported already."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from goodput.testing.jobs import outside_any_job
+
+# Every module of a package, imported; then the torch modules that came with them, as JSON.
+IMPORT_ALL = """
+    import importlib, json, pkgutil, sys
+    package = importlib.import_module({package!r})
+    names = [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+    for name in names:
+        importlib.import_module(name)
+    torch = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
+    print(json.dumps({{"modules": names, "torch": torch}}))
+"""
+
+
+def _import_all(package: str) -> dict[str, list[str]]:
+    code = textwrap.dedent(IMPORT_ALL.format(package=package))
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=outside_any_job(), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_no_module_of_launch_imports_torch():
+    # It runs on login nodes and in watchdogs, where importing torch takes seconds or fails.
+    found = _import_all("goodput.launch")
+    assert {"goodput.launch.run", "goodput.launch.history", "goodput.launch.health"} <= set(
+        found["modules"]
+    )
+    assert found["torch"] == []

@@ -1,0 +1,112 @@
+"""The attempts log: records round-trip, and a line that is not exactly a record is refused
+with FILE:LINE, as a run report must see it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from goodput.errors import GoodputError
+from goodput.launch.history import AttemptRecord, Evidence, append_record, read_attempts
+
+RECORD = AttemptRecord(
+    attempt=1,
+    of=None,
+    job="4242.pbs",
+    class_="bad-node",
+    exit_code=137,
+    timed_out=False,
+    first_failure_label="1",
+    started="2025-01-02T03:04:05.000+00:00",
+    first_step_at="2025-01-02T03:04:09.250+00:00",
+    ended="2025-01-02T03:05:00.500+00:00",
+    steps_seen=3,
+    first_step=11,
+    last_step=13,
+    steps_gained=3,
+    hosts=("n1", "n2"),
+    evidence=(Evidence("n2", "=   PID 7 RUNNING AT n2\n=   EXIT CODE: 9", "log"),),
+    replaced={"n2": "n3"},
+    spares_left=("n4",),
+    decision="retry",
+    reason=None,
+    wait_s=2.5,
+)
+STOP = dataclasses.replace(
+    RECORD,
+    attempt=2,
+    class_="success",
+    exit_code=0,
+    hosts=("n1", "n3"),
+    evidence=(),
+    replaced={},
+    decision="stop",
+    reason="done",
+    wait_s=None,
+)
+
+
+def test_records_round_trip_with_every_key_and_the_class(tmp_path):
+    log = tmp_path / "run" / "attempts.jsonl"
+    append_record(log, RECORD)
+    append_record(log, STOP)
+    assert read_attempts(log) == [RECORD, STOP]
+    first = json.loads(log.read_text().splitlines()[0])
+    assert first["class"] == "bad-node" and "class_" not in first
+    assert first["evidence"] == [{"host": "n2", "said": RECORD.evidence[0].said, "source": "log"}]
+    assert len(first) == len(dataclasses.fields(AttemptRecord))
+
+
+def test_an_empty_log_has_no_records(tmp_path):
+    (tmp_path / "attempts.jsonl").write_text("")
+    assert read_attempts(tmp_path / "attempts.jsonl") == []
+
+
+def _edited(**changes) -> str:
+    line = {**RECORD.to_json(), **changes}
+    return json.dumps({key: value for key, value in line.items() if value != "DROP"})
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "is not a JSON line"),
+        ("[1, 2]", "is not an object of attempt record keys"),
+        (_edited(class_="bad-node"), "is not an object of attempt record keys"),
+        (_edited(**{"class": "DROP"}), "missing 1 required keyword-only argument: 'class'"),
+        (_edited(**{"class": "lucky"}), "'class' = 'lucky' is not allowed"),
+        (_edited(colour="red"), "unknown key 'colour'"),
+        (_edited(exit_code="137"), "'exit_code' must be int"),
+        (_edited(exit_code=300), "'exit_code' = 300 is out of range"),
+        (_edited(last_step=2**60), "'last_step' = 1152921504606846976 is out of range"),
+        (_edited(wait_s=float("nan")), "'wait_s' = nan is out of range"),
+        (_edited(hosts="n1"), "'hosts' must be a list"),
+        (_edited(evidence=[{"host": "n2", "said": "x", "source": "rumour"}]), "'rumour'"),
+        (_edited(replaced={"n2": 3}), "'replaced' must map host names to host names"),
+        (_edited(replaced={"n9": "n3"}), "'replaced' names a host the attempt did not run on"),
+        (_edited(started="yesterday"), "'yesterday' is not an ISO 8601 time"),
+        (_edited(started="2025-01-02T03:04:05"), "has no time zone"),
+        (_edited(started="2025-01-02T04:00:00+00:00"), "out of order"),
+        (_edited(first_step=None), "steps_seen, first_step and last_step disagree"),
+        (_edited(decision="stop", replaced={}), "a stop has a reason and no wait_s"),
+        (_edited(decision="stop", reason="done", wait_s=None), "replaced only for a next"),
+        (_edited(exit_code=0), "class bad-node with exit code 0"),
+        (_edited(attempt=3, of=2), "attempt 3 of 2"),
+    ],
+)
+def test_a_bad_line_is_named_by_file_and_line(tmp_path, line, message):
+    log = tmp_path / "attempts.jsonl"
+    log.write_text(json.dumps(RECORD.to_json()) + "\n" + line + "\n")
+    with pytest.raises(GoodputError) as refused:
+        read_attempts(log)
+    assert refused.value.where == f"{log}:2"
+    assert message in refused.value.what
+
+
+def test_a_line_cut_short_is_refused(tmp_path):
+    log = tmp_path / "attempts.jsonl"
+    log.write_text(json.dumps(RECORD.to_json()) + "\n" + json.dumps(STOP.to_json()))
+    with pytest.raises(GoodputError, match=r"attempts.jsonl:2: has no newline"):
+        read_attempts(log)

@@ -1,0 +1,64 @@
+"""``goodput.launch.run``, the Python API behind ``goodput launch``, called in this process on
+real local ranks (the CLI's own tests go through ``goodput launch``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+
+import pytest
+
+import goodput.launch
+from goodput.errors import ExitCode
+from goodput.launch import LaunchOptions
+from goodput.launch.history import read_attempts
+from goodput.testing.jobs import JOB_PREFIXES, JOB_VARS
+
+# Fails on its first run, then trains three steps.
+FLAKY = """
+    import pathlib, sys
+    marker = pathlib.Path("ran-once")
+    if not marker.exists():
+        marker.write_text("")
+        sys.exit(3)
+    for step in (1, 2, 3):
+        print(f"step={step}", flush=True)
+"""
+
+
+@pytest.fixture(autouse=True)
+def outside_a_job(monkeypatch, tmp_path):
+    for name in list(os.environ):
+        if name.startswith(JOB_PREFIXES) or name in JOB_VARS:
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_run_retries_and_logs_each_attempt(tmp_path, capsys):
+    (tmp_path / "flaky.py").write_text(textwrap.dedent(FLAKY))
+    options = LaunchOptions(
+        command=(sys.executable, "flaky.py"),
+        nproc=1,
+        retries=1,
+        backoff_s=0.1,
+        run_dir=tmp_path / "run",
+    )
+    assert goodput.launch.run(options) == ExitCode.OK
+    first, second = read_attempts(tmp_path / "run" / "attempts.jsonl")
+    assert (first.class_, first.exit_code, first.decision) == ("stuck-pre-training", 3, "retry")
+    assert (second.class_, second.steps_gained, second.reason) == ("success", 3, "done")
+    assert first.of == second.of == 2 and first.job is None and first.hosts == ("localhost",)
+    assert first.first_step_at is None
+    assert second.started < second.first_step_at < second.ended
+    err = capsys.readouterr().err
+    assert "launch: attempt 1 of 2 exited 3 (error) after " in err
+
+
+def test_a_death_by_signal_exits_1_and_the_log_keeps_the_signal(tmp_path):
+    kill = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    options = LaunchOptions(command=(sys.executable, "-c", kill), run_dir=tmp_path / "run")
+    assert goodput.launch.run(options) == ExitCode.ERROR
+    (line,) = (tmp_path / "run" / "attempts.jsonl").read_text().splitlines()
+    assert json.loads(line)["exit_code"] == 137
