@@ -23,6 +23,7 @@ limit, so it never blames a host and retries on the same ones. Every attempt app
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import signal
 import sys
@@ -67,6 +68,11 @@ class Policy:
     probe: Probe | None = None  # the hosts that fail a health probe, when no line named one
     max_stepless: int | None = None  # stop after this many attempts in a row without a step
 
+    def __post_init__(self) -> None:
+        # NaN fails every comparison: no wait the attempts log could not hold gets through.
+        assert self.backoff_s >= 0 and 0 <= self.backoff_max_s < math.inf, self
+        assert all(n is None or n >= 1 for n in (self.max_attempts, self.max_stepless)), self
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -88,7 +94,6 @@ def run_attempts(
     resolve: Callable[[str], list[str]] | None = None,
 ) -> int:
     """Run attempts on ``pool.active`` until a rule stops them; the last attempt's exit code."""
-    assert policy.max_attempts is None or policy.max_attempts >= 1, policy
     rng = rng if rng is not None else random.Random()
     stepless = 0  # attempts in a row without a step
     failures = 0  # failed attempts since the last progress (the backoff doubles with it)
