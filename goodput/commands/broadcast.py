@@ -1,0 +1,158 @@
+"""``goodput broadcast``: copy a folder, or a run's newest checkpoint, to a node-local path on
+every host by a greedy tree (``goodput.launch.broadcast``, ``goodput.launch.stage``), or
+predict how long that takes. Never imports torch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from goodput import argtypes
+from goodput.commands import Subparsers
+from goodput.errors import ExitCode, GoodputError
+
+
+def register(groups: Subparsers) -> None:
+    sub = groups.add_parser(
+        "broadcast",
+        help="copy a venv or any folder to a node-local path on every host, by a greedy tree",
+        description="Copy SOURCE to DEST on every host: each host that has finished becomes a "
+        "source, each source serves at most --fanout copies at once, failed copies are retried. "
+        "With --checkpoint RUN_DIR, copy the run's newest complete checkpoint to DEST/step-N "
+        "instead (older step-N there are removed after), for [checkpoint] local_dir = DEST. "
+        "With --simulate, print the predicted makespan of the tree and of a star instead.",
+        usage="goodput broadcast SOURCE (--hosts H,...|--hostfile FILE) --dest PATTERN [options]\n"
+        "       goodput broadcast --checkpoint RUN_DIR (--hosts H,...|--hostfile FILE) "
+        "--dest PATTERN [options]\n"
+        "       goodput broadcast --simulate --nodes N --copy-seconds T [--fanout K]",
+    )
+    sub.add_argument("source", nargs="?", type=Path, help="the folder to copy")
+    sub.add_argument(
+        "--checkpoint",
+        type=Path,
+        metavar="RUN_DIR",
+        help="stage the newest complete checkpoint of this run (or checkpoint folder) instead",
+    )
+    sub.add_argument("--hosts", help="comma-separated host names")
+    sub.add_argument("--hostfile", type=Path, help="a file of host names, one a line")
+    sub.add_argument(
+        "--dest",
+        help="the node-local path; {host} is replaced by the host name (needed for local)",
+    )
+    sub.add_argument(
+        "--transport", default="rsync", help="local, rsync or tar (over ssh; default rsync)"
+    )
+    sub.add_argument(
+        "--ssh-config",
+        type=Path,
+        metavar="FILE",
+        help="ssh client config (ssh -F) for rsync and tar, for every hop; same path on all hosts",
+    )
+    sub.add_argument(
+        "--fanout",
+        type=argtypes.positive_int,
+        default=8,
+        help="copies one source serves at once (default 8)",
+    )
+    sub.add_argument(
+        "--retries",
+        type=argtypes.non_negative_int,
+        default=2,
+        help="retries of a failed copy (default 2)",
+    )
+    sub.add_argument(
+        "--min-success",
+        type=argtypes.positive_int,
+        help="fail unless this many hosts succeed (default: all)",
+    )
+    sub.add_argument("--simulate", action="store_true", help="predict makespans, copy nothing")
+    sub.add_argument("--nodes", type=argtypes.positive_int, help="hosts to simulate")
+    sub.add_argument(
+        "--copy-seconds",
+        type=argtypes.non_negative_float,
+        help="seconds one copy takes, to simulate",
+    )
+    sub.set_defaults(handler=_broadcast)
+
+
+def _broadcast(args: argparse.Namespace) -> ExitCode:
+    """One of three modes, by the options given: --simulate, --checkpoint, else SOURCE."""
+    if args.simulate:
+        return _simulate(args)
+    if args.checkpoint is not None:
+        return _stage(args)
+    return _copy(args)
+
+
+def _simulate(args: argparse.Namespace) -> ExitCode:
+    from goodput.launch import broadcast
+
+    if args.nodes is None or args.copy_seconds is None:
+        raise GoodputError.usage(
+            "broadcast --simulate",
+            "needs --nodes and --copy-seconds",
+            "e.g. --simulate --nodes 10624 --copy-seconds 10",
+        )
+    tree, star = broadcast.simulate(args.nodes, args.copy_seconds, args.fanout)
+    print(f"tree: {tree:.1f} s ({args.nodes} hosts, fanout {args.fanout})")
+    print(f"star: {star:.1f} s")
+    print(f"star/tree: {star / tree:.1f}x" if tree > 0 else "star/tree: n/a")
+    return ExitCode.OK
+
+
+def _stage(args: argparse.Namespace) -> ExitCode:
+    from goodput.launch import broadcast, stage, transports
+
+    if args.source is not None or args.dest is None:
+        raise GoodputError.usage(
+            "broadcast --checkpoint",
+            "takes --dest and no SOURCE",
+            "e.g. goodput broadcast --checkpoint RUN_DIR --hostfile $PBS_NODEFILE "
+            "--dest /local/scratch/ckpt",
+        )
+    hosts = broadcast.read_hosts(args.hosts, args.hostfile)
+    staged = stage.stage_checkpoint(
+        args.checkpoint,
+        hosts,
+        args.dest,
+        lambda dest: transports.make_transport(args.transport, dest, args.ssh_config),
+        fanout=args.fanout,
+        retries=args.retries,
+        min_success=args.min_success,
+        progress=_progress,
+    )
+    print(stage.describe(staged, len(hosts)))
+    return ExitCode.OK
+
+
+def _copy(args: argparse.Namespace) -> ExitCode:
+    from goodput.launch import broadcast, transports
+
+    if args.source is None or args.dest is None:
+        raise GoodputError.usage(
+            "broadcast",
+            "needs SOURCE and --dest",
+            "e.g. goodput broadcast .venv --hostfile $PBS_NODEFILE --dest /tmp/.venv",
+        )
+    hosts = broadcast.read_hosts(args.hosts, args.hostfile)
+    result = broadcast.broadcast(
+        args.source,
+        hosts,
+        transport=transports.make_transport(args.transport, args.dest, args.ssh_config),
+        fanout=args.fanout,
+        retries=args.retries,
+        min_success=args.min_success,
+        progress=_progress,
+    )
+    by_origin = sum(copy.source == broadcast.ORIGIN for copy in result.copies)
+    print(
+        f"broadcast: {len(result.succeeded)} of {len(hosts)} hosts in {result.makespan_s:.1f} s "
+        f"({by_origin} copies from the origin)"
+        + (f"; failed: {', '.join(result.failed)}" if result.failed else "")
+    )
+    return ExitCode.OK  # below --min-success, broadcast() raised
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr)  # stdout keeps only the result

@@ -1,0 +1,111 @@
+"""``goodput ckpt``: list a run's checkpoints, convert them to and from HuggingFace Llama folders
+and .pt files; each handler is one call into ``goodput.checkpoint``, offline, in one process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from goodput.commands import Subparsers, add_command
+from goodput.errors import ExitCode
+
+
+def register(groups: Subparsers) -> None:
+    ckpt = groups.add_parser(
+        "ckpt",
+        help="list checkpoints; convert them to and from HuggingFace Llama and .pt files",
+        description="Checkpoints of a run: list them, export a step to a HuggingFace Llama "
+        "folder or a single .pt state dict, and import either as a model-only checkpoint that "
+        "`goodput train --resume` starts from. Runs offline, in one process.",
+    )
+    commands = ckpt.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub = add_command(
+        commands,
+        "list",
+        _list,
+        "every step-N checkpoint of a run: complete or not, size on disk, age, and which one "
+        "'latest' names",
+    )
+    sub.add_argument("run_dir", type=Path, help="the run directory holding checkpoints/")
+    sub.add_argument("--json", action="store_true", help="machine-readable output")
+
+    sub = add_command(
+        commands,
+        "export-hf",
+        _export_hf,
+        "write a complete checkpoint as a HuggingFace LlamaForCausalLM folder "
+        "(config.json + model.safetensors, fp32); dense models only",
+    )
+    sub.add_argument("step_dir", type=Path, help="a checkpoint directory, RUN/checkpoints/step-N")
+    sub.add_argument("out_dir", type=Path, help="the folder to create (must not hold anything)")
+
+    sub = add_command(
+        commands,
+        "import-hf",
+        _import_hf,
+        "turn a HuggingFace Llama folder (config.json + safetensors, single or sharded) into "
+        "a model-only checkpoint OUT_DIR/checkpoints/step-00000000",
+    )
+    sub.add_argument("hf_dir", type=Path, help="the HuggingFace model folder")
+    sub.add_argument("out_dir", type=Path, help="the run directory to write the checkpoint into")
+
+    sub = add_command(
+        commands,
+        "to-torch",
+        _to_torch,
+        "write the consolidated model state dict of a complete checkpoint as one torch.save "
+        "file of plain tensors (torch.load(..., weights_only=True) reads it)",
+    )
+    sub.add_argument("step_dir", type=Path, help="a checkpoint directory, RUN/checkpoints/step-N")
+    sub.add_argument("file", type=Path, help="the .pt file to create")
+
+    sub = add_command(
+        commands,
+        "from-torch",
+        _from_torch,
+        "turn a .pt state dict (read with weights_only=True) and a config's [model] table into "
+        "a model-only checkpoint OUT_DIR/checkpoints/step-00000000",
+    )
+    sub.add_argument("file", type=Path, help="a .pt file holding the model's state dict")
+    sub.add_argument("config", type=Path, help="a TOML file whose [model] table fits the weights")
+    sub.add_argument("out_dir", type=Path, help="the run directory to write the checkpoint into")
+
+
+def _list(args: argparse.Namespace) -> ExitCode:
+    from goodput.checkpoint.listing import describe_checkpoints, format_checkpoints
+
+    info = describe_checkpoints(args.run_dir)
+    print(json.dumps(info, indent=2) if args.json else format_checkpoints(info))
+    return ExitCode.OK
+
+
+def _export_hf(args: argparse.Namespace) -> ExitCode:
+    from goodput.checkpoint.convert import export_hf
+
+    print(f"{export_hf(args.step_dir, args.out_dir)}: HuggingFace Llama folder written")
+    return ExitCode.OK
+
+
+def _import_hf(args: argparse.Namespace) -> ExitCode:
+    from goodput.checkpoint.convert import import_hf
+
+    directory = import_hf(args.hf_dir, args.out_dir)
+    print(f"{directory}: complete (model only); start from it with --resume {directory}")
+    return ExitCode.OK
+
+
+def _to_torch(args: argparse.Namespace) -> ExitCode:
+    from goodput.checkpoint.convert import to_torch
+
+    print(f"{to_torch(args.step_dir, args.file)}: model state dict written")
+    return ExitCode.OK
+
+
+def _from_torch(args: argparse.Namespace) -> ExitCode:
+    from goodput.checkpoint.convert import from_torch
+
+    directory = from_torch(args.file, args.config, args.out_dir)
+    print(f"{directory}: complete (model only); start from it with --resume {directory}")
+    return ExitCode.OK

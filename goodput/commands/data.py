@@ -1,0 +1,236 @@
+"""``goodput data``: the data pipeline, demo-corpus -> train-tokenizer -> tokenize -> blend ->
+verify, and inspect; each handler is one call into ``goodput.data``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from goodput import argtypes
+from goodput.commands import Subparsers, add_command
+from goodput.errors import ExitCode
+
+
+def register(groups: Subparsers) -> None:
+    data = groups.add_parser(
+        "data",
+        help="tokenize once, blend by weight, pin everything",
+        description="The data pipeline: demo-corpus -> train-tokenizer -> "
+        "tokenize -> blend -> verify.",
+    )
+    commands = data.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub = add_command(
+        commands,
+        "demo-corpus",
+        _demo_corpus,
+        "write the embedded multi-domain corpus (code, docs, "
+        "docstrings from this Python's standard library) as JSONL, one folder per domain",
+    )
+    sub.add_argument("--output", type=Path, required=True, help="directory to write into")
+
+    sub = add_command(
+        commands,
+        "train-tokenizer",
+        _train_tokenizer,
+        "train a SentencePiece model on raw inputs (deterministic settings)",
+    )
+    sub.add_argument("inputs", nargs="+", type=Path, help="files or folders of documents")
+    sub.add_argument("--vocab-size", type=argtypes.positive_int, required=True)
+    sub.add_argument("--output", type=Path, required=True, help="the .model file to write")
+    sub.add_argument("--text-field", default="text", help="JSON field holding the text")
+
+    sub = add_command(
+        commands,
+        "tokenize",
+        _tokenize,
+        "tokenize documents once into Megatron .bin/.idx shards "
+        "plus NAME.manifest.json (written last); resumable, parallel",
+    )
+    sub.add_argument(
+        "inputs",
+        nargs="+",
+        type=Path,
+        help="files or folders of .jsonl, .jsonl.gz, .jsonl.zst, .parquet, .txt",
+    )
+    sub.add_argument(
+        "--tokenizer",
+        type=Path,
+        required=True,
+        help="a SentencePiece .model or a HF tokenizer.json",
+    )
+    sub.add_argument(
+        "--tokenizer-kind",
+        choices=["sentencepiece", "hf"],
+        help="override the kind guessed from the file name",
+    )
+    sub.add_argument("--output", type=Path, required=True)
+    sub.add_argument("--name", help="dataset name (default: the first input's stem)")
+    sub.add_argument(
+        "--workers",
+        type=argtypes.positive_int,
+        default=os.cpu_count() or 1,
+        help="worker processes, each writing its own shards (default: all cores)",
+    )
+    sub.add_argument(
+        "--shard-size-mb",
+        type=argtypes.positive_float,
+        default=1024.0,
+        help="input MB per shard, whole files (default 1024)",
+    )
+    sub.add_argument("--text-field", default="text")
+    sub.add_argument(
+        "--pack-seq-len",
+        type=argtypes.positive_int,
+        help="write rows of L+1 tokens packed across documents",
+    )
+
+    sub = add_command(
+        commands,
+        "inspect",
+        _inspect,
+        "show a shard or dataset: documents, tokens, dtype, the "
+        "first document, and verify checksums against the manifest",
+    )
+    sub.add_argument("path", type=Path, help="a shard prefix/.bin/.idx or a NAME.manifest.json")
+    sub.add_argument("--tokenizer", type=Path, help="decode the first document with it")
+    sub.add_argument("--json", action="store_true", help="machine-readable output")
+
+    sub = add_command(
+        commands,
+        "blend",
+        _blend,
+        "build the weighted, deterministic blend index from a file list "
+        "of 'weight path-prefix corpus' lines and print the mixture report",
+    )
+    sub.add_argument("file_list", type=Path)
+    sub.add_argument("--seq-len", type=argtypes.positive_int, required=True)
+    sub.add_argument(
+        "--num-samples",
+        type=argtypes.positive_int,
+        required=True,
+        help="global samples of seq_len+1 tokens (steps x global batch)",
+    )
+    sub.add_argument("--seed", type=argtypes.non_negative_int, required=True)
+    sub.add_argument(
+        "--output",
+        type=Path,
+        required=True,
+        help="cache directory; the blend lands in OUTPUT/blends/<fingerprint>",
+    )
+    sub.add_argument(
+        "--on-exhausted",
+        choices=["repeat", "error"],
+        default="repeat",
+        help="a corpus asked for more samples than it holds: repeat it in fresh "
+        "shuffles (with a warning) or refuse (default: repeat)",
+    )
+    sub.add_argument(
+        "--report-batch-size",
+        type=argtypes.positive_int,
+        default=256,
+        help="batch size for the per-batch mixture deviation in the report",
+    )
+    sub.add_argument("--json", action="store_true", help="print the run manifest as JSON")
+
+    sub = add_command(
+        commands,
+        "verify",
+        _verify,
+        "re-check pinned data: a blend directory (its fingerprint, "
+        "every shard's checksum, the tokenizer) or a dataset manifest",
+    )
+    sub.add_argument("path", type=Path, help="a blend directory, blend.json or *.manifest.json")
+
+
+def _demo_corpus(args: argparse.Namespace) -> ExitCode:
+    from goodput.data.corpus import build_demo_corpus
+
+    for domain, path in build_demo_corpus(args.output).items():
+        print(f"{domain}: {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    return ExitCode.OK
+
+
+def _train_tokenizer(args: argparse.Namespace) -> ExitCode:
+    from goodput.data.readers import list_inputs
+    from goodput.data.tokenizer import train_sentencepiece
+
+    path = train_sentencepiece(
+        list_inputs(args.inputs), args.vocab_size, args.output, text_field=args.text_field
+    )
+    print(path)
+    return ExitCode.OK
+
+
+def _tokenize(args: argparse.Namespace) -> ExitCode:
+    from goodput.data import tokenize
+    from goodput.launch.env import launcher_rank
+
+    rank, world_size = launcher_rank(os.environ)
+    job = tokenize.TokenizeJob(
+        inputs=args.inputs,
+        tokenizer=args.tokenizer,
+        tokenizer_kind=args.tokenizer_kind,
+        output=args.output,
+        name=_stem(args.inputs[0]) if args.name is None else args.name,
+        num_workers=args.workers,
+        shard_size_mb=args.shard_size_mb,
+        text_field=args.text_field,
+        pack_seq_len=args.pack_seq_len,
+        rank=rank,
+        world_size=world_size,
+    )
+    manifest = tokenize.run(job)
+    if manifest is not None:
+        print(
+            f"{args.output / (job.name + '.manifest.json')}: {len(manifest['shards'])} shards, "
+            f"{manifest['num_documents']:,} documents, {manifest['num_tokens']:,} tokens, "
+            f"{manifest['num_empty_skipped']:,} empty documents skipped"
+        )
+    return ExitCode.OK
+
+
+def _stem(path: Path) -> str:
+    name = path.resolve().name
+    for suffix in (".gz", ".zst", ".jsonl", ".parquet", ".txt"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def _inspect(args: argparse.Namespace) -> ExitCode:
+    from goodput.data.inspect import describe, format_description
+
+    info = describe(args.path, args.tokenizer)
+    print(json.dumps(info, indent=2) if args.json else format_description(info))
+    return ExitCode.OK if not info["problems"] else ExitCode.ERROR
+
+
+def _blend(args: argparse.Namespace) -> ExitCode:
+    from goodput.data.blend import BlendSpec, build_blend, format_report
+
+    spec = BlendSpec(
+        file_list=args.file_list,
+        seq_len=args.seq_len,
+        num_samples=args.num_samples,
+        seed=args.seed,
+        output=args.output,
+        on_exhausted=args.on_exhausted,
+        report_batch_size=args.report_batch_size,
+    )
+    directory, manifest = build_blend(spec)
+    print(json.dumps(manifest, indent=2) if args.json else format_report(directory, manifest))
+    return ExitCode.OK
+
+
+def _verify(args: argparse.Namespace) -> ExitCode:
+    from goodput.data.manifest import verify_dataset, verify_run
+
+    path = args.path / "blend.json" if args.path.is_dir() else args.path
+    problems = verify_dataset(path) if path.name.endswith(".manifest.json") else verify_run(path)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    print(f"{path}: {'FAILED, ' + str(len(problems)) + ' problem(s)' if problems else 'ok'}")
+    return ExitCode.ERROR if problems else ExitCode.OK

@@ -1,0 +1,125 @@
+"""``goodput launch``: its options parsed into ``goodput.launch.LaunchOptions`` and one call of
+``goodput.launch.run``, which does all the work. ``goodput submit`` parses the launch line of
+its jobs here too, so that the two never disagree about what the line means."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from goodput import argtypes
+from goodput.commands import Subparsers, after_dashes
+from goodput.errors import ExitCode
+
+if TYPE_CHECKING:
+    from goodput.launch import LaunchOptions
+
+
+def register(groups: Subparsers) -> None:
+    launch = groups.add_parser(
+        "launch",
+        help="run a command on the job's hosts (srun, mpiexec or local ranks), watch it, retry it",
+        description="Run CMD as NPROC ranks: with srun inside a Slurm job, with mpiexec inside a "
+        "PBS job, else as local processes with torchrun's variables. Stops every rank when one "
+        "fails or all go quiet for --timeout seconds; retries up to --retries times.",
+        usage="goodput launch [options] -- CMD ...",
+    )
+    launch.add_argument(
+        "--nhosts",
+        type=argtypes.positive_int,
+        help="use the first N hosts of the job; the rest are spares",
+    )
+    launch.add_argument(
+        "--ppn", type=argtypes.positive_int, help="ranks per host (default: the profile's)"
+    )
+    launch.add_argument(
+        "--nproc", type=argtypes.positive_int, help="ranks in all (default: nhosts x ppn)"
+    )
+    launch.add_argument(
+        "--profile",
+        help="machine profile: generic, aurora, polaris, perlmutter, frontier, or a .toml path "
+        "(default: $GOODPUT_PROFILE, else generic)",
+    )
+    launch.add_argument("--dry-run", action="store_true", help="print the command line(s) and exit")
+    launch.add_argument(
+        "--timeout",
+        type=argtypes.non_negative_float,
+        metavar="S",
+        help="stop all ranks after S seconds without output (exit 124; default: never, 1800 "
+        "with --auto-retry; 0: never)",
+    )
+    launch.add_argument(
+        "--retries",
+        type=argtypes.non_negative_int,
+        help="attempts after a failed one (default 0; with --auto-retry: no limit but its own)",
+    )
+    launch.add_argument(
+        "--backoff",
+        type=argtypes.non_negative_float,
+        default=5.0,
+        metavar="S",
+        help="seconds before the first retry, doubling up to 300, jittered (default 5)",
+    )
+    launch.add_argument(
+        "--auto-retry",
+        action="store_true",
+        help="classify each failed attempt, replace bad hosts from the spares (--nhosts N of "
+        "a larger job), probe hosts when no log line names one; stop after 2 attempts without "
+        "a step, at walltime, on Ctrl-C or when spares run out (--timeout defaults to 1800)",
+    )
+    launch.add_argument(
+        "--grace",
+        type=argtypes.non_negative_float,
+        default=10.0,
+        metavar="S",
+        help="seconds between SIGTERM and SIGKILL when stopping ranks (default 10)",
+    )
+    launch.add_argument("--log", type=Path, help="also append all output to this file")
+    launch.add_argument(
+        "--run-dir",
+        type=Path,
+        help="where attempts.jsonl and the PBS host file go (default: the --log file's "
+        "folder, else ./launch-JOBID)",
+    )
+    launch.add_argument(
+        "--no-prefix", action="store_true", help="do not prefix output lines with [rank]"
+    )
+    launch.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    launch.set_defaults(handler=_launch)
+
+
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """``goodput launch ARGV`` parsed as the command parses it (argparse's own errors exit 2),
+    and the arguments it does not know."""
+    parser = argparse.ArgumentParser(prog="goodput")
+    register(parser.add_subparsers())
+    return parser.parse_known_args(["launch", *argv])
+
+
+def options(args: argparse.Namespace) -> LaunchOptions:
+    """The parsed options of ``goodput launch``, as the Python API takes them."""
+    from goodput.launch import LaunchOptions
+
+    return LaunchOptions(
+        command=tuple(after_dashes(args.cmd)),
+        nhosts=args.nhosts,
+        ppn=args.ppn,
+        nproc=args.nproc,
+        profile=args.profile,
+        idle_timeout_s=args.timeout,
+        retries=args.retries,
+        backoff_s=args.backoff,
+        auto_retry=args.auto_retry,
+        grace_s=args.grace,
+        log=args.log,
+        run_dir=args.run_dir,
+        prefix=not args.no_prefix,
+    )
+
+
+def _launch(args: argparse.Namespace) -> ExitCode:
+    from goodput.launch import run
+
+    return run(options(args), dry_run=args.dry_run)

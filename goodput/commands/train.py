@@ -1,0 +1,68 @@
+"""``goodput train``: a run config (plus overrides) into ``goodput.train.loop.train``, as one
+process or as every rank under a launcher. An error names the rank and its host."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+from pathlib import Path
+
+from goodput.commands import Subparsers
+from goodput.errors import ExitCode, GoodputError, from_exception
+
+
+def register(groups: Subparsers) -> None:
+    train = groups.add_parser(
+        "train",
+        help="train a model from a run config (single process or under any launcher)",
+        description="Train from a TOML run config with [model] [train] [data] [optim] "
+        "[schedule] [parallel] tables. Runs as one process, or as every rank under torchrun, "
+        "srun or mpiexec; prints one step=N line per step.",
+    )
+    train.add_argument("config", type=Path, help="the run config (TOML)")
+    train.add_argument(
+        "overrides", nargs="*", help="section.key=value overrides, e.g. train.steps=100"
+    )
+    train.add_argument(
+        "--resume",
+        metavar="auto|never|PATH",
+        help="auto: the newest complete checkpoint of the run, if any (default); never: start "
+        "fresh; PATH: that checkpoint directory (same as checkpoint.resume=...)",
+    )
+    train.add_argument(
+        "--allow-data-change",
+        action="store_true",
+        help="resume even though the data fingerprint differs from the checkpoint's",
+    )
+    train.set_defaults(handler=_train)
+
+
+def _train(args: argparse.Namespace) -> ExitCode:
+    from goodput.config import load_config
+    from goodput.train.config import RunConfig
+    from goodput.train.loop import train
+
+    overrides = list(args.overrides)
+    if args.resume is not None:
+        overrides.append(f"checkpoint.resume={json.dumps(args.resume)}")
+    if args.allow_data_change:
+        overrides.append("checkpoint.allow_data_change=true")
+    cfg = load_config(RunConfig, args.config, overrides)
+    try:
+        train(cfg)
+    except Exception as error:
+        # The line names the rank and its host, for the person reading the log and for
+        # `goodput launch --auto-retry`, which swaps the host out on a device error.
+        raise from_exception(error, context=_rank_on_host()) from error
+    return ExitCode.OK
+
+
+def _rank_on_host() -> str:
+    from goodput.launch.env import current_placement
+
+    try:
+        rank = str(current_placement().rank)
+    except GoodputError:
+        rank = "?"
+    return f"rank {rank} on {socket.gethostname()}"
