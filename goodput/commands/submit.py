@@ -6,7 +6,6 @@ first job starts; nothing is run. Never imports torch."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -97,8 +96,7 @@ def _submit(args: argparse.Namespace) -> ExitCode:
 def _check_launch_options(argv: list[str]) -> None:
     """Parse ``goodput launch ARGV`` into the ``LaunchOptions`` each job will run and load their
     profile: every check of the line that needs no job, done before anything is written."""
-    from goodput.launch import launchers
-    from goodput.launch.run import PROFILE_VAR
+    from goodput.launch.run import load_profile
 
     args, unknown = launch.parse(argv)
     if unknown or not after_dashes(args.cmd):
@@ -112,6 +110,4 @@ def _check_launch_options(argv: list[str]) -> None:
     options = launch.options(args)
     # Picked as goodput launch picks it: the jobs run in the environment submitted from (Slurm's
     # default, -V on PBS), so $GOODPUT_PROFILE there is the one here.
-    launchers.load_profile(
-        options.profile or os.environ.get(PROFILE_VAR) or launchers.DEFAULT_PROFILE
-    )
+    load_profile(options)

@@ -49,13 +49,18 @@ class LaunchOptions:
     prefix: bool = True  # [rank] before each output line
 
 
+def load_profile(options: LaunchOptions) -> launchers.ProfileConfig:
+    """The machine profile ``options`` names, else ``$GOODPUT_PROFILE``, else generic."""
+    return launchers.load_profile(
+        options.profile or os.environ.get(PROFILE_VAR) or launchers.DEFAULT_PROFILE
+    )
+
+
 def run(options: LaunchOptions, *, dry_run: bool = False) -> ExitCode:
     """Launch ``options.command``; the exit code of ``goodput launch``: the last attempt's when
     ``ExitCode`` names it, else 1 (a death by signal: ``attempts.jsonl`` keeps the number).
     ``dry_run`` prints the command line(s) and writes nothing."""
-    profile = launchers.load_profile(
-        options.profile or os.environ.get(PROFILE_VAR) or launchers.DEFAULT_PROFILE
-    )
+    profile = load_profile(options)
     placement = current_placement()
     run_dir = (
         options.run_dir
