@@ -30,6 +30,18 @@ over the median of the runs' step times. MFU = FLOPs per token (PaLM convention,
 probes per repeat in the side's compute dtype (``measure_matmul_flops``, the probe the trainer
 itself uses on CPU); the MFU goodput itself logged (its probe at the start of each run) is
 reported next to it.
+
+Gradient accumulation (the FSDP gradient sync): the whole ``goodput train`` on
+``ACCUM_RANKS`` gloo ranks (one core each, as a launcher would bind them), FSDP fp32,
+``ACCUM_MICRO_BATCHES`` micro-batches of one sample per rank and step, the same model. Ours:
+FSDP reduces the gradients once a step, after the last micro-batch (``[parallel]
+sync_every_micro_batch = false``, the default); baseline: a reduce-scatter after every
+micro-batch (``true``, what goodput did before). ``ACCUM_REPEATS`` repeats, both sides back to
+back (order reversed on odd repeats); figures as above (median over repeats of each run's
+steady-step median, from rank 0's ``metrics.jsonl``), and the ratio is the median of baseline /
+ours step time within each repeat. Rank 0's peak resident memory is reported beside: the
+deferred sync holds unsharded gradients across the accumulation. Both sides must log the same
+losses.
 """
 
 from __future__ import annotations
@@ -51,6 +63,7 @@ import torch.nn.functional as F
 from goodput.data.blend import BlendSpec, build_blend
 from goodput.data.loader import DataLoader
 from goodput.data.shards import ShardWriter
+from goodput.testing.dist import run_distributed
 from goodput.train.config import DataConfig, RunConfig, TrainConfig
 from goodput.train.flops import flops_per_token, model_size
 from goodput.train.loop import train
@@ -76,6 +89,10 @@ OURS = {
     "fp32_master": ParallelConfig(),  # the default policy, bf16 compute: for information
 }
 PROBE_DTYPES = {"fp32": torch.float32, "fp32_master": torch.bfloat16}
+ACCUM_RANKS = 2
+ACCUM_MICRO_BATCHES = 4  # per rank and step, one sample each
+ACCUM_REPEATS = 5
+SYNC_EVERY_MICRO_BATCH = {"last": False, "every": True}  # ours, then the baseline
 
 
 def _bare_loop(
@@ -125,14 +142,22 @@ def _write_corpus(directory: Path) -> Path:
     return file_list
 
 
-def _run_config(tmp: Path, file_list: Path, parallel: ParallelConfig, output: Path) -> RunConfig:
+def _run_config(
+    tmp: Path,
+    file_list: Path,
+    parallel: ParallelConfig,
+    output: Path,
+    *,
+    batch: int = BATCH,
+    micro_batch_size: int = BATCH,
+) -> RunConfig:
     return RunConfig(
         model=MODEL,
         train=TrainConfig(
             steps=STEPS,
-            tokens_per_step=BATCH * SEQ_LEN,
+            tokens_per_step=batch * SEQ_LEN,
             seq_len=SEQ_LEN,
-            micro_batch_size=BATCH,
+            micro_batch_size=micro_batch_size,
             output=str(output),
             max_grad_norm=MAX_GRAD_NORM,
             seed=SEED,
@@ -158,8 +183,66 @@ def _ours(cfg: RunConfig) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
+def _train_rank(rank: int, world_size: int, cfg: RunConfig) -> None:
+    """One rank of a multi-rank ``goodput train``, on one core, its output to a log file."""
+    torch.set_num_threads(1)
+    log_path = Path(cfg.train.output) / f"train-rank{rank}.log"
+    with (
+        open(log_path, "w") as log,
+        contextlib.redirect_stdout(log),
+        contextlib.redirect_stderr(log),
+    ):
+        train(cfg)
+
+
 def _steady(values: list[float]) -> float:
     return statistics.median(values[WARMUP_STEPS:])
+
+
+def _accumulation(tmp: Path, file_list: Path) -> dict[str, Any]:
+    """FSDP gradient sync once a step against after every micro-batch (module docstring)."""
+    step_s: dict[str, list[float]] = {side: [] for side in SYNC_EVERY_MICRO_BATCH}
+    memory_gib: dict[str, list[float]] = {side: [] for side in SYNC_EVERY_MICRO_BATCH}
+    losses: dict[str, list[float]] = {}
+    runs = itertools.count()
+    sides = list(SYNC_EVERY_MICRO_BATCH)
+    for repeat in range(ACCUM_REPEATS):
+        for side in sides if repeat % 2 == 0 else reversed(sides):
+            parallel = ParallelConfig(
+                precision="fp32", sync_every_micro_batch=SYNC_EVERY_MICRO_BATCH[side]
+            )
+            output = tmp / f"accumulation{next(runs)}"
+            output.mkdir()
+            cfg = _run_config(
+                tmp,
+                file_list,
+                parallel,
+                output,
+                batch=ACCUM_RANKS * ACCUM_MICRO_BATCHES,
+                micro_batch_size=1,
+            )
+            run_distributed(_train_rank, ACCUM_RANKS, cfg, timeout_s=600)
+            lines = (output / "metrics.jsonl").read_text().splitlines()
+            records = [json.loads(line) for line in lines]
+            step_s[side].append(_steady([r["step_time_s"] for r in records]))
+            memory_gib[side].append(records[-1]["peak_memory_gib"])
+            losses.setdefault(side, [r["loss"] for r in records])
+    ratios = [every / last for every, last in zip(step_s["every"], step_s["last"], strict=True)]
+    tokens_per_step = ACCUM_RANKS * ACCUM_MICRO_BATCHES * SEQ_LEN
+    return {
+        "step_seconds_each": step_s,
+        **{f"sync_{side}_step_s": statistics.median(step_s[side]) for side in sides},
+        **{
+            f"sync_{side}_tokens_per_s": tokens_per_step / statistics.median(step_s[side])
+            for side in sides
+        },
+        **{f"sync_{side}_peak_memory_gib": statistics.median(memory_gib[side]) for side in sides},
+        "ratio": statistics.median(ratios),
+        "ratio_each": ratios,
+        "max_loss_difference": max(
+            abs(a - b) for a, b in zip(losses["last"], losses["every"], strict=True)
+        ),
+    }
 
 
 def main() -> dict[str, Any]:
@@ -206,6 +289,7 @@ def main() -> dict[str, Any]:
                     logged_mfu[side].append(_steady([r["mfu"] for r in records]))
                 step_s[side].append(_steady(seconds))
                 losses.setdefault(side, side_losses)
+        accumulation = _accumulation(tmp, file_list)
     peak = {side: statistics.median(peaks[side]) for side in OURS}
     peak["bare"] = peak["fp32"]
     ratios = {
@@ -227,6 +311,7 @@ def main() -> dict[str, Any]:
         "max_loss_difference_fp32": max(
             abs(a - b) for a, b in zip(losses["bare"], losses["fp32"], strict=True)
         ),
+        "accumulation": accumulation,
         "seconds": time.perf_counter() - start,
     }
     _print_summary(figures)
@@ -266,7 +351,21 @@ def _print_summary(figures: dict[str, Any]) -> None:
         f"  goodput's own logged MFU: fp32 {100 * figures['fp32_mfu_logged']:.1f}%, fp32-master "
         f"{100 * figures['fp32_master_mfu_logged']:.1f}% (against its start-up probe)"
     )
+    print(f"  fp32 losses equal the bare loop's to {figures['max_loss_difference_fp32']:.1e}")
+    accumulation = figures["accumulation"]
+    each = accumulation["ratio_each"]
     print(
-        f"  fp32 losses equal the bare loop's to {figures['max_loss_difference_fp32']:.1e}; "
+        f"gradient accumulation: {ACCUM_RANKS} ranks x {ACCUM_MICRO_BATCHES} micro-batches of 1 x "
+        f"{SEQ_LEN} tokens, FSDP fp32, one core a rank; {ACCUM_REPEATS} repeats"
+    )
+    for side, label in (("every", "sync every micro-batch (baseline)"), ("last", "sync once")):
+        print(
+            f"  {label:<36}: {accumulation[f'sync_{side}_tokens_per_s']:7.1f} tokens/s  "
+            f"step {accumulation[f'sync_{side}_step_s']:.3f} s  rank-0 peak RSS "
+            f"{accumulation[f'sync_{side}_peak_memory_gib']:.2f} GiB"
+        )
+    print(
+        f"  sync once is {accumulation['ratio']:.3f}x faster (repeats {min(each):.2f}-"
+        f"{max(each):.2f}); losses equal to {accumulation['max_loss_difference']:.1e}; "
         f"{figures['seconds']:.0f} s in all"
     )

@@ -1,5 +1,11 @@
 """Saving: the step pays for a snapshot to host memory, a background thread pays for the disk.
 
+When to save is decided here too (``Checkpointer.decide``): by steps, by minutes, at the last
+step, and on SIGTERM (the scheduler's walltime warning) a final synchronous save before the
+run stops. Ranks see the clock and the signal at slightly different moments, so every rank
+takes each step's decision together (an all-reduce MAX over the checkpoint group); otherwise
+one rank would enter a save while another entered the next step, and both would hang.
+
 One save at a time: a save asked for while the previous one is still flushing waits for it (the
 wait is counted as stall). The snapshot goes into one host copy kept for the whole run.
 Checkpoint collectives run on their own gloo group, never the training one, so a flush in
@@ -18,6 +24,7 @@ is removed, and the previous checkpoints are untouched.
 
 from __future__ import annotations
 
+import enum
 import errno
 import shutil
 import threading
@@ -63,6 +70,23 @@ REASONS = {
 
 
 LOW_SPACE_BYTES = 16 * 2**20
+
+
+class Decision(enum.Enum):
+    """What the loop does after a step: the same on every rank."""
+
+    NONE = "none"
+    PERIODIC = "periodic"  # save (in the background unless async_save is off), go on
+    FINAL = "final"  # SIGTERM: save synchronously, then stop
+    STOP = "stop"  # SIGTERM with save_on_sigterm off: stop without saving
+
+    @property
+    def saves(self) -> bool:
+        return self in (Decision.PERIODIC, Decision.FINAL)
+
+    @property
+    def stops(self) -> bool:
+        return self in (Decision.FINAL, Decision.STOP)
 
 
 class WaveWriter(FileSystemWriter):
@@ -127,13 +151,20 @@ class Checkpointer:
         # 100M model (bench_checkpoint). Plain memory, synchronous copy: works without a GPU.
         self.stager = DefaultStager(StagingOptions(False, False, False, False))
 
-    def due(self, step: int) -> bool:
-        """By steps; the minutes criterion is agreed across ranks by the loop (``minutes_due``)."""
-        return self.cfg.interval_steps > 0 and step % self.cfg.interval_steps == 0
-
-    def minutes_due(self) -> bool:
+    def decide(self, step: int, *, last_step: int, sigterm: bool) -> Decision:
+        """Collective: after ``step``, save or stop? SIGTERM on any rank stops every rank; the
+        minutes interval counts once it has passed on any rank; with an interval set, the last
+        step is always saved."""
         minutes = self.cfg.interval_minutes
-        return minutes > 0 and time.monotonic() - self.last_save >= 60 * minutes
+        minutes_due = minutes > 0 and time.monotonic() - self.last_save >= 60 * minutes
+        sigterm, minutes_due = _any_rank([sigterm, minutes_due], self.group)
+        if sigterm:
+            return Decision.FINAL if self.cfg.save_on_sigterm else Decision.STOP
+        interval = self.cfg.interval_steps
+        periodic = (interval > 0 and step % interval == 0) or minutes_due
+        if periodic or (step == last_step and (interval > 0 or minutes > 0)):
+            return Decision.PERIODIC
+        return Decision.NONE
 
     def save(
         self,
@@ -279,6 +310,15 @@ class Checkpointer:
         if self.rank == 0:
             shutil.rmtree(directory, ignore_errors=True)
             print(report, flush=True)
+
+
+def _any_rank(flags: list[bool], group: dist.ProcessGroup) -> list[bool]:
+    """Each flag true on every rank if it is true on any."""
+    if dist.get_world_size(group) == 1:
+        return flags
+    votes = torch.tensor([int(flag) for flag in flags])
+    dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=group)
+    return [bool(vote) for vote in votes.tolist()]
 
 
 def _reason(error: BaseException, directory: Path) -> str:

@@ -3,15 +3,20 @@
 ``[model]`` ``[train]`` ``[data]`` ``[optim]`` ``[schedule]`` ``[parallel]`` ``[checkpoint]``;
 each component is built from its own table only. What can be derived is derived, never
 configured twice: the global batch in samples is ``tokens_per_step / seq_len``, the
-data-parallel size is the world size, and gradient accumulation is
+data-parallel size comes from the mesh (``mesh.py``), and gradient accumulation is
 ``global batch / (micro_batch_size · DP)``. Numbers that do not divide are a usage error naming
 the values and a value that would work.
+
+Deprecated keys, read for one more release with a one-line warning: ``[train]
+activation_checkpointing`` and ``[train] compile`` (now in ``[parallel]``); the built config
+holds them in their new place only.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from goodput.checkpoint.config import CheckpointConfig
@@ -40,8 +45,9 @@ class TrainConfig:
     # inf: no clipping
     max_grad_norm: float = field(default=1.0, metadata=limits(above=0, inf_ok=True))
     seed: int = 0  # model init; data order comes from [data] seed
-    activation_checkpointing: bool = False  # recompute each block in backward
-    compile: bool = False  # torch.compile each block
+    # Deprecated: [parallel] activation_checkpointing and compile; moved there by RunConfig.
+    activation_checkpointing: bool | None = None
+    compile: bool | None = None
     # per device, for MFU; None: the device table or a CPU probe
     peak_tflops: float | None = field(default=None, metadata=limits(above=0))
     tensorboard: bool = True  # also write TensorBoard events when tensorboard is installed
@@ -76,12 +82,41 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
+        self._move_deprecated_keys()
         if self.train.seq_len > self.model.max_seq_len:
             raise _usage_error(
                 "[train]",
                 f"seq_len {self.train.seq_len} exceeds model.max_seq_len {self.model.max_seq_len}",
                 "lower train.seq_len or raise model.max_seq_len",
             )
+
+    def _move_deprecated_keys(self) -> None:
+        moved = {
+            key: value
+            for key in DEPRECATED_TRAIN_KEYS
+            if (value := getattr(self.train, key)) is not None
+        }
+        for key, value in moved.items():
+            if getattr(self.parallel, key) not in (value, False):  # False: the default
+                raise _usage_error(
+                    "[train]",
+                    f"{key} is set in both [train] and [parallel], differently",
+                    f"set it in [parallel] only ([train] {key} is deprecated)",
+                )
+            print(
+                f"goodput: warning: [train] {key} is deprecated; set it in [parallel] (the "
+                "[train] key is read until the next release)",
+                file=sys.stderr,
+                flush=True,
+            )
+        if moved:
+            # Frozen: built once, here, before anyone can see it.
+            object.__setattr__(self, "parallel", replace(self.parallel, **moved))
+            cleared = replace(self.train, activation_checkpointing=None, compile=None)
+            object.__setattr__(self, "train", cleared)
+
+
+DEPRECATED_TRAIN_KEYS = ("activation_checkpointing", "compile")  # now in [parallel]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +132,8 @@ class BatchPlan:
 
 
 def plan_batches(train: TrainConfig, dp_size: int) -> BatchPlan:
-    """Derive the global batch and gradient accumulation; fail clearly when they do not divide."""
+    """Derive the global batch and gradient accumulation on ``dp_size`` data-parallel ranks
+    (``ParallelMesh.dp_size``); fail clearly when they do not divide."""
     global_batch = train.tokens_per_step // train.seq_len
     per_round = train.micro_batch_size * dp_size
     if global_batch % per_round:

@@ -1,9 +1,10 @@
 """The training loop: one function, top to bottom, from a run config to the last step.
 
-Setup (process group, batch plan, data, model, optimizer, metrics) comes from small builders;
-everything after that is here, in the order it happens. Each step: set the LR, take this rank's
-slice of the global batch, cut it into micro-batches, ``train_step``, record. The step-1 loss
-of the fresh model is checked against ln(vocab).
+Setup (process group, mesh, batch plan, data, model, optimizer, metrics) comes from small
+builders; everything after that is here, in the order it happens. Each step, in labelled
+blocks: LR; batch (this rank's slice of the global batch, cut into micro-batches); step
+(``train_step``); metrics (and the step-1 loss of a fresh model against ln(vocab));
+checkpoint/terminate (``Checkpointer.decide``, the same on every rank).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from goodput.checkpoint.save import Checkpointer
 from goodput.config import to_toml
 from goodput.errors import ExitCode, GoodputError
 from goodput.io import write_marker
-from goodput.launch.device import detect_device_type, local_device
-from goodput.launch.env import current_placement
 from goodput.launch.submit import DONE_MARKER
 from goodput.train.build import (
     CheckpointChoice,
@@ -33,29 +32,30 @@ from goodput.train.build import (
 )
 from goodput.train.config import RunConfig, plan_batches
 from goodput.train.flops import flops_per_token
+from goodput.train.mesh import build_mesh
 from goodput.train.metrics import Metrics, peak_flops
 from goodput.train.optim import build_optimizer
 from goodput.train.parallelize import compute_dtype
 from goodput.train.schedule import learning_rate
 from goodput.train.setup import setup_torch
 from goodput.train.step import train_step
-from goodput.train.termination import SigtermFlag, agree
+from goodput.train.termination import SigtermFlag
 
 
 def train(cfg: RunConfig) -> list[float]:
     """Run ``cfg`` on this rank; return the per-step losses (the same on every rank)."""
     owns_process_group = not dist.is_initialized()
-    rank = setup_torch(seed=cfg.train.seed)
+    runtime = setup_torch(seed=cfg.train.seed)
+    rank, device = runtime.rank, runtime.device
     try:
-        world_size = dist.get_world_size()
-        device = local_device(detect_device_type(), current_placement().local_rank)
-        plan = plan_batches(cfg.train, dp_size=world_size)
+        mesh = build_mesh(cfg.parallel, device)
+        plan = plan_batches(cfg.train, dp_size=mesh.dp_size)
         run_dir = Path(cfg.train.output)
         decided_by_rank_zero(lambda: require_run_dir(run_dir))  # before anything is written
-        loader = build_loader(cfg, plan, rank)
+        loader = build_loader(cfg, plan, mesh)
         # Chosen before the model is built, so its checksums are hashed meanwhile.
         checkpoint_choice = CheckpointChoice(cfg.checkpoint, checkpoint_root(cfg))
-        model = build_model(cfg, device)
+        model = build_model(cfg, device, mesh, empty=checkpoint_choice.found)
         optimizer = build_optimizer(model, cfg.optim, cfg.schedule.lr)
         checkpointer = Checkpointer(cfg.checkpoint, checkpoint_root(cfg), device)
         # Before anything is written: a refused resume must leave the run directory as it was.
@@ -64,11 +64,14 @@ def train(cfg: RunConfig) -> list[float]:
         peak, peak_source = peak_flops(device, compute_dtype(cfg.parallel), cfg.train.peak_tflops)
         if rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
-            write_run_record(run_dir, cfg, loader, world_size, str(device), peak, peak_source)
+            write_run_record(
+                run_dir, cfg, loader, runtime.world_size, str(device), peak, peak_source
+            )
             print(
-                f"train: {world_size} rank(s) on {device}, global batch {plan.global_batch_size}"
-                f" x {cfg.train.seq_len} tokens = micro-batch {plan.micro_batch_size} x "
-                f"{plan.grad_accumulation} accumulation x {plan.dp_size} data-parallel",
+                f"train: {runtime.world_size} rank(s) on {device}, global batch "
+                f"{plan.global_batch_size} x {cfg.train.seq_len} tokens = micro-batch "
+                f"{plan.micro_batch_size} x {plan.grad_accumulation} accumulation x "
+                f"{plan.dp_size} data-parallel",
                 flush=True,
             )
             peak_text = f"{peak / 1e12:.3f} TFLOP/s" if peak else "unknown"
@@ -76,23 +79,24 @@ def train(cfg: RunConfig) -> list[float]:
         metrics = Metrics(
             run_dir,
             rank=rank,
-            world_size=world_size,
+            world_size=runtime.world_size,
             device=device,
             tokens_per_step=plan.global_batch_size * cfg.train.seq_len,
             flops_per_token=flops_per_token(cfg.model, cfg.train.seq_len),
             peak_flops_per_device=peak,
             tensorboard=cfg.train.tensorboard,
         )
-        checkpointing = cfg.checkpoint.interval_steps > 0 or cfg.checkpoint.interval_minutes > 0
         config_toml = to_toml(cfg)
         losses = []
         batches = iter(loader)
         last_step_end = time.perf_counter()
         with SigtermFlag() as sigterm:
             for step in range(start_step + 1, cfg.train.steps + 1):
+                # LR
                 lr = learning_rate(cfg.schedule, step - 1, cfg.train.steps)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
+                # Batch: this rank's share of the global batch, in micro-batches.
                 input_ids, labels = next(batches)
                 micro_batches = list(
                     zip(
@@ -101,10 +105,17 @@ def train(cfg: RunConfig) -> list[float]:
                         strict=True,
                     )
                 )
+                # Step
                 result = train_step(
-                    model, optimizer, micro_batches, max_grad_norm=cfg.train.max_grad_norm
+                    model,
+                    optimizer,
+                    micro_batches,
+                    max_grad_norm=cfg.train.max_grad_norm,
+                    dp_group=mesh.dp_group,
+                    sync_every_micro_batch=cfg.parallel.sync_every_micro_batch,
                 )
-                # The whole iteration — data, step, logging, checkpoint stall — is the step time.
+                # Metrics: the whole iteration (data, step, logging, checkpoint stall) is the
+                # step time.
                 now = time.perf_counter()
                 metrics.step(step, result, lr, now - last_step_end)
                 last_step_end = now
@@ -113,18 +124,16 @@ def train(cfg: RunConfig) -> list[float]:
                     warning = fresh_loss_warning(result.loss, cfg.model.vocab_size)
                     if warning:
                         print(warning, flush=True)
-                terminate, minutes_due = agree(
-                    [sigterm.is_set(), checkpointer.minutes_due()], checkpointer.group
+                # Checkpoint / terminate
+                decision = checkpointer.decide(
+                    step, last_step=cfg.train.steps, sigterm=sigterm.is_set()
                 )
-                periodic = checkpointing and (
-                    checkpointer.due(step) or minutes_due or step == cfg.train.steps
-                )
-                if cfg.checkpoint.save_on_sigterm if terminate else periodic:
-                    train_state = {"loader": loader.state_dict(), "world_size": world_size}
+                if decision.saves:
+                    train_state = {"loader": loader.state_dict(), "world_size": runtime.world_size}
                     checkpointer.save(
-                        step, model, optimizer, train_state, config_toml, blocking=terminate
+                        step, model, optimizer, train_state, config_toml, blocking=decision.stops
                     )
-                if terminate:
+                if decision.stops:
                     checkpointer.close()
                     raise GoodputError(
                         "train",

@@ -26,7 +26,6 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from goodput.config import limits
 from goodput.errors import GoodputError
@@ -276,10 +275,23 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.embedding.weight
-        self.register_buffer("inv_freq", rope_frequencies(cfg), persistent=False)
-        # Recompute each block's activations in backward: memory for compute, set by the trainer.
-        self.checkpoint_activations = False
+        self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2), persistent=False)
+        self.init_buffers()
         self.reset_parameters()
+
+    def init_buffers(self) -> None:
+        """Compute the buffers no checkpoint holds (the rotary frequencies), on their device."""
+        with torch.device(self.inv_freq.device):
+            self.inv_freq.copy_(rope_frequencies(self.cfg))
+
+    def allocate(self, device: torch.device) -> None:
+        """Allocate a model built on the meta device, uninitialised, on ``device``: for a load
+        that fills every parameter. Allocation gives every parameter name its own tensor, so a
+        tied output head is tied again; the buffers no checkpoint holds are computed."""
+        self.to_empty(device=device)
+        if self.cfg.tie_embeddings and self.output.weight is not self.embedding.weight:
+            self.output.weight = self.embedding.weight
+        self.init_buffers()
 
     def reset_parameters(self) -> None:
         std, depth_std = self.cfg.init_std, self.cfg.init_std / math.sqrt(2 * self.cfg.num_layers)
@@ -298,10 +310,7 @@ class Transformer(nn.Module):
         cos_te, sin_te = angles_te.cos(), angles_te.sin()
         x_btd = self.embedding(input_ids_bt)
         for block in self.blocks:
-            if self.checkpoint_activations and torch.is_grad_enabled():
-                x_btd = checkpoint(block, x_btd, cos_te, sin_te, use_reentrant=False)
-            else:
-                x_btd = block(x_btd, cos_te, sin_te)
+            x_btd = block(x_btd, cos_te, sin_te)
         return self.output(self.norm(x_btd))
 
     def moe_layers(self) -> list[MoE]:

@@ -5,12 +5,14 @@ Reads the placement (``goodput.launch.env``), picks device and backend
 (an FSDP2 first all-gather deadlocks otherwise on some stacks), seeds every RNG with the same
 seed on every rank (identical model init; data order comes from the blend, not from RNG), and
 initialises the default process group with a timeout. A single process gets a world-size-1 group
-on an in-memory store: no port, no network.
+on an in-memory store: no port, no network. It returns the ``Runtime``: rank, world size and
+device, derived here once (how the ranks split into parallel dimensions is ``mesh.py``'s).
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from datetime import timedelta
 
 import numpy as np
@@ -23,8 +25,15 @@ from goodput.launch.env import current_placement
 DEFAULT_TIMEOUT_S = 600
 
 
-def setup_torch(seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
-    """Initialise this rank for training; return its global rank."""
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    rank: int  # in the default process group
+    world_size: int
+    device: torch.device  # this rank's, already made current
+
+
+def setup_torch(seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> Runtime:
+    """Initialise this rank for training."""
     placement = current_placement()
     device_type = detect_device_type()
     device = local_device(device_type, placement.local_rank)
@@ -54,4 +63,4 @@ def setup_torch(seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
                 device_id=device_id,
             )
     # Already initialised by the caller (a test harness, a notebook): its group is the truth.
-    return dist.get_rank()
+    return Runtime(dist.get_rank(), dist.get_world_size(), device)

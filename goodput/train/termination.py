@@ -1,9 +1,7 @@
-"""SIGTERM (the scheduler's walltime warning) as a flag, and decisions every rank takes together.
+"""SIGTERM (the scheduler's walltime warning) as a flag.
 
-The handler only sets a flag: the loop finishes its step, saves if asked, and exits 143. Ranks
-receive the signal at slightly different moments, so each step they agree on every such
-decision (an all-reduce MAX over the checkpoint group); otherwise one rank would enter a save
-while another entered the next step, and both would hang.
+The handler only sets a flag: the loop finishes its step, saves if asked, and exits 143. The
+ranks decide that together, after each step (``Checkpointer.decide``).
 """
 
 from __future__ import annotations
@@ -11,9 +9,6 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType, TracebackType
-
-import torch
-import torch.distributed as dist
 
 
 class SigtermFlag:
@@ -42,12 +37,3 @@ class SigtermFlag:
 
     def is_set(self) -> bool:
         return self.event.is_set()
-
-
-def agree(flags: list[bool], group: dist.ProcessGroup) -> list[bool]:
-    """Each flag true on every rank if it is true on any."""
-    if dist.get_world_size(group) == 1:
-        return flags
-    votes = torch.tensor([int(flag) for flag in flags])
-    dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=group)
-    return [bool(vote) for vote in votes.tolist()]

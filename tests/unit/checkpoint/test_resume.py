@@ -1,11 +1,13 @@
-"""Save and resume through the real loop: bit-exact resume, resume at another DP size, the
-choice of checkpoint, refusals, and saves that fail on one rank or on a full disk."""
+"""Save and resume through the real loop: when to save, bit-exact resume (into a model built
+empty), resume at another DP size, the choice of checkpoint, refusals, and saves that fail on
+one rank or on a full disk."""
 
 import json
 import os
 import resource
 import signal
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.convert import from_torch, to_torch
 from goodput.checkpoint.layout import LATEST, checkpoints_dir, list_checkpoints, step_dir
 from goodput.checkpoint.load import find_checkpoint, load_tensors
+from goodput.checkpoint.save import Checkpointer, Decision
 from goodput.config import build, to_toml
 from goodput.errors import GoodputError
 from goodput.testing.dist import run_distributed
@@ -47,6 +50,41 @@ def assert_bitwise_equal(a, b):
             assert a[key] == b[key], key
 
 
+def decisions(rank, world_size, tmp_path, cfg, sigterm_rank, late_rank):
+    """Each step's decision of 8, with SIGTERM on ``sigterm_rank`` only at step 6 and the last
+    save minutes ago on ``late_rank`` only (no save happens, so it stays minutes ago)."""
+    checkpointer = Checkpointer(CheckpointConfig(**cfg), tmp_path, torch.device("cpu"))
+    if rank == late_rank:
+        checkpointer.last_save = time.monotonic() - 120
+    try:
+        return [
+            checkpointer.decide(step, last_step=8, sigterm=rank == sigterm_rank and step == 6)
+            for step in range(1, 9)
+        ]
+    finally:
+        checkpointer.close()
+
+
+N, P, F, S = Decision.NONE, Decision.PERIODIC, Decision.FINAL, Decision.STOP
+
+
+@pytest.mark.parametrize(
+    ("cfg", "sigterm_rank", "late_rank", "expected"),
+    [
+        ({"interval_steps": 4}, None, None, [N, N, N, P, N, N, N, P]),
+        ({}, None, None, [N] * 8),  # no interval: not even the last step
+        ({"interval_steps": 3}, 1, None, [N, N, P, N, N, F, N, P]),
+        ({"interval_steps": 3, "save_on_sigterm": False}, 0, None, [N, N, P, N, N, S, N, P]),
+        ({"interval_minutes": 1.0}, None, 1, [P] * 8),  # the late rank's clock counts for all
+    ],
+)
+def test_every_rank_takes_the_same_decision(tmp_path, cfg, sigterm_rank, late_rank, expected):
+    for rank_decisions in run_distributed(decisions, 2, tmp_path, cfg, sigterm_rank, late_rank):
+        assert rank_decisions == expected
+    assert [d.saves for d in (N, P, F, S)] == [False, True, True, False]
+    assert [d.stops for d in (N, P, F, S)] == [False, False, True, True]
+
+
 def test_resume_is_bit_exact(run_config, tmp_path):
     straight = with_checkpoints(run_config, tmp_path / "straight")
     losses = train(straight)
@@ -67,6 +105,20 @@ def test_resume_is_bit_exact(run_config, tmp_path):
 
 def train_on_rank(rank, world_size, cfg):
     return train(cfg)
+
+
+def test_a_model_built_empty_for_a_refused_checkpoint_starts_as_a_fresh_one(run_config, tmp_path):
+    cfg = with_checkpoints(run_config, tmp_path / "run")
+    losses = train(cfg)
+    metrics = Path(cfg.train.output) / "metrics.jsonl"
+    metrics.unlink()
+    for saved in list_checkpoints(checkpoints_dir(cfg.train.output)):
+        damaged = next(saved.path.glob("*.distcp"))  # refused by its checksum, after the build
+        data = bytearray(damaged.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        damaged.write_bytes(bytes(data))
+    assert train(cfg) == losses  # auto refused both: a fresh start, bit for bit
+    assert metrics.read_text().count("\n") == 8
 
 
 @pytest.mark.parametrize(("saved_at", "resumed_at"), [(1, 2), (2, 1)])

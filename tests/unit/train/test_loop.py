@@ -19,6 +19,12 @@ def with_train(cfg, **changes):
     return replace(cfg, train=replace(cfg.train, **changes))
 
 
+def with_parallel(cfg, output, **changes):
+    return replace(
+        cfg, train=replace(cfg.train, output=str(output)), parallel=replace(cfg.parallel, **changes)
+    )
+
+
 def test_a_run_trains_and_writes_its_run_directory(run_config, capsys):
     losses = train(run_config)
     out = capsys.readouterr().out
@@ -70,17 +76,20 @@ def test_losses_equal_for_any_dp_size_and_accumulation(run_config, tmp_path):
         assert losses == pytest.approx(reference, rel=1e-5)
 
 
-def test_activation_checkpointing_changes_nothing_but_memory(run_config, tmp_path):
+def test_activation_checkpointing_changes_nothing_but_memory(run_config, tmp_path, capsys):
     reference = train(run_config)
-    checkpointed = train(
-        with_train(run_config, activation_checkpointing=True, output=str(tmp_path / "ac"))
-    )
+    checkpointed = train(with_parallel(run_config, tmp_path / "ac", activation_checkpointing=True))
     assert checkpointed == reference
+    # The deprecated [train] key still works, and says so.
+    deprecated = with_train(run_config, activation_checkpointing=True, output=str(tmp_path / "d"))
+    assert "[train] activation_checkpointing is deprecated" in capsys.readouterr().err
+    assert deprecated.parallel.activation_checkpointing
+    assert train(deprecated) == reference
 
 
 def test_compiled_blocks_train_the_same(run_config, tmp_path):
     reference = train(with_train(run_config, steps=3))
-    compiled = train(with_train(run_config, steps=3, compile=True, output=str(tmp_path / "c")))
+    compiled = train(with_parallel(with_train(run_config, steps=3), tmp_path / "c", compile=True))
     assert compiled == pytest.approx(reference, rel=1e-4)
 
 

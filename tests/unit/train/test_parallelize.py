@@ -1,8 +1,9 @@
-"""FSDP2 on gloo: the same loss and the same update as one process; precision policies in
-effect."""
+"""FSDP2 on gloo: the same loss and the same update as one process, with gradients reduced
+once per step or after every micro-batch; precision policies in effect."""
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
@@ -72,3 +73,48 @@ def test_one_rank_skips_fsdp_unless_the_policy_needs_it():
     assert run_distributed(is_sharded, 1, "fp32") == [False]
     assert run_distributed(is_sharded, 1, "fp32-master") == [True]  # bf16 compute comes from FSDP
     assert run_distributed(is_sharded, 2, "fp32") == [True, True]
+
+
+def accumulated_steps(rank, world_size, sync_every_micro_batch):
+    """Two steps of 4 micro-batches: (losses, grad norms, weights, reduce-scatters)."""
+    calls = []
+    reduce_scatter = dist.reduce_scatter_single
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return reduce_scatter(*args, **kwargs)
+
+    dist.reduce_scatter_single = counted  # FSDP2's one reduce-scatter, in this process only
+    torch.manual_seed(0)
+    model = parallelize(Transformer(TINY_MODEL), ParallelConfig(precision="fp32"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    micro = rank_micro_batches(*uneven_global_batch(), rank, world_size, accumulation=4)
+    results = [
+        train_step(
+            model,
+            optimizer,
+            micro,
+            max_grad_norm=None,
+            sync_every_micro_batch=sync_every_micro_batch,
+        )
+        for _ in range(2)
+    ]
+    weights = full(model.output.weight)[:3, :3].clone()
+    return [r.loss for r in results], [r.grad_norm for r in results], weights, len(calls)
+
+
+def test_accumulation_reduces_once_a_step_and_trains_the_same():
+    once = run_distributed(accumulated_steps, 2, False)
+    every = run_distributed(accumulated_steps, 2, True)
+    num_units = TINY_MODEL.num_layers + 1  # FSDP units: each block, and the root
+    assert [r[3] for r in once] == [2 * num_units] * 2  # one reduce-scatter a unit and step
+    assert [r[3] for r in every] == [2 * 4 * num_units] * 2  # one a micro-batch
+    for (losses, norms, weights, _), (every_losses, every_norms, every_weights, _) in zip(
+        once, every, strict=True
+    ):
+        assert losses == pytest.approx(every_losses, rel=1e-6)
+        assert norms == pytest.approx(every_norms, rel=1e-5)
+        assert torch.allclose(weights, every_weights, atol=1e-7)
+    loss, grad_norm, _ = single_step("fp32")
+    assert once[0][0][0] == pytest.approx(loss, rel=1e-5)
+    assert once[0][1][0] == pytest.approx(grad_norm, rel=1e-4)

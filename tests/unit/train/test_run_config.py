@@ -73,7 +73,10 @@ def test_a_batch_that_does_not_divide_names_the_numbers_and_a_value_that_works()
         ("model.num_heads=3", "dim 128 is not divisible by num_heads 3"),
         ("parallel.data_parallel=replicate", "precision 'fp32-master' needs data_parallel"),
         ("optim.kind=sgd", "'optim.kind' = 'sgd' is not allowed"),
-        ("train.micro_batch_size=3", "does not split into micro-batches of 3"),  # at start
+        ("parallel.tp=2", "tp = 2: tensor parallelism is not supported yet"),
+        # Found at start, once the world size is known:
+        ("train.micro_batch_size=3", "does not split into micro-batches of 3"),
+        ("parallel.dp_shard=2", "= 2 ranks, but the world has 1; e.g. dp_replicate = 1, dp_sh"),
     ],
 )
 def test_goodput_train_refuses_a_bad_config_in_one_line(tmp_path, override, message):
@@ -84,8 +87,11 @@ def test_goodput_train_refuses_a_bad_config_in_one_line(tmp_path, override, mess
     assert result.returncode == 2, result.stderr
     line = one_line_error(result)
     assert message in line
-    assert "tiny-cpu.toml" in line or override == "train.micro_batch_size=3"
+    assert "tiny-cpu.toml" in line or override in AT_START
     assert not (tmp_path / "run").exists()
+
+
+AT_START = ("train.micro_batch_size=3", "parallel.dp_shard=2")
 
 
 def number_keys(cls: type, prefix: str = "") -> list[tuple[str, type]]:
@@ -206,3 +212,23 @@ def test_replicate_runs_fp32_or_pure_bf16_only():
     assert ParallelConfig(data_parallel="replicate", precision="fp32")
     with pytest.raises(GoodputError, match="needs data_parallel = 'fsdp'"):
         ParallelConfig(data_parallel="replicate")
+
+
+@pytest.mark.parametrize("key", ["activation_checkpointing", "compile"])
+def test_deprecated_train_keys_move_to_parallel_with_one_warning_line(key, capsys):
+    cfg = load_config(RunConfig, CONFIGS / "tiny-cpu.toml", [f"train.{key}=true"])
+    assert getattr(cfg.parallel, key) is True and getattr(cfg.train, key) is None
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert warning == [
+        f"goodput: warning: [train] {key} is deprecated; set it in [parallel] (the [train] key "
+        "is read until the next release)"
+    ]
+    resolved = to_toml(cfg)
+    assert f"[train]\n{key}" not in resolved and f"\n{key} = true" in resolved  # [parallel]
+    assert build(RunConfig, tomllib.loads(resolved), "resolved") == cfg
+    assert not capsys.readouterr().err  # the resolved config warns no more
+    assert load_config(RunConfig, CONFIGS / "tiny-cpu.toml", [f"parallel.{key}=true"]) == cfg
+    with pytest.raises(GoodputError, match=f"{key} is set in both .train. and .parallel."):
+        load_config(
+            RunConfig, CONFIGS / "tiny-cpu.toml", [f"train.{key}=false", f"parallel.{key}=true"]
+        )

@@ -14,7 +14,9 @@ from goodput.launch.device import BACKENDS, backend_for, detect_device_type
 
 RANK_SCRIPT = """
 import torch, torch.distributed as dist, goodput
-rank = goodput.setup_torch(seed=3)
+runtime = goodput.setup_torch(seed=3)
+rank = runtime.rank
+assert runtime.world_size == 2 and runtime.device == torch.device("cpu")
 value = torch.tensor([float(rank + 1)])
 dist.all_reduce(value)
 print(rank, dist.get_world_size(), dist.get_backend(), value.item(), torch.rand(1).item())
@@ -63,7 +65,8 @@ def test_single_process_needs_no_port(monkeypatch):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("GOODPUT_DEVICE", "cpu")
     try:
-        assert goodput.setup_torch() == 0
+        runtime = goodput.setup_torch()
+        assert (runtime.rank, runtime.world_size, runtime.device.type) == (0, 1, "cpu")
         assert dist.get_world_size() == 1 and dist.get_backend() == "gloo"
     finally:
         dist.destroy_process_group()

@@ -11,7 +11,14 @@ from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL, rank_micro_batches, uneven_global_batch
 from goodput.train.model import MoEConfig, Transformer
 from goodput.train.schedule import ScheduleConfig, learning_rate
-from goodput.train.step import IGNORE_INDEX, train_step
+from goodput.train.step import (
+    IGNORE_INDEX,
+    clip_and_step,
+    forward_backward,
+    num_targets,
+    token_loss_sum,
+    train_step,
+)
 
 GLOBAL_BATCH = 8
 
@@ -47,6 +54,22 @@ def test_same_loss_and_update_for_any_split(reference, world_size, accumulation)
         assert loss == pytest.approx(reference[0], rel=1e-5)
         assert grad_norm == pytest.approx(reference[1], rel=1e-4)
         assert torch.allclose(weights, reference[3], atol=1e-6)
+
+
+def test_the_loss_alone_is_the_step_loss_and_the_step_is_its_two_halves(reference):
+    torch.manual_seed(0)
+    model = Transformer(TINY_MODEL)
+    inputs, labels = uneven_global_batch()
+    with torch.no_grad():  # as evaluation uses it
+        loss = token_loss_sum(model(inputs), labels).item() / num_targets(labels)
+    assert loss == reference[0]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    micro = rank_micro_batches(inputs, labels, 0, 1, accumulation=2)
+    loss_sum, num_tokens = forward_backward(model, micro)
+    grad_norm = clip_and_step(model, optimizer, max_grad_norm=None)
+    assert (loss_sum / num_tokens, num_tokens) == (pytest.approx(reference[0], rel=1e-6), 36)
+    assert grad_norm == pytest.approx(reference[1], rel=1e-5)
+    assert all(p.grad is None for p in model.parameters())  # zeroed for the next step
 
 
 def test_per_micro_batch_mean_would_differ(reference):
