@@ -86,11 +86,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from goodput import rundir
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.layout import step_dir
 from goodput.config import to_toml
 from goodput.launch.stage import stage_checkpoint
 from goodput.launch.transports import make_transport
+from goodput.rundir import step_dir
 from goodput.testing.tiny import tiny_run_config
 from goodput.train.config import RunConfig
 from goodput.train.flops import model_size
@@ -182,7 +183,7 @@ def _save_run(base: RunConfig, output: Path, async_save: bool) -> dict[str, Any]
     lines = _train_recorded(cfg)
     if any(FAILED.match(line) for _, line in lines):
         raise RuntimeError(f"a save failed:\n{_tail(lines)}")
-    records = [json.loads(r) for r in (output / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(r) for r in (output / rundir.METRICS).read_text().splitlines()]
     step_time = {r["step"]: r["step_time_s"] for r in records}
     step_end: dict[int, float] = {}
     held: dict[str, tuple[float, float]] = {}  # checkpoint directory -> (line arrival, seconds)

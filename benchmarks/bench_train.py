@@ -60,6 +60,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from goodput import rundir
 from goodput.data.blend import BlendSpec, build_blend
 from goodput.data.loader import DataLoader
 from goodput.data.shards import ShardWriter
@@ -179,7 +180,7 @@ def _ours(cfg: RunConfig) -> list[dict[str, Any]]:
         contextlib.redirect_stderr(log),
     ):
         train(cfg)
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    lines = (run_dir / rundir.METRICS).read_text().splitlines()
     return [json.loads(line) for line in lines]
 
 
@@ -222,7 +223,7 @@ def _accumulation(tmp: Path, file_list: Path) -> dict[str, Any]:
                 micro_batch_size=1,
             )
             run_distributed(_train_rank, ACCUM_RANKS, cfg, timeout_s=600)
-            lines = (output / "metrics.jsonl").read_text().splitlines()
+            lines = (output / rundir.METRICS).read_text().splitlines()
             records = [json.loads(line) for line in lines]
             step_s[side].append(_steady([r["step_time_s"] for r in records]))
             memory_gib[side].append(records[-1]["peak_memory_gib"])

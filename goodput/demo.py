@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from goodput import cli
+from goodput import cli, rundir
 from goodput.config import load_config
 from goodput.data.blend import BlendSpec, build_blend, format_report
 from goodput.data.loader import DataLoader
@@ -127,7 +127,7 @@ def main() -> None:
     code = subprocess.call([*goodput, *launch_args, *goodput, *train_args])
     if code:
         sys.exit(code)
-    print_loss_curve(run_dir / "metrics.jsonl")
+    print_loss_curve(run_dir / rundir.METRICS)
 
 
 def print_loss_curve(metrics_file: Path, num_points: int = 7) -> None:

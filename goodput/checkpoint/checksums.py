@@ -18,9 +18,9 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from goodput.checkpoint.layout import CHECKSUMS
 from goodput.errors import GoodputError
 from goodput.io import read_json, sha256_file, write_json
+from goodput.rundir import CHECKSUMS
 
 ALGORITHM = "sha256"
 NOT_CHECKSUMMED = {CHECKSUMS, ".complete"}

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from goodput.checkpoint.layout import LATEST, checkpoints_dir, list_checkpoints
 from goodput.errors import GoodputError
 from goodput.io import read_text
+from goodput.rundir import LATEST, checkpoints_dir, list_checkpoints
 
 
 def describe_checkpoints(run_dir: Path, now: float | None = None) -> dict[str, Any]:

@@ -34,11 +34,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from goodput.checkpoint.layout import CONFIG, TRAIN_STATE, list_checkpoints, rng_file
 from goodput.checkpoint.metadata import MetadataReader, files_and_sizes, read_metadata
 from goodput.checkpoint.state import set_rng_state
 from goodput.errors import GoodputError
 from goodput.io import is_complete, read_json, read_text
+from goodput.rundir import CONFIG, TRAIN_STATE, list_checkpoints, rng_file
 
 
 class TensorsOnlyLoadPlanner(DefaultLoadPlanner):

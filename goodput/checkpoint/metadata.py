@@ -30,9 +30,9 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from goodput.checkpoint.layout import METADATA
 from goodput.errors import GoodputError
 from goodput.io import read_bytes
+from goodput.rundir import METADATA
 
 MAX_METADATA_BYTES = 1 << 30  # ~100x the metadata of a 405B model saved by 16k ranks
 DCP_FILE = re.compile(r"__\d{1,9}_\d{1,9}\.distcp")

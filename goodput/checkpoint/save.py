@@ -46,7 +46,9 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from goodput.checkpoint.checksums import file_digests, write_checksums
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.layout import (
+from goodput.checkpoint.state import rng_state
+from goodput.io import write_json, write_marker, write_text
+from goodput.rundir import (
     CONFIG,
     LATEST,
     METADATA,
@@ -55,8 +57,6 @@ from goodput.checkpoint.layout import (
     rng_file,
     step_dir,
 )
-from goodput.checkpoint.state import rng_state
-from goodput.io import write_json, write_marker, write_text
 
 REASONS = {
     errno.ENOSPC: "disk full",

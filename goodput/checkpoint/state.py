@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from goodput.errors import GoodputError
-from goodput.launch.device import get_device_rng_state, set_device_rng_state
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
@@ -60,3 +59,16 @@ def _encode(tensor: torch.Tensor) -> str:
 
 def _decode(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8)
+
+
+def get_device_rng_state(device: Any) -> Any:
+    """The generator state of an accelerator (a uint8 tensor), or None for CPU and MPS, whose
+    draws come from the CPU generator."""
+    if device.type in ("cuda", "xpu"):
+        return getattr(torch, device.type).get_rng_state(device)
+    return None
+
+
+def set_device_rng_state(device: Any, state: Any) -> None:
+    if device.type in ("cuda", "xpu"):
+        getattr(torch, device.type).set_rng_state(state, device)

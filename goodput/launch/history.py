@@ -45,7 +45,6 @@ from goodput.config import build, limits
 from goodput.errors import GoodputError
 from goodput.io import read_text
 
-ATTEMPTS_LOG = "attempts.jsonl"  # in the run directory
 AttemptClass = Literal[
     "success", "walltime", "interrupted", "bad-node", "hang", "stuck-pre-training", "error"
 ]

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from goodput import rundir
 from goodput.config import build, limits, read_toml
 from goodput.errors import GoodputError, from_exception
 from goodput.io import write_text
@@ -140,7 +141,7 @@ class LaunchPlan:
     def hostfile(self) -> Path:
         """The PBS host file of exactly these hosts, named by its contents."""
         digest = hashlib.sha256("\n".join(self.hosts).encode()).hexdigest()[:12]
-        return self.run_dir / f"hostfile-{digest}"
+        return self.run_dir / f"{rundir.HOSTFILE_PREFIX}{digest}"
 
 
 def profile_names() -> list[str]:

@@ -18,11 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from goodput import rundir
 from goodput.errors import ExitCode
 from goodput.launch import failover, launchers
 from goodput.launch.attempt import AttemptResult, run_attempt
 from goodput.launch.env import current_placement
-from goodput.launch.history import ATTEMPTS_LOG, Evidence
+from goodput.launch.history import Evidence
 from goodput.launch.retry import Policy, StartAttempt, run_attempts
 
 PROFILE_VAR = "GOODPUT_PROFILE"  # the profile when none is named
@@ -85,8 +86,8 @@ def run(options: LaunchOptions, *, dry_run: bool = False) -> ExitCode:
         _attempt_starter(plan, options),
         _policy(plan, options),
         failover.Pool(list(plan.hosts), list(plan.spares)),
-        attempts_log=run_dir / ATTEMPTS_LOG,
-        heartbeat=run_dir / "heartbeat",
+        attempts_log=run_dir / rundir.ATTEMPTS,
+        heartbeat=run_dir / rundir.HEARTBEAT,
         job=placement.job_id,
     )
     return ExitCode(code) if code in {member.value for member in ExitCode} else ExitCode.ERROR

@@ -27,10 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from goodput.checkpoint.layout import CHECKSUMS, STEP_DIR, checkpoints_dir, list_checkpoints
 from goodput.errors import GoodputError
 from goodput.launch.broadcast import DEFAULT_FANOUT, ORIGIN, BroadcastResult, broadcast
 from goodput.launch.transports import MARKER, LocalTransport, RemoteTransport, Transport
+from goodput.rundir import CHECKSUMS, STEP_DIR, checkpoints_dir, list_checkpoints
 
 REMOVE_THREADS = 64  # hosts cleaned up at once (one ssh each for the remote transports)
 REMOVE_TIMEOUT_S = 300.0

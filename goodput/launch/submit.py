@@ -32,14 +32,13 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from goodput import rundir
 from goodput.errors import GoodputError, from_exception
 from goodput.io import read_text, write_text
 from goodput.launch.env import MAX_HOSTS
 
-DONE_MARKER = "done"
 CHAIN_JOB_VAR = "GOODPUT_CHAIN_JOB"
 CLIENTS = {"slurm": "sbatch", "pbs": "qsub"}
-SCRIPT_NAMES = {"slurm": "chain.sbatch", "pbs": "chain.pbs"}
 
 # What may go into a #SBATCH/#PBS line. Nothing there is quoted: sbatch and qsub parse those
 # lines themselves, each its own way, so only values that need no quoting are allowed.
@@ -161,11 +160,11 @@ class Chain:
 
     @property
     def script(self) -> Path:
-        return self.run_dir / SCRIPT_NAMES[self.scheduler]
+        return self.run_dir / rundir.CHAIN_SCRIPTS[self.scheduler]
 
     @property
     def done_marker(self) -> Path:
-        return self.run_dir / DONE_MARKER
+        return self.run_dir / rundir.DONE
 
 
 def check_launch_line(argv: list[str]) -> None:

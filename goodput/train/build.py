@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
-import re
 import sys
 import time
 import tomllib
@@ -31,9 +30,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-from goodput import __version__
+from goodput import __version__, rundir
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.layout import checkpoints_dir
 from goodput.checkpoint.load import (
     check_model_shape,
     config_diff,
@@ -49,19 +47,16 @@ from goodput.data.loader import DataLoader
 from goodput.data.manifest import git_sha
 from goodput.errors import GoodputError, from_exception
 from goodput.io import write_json, write_text
+from goodput.rundir import checkpoints_dir
 from goodput.train.config import BatchPlan, RunConfig
 from goodput.train.mesh import ParallelMesh
 from goodput.train.model import Transformer
 from goodput.train.parallelize import parallelize
 
 RECORDED_PACKAGES = ("torch", "numpy", "sentencepiece", "tokenizers", "tensorboard")
-RUN_RECORD = "run.json"  # written at the start of every run: its presence makes a run directory
 # What goodput launch and goodput submit put into a run directory before its trainer first
 # starts: the job chain's script, Slurm's job logs (<job-name>-<id>.out), a launch --log, PBS
 # host files and the attempts log. The trainer writes none of these names, so it overwrites none.
-LAUNCH_FILES = re.compile(
-    r"chain\.(sbatch|pbs)|.+-[0-9]+\.out|.+\.log|hostfile-[0-9a-f]{12}|attempts\.jsonl"
-)
 
 
 def decided_by_rank_zero(decide: Callable[[], Any]) -> Any:
@@ -90,15 +85,17 @@ def require_run_dir(run_dir: Path) -> None:
             return
         if not run_dir.is_dir():
             raise GoodputError.usage(run_dir, "is a file, not a folder", fix)
-        if (run_dir / RUN_RECORD).is_file():
+        if (run_dir / rundir.RUN_RECORD).is_file():
             return
-        foreign = sorted(p.name for p in run_dir.iterdir() if not LAUNCH_FILES.fullmatch(p.name))
+        foreign = sorted(
+            p.name for p in run_dir.iterdir() if not rundir.LAUNCHER_FILES.fullmatch(p.name)
+        )
     except OSError as exc:
         raise from_exception(exc) from None
     if foreign:
         raise GoodputError.usage(
             run_dir,
-            f"is not a goodput run directory (no {RUN_RECORD}) and not empty: it holds "
+            f"is not a goodput run directory (no {rundir.RUN_RECORD}) and not empty: it holds "
             f"{foreign[0]!r}" + (f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""),
             fix,
         )
@@ -294,7 +291,7 @@ def write_run_record(
     peak_source: str,
 ) -> None:
     """The resolved config and what produced the run, written once at start by rank 0."""
-    write_text(run_dir / "config.toml", to_toml(cfg))
+    write_text(run_dir / rundir.CONFIG, to_toml(cfg))
     versions = {}
     for package in RECORDED_PACKAGES:
         try:
@@ -303,7 +300,7 @@ def write_run_record(
             continue
     manifest = loader.samples.manifest
     write_json(
-        run_dir / RUN_RECORD,
+        run_dir / rundir.RUN_RECORD,
         {
             "goodput": __version__,
             "git_sha": git_sha(),

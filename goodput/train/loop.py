@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from goodput import rundir
 from goodput.checkpoint.save import Checkpointer
 from goodput.config import to_toml
 from goodput.errors import ExitCode, GoodputError
 from goodput.io import write_marker
-from goodput.launch.submit import DONE_MARKER
 from goodput.train.build import (
     CheckpointChoice,
     build_loader,
@@ -145,7 +145,7 @@ def train(cfg: RunConfig) -> list[float]:
         metrics.close()
         if rank == 0:
             # Last, once every step has run: a `goodput submit` job chain stops at this file.
-            write_marker(run_dir, DONE_MARKER)
+            write_marker(run_dir, rundir.DONE)
             print(f"train: done; metrics in {run_dir / 'metrics.jsonl'}", flush=True)
         return losses
     finally:

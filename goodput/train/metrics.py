@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from goodput.launch.device import device_name, peak_memory_bytes
+from goodput import rundir
+from goodput.train.device import device_name, peak_memory_bytes
 from goodput.train.step import StepResult
 
 # (substring of the device name, dense bf16 TFLOP/s per device); the first match wins.
@@ -96,7 +97,7 @@ class Metrics:
         self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
         self.peak = peak_flops_per_device
         self.enabled = rank == 0
-        self.jsonl = open(run_dir / "metrics.jsonl", "a") if self.enabled else None  # noqa: SIM115
+        self.jsonl = open(run_dir / rundir.METRICS, "a") if self.enabled else None  # noqa: SIM115
         self.tensorboard = _tensorboard_writer(run_dir) if self.enabled and tensorboard else None
 
     def step(self, step: int, result: StepResult, lr: float, step_time_s: float) -> dict[str, Any]:
@@ -127,7 +128,7 @@ class Metrics:
                 if key not in ("step", "time") and value is not None:
                     self.tensorboard.add_scalar(f"train/{key}", value, record["step"])
         print(step_line(record), flush=True)
-        heartbeat = self.run_dir / "heartbeat"
+        heartbeat = self.run_dir / rundir.HEARTBEAT
         tmp = heartbeat.with_name(f".heartbeat.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"step": record["step"], "time": record["time"]}))
         os.replace(tmp, heartbeat)
@@ -155,4 +156,4 @@ def _tensorboard_writer(run_dir: Path) -> Any:
     except ImportError:
         print("metrics: tensorboard is not installed; writing metrics.jsonl only", flush=True)
         return None
-    return SummaryWriter(str(run_dir / "tensorboard"))
+    return SummaryWriter(str(run_dir / rundir.TENSORBOARD))

@@ -1,7 +1,7 @@
 """``setup_torch()``: one call from "some launcher started me" to a ready process group.
 
 Reads the placement (``goodput.launch.env``), picks device and backend
-(``goodput.launch.device``), makes the local device current *before* the process group exists
+(``goodput.train.device``), makes the local device current *before* the process group exists
 (an FSDP2 first all-gather deadlocks otherwise on some stacks), seeds every RNG with the same
 seed on every rank (identical model init; data order comes from the blend, not from RNG), and
 initialises the default process group with a timeout. A single process gets a world-size-1 group
@@ -19,8 +19,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from goodput.launch.device import backend_for, detect_device_type, local_device
 from goodput.launch.env import current_placement
+from goodput.train.device import backend_for, detect_device_type, local_device
 
 DEFAULT_TIMEOUT_S = 600
 

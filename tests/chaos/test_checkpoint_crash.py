@@ -9,8 +9,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from goodput.checkpoint.layout import checkpoints_dir, list_checkpoints
 from goodput.config import to_toml
+from goodput.rundir import checkpoints_dir, list_checkpoints
 from goodput.testing.tiny import tiny_run_config
 
 

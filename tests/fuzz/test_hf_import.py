@@ -18,9 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import save
 
-from goodput.checkpoint import convert, hf
 from goodput.errors import GoodputError
 from goodput.testing.tiny import TINY_MODEL
+from goodput.train import convert, hf
 from goodput.train.model import ModelConfig, Transformer
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

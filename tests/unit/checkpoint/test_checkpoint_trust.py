@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
-from goodput.checkpoint.layout import CONFIG, TRAIN_STATE, checkpoints_dir, step_dir
 from goodput.checkpoint.metadata import read_metadata
 from goodput.checkpoint.verify import assign
 from goodput.cli import main
 from goodput.config import to_toml
 from goodput.errors import GoodputError
+from goodput.rundir import CONFIG, TRAIN_STATE, checkpoints_dir, step_dir
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import tiny_run_config
 from goodput.train.loop import train

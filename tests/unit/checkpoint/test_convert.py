@@ -15,12 +15,12 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from goodput.checkpoint import convert, hf
-from goodput.checkpoint.layout import CONFIG, LATEST, TRAIN_STATE, checkpoints_dir, step_dir
 from goodput.cli import main
 from goodput.io import write_json, write_marker, write_text
+from goodput.rundir import CONFIG, LATEST, TRAIN_STATE, checkpoints_dir, step_dir
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL
+from goodput.train import convert, hf
 from goodput.train.model import ModelConfig, MoEConfig, Transformer
 from goodput.train.parallelize import ParallelConfig, parallelize
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from goodput.checkpoint.layout import checkpoints_dir, step_dir
 from goodput.errors import GoodputError
+from goodput.rundir import checkpoints_dir, step_dir
 from goodput.testing.tiny import write_counting_corpus
 from goodput.train.loop import train
 

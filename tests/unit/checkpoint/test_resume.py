@@ -17,13 +17,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.convert import from_torch, to_torch
-from goodput.checkpoint.layout import LATEST, checkpoints_dir, list_checkpoints, step_dir
 from goodput.checkpoint.load import find_checkpoint, load_tensors
 from goodput.checkpoint.save import Checkpointer, Decision
 from goodput.config import build, to_toml
 from goodput.errors import GoodputError
+from goodput.rundir import LATEST, checkpoints_dir, list_checkpoints, step_dir
 from goodput.testing.dist import run_distributed
+from goodput.train.convert import from_torch, to_torch
 from goodput.train.loop import train
 
 

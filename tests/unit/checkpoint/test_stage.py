@@ -12,14 +12,14 @@ from dataclasses import replace
 import pytest
 
 from goodput.checkpoint.checksums import CHECKSUMS, checkpoint_files, read_checksums
-from goodput.checkpoint.convert import from_torch, to_torch
-from goodput.checkpoint.layout import checkpoints_dir, step_dir
 from goodput.config import to_toml
 from goodput.io import sha256_file
 from goodput.launch.transports import MARKER
+from goodput.rundir import checkpoints_dir, step_dir
 from goodput.testing.dist import run_distributed
 from goodput.testing.sshd import SSH_CONFIG, sshd_answers
 from goodput.testing.tiny import tiny_run_config
+from goodput.train.convert import from_torch, to_torch
 from goodput.train.loop import train
 
 

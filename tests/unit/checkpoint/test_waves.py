@@ -7,8 +7,8 @@ import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.layout import list_checkpoints
 from goodput.checkpoint.save import Checkpointer
+from goodput.rundir import list_checkpoints
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL
 from goodput.train.model import Transformer

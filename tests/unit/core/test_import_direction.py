@@ -14,11 +14,14 @@ from goodput.testing.jobs import outside_any_job
 IMPORT_ALL = """
     import importlib, json, pkgutil, sys
     package = importlib.import_module({package!r})
-    names = [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+    found = pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+    # "_name": a C library loaded with ctypes (data/_interleave), not a Python module.
+    names = [m.name for m in found if not m.name.rsplit(".", 1)[-1].startswith("_")]
     for name in names:
         importlib.import_module(name)
     torch = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
-    print(json.dumps({{"modules": names, "torch": torch}}))
+    goodput = sorted(m for m in sys.modules if m.startswith("goodput."))
+    print(json.dumps({{"modules": names, "torch": torch, "goodput": goodput}}))
 """
 
 
@@ -38,3 +41,17 @@ def test_no_module_of_launch_imports_torch():
         found["modules"]
     )
     assert found["torch"] == []
+    assert not [m for m in found["goodput"] if m.startswith(("goodput.train", "goodput.checkpoint"))]
+
+
+def test_checkpoint_imports_neither_train_nor_launch():
+    # It knows no model code (conversions live in train/) and no scheduler.
+    found = _import_all("goodput.checkpoint")
+    assert "goodput.checkpoint.metadata" in found["modules"]
+    assert not [m for m in found["goodput"] if m.startswith(("goodput.train", "goodput.launch"))]
+
+
+def test_data_imports_neither_train_nor_launch():
+    found = _import_all("goodput.data")
+    assert not [m for m in found["goodput"] if m.startswith(("goodput.train", "goodput.launch"))]
+

@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from goodput.launch.submit import DONE_MARKER
+from goodput.rundir import DONE
 from goodput.train import loop
 
 
 def test_a_completed_run_writes_the_done_marker(run_config):
     run_dir = Path(run_config.train.output)
     loop.train(run_config)
-    assert (run_dir / DONE_MARKER).read_text() == ""
+    assert (run_dir / DONE).read_text() == ""
     assert not list(run_dir.glob(".done.*"))  # written atomically: no temp file left
 
 
@@ -29,4 +29,4 @@ def test_a_run_that_fails_midway_writes_none(run_config, monkeypatch):
     with pytest.raises(RuntimeError, match="device lost"):
         loop.train(run_config)
     run_dir = Path(run_config.train.output)
-    assert (run_dir / "metrics.jsonl").exists() and not (run_dir / DONE_MARKER).exists()
+    assert (run_dir / "metrics.jsonl").exists() and not (run_dir / DONE).exists()

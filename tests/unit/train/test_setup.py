@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 import goodput
 from goodput.errors import GoodputError
-from goodput.launch.device import BACKENDS, backend_for, detect_device_type
+from goodput.train.device import BACKENDS, backend_for, detect_device_type
 
 RANK_SCRIPT = """
 import torch, torch.distributed as dist, goodput

@@ -2,12 +2,12 @@
 
 Offline and single-process: a DCP checkpoint written by any number of ranks (FSDP shards
 included) is read with ``no_dist=True`` into plain CPU tensors — DCP reassembles the shards —
-and model-only checkpoints are written the same way, in the layout of ``layout.py`` with
+and model-only checkpoints are written the same way, in the layout of ``goodput.rundir`` with
 ``train_state.json`` saying ``model_only``, ``checksums.json``, and ``.complete`` last, so
 ``--resume`` takes them.
 
-Unlike the rest of ``checkpoint/`` this module knows the model: conversion is about its tensor
-names, shapes and RoPE layout (``hf.py``). Shapes come from ``Transformer(cfg)`` built on the
+It lives in ``train/``, not ``checkpoint/``, because it knows the model: conversion is about
+its tensor names, shapes and RoPE layout (``hf.py``). Shapes come from ``Transformer(cfg)`` built on the
 meta device, so no weights are allocated for the check. Every checkpoint read must be complete;
 every output is refused if it would overwrite something, and appears only whole (HF folders by
 renaming a finished temp folder, checkpoints by the marker).
@@ -34,7 +34,6 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from goodput.checkpoint import hf
 from goodput.checkpoint.checksums import (
     checkpoint_files,
     file_digests,
@@ -42,7 +41,6 @@ from goodput.checkpoint.checksums import (
     read_checksums,
     write_checksums,
 )
-from goodput.checkpoint.layout import CONFIG, LATEST, TRAIN_STATE, checkpoints_dir, step_dir
 from goodput.checkpoint.load import load_tensors
 from goodput.checkpoint.metadata import read_metadata
 from goodput.config import load_section, to_toml
@@ -57,6 +55,8 @@ from goodput.io import (
     write_marker,
     write_text,
 )
+from goodput.rundir import CONFIG, LATEST, TRAIN_STATE, checkpoints_dir, step_dir
+from goodput.train import hf
 from goodput.train.model import ModelConfig, Transformer
 
 MODEL = "model"  # the key of the model state inside a checkpoint's DCP state

@@ -2,8 +2,7 @@
 
 CUDA and ROCm (which PyTorch also reports as ``cuda``) use NCCL/RCCL, Intel XPU uses XCCL, Apple
 MPS and CPU use gloo. ``GOODPUT_DEVICE`` overrides the probe (e.g. ``cpu`` on a GPU node for a
-smoke test). torch is imported inside the functions: importing ``goodput.launch`` must stay
-torch-free.
+smoke test). torch is imported inside the functions, so asking for a device type stays cheap.
 """
 
 from __future__ import annotations
@@ -84,20 +83,3 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "cpu"
-
-
-def get_device_rng_state(device: Any) -> Any:
-    """The generator state of an accelerator (a uint8 tensor), or None for CPU and MPS, whose
-    draws come from the CPU generator."""
-    import torch
-
-    if device.type in ("cuda", "xpu"):
-        return getattr(torch, device.type).get_rng_state(device)
-    return None
-
-
-def set_device_rng_state(device: Any, state: Any) -> None:
-    import torch
-
-    if device.type in ("cuda", "xpu"):
-        getattr(torch, device.type).set_rng_state(state, device)

@@ -1,0 +1,90 @@
+"""The name of every file in a run directory (``train.output``, ``goodput launch --run-dir``):
+the contract between the trainer, the launcher, job chains and whatever reads a run afterwards,
+and which checkpoints of a run exist and are complete. Standard library only: the launcher,
+which never imports torch, spells the names from here too.
+
+::
+
+    RUN/
+      config.toml            the resolved run config, written by rank 0 at start
+      run.json               what produced the run; its presence makes a folder a run directory
+      metrics.jsonl          one JSON line per step (rank 0), appended
+      heartbeat              {"step": N, "time": T}, replaced every step: the launcher's progress
+      tensorboard/           the same scalars as event files
+      attempts.jsonl         one line per launch attempt (goodput launch --run-dir)
+      chain.sbatch|chain.pbs the job script of a goodput submit chain (and its jobs' logs)
+      hostfile-<hash>        an mpiexec host file of goodput launch
+      done                   empty, written last after the final step: a job chain stops here
+      checkpoints/
+        step-00000100/
+          .metadata  __<rank>_0.distcp  DCP: {"model": ..., "optim": ...} (model-only: no optim)
+          config.toml                   the resolved run config (model-only: [model] alone)
+          train_state.json              step, loader position and data fingerprint (rank 0)
+          rng/rank-00000.json           every RNG of each rank
+          checksums.json                SHA-256 of each file above, hashed by its writer
+          .complete                     written last, by rank 0, once every rank is durable
+        latest               "step-00000100", replaced only after its .complete exists
+
+A checkpoint directory counts only with ``.complete``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from goodput.io import is_complete
+
+CONFIG = "config.toml"
+RUN_RECORD = "run.json"
+METRICS = "metrics.jsonl"
+HEARTBEAT = "heartbeat"
+TENSORBOARD = "tensorboard"
+ATTEMPTS = "attempts.jsonl"
+CHAIN_SCRIPTS = {"slurm": "chain.sbatch", "pbs": "chain.pbs"}
+HOSTFILE_PREFIX = "hostfile-"
+DONE = "done"
+# What goodput launch and submit may put in a run directory before the trainer first starts.
+LAUNCHER_FILES = re.compile(
+    r"chain\.(sbatch|pbs)|.+-[0-9]+\.out|.+\.log|hostfile-[0-9a-f]{12}|attempts\.jsonl"
+)
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+TRAIN_STATE = "train_state.json"
+METADATA = ".metadata"  # DCP's name for it
+CHECKSUMS = "checksums.json"
+RNG_DIR = "rng"
+STEP_DIR = re.compile(r"step-(\d{8})")  # matched whole (fullmatch): no trailing newline
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    step: int
+    path: Path
+    complete: bool
+
+
+def checkpoints_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:08d}"
+
+
+def rng_file(directory: Path, rank: int) -> Path:
+    return directory / RNG_DIR / f"rank-{rank:05d}.json"
+
+
+def list_checkpoints(root: Path) -> list[Checkpoint]:
+    """Every ``step-N`` directory under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = STEP_DIR.fullmatch(path.name)
+        if match and path.is_dir():
+            found.append(Checkpoint(int(match.group(1)), path, is_complete(path)))
+    return sorted(found, key=lambda c: c.step)
