@@ -46,14 +46,14 @@ Recovery: ``python -m goodput train CONFIG.toml`` (``to_toml`` of the run config
 every ``RECOVERY_INTERVAL`` steps) is SIGKILLed as soon as it prints its first ``complete``
 line, then restarted at once with ``--resume auto``; that process in turn is killed after its
 own first complete checkpoint and restarted, ``2 * RECOVERY_REPEATS`` restarts in all, of two
-kinds in turn: "shared" restarts at once and reads the checkpoint where it was saved; "staged"
-first stages it with the real ``goodput broadcast --checkpoint`` code (``stage_checkpoint``,
-local transport, one "host" folder) and restarts with ``checkpoint.local_dir`` pointing there,
-so the trainer checks the copy's checksums (reported apart: ``checksums checked in X s``) and
-reads it; its kill -> first step includes the staging. Both read warm pages here (one machine,
-one disk), so the staged figures show what staging and verifying add, not what node-local disk
-saves over a loaded parallel filesystem. Each restart must resume from the checkpoint completed
-before the kill and print ``step=N+1``. Per
+kinds in turn: "shared" restarts at once and reads the checkpoint where it was saved; "local"
+first copies it to node-local disk with the real ``goodput broadcast --checkpoint`` code
+(``copy_checkpoint``, local transport, one "host" folder) and restarts with
+``checkpoint.local_dir`` pointing there, so the trainer checks the copy's checksums (reported
+apart: ``checksums checked in X s``) and reads it; its kill -> first step includes the copy.
+Both read warm pages here (one machine, one disk), so the node-local figures show what copying
+and verifying add, not what node-local disk saves over a loaded parallel filesystem. Each
+restart must resume from the checkpoint completed before the kill and print ``step=N+1``. Per
 restart, from the moment before ``Popen``: start-up = arrival of the ``resume:`` line less its
 reported load seconds (interpreter, imports, process group, blend cache lookup, model init,
 optimizer, metrics, checkpoint choice and checks); load = the reported seconds (warm page
@@ -62,9 +62,10 @@ cache: same node); first step = arrival of the first ``step=`` line less arrival
 exec -> first step; kill -> first step also counts waiting for the killed process to be reaped.
 Start-up is split further at the first output line (interpreter, imports, process group, blend
 lookup); the rest is model init, optimizer, the checkpointer, and choosing and checking the
-checkpoint (staged: its checksums too). The trainer prints nothing in between to split it at:
-the resume comes before the run record and its ``train: N rank(s)`` line. Each figure is the median
-over restarts (so the medians of the parts need not add up to the median of the whole).
+checkpoint (a node-local copy: its checksums too). The trainer prints nothing in between to
+split it at: the resume comes before the run record and its ``train: N rank(s)`` line. Each
+figure is the median over restarts (so the medians of the parts need not add up to the median of
+the whole).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ from typing import Any
 from goodput import rundir
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.config import to_toml
-from goodput.launch.stage import stage_checkpoint
+from goodput.launch.checkpoint_copy import copy_checkpoint
 from goodput.launch.transports import make_transport
 from goodput.rundir import step_dir
 from goodput.testing.tiny import tiny_run_config
@@ -112,7 +113,7 @@ RECOVERY_REPEATS = 3
 RECOVERY_STEPS = 1000  # never reached: every process is killed
 WAIT_S = 300  # longest wait for one awaited line of a subprocess
 CHECKS = ("verified", "unverified")  # resume with checkpoint.verify_checksums true / false
-STAGE_HOST = "node0"  # the one "host" of the staged recovery: a folder, the local transport
+COPY_HOST = "node0"  # the one "host" of the node-local recovery: a folder, the local transport
 
 HELD = re.compile(r"^checkpoint: (\S+) held training ([\d.]+) s \((.+)\)$")
 COMPLETE = re.compile(r"^checkpoint: (\S+) complete$")
@@ -175,7 +176,7 @@ def _save_run(base: RunConfig, output: Path, async_save: bool) -> dict[str, Any]
     """One run saving every ``INTERVAL`` steps: per save its hold, flush time and drag."""
     cfg = dataclasses.replace(
         base,
-        train=dataclasses.replace(base.train, output=str(output)),
+        train=dataclasses.replace(base.train, run_dir=str(output)),
         checkpoint=CheckpointConfig(
             interval_steps=INTERVAL, async_save=async_save, keep_last=KEEP_LAST
         ),
@@ -256,7 +257,7 @@ def _load_run(base: RunConfig, checkpoint: Path, output: Path, verify: bool) -> 
     hide."""
     cfg = dataclasses.replace(
         base,
-        train=dataclasses.replace(base.train, output=str(output)),
+        train=dataclasses.replace(base.train, run_dir=str(output)),
         checkpoint=CheckpointConfig(resume=str(checkpoint), verify_checksums=verify),
     )
     start = time.perf_counter()
@@ -336,36 +337,36 @@ class Child:
 
 def _recovery(base: RunConfig, tmp: Path) -> dict[str, list[dict[str, float]]]:
     """Kill after a complete checkpoint, restart with ``--resume auto``, alternately as is
-    ("shared") and with the checkpoint first staged to a node-local folder ("staged"): each
+    ("shared") and with the checkpoint first copied to a node-local folder ("local"): each
     restart's split, by variant."""
     cfg = dataclasses.replace(
         base,
-        train=dataclasses.replace(base.train, steps=RECOVERY_STEPS, output=str(tmp / "recovery")),
+        train=dataclasses.replace(base.train, steps=RECOVERY_STEPS, run_dir=str(tmp / "recovery")),
         checkpoint=CheckpointConfig(interval_steps=RECOVERY_INTERVAL, keep_last=KEEP_LAST),
     )
     config = tmp / "recovery.toml"
     config.write_text(to_toml(cfg))
     command = [sys.executable, "-m", "goodput", "train", str(config)]
-    local = tmp / "nodes" / STAGE_HOST / "ckpt"
-    restarts: dict[str, list[dict[str, float]]] = {"shared": [], "staged": []}
+    local = tmp / "nodes" / COPY_HOST / "ckpt"
+    restarts: dict[str, list[dict[str, float]]] = {"shared": [], "local": []}
     child = Child(command)
     try:
         for repeat in range(2 * RECOVERY_REPEATS):
-            staged = repeat % 2 == 1
+            local_copy = repeat % 2 == 1
             _, done = child.wait_for(COMPLETE)  # this process's first complete checkpoint
             killed_at = child.kill()
             saved_step = int(Path(done[1]).name.removeprefix("step-"))
             restart = [*command, "--resume", "auto"]
-            stage_s = 0.0
-            if staged:  # what a relaunch script does before it starts the trainer again
+            copy_s = 0.0
+            if local_copy:  # what a relaunch script does before it starts the trainer again
                 began = time.perf_counter()
-                stage_checkpoint(
-                    Path(cfg.train.output),
-                    [STAGE_HOST],
+                copy_checkpoint(
+                    Path(cfg.train.run_dir),
+                    [COPY_HOST],
                     str(tmp / "nodes" / "{host}" / "ckpt"),
                     lambda dest: make_transport("local", dest),
                 )
-                stage_s = time.perf_counter() - began
+                copy_s = time.perf_counter() - began
                 restart = [*command, f"checkpoint.local_dir={json.dumps(str(local))}"]
                 restart += ["--resume", "auto"]
             child = Child(restart)
@@ -376,9 +377,9 @@ def _recovery(base: RunConfig, tmp: Path) -> dict[str, list[dict[str, float]]]:
                     f"killed after step-{saved_step} completed, but the restart resumed at "
                     f"step {resumed[2]} and ran step {stepped[1]}:\n{_tail(child.lines)}"
                 )
-            if staged and not (resumed[4] == "1" and resumed[1].startswith(str(local))):
+            if local_copy and not (resumed[4] == "1" and resumed[1].startswith(str(local))):
                 raise RuntimeError(
-                    f"the restart did not read the staged copy:\n{_tail(child.lines)}"
+                    f"the restart did not read the node-local copy:\n{_tail(child.lines)}"
                 )
             load = float(resumed[3])
             first_line_at = child.lines[0][0]
@@ -392,9 +393,9 @@ def _recovery(base: RunConfig, tmp: Path) -> dict[str, list[dict[str, float]]]:
                 "exec_to_step_s": stepped_at - child.started,
                 "kill_to_step_s": stepped_at - killed_at,
             }
-            if staged:
-                split |= {"stage_s": stage_s, "verify_s": float(resumed[6])}
-            restarts["staged" if staged else "shared"].append(split)
+            if local_copy:
+                split |= {"copy_s": copy_s, "verify_s": float(resumed[6])}
+            restarts["local" if local_copy else "shared"].append(split)
     finally:
         child.kill()
     return restarts
@@ -442,7 +443,7 @@ def main() -> dict[str, Any]:
     }
     stall, sync_save = statistics.median(hold["async"]), statistics.median(hold["sync"])
     recovery = {key: [r[key] for r in restarts["shared"]] for key in restarts["shared"][0]}
-    staged = {key: [r[key] for r in restarts["staged"]] for key in restarts["staged"][0]}
+    local_copy = {key: [r[key] for r in restarts["local"]] for key in restarts["local"][0]}
     figures: dict[str, Any] = {
         "model_parameters": model_size(MODEL).total,
         "checkpoint_bytes": checkpoint_bytes,
@@ -471,8 +472,10 @@ def main() -> dict[str, Any]:
         "load_each": loads,
         **{f"recovery_{key}": statistics.median(values) for key, values in recovery.items()},
         "recovery_each": restarts["shared"],
-        **{f"recovery_staged_{key}": statistics.median(values) for key, values in staged.items()},
-        "recovery_staged_each": restarts["staged"],
+        **{
+            f"recovery_local_{key}": statistics.median(values) for key, values in local_copy.items()
+        },
+        "recovery_local_each": restarts["local"],
         "seconds": time.perf_counter() - start,
     }
     _print_summary(figures)
@@ -541,17 +544,17 @@ def _print_summary(figures: dict[str, Any]) -> None:
         f"{figures['recovery_first_step_time_s']:.3f} s)"
     )
     print(
-        f"  recovery from a staged copy : {figures['recovery_staged_kill_to_step_s']:6.3f} s  "
-        f"kill -> 1st step, staging included (exec -> step "
-        f"{figures['recovery_staged_exec_to_step_s']:.3f} s; medians of "
-        f"{len(figures['recovery_staged_each'])} restarts)"
+        f"  recovery from a node-local copy : {figures['recovery_local_kill_to_step_s']:6.3f} s  "
+        f"kill -> 1st step, the copy included (exec -> step "
+        f"{figures['recovery_local_exec_to_step_s']:.3f} s; medians of "
+        f"{len(figures['recovery_local_each'])} restarts)"
     )
     print(
-        f"    staging {figures['recovery_staged_stage_s']:.3f} s (goodput broadcast "
+        f"    copy {figures['recovery_local_copy_s']:.3f} s (goodput broadcast "
         f"--checkpoint, local transport), checksums checked "
-        f"{figures['recovery_staged_verify_s']:.3f} s, load "
-        f"{figures['recovery_staged_load_s']:.3f} s, first step "
-        f"{figures['recovery_staged_first_step_s']:.3f} s"
+        f"{figures['recovery_local_verify_s']:.3f} s, load "
+        f"{figures['recovery_local_load_s']:.3f} s, first step "
+        f"{figures['recovery_local_first_step_s']:.3f} s"
     )
     print(f"  {figures['seconds']:.0f} s in all")
 

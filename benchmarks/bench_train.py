@@ -159,7 +159,7 @@ def _run_config(
             tokens_per_step=batch * SEQ_LEN,
             seq_len=SEQ_LEN,
             micro_batch_size=micro_batch_size,
-            output=str(output),
+            run_dir=str(output),
             max_grad_norm=MAX_GRAD_NORM,
             seed=SEED,
         ),
@@ -172,7 +172,7 @@ def _run_config(
 
 def _ours(cfg: RunConfig) -> list[dict[str, Any]]:
     """One ``goodput train`` run; its metrics.jsonl records."""
-    run_dir = Path(cfg.train.output)
+    run_dir = Path(cfg.train.run_dir)
     run_dir.mkdir(parents=True)
     with (
         open(run_dir / "train.log", "w") as log,
@@ -187,7 +187,7 @@ def _ours(cfg: RunConfig) -> list[dict[str, Any]]:
 def _train_rank(rank: int, world_size: int, cfg: RunConfig) -> None:
     """One rank of a multi-rank ``goodput train``, on one core, its output to a log file."""
     torch.set_num_threads(1)
-    log_path = Path(cfg.train.output) / f"train-rank{rank}.log"
+    log_path = Path(cfg.train.run_dir) / f"train-rank{rank}.log"
     with (
         open(log_path, "w") as log,
         contextlib.redirect_stdout(log),
@@ -266,7 +266,7 @@ def main() -> dict[str, Any]:
                 seq_len=SEQ_LEN,
                 num_samples=STEPS * BATCH,
                 seed=data.seed,
-                output=Path(data.cache),
+                cache=Path(data.cache),
                 on_exhausted=data.on_exhausted,
             )
         )

@@ -1,4 +1,5 @@
-"""Number types for command-line options, checked when argparse reads them.
+"""Number types for command-line options, checked when argparse reads them; ``renamed`` for an
+option whose old spelling still works for one release.
 
 argparse names the option in its error ("argument --timeout: ...") and exits 2, so a NaN, an
 infinity, a negative count or a number beyond ``MAX_COUNT`` never reaches the code behind the
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
 MAX_COUNT = 1 << 40  # far above any real count of hosts, ranks, tokens or samples
 MAX_SECONDS = 10 * 365 * 86400.0  # a duration beyond ten years is a typo
@@ -49,3 +52,22 @@ positive_int = _integer(1)
 non_negative_int = _integer(0)
 positive_float = _number(0.0, inclusive=False)
 non_negative_float = _number(0.0, inclusive=True)
+
+
+def renamed(old: str, new: str) -> type[argparse.Action]:
+    """``action=`` for an option renamed from ``old`` to ``new`` (both option strings of the
+    one argument): the old spelling stores the same value and prints one deprecation line."""
+
+    class Renamed(argparse.Action):
+        def __call__(
+            self,
+            parser: argparse.ArgumentParser,
+            namespace: argparse.Namespace,
+            values: str | Sequence[Any] | None,
+            option_string: str | None = None,
+        ) -> None:
+            if option_string == old:
+                print(f"goodput: warning: {old} is deprecated; use {new}", file=sys.stderr)
+            setattr(namespace, self.dest, values)
+
+    return Renamed

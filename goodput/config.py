@@ -88,7 +88,7 @@ def load_config(cls: type[T], path: str | Path | None, overrides: Sequence[str] 
     raw = read_toml(path) if path is not None else {}
     for item in overrides:
         apply_override(raw, item)
-    return build(cls, raw, str(path) if path is not None else "<defaults>")
+    return from_table(cls, raw, str(path) if path is not None else "<defaults>")
 
 
 def load_section(cls: type[T], path: str | Path, section: str, overrides: Sequence[str] = ()) -> T:
@@ -99,11 +99,11 @@ def load_section(cls: type[T], path: str | Path, section: str, overrides: Sequen
         raise GoodputError.usage(path, f"no [{section}] table", f"add a [{section}] section")
     for item in overrides:
         apply_override(raw[section], item)
-    return build(cls, raw[section], str(path), f"{section}.")
+    return from_table(cls, raw[section], str(path), f"{section}.")
 
 
 def to_toml(config: Any) -> str:
-    """A built config as TOML that ``build`` reads back to an equal config."""
+    """A built config as TOML that ``from_table`` reads back to an equal config."""
     return _toml_table(dataclasses.asdict(config), "")
 
 
@@ -169,7 +169,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     node[leaf] = value
 
 
-def build(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") -> T:
+def from_table(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") -> T:
     """Build config ``cls`` from a nested dict, rejecting unknown keys and wrong types."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
@@ -212,7 +212,7 @@ def _coerce(hint: Any, value: Any, where: str, key: str, metadata: Mapping[str, 
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise _type_error(where, key, "a table", value)
-        return build(hint, value, where, f"{key}.")  # type: ignore[arg-type]
+        return from_table(hint, value, where, f"{key}.")  # type: ignore[arg-type]
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(hint)
         if value is None and type(None) in options:

@@ -94,11 +94,11 @@ def main() -> None:
         seq_len=seq_len,
         num_samples=num_samples,
         seed=SEED,
-        output=out / "cache",
+        cache=out / "cache",
     )
     print(
         f"\n$ goodput data blend {file_list} --seq-len {seq_len} --num-samples {num_samples} "
-        f"--seed {SEED} --output {spec.output}",
+        f"--seed {SEED} --cache {spec.cache}",
         flush=True,
     )
     blend_dir, manifest = build_blend(spec)  # what the command runs; we need its directory
@@ -117,9 +117,9 @@ def main() -> None:
         "train",
         str(TRAIN_CONFIG),
         f"train.steps={steps}",
-        f"train.output={run_dir}",
+        f"train.run_dir={run_dir}",
         f"data.file_list={file_list}",
-        f"data.cache={spec.output}",
+        f"data.cache={spec.cache}",
     ]
     launch_args = ["launch", "--nproc", str(NUM_RANKS), "--run-dir", str(run_dir), "--"]
     print(f"\n$ goodput {shlex.join(launch_args)} goodput {shlex.join(train_args)}", flush=True)

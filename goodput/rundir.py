@@ -1,4 +1,4 @@
-"""The name of every file in a run directory (``train.output``, ``goodput launch --run-dir``):
+"""The name of every file in a run directory (``train.run_dir``, ``goodput launch --run-dir``):
 the contract between the trainer, the launcher, job chains and whatever reads a run afterwards,
 and which checkpoints of a run exist and are complete. Standard library only: the launcher,
 which never imports torch, spells the names from here too.

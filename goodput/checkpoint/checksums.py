@@ -1,5 +1,5 @@
 """Per-file checksums of a checkpoint: written when it is saved, checked before a copy of it
-(a node-local one, staged by ``goodput broadcast --checkpoint``) is trusted in its place.
+(a node-local one, copied by ``goodput broadcast --checkpoint``) is trusted in its place.
 
 ``checksums.json`` maps the relative path of every file of a checkpoint except ``.complete`` and
 itself to its SHA-256. It is written just before ``.complete``, so a complete checkpoint saved by

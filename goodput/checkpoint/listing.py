@@ -21,7 +21,7 @@ def describe_checkpoints(run_dir: Path, now: float | None = None) -> dict[str, A
         raise GoodputError.usage(
             run_dir,
             f"has no {root.name}/ folder",
-            "pass a run directory (train.output) that has saved checkpoints",
+            "pass a run directory (train.run_dir) that has saved checkpoints",
         )
     now = time.time() if now is None else now
     latest_file = root / LATEST

@@ -1,7 +1,7 @@
 """Which copy of the checkpoint being resumed each host reads: its node-local one, or the saved.
 
 A node-local copy is the folder of the same name under ``[checkpoint] local_dir``, as
-``goodput broadcast --checkpoint`` stages it. A host reads it only when every file the saved
+``goodput broadcast --checkpoint`` copies it. A host reads it only when every file the saved
 checkpoint's ``checksums.json`` names is in it with that digest; the reference digests come from
 the saved checkpoint (read by rank 0, sent to all), never from the copy under test. The ranks of
 a host share the hashing — the i-th of its n ranks hashes every n-th file — then every rank

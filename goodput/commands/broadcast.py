@@ -1,5 +1,5 @@
 """``goodput broadcast``: copy a folder, or a run's newest checkpoint, to a node-local path on
-every host by a greedy tree (``goodput.launch.broadcast``, ``goodput.launch.stage``), or
+every host by a greedy tree (``goodput.launch.broadcast``, ``goodput.launch.checkpoint_copy``), or
 predict how long that takes. Never imports torch."""
 
 from __future__ import annotations
@@ -25,14 +25,15 @@ def register(groups: Subparsers) -> None:
         usage="goodput broadcast SOURCE (--hosts H,...|--hostfile FILE) --dest PATTERN [options]\n"
         "       goodput broadcast --checkpoint RUN_DIR (--hosts H,...|--hostfile FILE) "
         "--dest PATTERN [options]\n"
-        "       goodput broadcast --simulate --nodes N --copy-seconds T [--fanout K]",
+        "       goodput broadcast --simulate --nhosts N --copy-seconds T [--fanout K]",
     )
     sub.add_argument("source", nargs="?", type=Path, help="the folder to copy")
     sub.add_argument(
         "--checkpoint",
         type=Path,
         metavar="RUN_DIR",
-        help="stage the newest complete checkpoint of this run (or checkpoint folder) instead",
+        help="copy the newest complete checkpoint of this run (or checkpoint folder) to "
+        "node-local disk instead",
     )
     sub.add_argument("--hosts", help="comma-separated host names")
     sub.add_argument("--hostfile", type=Path, help="a file of host names, one a line")
@@ -67,7 +68,14 @@ def register(groups: Subparsers) -> None:
         help="fail unless this many hosts succeed (default: all)",
     )
     sub.add_argument("--simulate", action="store_true", help="predict makespans, copy nothing")
-    sub.add_argument("--nodes", type=argtypes.positive_int, help="hosts to simulate")
+    sub.add_argument(
+        "--nhosts",
+        "--nodes",  # the old spelling, deprecated
+        action=argtypes.renamed("--nodes", "--nhosts"),
+        dest="nhosts",
+        type=argtypes.positive_int,
+        help="hosts to simulate",
+    )
     sub.add_argument(
         "--copy-seconds",
         type=argtypes.non_negative_float,
@@ -81,28 +89,28 @@ def _broadcast(args: argparse.Namespace) -> ExitCode:
     if args.simulate:
         return _simulate(args)
     if args.checkpoint is not None:
-        return _stage(args)
+        return _copy_checkpoint(args)
     return _copy(args)
 
 
 def _simulate(args: argparse.Namespace) -> ExitCode:
     from goodput.launch import broadcast
 
-    if args.nodes is None or args.copy_seconds is None:
+    if args.nhosts is None or args.copy_seconds is None:
         raise GoodputError.usage(
             "broadcast --simulate",
-            "needs --nodes and --copy-seconds",
-            "e.g. --simulate --nodes 10624 --copy-seconds 10",
+            "needs --nhosts and --copy-seconds",
+            "e.g. --simulate --nhosts 10624 --copy-seconds 10",
         )
-    tree, star = broadcast.simulate(args.nodes, args.copy_seconds, args.fanout)
-    print(f"tree: {tree:.1f} s ({args.nodes} hosts, fanout {args.fanout})")
+    tree, star = broadcast.simulate(args.nhosts, args.copy_seconds, args.fanout)
+    print(f"tree: {tree:.1f} s ({args.nhosts} hosts, fanout {args.fanout})")
     print(f"star: {star:.1f} s")
     print(f"star/tree: {star / tree:.1f}x" if tree > 0 else "star/tree: n/a")
     return ExitCode.OK
 
 
-def _stage(args: argparse.Namespace) -> ExitCode:
-    from goodput.launch import broadcast, stage, transports
+def _copy_checkpoint(args: argparse.Namespace) -> ExitCode:
+    from goodput.launch import broadcast, checkpoint_copy, transports
 
     if args.source is not None or args.dest is None:
         raise GoodputError.usage(
@@ -112,7 +120,7 @@ def _stage(args: argparse.Namespace) -> ExitCode:
             "--dest /local/scratch/ckpt",
         )
     hosts = broadcast.read_hosts(args.hosts, args.hostfile)
-    staged = stage.stage_checkpoint(
+    copied = checkpoint_copy.copy_checkpoint(
         args.checkpoint,
         hosts,
         args.dest,
@@ -122,7 +130,7 @@ def _stage(args: argparse.Namespace) -> ExitCode:
         min_success=args.min_success,
         progress=_progress,
     )
-    print(stage.describe(staged, len(hosts)))
+    print(checkpoint_copy.describe(copied, len(hosts)))
     return ExitCode.OK
 
 

@@ -116,10 +116,13 @@ def register(groups: Subparsers) -> None:
     )
     sub.add_argument("--seed", type=argtypes.non_negative_int, required=True)
     sub.add_argument(
-        "--output",
+        "--cache",
+        "--output",  # the old spelling, deprecated
+        action=argtypes.renamed("--output", "--cache"),
+        dest="cache",
         type=Path,
         required=True,
-        help="cache directory; the blend lands in OUTPUT/blends/<fingerprint>",
+        help="the blend cache ([data] cache); the blend lands in CACHE/blends/<fingerprint>",
     )
     sub.add_argument(
         "--on-exhausted",
@@ -216,7 +219,7 @@ def _blend(args: argparse.Namespace) -> ExitCode:
         seq_len=args.seq_len,
         num_samples=args.num_samples,
         seed=args.seed,
-        output=args.output,
+        cache=args.cache,
         on_exhausted=args.on_exhausted,
         report_batch_size=args.report_batch_size,
     )

@@ -24,17 +24,25 @@ def register(groups: Subparsers) -> None:
         "walltime kill still leaves the next job queued; the chain stops once the trainer has "
         "written RUN_DIR/done, or after --max-jobs jobs. The jobs run in the environment you "
         "submit from.",
-        usage="goodput submit --run-dir DIR --nodes N --time HH:MM:SS [options] "
+        usage="goodput submit --run-dir DIR --nhosts N --time HH:MM:SS [options] "
         "-- goodput launch [launch options] -- CMD ...",
     )
     sub.add_argument(
         "--run-dir",
         type=Path,
         required=True,
-        help="the run's output folder (train.output): the script, Slurm's job logs and the done "
+        help="the run's output folder (train.run_dir): the script, Slurm's job logs and the done "
         "marker live here",
     )
-    sub.add_argument("--nodes", type=argtypes.positive_int, required=True, help="nodes per job")
+    sub.add_argument(
+        "--nhosts",
+        "--nodes",  # the old spelling, deprecated
+        action=argtypes.renamed("--nodes", "--nhosts"),
+        dest="nhosts",
+        type=argtypes.positive_int,
+        required=True,
+        help="hosts (nodes) per job",
+    )
     sub.add_argument("--time", required=True, metavar="HH:MM:SS", help="walltime per job")
     sub.add_argument(
         "--scheduler",
@@ -71,7 +79,7 @@ def _submit(args: argparse.Namespace) -> ExitCode:
         run_dir=args.run_dir.absolute(),
         workdir=Path.cwd(),
         launch_line=tuple(launch_line),
-        nodes=args.nodes,
+        nhosts=args.nhosts,
         walltime=args.time,
         job_name=args.job_name or submit.default_job_name(args.run_dir.absolute()),
         account=args.account,

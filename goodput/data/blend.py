@@ -81,7 +81,7 @@ class BlendSpec:
     seq_len: int
     num_samples: int
     seed: int
-    output: Path
+    cache: Path  # the blend cache ([data] cache): blends/ and the per-shard file indices
     on_exhausted: str = "repeat"
     report_batch_size: int = 256
 
@@ -104,7 +104,7 @@ def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
         raise GoodputError.usage(
             "--num-samples", f"{spec.num_samples:,} is above {MAX_SAMPLES:,}", "pass fewer"
         )
-    check_output_dir(spec.output, "--output")
+    check_output_dir(spec.cache, "--cache")
     entries = parse_file_list(spec.file_list)
     weights = corpus_weights(entries, spec.file_list)
     shards, tokenizer = _describe_shards(entries, spec)
@@ -119,7 +119,7 @@ def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
         "on_exhausted": spec.on_exhausted,
     }
     blend_fingerprint, components = fingerprint(pinned)
-    final = spec.output / "blends" / blend_fingerprint[:20]
+    final = spec.cache / "blends" / blend_fingerprint[:20]
     if is_complete(final):
         print(f"blend: cached at {final}", file=sys.stderr)
         _build_file_indices(shards, spec)  # only those deleted since: they rebuild identical
@@ -229,7 +229,7 @@ def _build_into(final: Path, pinned: dict[str, Any], spec: BlendSpec) -> dict[st
 def _build_file_indices(shards: list[dict[str, Any]], spec: BlendSpec) -> None:
     for shard in shards:
         if not shard["packed"]:  # row s of a packed shard is sample s: no index
-            build_file_index(shard, spec.seed, spec.output)
+            build_file_index(shard, spec.seed, spec.cache)
 
 
 def build_file_index(shard: dict[str, Any], seed: int, cache: Path) -> None:

@@ -21,9 +21,9 @@ commands are argv lists and every remote argument is ``shlex.quote``d (ssh hands
 one string). A copy refused that way is not retried: the next try would find the same folder.
 A virtual environment names its own absolute path (in ``bin/activate*``, ``pyvenv.cfg`` and the
 shebang lines of ``bin/*``): the local transport rewrites each copy; for the remote ones, which
-copy bytes as they are, ``broadcast`` first stages one rewritten copy on this machine and sends
-that, so a venv goes to one node-local path on every host. Standard library only; nothing here
-imports torch.
+copy bytes as they are, ``broadcast`` first makes one prepared copy (rewritten) on this machine
+and sends that, so a venv goes to one node-local path on every host. Standard library only;
+nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -122,27 +122,27 @@ def _check_outside(source: Path, paths: set[str]) -> None:
 
 @contextlib.contextmanager
 def _origin(source: Path, hosts: Sequence[str], transport: Transport) -> Iterator[Path]:
-    """The folder the origin serves: ``source``, or a staged copy of a venv pointed at its
+    """The folder the origin serves: ``source``, or a prepared copy of a venv pointed at its
     destination when the transport copies bytes as they are (removed afterwards)."""
     old = str(source.absolute())
     paths = {transport.path(host) for host in hosts}
     if transport.rewrites_venv_prefix or not is_venv(source) or paths <= {old}:
         yield source
         return
-    if len(paths) > 1:  # one staged copy has one prefix, and hosts copy it on as it is
+    if len(paths) > 1:  # one prepared copy has one prefix, and hosts copy it on as it is
         raise GoodputError.usage(
             "--dest",
             f"a venv must go to one path on every host, not {len(paths)} ({{host}} in --dest)",
             "drop {host} from --dest, or use the local transport",
         )
-    stage = Path(tempfile.mkdtemp(prefix="goodput-broadcast-"))
+    scratch = Path(tempfile.mkdtemp(prefix="goodput-broadcast-"))
     try:
-        staged = stage / source.name
-        shutil.copytree(source, staged, symlinks=True)
-        fix_venv_prefix(staged, old=old, new=paths.pop())
-        yield staged
+        prepared = scratch / source.name
+        shutil.copytree(source, prepared, symlinks=True)
+        fix_venv_prefix(prepared, old=old, new=paths.pop())
+        yield prepared
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def broadcast(

@@ -41,7 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from goodput.config import build, limits
+from goodput.config import from_table, limits
 from goodput.errors import GoodputError
 from goodput.io import read_text
 
@@ -185,6 +185,6 @@ def parse_record(line: str, where: str) -> AttemptRecord:
         raise GoodputError(where, "is not an object of attempt record keys", FIX)
     fields = {("class_" if key == "class" else key): value for key, value in raw.items()}
     try:
-        return build(AttemptRecord, fields, where)
+        return from_table(AttemptRecord, fields, where)
     except GoodputError as error:
         raise GoodputError(where, error.what.replace("'class_'", "'class'"), FIX) from None

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Literal
 
 from goodput import rundir
-from goodput.config import build, limits, read_toml
+from goodput.config import from_table, limits, read_toml
 from goodput.errors import GoodputError, from_exception
 from goodput.io import write_text
 from goodput.launch.attempt import ProcessSpec
@@ -167,7 +167,7 @@ def load_profile(name: str) -> ProfileConfig:
             "a profile has no 'name' key",
             "remove it; the name is the file's",
         )
-    return build(ProfileConfig, {**raw, "name": path.stem}, str(path))
+    return from_table(ProfileConfig, {**raw, "name": path.stem}, str(path))
 
 
 def plan_launch(

@@ -120,7 +120,7 @@ class Chain:
     run_dir: Path  # absolute: the script, Slurm's job logs and the done marker live here
     workdir: Path  # absolute: every job starts here, so relative paths mean what they meant
     launch_line: tuple[str, ...]  # goodput launch ... -- CMD ...
-    nodes: int
+    nhosts: int
     walltime: str  # HH:MM:SS
     job_name: str
     account: str | None = None
@@ -136,7 +136,7 @@ class Chain:
                 "--time", f"{self.walltime!r} is not HH:MM:SS above zero", "e.g. --time 06:00:00"
             )
         for option, count, most in (
-            ("--nodes", self.nodes, MAX_HOSTS),
+            ("--nhosts", self.nhosts, MAX_HOSTS),
             ("--max-jobs", self.max_jobs, MAX_JOBS),
         ):
             if not 1 <= count <= most:
@@ -211,7 +211,7 @@ def render(chain: Chain) -> str:
 def _slurm_headers(chain: Chain) -> list[str]:
     lines = [
         f"--job-name={chain.job_name}",
-        f"--nodes={chain.nodes}",
+        f"--nodes={chain.nhosts}",
         f"--time={chain.walltime}",
         f"--output={chain.run_dir}/%x-%j.out",  # one log per job, beside the run
     ]
@@ -223,7 +223,7 @@ def _slurm_headers(chain: Chain) -> list[str]:
 def _pbs_headers(chain: Chain) -> list[str]:
     lines = [
         f"-N {chain.job_name}",
-        f"-l select={chain.nodes}",
+        f"-l select={chain.nhosts}",
         "-l place=scatter",  # one chunk per node, not N chunks packed onto one
         f"-l walltime={chain.walltime}",
     ]

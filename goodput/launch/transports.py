@@ -42,7 +42,8 @@ REFUSED = "goodput-broadcast-refused:"  # what the remote guard prints before ex
 
 
 class Transport(Protocol):
-    # True when ``copy`` points a copied venv at its new path itself; else ``broadcast`` stages.
+    # True when ``copy`` points a copied venv at its new path itself; else ``broadcast``
+    # sends a prepared copy.
     rewrites_venv_prefix: bool
 
     def path(self, host: str) -> str:
@@ -260,17 +261,17 @@ def make_transport(kind: str, dest: str, ssh_config: Path | None = None) -> Tran
 
 
 def _run_pipeline(argvs: Sequence[list[str]], refused: GoodputError) -> None:
-    """Run argv lists connected stdout to stdin; raise with every failed stage's stderr, or
-    ``refused`` when a stage's ``GUARD`` refused the destination.
+    """Run argv lists connected stdout to stdin; raise with every failed command's stderr, or
+    ``refused`` when a command's ``GUARD`` refused the destination.
 
-    Every stage is waited for: when one end of a pipe fails the other usually fails too (a broken
+    Every command is waited for: when one end of a pipe fails the other usually fails too (a broken
     pipe), and only both messages together say which was the cause. Stderr goes to files, not
-    pipes, so a chatty stage cannot block while another one is waited for.
+    pipes, so a chatty command cannot block while another one is waited for.
     """
     failures = []
     with contextlib.ExitStack() as stack:
-        stages = []
-        reader: IO[bytes] | None = None  # the previous stage's stdout
+        commands = []
+        reader: IO[bytes] | None = None  # the previous command's stdout
         for i, argv in enumerate(argvs):
             err = stack.enter_context(tempfile.TemporaryFile())
             proc = subprocess.Popen(
@@ -280,15 +281,15 @@ def _run_pipeline(argvs: Sequence[list[str]], refused: GoodputError) -> None:
                 stdout=subprocess.PIPE if i < len(argvs) - 1 else subprocess.DEVNULL,
                 stderr=err,
             )
-            stack.callback(_kill, proc)  # on any way out; a no-op for a stage that ended
+            stack.callback(_kill, proc)  # on any way out; a no-op for a command that ended
             if reader is not None:
                 reader.close()  # the reader's copy only, so a writer sees it die (SIGPIPE)
             reader = proc.stdout
             if reader is not None:
                 stack.callback(reader.close)
-            stages.append((argv, proc, err))
+            commands.append((argv, proc, err))
         deadline = time.monotonic() + COMMAND_TIMEOUT_S
-        for argv, proc, err in stages:
+        for argv, proc, err in commands:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             if proc.returncode != 0:
                 err.seek(0)

@@ -77,7 +77,7 @@ def tiny_run_config(directory: Path) -> RunConfig:
             tokens_per_step=128,
             seq_len=16,
             micro_batch_size=2,
-            output=str(directory / "run"),
+            run_dir=str(directory / "run"),
             peak_tflops=1.0,
         ),
         data=DataConfig(file_list=str(data / "list.txt"), cache=str(directory / "cache")),

@@ -79,7 +79,7 @@ def require_run_dir(run_dir: Path) -> None:
     """Refuse a run directory that is not ours: it must be absent, empty, a goodput run
     directory (it has run.json) or hold only what goodput's launch and submit put there first.
     Training into anything else would overwrite (config.toml) or mix with someone's files."""
-    fix = "set train.output to a new or empty folder, or to an existing run directory"
+    fix = "set train.run_dir to a new or empty folder, or to an existing run directory"
     try:
         if not run_dir.exists():
             return
@@ -111,7 +111,7 @@ def build_loader(cfg: RunConfig, plan: BatchPlan, mesh: ParallelMesh) -> DataLoa
             seq_len=cfg.train.seq_len,
             num_samples=cfg.train.steps * plan.global_batch_size,
             seed=cfg.data.seed,
-            output=Path(cfg.data.cache),
+            cache=Path(cfg.data.cache),
             on_exhausted=cfg.data.on_exhausted,
         )
         blend_dir, manifest = build_blend(spec)
@@ -250,7 +250,7 @@ def _describe(verdict: Verdict) -> str:
 
 def checkpoint_root(cfg: RunConfig) -> Path:
     return (
-        Path(cfg.checkpoint.folder) if cfg.checkpoint.folder else checkpoints_dir(cfg.train.output)
+        Path(cfg.checkpoint.folder) if cfg.checkpoint.folder else checkpoints_dir(cfg.train.run_dir)
     )
 
 

@@ -8,8 +8,8 @@ data-parallel size comes from the mesh (``mesh.py``), and gradient accumulation 
 the values and a value that would work.
 
 Deprecated keys, read for one more release with a one-line warning: ``[train]
-activation_checkpointing`` and ``[train] compile`` (now in ``[parallel]``); the built config
-holds them in their new place only.
+activation_checkpointing`` and ``[train] compile`` (now in ``[parallel]``) and ``[train] output``
+(now ``[train] run_dir``); the built config holds them in their new place only.
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ class TrainConfig:
     seq_len: int = field(metadata=POSITIVE)
     micro_batch_size: int = field(metadata=POSITIVE)  # samples per forward pass on one rank
     # The run directory: new, empty, or a goodput run directory (build.require_run_dir).
-    output: str = field(metadata=NON_EMPTY)
+    # Required; the default only lets the deprecated ``output`` stand in for it.
+    run_dir: str = field(default="", metadata=NON_EMPTY)
+    output: str | None = field(default=None, metadata=NON_EMPTY)  # deprecated: run_dir
     # inf: no clipping
     max_grad_norm: float = field(default=1.0, metadata=limits(above=0, inf_ok=True))
     seed: int = 0  # model init; data order comes from [data] seed
@@ -53,12 +55,35 @@ class TrainConfig:
     tensorboard: bool = True  # also write TensorBoard events when tensorboard is installed
 
     def __post_init__(self) -> None:
+        self._move_output()
         if self.tokens_per_step % self.seq_len:
             raise _usage_error(
                 "[train]",
                 f"tokens_per_step {self.tokens_per_step} is not a multiple of seq_len "
                 f"{self.seq_len}",
                 f"use e.g. tokens_per_step = {_round_up(self.tokens_per_step, self.seq_len)}",
+            )
+
+    def _move_output(self) -> None:
+        """The deprecated ``output`` becomes ``run_dir`` (frozen: set once, here, before anyone
+        can see the config)."""
+        if self.output is not None:
+            if self.run_dir not in ("", self.output):
+                raise _usage_error(
+                    "[train]",
+                    "run_dir and output are both set, differently",
+                    "set run_dir only (train.output is deprecated)",
+                )
+            print(
+                "goodput: warning: train.output is deprecated; use train.run_dir",
+                file=sys.stderr,
+                flush=True,
+            )
+            object.__setattr__(self, "run_dir", self.output)
+            object.__setattr__(self, "output", None)
+        if not self.run_dir:
+            raise _usage_error(
+                "[train]", "missing key 'run_dir'", 'add e.g. run_dir = "runs/NAME" to [train]'
             )
 
 

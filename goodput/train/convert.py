@@ -7,10 +7,10 @@ and model-only checkpoints are written the same way, in the layout of ``goodput.
 ``--resume`` takes them.
 
 It lives in ``train/``, not ``checkpoint/``, because it knows the model: conversion is about
-its tensor names, shapes and RoPE layout (``hf.py``). Shapes come from ``Transformer(cfg)`` built on the
-meta device, so no weights are allocated for the check. Every checkpoint read must be complete;
-every output is refused if it would overwrite something, and appears only whole (HF folders by
-renaming a finished temp folder, checkpoints by the marker).
+its tensor names, shapes and RoPE layout (``hf.py``). Shapes come from ``Transformer(cfg)``
+built on the meta device, so no weights are allocated for the check. Every checkpoint read must
+be complete; every output is refused if it would overwrite something, and appears only whole (HF
+folders by renaming a finished temp folder, checkpoints by the marker).
 
 ``.pt`` files are read with ``torch.load(weights_only=True)``: tensors and plain containers only,
 never arbitrary pickled objects.

@@ -50,7 +50,7 @@ def train(cfg: RunConfig) -> list[float]:
     try:
         mesh = build_mesh(cfg.parallel, device)
         plan = plan_batches(cfg.train, dp_size=mesh.dp_size)
-        run_dir = Path(cfg.train.output)
+        run_dir = Path(cfg.train.run_dir)
         decided_by_rank_zero(lambda: require_run_dir(run_dir))  # before anything is written
         loader = build_loader(cfg, plan, mesh)
         # Chosen before the model is built, so its checksums are hashed meanwhile.

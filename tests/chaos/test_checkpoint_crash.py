@@ -37,7 +37,7 @@ BIG = ["model.dim=512", "model.num_layers=4", "model.ffn_dim=2048", "train.steps
 
 def test_kill_9_during_the_flush_leaves_a_checkpoint_the_next_start_skips(tmp_path):
     cfg, config = write_config(tmp_path, interval_steps=1, keep_last=2)
-    root = checkpoints_dir(cfg.train.output)
+    root = checkpoints_dir(cfg.train.run_dir)
     for _attempt in range(5):  # the kill must land while a flush is running; retry if it did not
         process = goodput_train(config, *BIG)
         victim = None
@@ -76,7 +76,7 @@ def test_sigterm_saves_and_exits_143_then_the_run_resumes(tmp_path):
     out, err = process.communicate(timeout=120)
     assert process.returncode == 143, err
     stopped_at = int(err.split("terminated by SIGTERM after step ")[1].split(";")[0])
-    root = checkpoints_dir(cfg.train.output)
+    root = checkpoints_dir(cfg.train.run_dir)
     assert [(c.step, c.complete) for c in list_checkpoints(root)] == [(stopped_at, True)]
 
     resumed = goodput_train(config, "train.steps=200")
@@ -84,4 +84,4 @@ def test_sigterm_saves_and_exits_143_then_the_run_resumes(tmp_path):
     assert resumed.returncode == 0, err
     steps = [int(line.split()[0][5:]) for line in out.splitlines() if line.startswith("step=")]
     assert steps == list(range(stopped_at + 1, 201))
-    assert Path(cfg.train.output, "metrics.jsonl").read_text().count("\n") == 200
+    assert Path(cfg.train.run_dir, "metrics.jsonl").read_text().count("\n") == 200

@@ -74,7 +74,7 @@ def test_train_refuses_a_vocabulary_smaller_than_the_tokenizers(demo, tmp_path):
         "model.vocab_size=1000",
         f"data.file_list={out / 'file_list.txt'}",
         f"data.cache={out / 'cache'}",
-        f"train.output={tmp_path / 'run'}",
+        f"train.run_dir={tmp_path / 'run'}",
         check=False,
     )
     assert result.returncode == 2

@@ -68,7 +68,7 @@ def test_a_blend_of_n_samples_starts_that_of_more(shards, weights, lengths, seed
                 seq_len=8,
                 num_samples=num_samples,
                 seed=seed,
-                output=Path(cache),
+                cache=Path(cache),
             )
             return build_blend(spec)[0]
 

@@ -42,7 +42,7 @@ def built_blend(tmp_path_factory):
         writer.finish()
     (root / "list.txt").write_text("1 a a\n2 b b\n")
     spec = BlendSpec(
-        file_list=root / "list.txt", seq_len=8, num_samples=40, seed=1, output=root / "cache"
+        file_list=root / "list.txt", seq_len=8, num_samples=40, seed=1, cache=root / "cache"
     )
     directory, _ = build_blend(spec)
     return directory, (directory / "blend.json").read_text()

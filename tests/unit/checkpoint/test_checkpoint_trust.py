@@ -32,7 +32,7 @@ def saved_run(tmp_path_factory) -> Path:
     cfg = tiny_run_config(base)
     cfg = replace(
         cfg,
-        train=replace(cfg.train, output=str(base / "run")),
+        train=replace(cfg.train, run_dir=str(base / "run")),
         checkpoint=replace(cfg.checkpoint, interval_steps=4),
     )
     train(cfg)
@@ -42,7 +42,7 @@ def saved_run(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def run(saved_run, tmp_path) -> Path:
-    """A private copy of the saved run; returns its config file (train.output inside it)."""
+    """A private copy of the saved run; returns its config file (train.run_dir inside it)."""
     shutil.copytree(saved_run, tmp_path / "copy")
     config = tmp_path / "copy" / "run.toml"
     config.write_text(config.read_text().replace(str(saved_run), str(tmp_path / "copy")))
@@ -114,10 +114,10 @@ def test_a_crafted_metadata_runs_on_no_command(run, tmp_path, capsys, kind):
     one_line_error(capsys, "ckpt", "export-hf", newest, tmp_path / "hf")
     one_line_error(capsys, "ckpt", "to-torch", newest, tmp_path / "model.pt")
     assert main(["ckpt", "list", str(run_dir(run))]) == 0
-    # Staged to "node-local" disk, and resumed from there.
+    # Copied to "node-local" disk, and resumed from there.
     local = tmp_path / "local"
-    staging = ["broadcast", "--checkpoint", run_dir(run), "--transport", "local"]
-    assert main([str(a) for a in [*staging, "--hosts", "a", "--dest", f"{local}/{{host}}"]]) == 0
+    copying = ["broadcast", "--checkpoint", run_dir(run), "--transport", "local"]
+    assert main([str(a) for a in [*copying, "--hosts", "a", "--dest", f"{local}/{{host}}"]]) == 0
     local_dir = f"checkpoint.local_dir={str(local / 'a')!r}"
     err = one_line_error(capsys, "train", run, local_dir, "--resume", newest)
     assert "refused as checkpoint metadata" in err
@@ -234,11 +234,11 @@ def test_two_ranks_split_the_hashing_and_both_fall_back(tmp_path, capfd, damaged
     cfg = tiny_run_config(tmp_path)
     cfg = replace(
         cfg,
-        train=replace(cfg.train, output=str(tmp_path / "run")),
+        train=replace(cfg.train, run_dir=str(tmp_path / "run")),
         checkpoint=replace(cfg.checkpoint, interval_steps=4),
     )
     straight = run_distributed(train_on_rank, 2, cfg)[0]
-    root = checkpoints_dir(cfg.train.output)
+    root = checkpoints_dir(cfg.train.run_dir)
     sizes = {p.name: p.stat().st_size for p in step_dir(root, 8).glob("*.distcp")}
     assert [sorted(share) for share in assign(sizes, 2)] in (
         [["__0_0.distcp"], ["__1_0.distcp"]],

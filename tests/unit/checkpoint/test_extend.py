@@ -33,7 +33,7 @@ def run(cfg, output, steps, **data_changes):
     return train(
         replace(
             cfg,
-            train=replace(cfg.train, steps=steps, output=str(output)),
+            train=replace(cfg.train, steps=steps, run_dir=str(output)),
             data=replace(cfg.data, **data_changes),
         )
     )

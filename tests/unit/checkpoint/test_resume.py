@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.load import find_checkpoint, load_tensors
 from goodput.checkpoint.save import Checkpointer, Decision
-from goodput.config import build, to_toml
+from goodput.config import from_table, to_toml
 from goodput.errors import GoodputError
 from goodput.rundir import LATEST, checkpoints_dir, list_checkpoints, step_dir
 from goodput.testing.dist import run_distributed
@@ -29,7 +29,7 @@ from goodput.train.loop import train
 
 def with_checkpoints(cfg, output, **changes):
     checkpoint = replace(cfg.checkpoint, interval_steps=4, **changes)
-    return replace(cfg, train=replace(cfg.train, output=str(output)), checkpoint=checkpoint)
+    return replace(cfg, train=replace(cfg.train, run_dir=str(output)), checkpoint=checkpoint)
 
 
 def everything_saved(directory, tmp_path):
@@ -88,14 +88,14 @@ def test_every_rank_takes_the_same_decision(tmp_path, cfg, sigterm_rank, late_ra
 def test_resume_is_bit_exact(run_config, tmp_path):
     straight = with_checkpoints(run_config, tmp_path / "straight")
     losses = train(straight)
-    saved = list_checkpoints(checkpoints_dir(straight.train.output))
+    saved = list_checkpoints(checkpoints_dir(straight.train.run_dir))
     assert [(c.step, c.complete) for c in saved] == [(4, True), (8, True)]
-    assert (checkpoints_dir(straight.train.output) / LATEST).read_text().strip() == "step-00000008"
+    assert (checkpoints_dir(straight.train.run_dir) / LATEST).read_text().strip() == "step-00000008"
 
     resumed_cfg = with_checkpoints(run_config, tmp_path / "resumed", resume=str(saved[0].path))
     resumed = train(resumed_cfg)
     assert resumed == losses[4:]  # exactly, step for step
-    final = step_dir(checkpoints_dir(resumed_cfg.train.output), 8)
+    final = step_dir(checkpoints_dir(resumed_cfg.train.run_dir), 8)
     assert_bitwise_equal(
         everything_saved(saved[1].path, tmp_path), everything_saved(final, tmp_path)
     )
@@ -110,9 +110,9 @@ def train_on_rank(rank, world_size, cfg):
 def test_a_model_built_empty_for_a_refused_checkpoint_starts_as_a_fresh_one(run_config, tmp_path):
     cfg = with_checkpoints(run_config, tmp_path / "run")
     losses = train(cfg)
-    metrics = Path(cfg.train.output) / "metrics.jsonl"
+    metrics = Path(cfg.train.run_dir) / "metrics.jsonl"
     metrics.unlink()
-    for saved in list_checkpoints(checkpoints_dir(cfg.train.output)):
+    for saved in list_checkpoints(checkpoints_dir(cfg.train.run_dir)):
         damaged = next(saved.path.glob("*.distcp"))  # refused by its checksum, after the build
         data = bytearray(damaged.read_bytes())
         data[len(data) // 2] ^= 0xFF
@@ -128,7 +128,7 @@ def test_resume_at_another_dp_size_continues_the_run(run_config, tmp_path, saved
 
     first = with_checkpoints(run_config, tmp_path / "first")
     losses = run(first, saved_at)
-    step_4 = step_dir(checkpoints_dir(first.train.output), 4)
+    step_4 = step_dir(checkpoints_dir(first.train.run_dir), 4)
     resumed = run(with_checkpoints(run_config, tmp_path / "second", resume=str(step_4)), resumed_at)
     assert resumed == pytest.approx(losses[4:], rel=1e-5)
 
@@ -137,7 +137,7 @@ def test_auto_resume_skips_incomplete_and_damaged_checkpoints_by_name(run_config
     longer = replace(run_config, train=replace(run_config.train, steps=12))
     cfg = with_checkpoints(longer, tmp_path / "run")
     train(cfg)
-    root = checkpoints_dir(cfg.train.output)
+    root = checkpoints_dir(cfg.train.run_dir)
     (step_dir(root, 12) / ".complete").unlink()
     damaged = next(step_dir(root, 8).glob("*.distcp"))
     damaged.write_bytes(damaged.read_bytes()[:100])
@@ -154,7 +154,7 @@ def test_auto_resume_skips_incomplete_and_damaged_checkpoints_by_name(run_config
 def test_a_rerun_resumes_where_the_run_stopped(run_config, tmp_path, capsys):
     cfg = with_checkpoints(run_config, tmp_path / "run")
     train(cfg)
-    (step_dir(checkpoints_dir(cfg.train.output), 8) / ".complete").unlink()  # as if killed
+    (step_dir(checkpoints_dir(cfg.train.run_dir), 8) / ".complete").unlink()  # as if killed
     hotter = replace(cfg, schedule=replace(cfg.schedule, lr=0.02))
     assert len(train(hotter)) == 4  # auto: from step 4
     out = capsys.readouterr().out
@@ -164,7 +164,7 @@ def test_a_rerun_resumes_where_the_run_stopped(run_config, tmp_path, capsys):
 def test_resume_refuses_other_data_and_another_model(run_config, tmp_path):
     first = with_checkpoints(run_config, tmp_path / "first")
     train(first)
-    step_4 = str(step_dir(checkpoints_dir(first.train.output), 4))
+    step_4 = str(step_dir(checkpoints_dir(first.train.run_dir), 4))
     other_data = replace(run_config, data=replace(run_config.data, seed=99))
     with pytest.raises(GoodputError, match=r"data fingerprint differs .*seed changed"):
         train(with_checkpoints(other_data, tmp_path / "a", resume=step_4))
@@ -189,7 +189,7 @@ def test_a_save_failing_on_one_rank_is_reported_and_training_goes_on(run_config,
     out = capfd.readouterr().out
     assert out.count("FAILED on rank(s) 1: file too large") == 2  # steps 4 and 8, rank 0 reports
     assert list_checkpoints(tmp_path / "ckpt") == []  # nothing half-written left behind
-    log = (Path(cfg.train.output) / "metrics.jsonl").read_text()
+    log = (Path(cfg.train.run_dir) / "metrics.jsonl").read_text()
     assert log.count("\n") == 8
 
 
@@ -216,14 +216,14 @@ def test_a_full_disk_keeps_the_previous_checkpoint(run_config, tmp_path, small_t
 
 def test_checkpoint_config_is_checked():
     with pytest.raises(GoodputError, match=r"'keep_last' = 0 is out of range; use a value in \[1,"):
-        build(CheckpointConfig, {"keep_last": 0}, "run.toml")
+        from_table(CheckpointConfig, {"keep_last": 0}, "run.toml")
 
 
 def test_training_starts_from_a_model_only_checkpoint(run_config, tmp_path, capsys):
     first = with_checkpoints(run_config, tmp_path / "first")
     losses = train(first)
     weights, config = tmp_path / "weights.pt", tmp_path / "model.toml"
-    to_torch(step_dir(checkpoints_dir(first.train.output), 8), weights)
+    to_torch(step_dir(checkpoints_dir(first.train.run_dir), 8), weights)
     config.write_text(to_toml(run_config))
     imported = from_torch(weights, config, tmp_path / "imported")
     capsys.readouterr()
@@ -236,7 +236,7 @@ def test_training_starts_from_a_model_only_checkpoint(run_config, tmp_path, caps
 def test_saves_by_wall_time(run_config, tmp_path):
     cfg = replace(
         run_config,
-        train=replace(run_config.train, output=str(tmp_path / "run")),
+        train=replace(run_config.train, run_dir=str(tmp_path / "run")),
         checkpoint=replace(run_config.checkpoint, interval_minutes=1e-6, keep_last=8),
     )
     train(cfg)

@@ -132,7 +132,7 @@ def test_submit_reads_the_launch_line_into_the_launch_options_goodput_launch_run
 
 def _submit(tmp_path, *launch_options):
     """``goodput submit`` of a launch line whose command would leave ``tmp_path/ran`` behind."""
-    chain = ["--scheduler", "slurm", "--run-dir", str(tmp_path / "run"), "--nodes", "1"]
+    chain = ["--scheduler", "slurm", "--run-dir", str(tmp_path / "run"), "--nhosts", "1"]
     launch_line = ["goodput", "launch", *launch_options, "--", "touch", str(tmp_path / "ran")]
     return ["submit", *chain, "--time", "01:00:00", "--", *launch_line]
 

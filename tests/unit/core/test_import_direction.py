@@ -41,7 +41,9 @@ def test_no_module_of_launch_imports_torch():
         found["modules"]
     )
     assert found["torch"] == []
-    assert not [m for m in found["goodput"] if m.startswith(("goodput.train", "goodput.checkpoint"))]
+    assert not [
+        m for m in found["goodput"] if m.startswith(("goodput.train", "goodput.checkpoint"))
+    ]
 
 
 def test_checkpoint_imports_neither_train_nor_launch():
@@ -54,4 +56,3 @@ def test_checkpoint_imports_neither_train_nor_launch():
 def test_data_imports_neither_train_nor_launch():
     found = _import_all("goodput.data")
     assert not [m for m in found["goodput"] if m.startswith(("goodput.train", "goodput.launch"))]
-

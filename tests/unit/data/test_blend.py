@@ -14,7 +14,7 @@ def spec(file_list, tmp_path, **overrides):
         "seq_len": 64,
         "num_samples": 2000,
         "seed": 7,
-        "output": tmp_path / "cache",
+        "cache": tmp_path / "cache",
         "report_batch_size": 64,
     }
     return BlendSpec(**{**values, **overrides})

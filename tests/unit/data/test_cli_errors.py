@@ -53,11 +53,16 @@ def test_tokenize(capsys, places, tokenizer):
 
 def test_blend(capsys, places, tmp_path):
     file, folder = places
-    blend = ["--seq-len", 4, "--num-samples", 4, "--seed", 1, "--output"]
+    blend = ["--seq-len", 4, "--num-samples", 4, "--seed", 1, "--cache"]
     _, err = one_line_error(capsys, "data", "blend", folder, *blend, tmp_path / "c")
     assert f"{folder}: Is a directory; pass a file, not a folder" in err
     _, err = one_line_error(capsys, "data", "blend", file, *blend, file / "cache")
-    assert f"--output {file / 'cache'}: {file} is a file where a folder should be" in err
+    assert f"--cache {file / 'cache'}: {file} is a file where a folder should be" in err
+    # The old spelling --output still reaches --cache, with one deprecation line first.
+    assert cli.main([str(a) for a in ["data", "blend", file, *blend[:-1], "--output", file]]) == 2
+    warning, error = capsys.readouterr().err.splitlines()
+    assert warning == "goodput: warning: --output is deprecated; use --cache"
+    assert error.startswith(f"goodput: error: --cache {file}: ")
 
 
 def test_inspect_and_verify(capsys, places, tmp_path):
@@ -103,14 +108,14 @@ def test_permission_denied_is_one_line(tmp_path):
     locked.write_text("1 a a\n")
     locked.chmod(0)
     blend = ["--seq-len", 4, "--num-samples", 4, "--seed", 1]
-    _, err = without_override("data", "blend", locked, *blend, "--output", tmp_path / "c")
+    _, err = without_override("data", "blend", locked, *blend, "--cache", tmp_path / "c")
     assert f"{locked}: Permission denied; check the permissions" in err
 
     read_only = tmp_path / "read-only"
     read_only.mkdir()
     read_only.chmod(0o555)
     (tmp_path / "list.txt").write_text("1 a a\n")
-    _, err = without_override("data", "blend", tmp_path / "list.txt", *blend, "--output", read_only)
+    _, err = without_override("data", "blend", tmp_path / "list.txt", *blend, "--cache", read_only)
     assert f"permission denied: cannot write into {read_only}" in err
 
     shard = tmp_path / "s"

@@ -18,7 +18,7 @@ from goodput.errors import GoodputError
 def blend(three_corpora, tmp_path):
     file_list, _ = three_corpora
     spec = BlendSpec(
-        file_list=file_list, seq_len=32, num_samples=512, seed=3, output=tmp_path / "cache"
+        file_list=file_list, seq_len=32, num_samples=512, seed=3, cache=tmp_path / "cache"
     )
     directory, manifest = build_blend(spec)
     return spec, directory, manifest
@@ -75,7 +75,7 @@ def test_a_changed_corpus_index_is_caught_by_verify_and_the_loader(blend, damage
 
 def test_a_changed_per_shard_index_is_caught_and_not_reused(blend):
     spec, directory, manifest = blend
-    order = next((spec.output / "files").iterdir()) / "document_order.npy"
+    order = next((spec.cache / "files").iterdir()) / "document_order.npy"
     flip_last_byte(order)
     assert f"{order}: corrupt blend index: checksum mismatch" in verify(directory)[1]
     assert str(order) in loader_error(directory)
@@ -87,7 +87,7 @@ def test_a_changed_per_shard_index_is_caught_and_not_reused(blend):
 
 def test_a_deleted_per_shard_index_is_rebuilt_identical_on_a_cache_hit(blend):
     spec, directory, _ = blend
-    folder = next((spec.output / "files").iterdir())
+    folder = next((spec.cache / "files").iterdir())
     before = (folder / "document_order.npy").read_bytes()
     for path in folder.iterdir():
         path.unlink()

@@ -18,7 +18,7 @@ def blend_of(three_corpora, tmp_path, num_samples=512, seed=3):
         seq_len=32,
         num_samples=num_samples,
         seed=seed,
-        output=tmp_path / "cache",
+        cache=tmp_path / "cache",
     )
     return build_blend(spec)[0]
 
@@ -75,7 +75,7 @@ def test_fingerprint_mismatch_names_what_changed(blend_dir, three_corpora, tmp_p
     file_list, _ = three_corpora
     other, _ = build_blend(
         BlendSpec(
-            file_list=file_list, seq_len=32, num_samples=512, seed=4, output=tmp_path / "cache"
+            file_list=file_list, seq_len=32, num_samples=512, seed=4, cache=tmp_path / "cache"
         )
     )
     other_loader = DataLoader(other, global_batch_size=8, dp_rank=0, dp_size=1)

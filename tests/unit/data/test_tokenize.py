@@ -170,7 +170,7 @@ def blend_list(directory, *, seq_len, num_samples):
             seq_len=seq_len,
             num_samples=num_samples,
             seed=0,
-            output=directory / "cache",
+            cache=directory / "cache",
         )
     )
 

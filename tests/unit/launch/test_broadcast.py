@@ -160,15 +160,19 @@ def test_simulate_tree_is_logarithmic_and_star_linear() -> None:
 
 
 def test_cli_simulate(capsys: pytest.CaptureFixture[str]) -> None:
+    expected = ["tree: 50.0 s (10624 hosts, fanout 8)", "star: 13280.0 s", "star/tree: 265.6x"]
+    args = ["broadcast", "--simulate", "--nhosts", "10624", "--copy-seconds", "10"]
+    assert cli.main(args) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == expected and err == ""
+    assert cli.main(["broadcast", "--simulate", "--nhosts", "10"]) == 2
+    assert "needs --nhosts and --copy-seconds" in capsys.readouterr().err
+    # The old spelling still works for one release, with one deprecation line.
     args = ["broadcast", "--simulate", "--nodes", "10624", "--copy-seconds", "10"]
     assert cli.main(args) == 0
-    assert capsys.readouterr().out.splitlines() == [
-        "tree: 50.0 s (10624 hosts, fanout 8)",
-        "star: 13280.0 s",
-        "star/tree: 265.6x",
-    ]
-    assert cli.main(["broadcast", "--simulate", "--nodes", "10"]) == 2
-    assert "needs --nodes and --copy-seconds" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert out.splitlines() == expected
+    assert err == "goodput: warning: --nodes is deprecated; use --nhosts\n"
 
 
 def test_cli_local_broadcast(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -101,9 +101,9 @@ def test_a_venv_sent_over_ssh_runs_at_its_destination(
     tool.write_text(f"#!{venv}/bin/python\nimport sys\nprint(sys.prefix)\n")
     tool.chmod(0o755)
     source_tree = _tree(venv)
-    staging = tmp_path / "staging"
-    staging.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(staging))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     dest = tmp_path / "node-local" / "venv"
     args = ["broadcast", str(venv), "--hosts", "node1", "--dest", str(dest)]
     assert cli.main([*args, "--transport", kind, "--ssh-config", str(SSH_CONFIG)]) == 0
@@ -117,7 +117,7 @@ def test_a_venv_sent_over_ssh_runs_at_its_destination(
     config = (dest / "pyvenv.cfg").read_text()
     assert str(venv) not in config and f"--without-pip {dest}\n" in config  # its command line
     assert _tree(venv) == source_tree  # the source is left as it was
-    assert not os.listdir(staging)  # and the staged copy is gone
+    assert not os.listdir(scratch)  # and the prepared copy is gone
 
 
 def test_a_host_that_cannot_connect_is_retried_and_reported(
@@ -265,7 +265,7 @@ def test_a_linked_partial_copy_cannot_steer_rsync_delete(
 
 
 @pytest.mark.parametrize("kind", ["rsync", "tar"])
-def test_staging_into_the_runs_checkpoints_is_refused(
+def test_a_node_local_copy_into_the_runs_checkpoints_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
     checkpoints = tmp_path / "run" / "checkpoints"

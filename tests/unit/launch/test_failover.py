@@ -270,7 +270,7 @@ def test_goodput_train_names_its_host_on_a_device_error(capsys, monkeypatch, tmp
 
     monkeypatch.setattr("goodput.train.loop.train", device_error)
     config = Path(__file__).parents[3] / "configs" / "tiny-cpu.toml"
-    assert cli.main(["train", str(config), f"train.output={str(tmp_path / 'run')!r}"]) == 1
+    assert cli.main(["train", str(config), f"train.run_dir={str(tmp_path / 'run')!r}"]) == 1
     line = capsys.readouterr().err.strip()
     assert line.startswith("goodput: error: rank ") and "CUDA error" in line
     assert "\n" not in line

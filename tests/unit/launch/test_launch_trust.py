@@ -1,10 +1,9 @@
 """Hostile and careless input to ``goodput launch``, ``broadcast`` and ``broadcast --checkpoint``,
 each through the real CLI: a destination outside its folder, someone's folder where a copy would
-go, a run's own checkpoints as the staging folder, broken node lists and host files, bad numbers
-in the environment, broken profiles and paths the OS refuses. Each is refused with one line and a
-non-zero exit, and whatever was on disk before is there after. The local transport copies for
-real; rsync and tar get the same destinations in test_broadcast_ssh.py.
-"""
+go, a run's own checkpoints as the node-local copy's folder, broken node lists and host files,
+bad numbers in the environment, broken profiles and paths the OS refuses. Each is refused with
+one line and a non-zero exit, and whatever was on disk before is there after. The local transport
+copies for real; rsync and tar get the same destinations in test_broadcast_ssh.py."""
 
 from __future__ import annotations
 
@@ -164,8 +163,8 @@ def test_a_previous_goodput_copy_is_replaced(tmp_path, capsys):
 
 
 def saved_run(folder: Path, steps=(4, 8)) -> Path:
-    """A run folder with complete checkpoints as the trainer leaves them (the files staging
-    looks at: .complete and checksums.json; staging copies, it does not read them)."""
+    """A run folder with complete checkpoints as the trainer leaves them (the files the
+    node-local copy looks at: .complete and checksums.json; it copies them, does not read them)."""
     for step in steps:
         directory = folder / "checkpoints" / f"step-{step:08d}"
         directory.mkdir(parents=True)
@@ -180,11 +179,13 @@ def saved_run(folder: Path, steps=(4, 8)) -> Path:
     [
         ("run", "{root}/{host}/checkpoints"),  # the run's checkpoint folder itself
         ("run/checkpoints", "{root}/{host}/checkpoints"),
-        ("run", "{root}/{host}/checkpoints/staged"),  # within it
+        ("run", "{root}/{host}/checkpoints/copied"),  # within it
         ("run", "{root}/{host}"),  # above it: the run folder
     ],
 )
-def test_staging_never_meets_the_runs_own_checkpoints(tmp_path, capsys, checkpoint, dest):
+def test_the_node_local_copy_never_meets_the_runs_own_checkpoints(
+    tmp_path, capsys, checkpoint, dest
+):
     run = saved_run(tmp_path / "run")
     before = tree(run)
     dest = dest.replace("{root}", str(tmp_path))
@@ -194,20 +195,20 @@ def test_staging_never_meets_the_runs_own_checkpoints(tmp_path, capsys, checkpoi
     assert code == 2 and tree(run) == before
 
 
-def test_staging_removes_only_older_copies_it_made(tmp_path, capsys):
+def test_the_node_local_copy_removes_only_older_copies_it_made(tmp_path, capsys):
     run = saved_run(tmp_path / "run")
-    staged = tmp_path / "nodes" / "a" / "ckpt"
-    ours = sentinel(staged / "step-00000004")
+    copied = tmp_path / "nodes" / "a" / "ckpt"
+    ours = sentinel(copied / "step-00000004")
     (ours / MARKER).write_text("{}\n")
-    theirs = sentinel(staged / "step-00000002")  # a step folder goodput did not stage
+    theirs = sentinel(copied / "step-00000002")  # a step folder goodput did not copy
     linked = sentinel(tmp_path / "linked")
     (linked / MARKER).write_text("{}\n")
-    (staged / "step-00000003").symlink_to(linked)
+    (copied / "step-00000003").symlink_to(linked)
     code = cli.main(["broadcast", "--checkpoint", str(run), "--transport", "local",
                      "--hosts", "a", "--dest", f"{tmp_path}/nodes/{{host}}/ckpt"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
     assert "removed older step-00000004 on 1 host(s)" in capsys.readouterr().out
-    assert sorted(path.name for path in staged.iterdir()) == [
+    assert sorted(path.name for path in copied.iterdir()) == [
         "step-00000002",
         "step-00000003",
         "step-00000008",

@@ -61,8 +61,8 @@ def _run_line(log: Path, run_dir: Path, done_at: int, code: int = 0, extra=()) -
     return ["goodput", "launch", "--run-dir", str(run_dir / "launch"), "--", *command, *extra]
 
 
-def _submit_args(run_dir: Path, *options: str, nodes="2", time="01:00:00") -> list[str]:
-    return ["submit", "--run-dir", str(run_dir), "--nodes", nodes, "--time", time, *options]
+def _submit_args(run_dir: Path, *options: str, nhosts="2", time="01:00:00") -> list[str]:
+    return ["submit", "--run-dir", str(run_dir), "--nhosts", nhosts, "--time", time, *options]
 
 
 def _write(monkeypatch, tmp_path, capsys, options, launch_line) -> str:
@@ -126,6 +126,22 @@ def test_slurm_script_headers_and_chain_steps(monkeypatch, tmp_path, capsys):
     assert script.index("sbatch --dep") < script.index("goodput launch") < script.index("scancel")
     assert _launch_argv(script) == line
     subprocess.run(["bash", "-n", run_dir / "chain.sbatch"], check=True)
+
+
+def test_old_nodes_spelling_writes_the_same_script_with_one_warning(monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)
+    line = ["--", "goodput", "launch", "--", "goodput", "train", "run.toml"]
+    new = [*_submit_args(tmp_path / "new", "--scheduler", "slurm", "--job-name", "r"), *line]
+    assert cli.main(new) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    expected = Path(out.strip()).read_text().replace(str(tmp_path / "new"), "RUN")
+    old = [a if a != "--nhosts" else "--nodes" for a in new]
+    old[old.index("--run-dir") + 1] = str(tmp_path / "old")
+    assert cli.main(old) == 0
+    out, err = capsys.readouterr()
+    assert err == "goodput: warning: --nodes is deprecated; use --nhosts\n"
+    assert Path(out.strip()).read_text().replace(str(tmp_path / "old"), "RUN") == expected
 
 
 def test_pbs_script_headers_for_aurora(monkeypatch, tmp_path, capsys):
@@ -204,7 +220,7 @@ def test_pbs_paths_are_quoted_wherever_they_appear(monkeypatch, tmp_path, capsys
         (["--time", "00:00:00"], "submit --time"),
         (["--time", "01:00:00\n"], "submit --time"),
         (["--job-name", "run\n"], "submit --job-name"),
-        (["--nodes", "100001"], "submit --nodes"),  # 0 and below: argparse refuses them
+        (["--nhosts", "100001"], "submit --nhosts"),  # 0 and below: argparse refuses them
         (["--max-jobs", "10001"], "submit --max-jobs"),
         (["--filesystems", "home:flare"], "submit --filesystems"),  # Slurm has none
         (["--scheduler", "pbs", "--filesystems", "home;flare"], "submit --filesystems"),
@@ -434,7 +450,7 @@ def _slurm_chain(tmp_path: Path, max_jobs: int, done_at: int):
     name = f"chain-{uuid.uuid4().hex[:8]}"
     run_dir, log = tmp_path / "run", tmp_path / "events.jsonl"
     options = ["--submit", "--max-jobs", str(max_jobs), "--job-name", name]
-    argv = _submit_args(run_dir, "--scheduler", "slurm", *options, nodes="1", time="00:02:00")
+    argv = _submit_args(run_dir, "--scheduler", "slurm", *options, nhosts="1", time="00:02:00")
     try:
         result = subprocess.run(
             [sys.executable, "-m", "goodput", *argv, "--", *_run_line(log, run_dir, done_at)],

@@ -10,7 +10,7 @@ from goodput.train import loop
 
 
 def test_a_completed_run_writes_the_done_marker(run_config):
-    run_dir = Path(run_config.train.output)
+    run_dir = Path(run_config.train.run_dir)
     loop.train(run_config)
     assert (run_dir / DONE).read_text() == ""
     assert not list(run_dir.glob(".done.*"))  # written atomically: no temp file left
@@ -28,5 +28,5 @@ def test_a_run_that_fails_midway_writes_none(run_config, monkeypatch):
     monkeypatch.setattr(loop, "train_step", step_that_fails_third)
     with pytest.raises(RuntimeError, match="device lost"):
         loop.train(run_config)
-    run_dir = Path(run_config.train.output)
+    run_dir = Path(run_config.train.run_dir)
     assert (run_dir / "metrics.jsonl").exists() and not (run_dir / DONE).exists()

@@ -21,14 +21,16 @@ def with_train(cfg, **changes):
 
 def with_parallel(cfg, output, **changes):
     return replace(
-        cfg, train=replace(cfg.train, output=str(output)), parallel=replace(cfg.parallel, **changes)
+        cfg,
+        train=replace(cfg.train, run_dir=str(output)),
+        parallel=replace(cfg.parallel, **changes),
     )
 
 
 def test_a_run_trains_and_writes_its_run_directory(run_config, capsys):
     losses = train(run_config)
     out = capsys.readouterr().out
-    run_dir = Path(run_config.train.output)
+    run_dir = Path(run_config.train.run_dir)
     assert len(losses) == 8 and losses[-1] < losses[0] - 0.5
     step_lines = [line for line in out.splitlines() if line.startswith("step=")]
     assert [line.split()[0] for line in step_lines] == [f"step={n}" for n in range(1, 9)]
@@ -55,7 +57,7 @@ def test_tensorboard_events_hold_the_losses(run_config):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     losses = train(run_config)
-    events = EventAccumulator(str(Path(run_config.train.output) / "tensorboard"))
+    events = EventAccumulator(str(Path(run_config.train.run_dir) / "tensorboard"))
     events.Reload()
     logged = [event.value for event in events.Scalars("train/loss")]
     assert logged == pytest.approx(losses, rel=1e-6)
@@ -67,10 +69,10 @@ def train_on_rank(rank, world_size, cfg):
 
 def test_losses_equal_for_any_dp_size_and_accumulation(run_config, tmp_path):
     reference = train(run_config)
-    accumulated = train(with_train(run_config, micro_batch_size=1, output=str(tmp_path / "a")))
+    accumulated = train(with_train(run_config, micro_batch_size=1, run_dir=str(tmp_path / "a")))
     assert accumulated == pytest.approx(reference, rel=1e-5)
     two_ranks = run_distributed(
-        train_on_rank, 2, with_train(run_config, output=str(tmp_path / "b"))
+        train_on_rank, 2, with_train(run_config, run_dir=str(tmp_path / "b"))
     )
     for losses in two_ranks:
         assert losses == pytest.approx(reference, rel=1e-5)
@@ -81,7 +83,7 @@ def test_activation_checkpointing_changes_nothing_but_memory(run_config, tmp_pat
     checkpointed = train(with_parallel(run_config, tmp_path / "ac", activation_checkpointing=True))
     assert checkpointed == reference
     # The deprecated [train] key still works, and says so.
-    deprecated = with_train(run_config, activation_checkpointing=True, output=str(tmp_path / "d"))
+    deprecated = with_train(run_config, activation_checkpointing=True, run_dir=str(tmp_path / "d"))
     assert "[train] activation_checkpointing is deprecated" in capsys.readouterr().err
     assert deprecated.parallel.activation_checkpointing
     assert train(deprecated) == reference

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from goodput.config import build, load_config, load_section, to_toml
+from goodput.config import from_table, load_config, load_section, to_toml
 from goodput.errors import GoodputError
 from goodput.train.build import require_run_dir
 from goodput.train.config import RunConfig, TrainConfig, plan_batches
@@ -37,7 +37,7 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
 
 
 def train_config(**changes):
-    fields = dict(steps=1, tokens_per_step=4096, seq_len=128, micro_batch_size=4, output="run")
+    fields = dict(steps=1, tokens_per_step=4096, seq_len=128, micro_batch_size=4, run_dir="run")
     return TrainConfig(**{**fields, **changes})
 
 
@@ -83,7 +83,7 @@ def test_goodput_train_refuses_a_bad_config_in_one_line(tmp_path, override, mess
     overrides = [override]
     if override.startswith("parallel."):
         overrides.append("parallel.precision=fp32-master")
-    result = goodput_train(tmp_path, *overrides, f"train.output={tmp_path / 'run'}")
+    result = goodput_train(tmp_path, *overrides, f"train.run_dir={tmp_path / 'run'}")
     assert result.returncode == 2, result.stderr
     line = one_line_error(result)
     assert message in line
@@ -152,9 +152,9 @@ def test_inf_turns_clipping_off_and_nothing_else():
 
 def test_an_empty_output_is_refused_and_the_working_directory_untouched(tmp_path):
     (tmp_path / "config.toml").write_text("mine\n")
-    result = goodput_train(tmp_path, "train.output=")
+    result = goodput_train(tmp_path, "train.run_dir=")
     assert result.returncode == 2
-    assert "'train.output' is empty" in one_line_error(result)
+    assert "'train.run_dir' is empty" in one_line_error(result)
     assert [p.name for p in tmp_path.iterdir()] == ["config.toml"]
     assert (tmp_path / "config.toml").read_text() == "mine\n"
 
@@ -164,7 +164,7 @@ def test_a_foreign_folder_is_refused_as_run_directory_and_left_untouched(tmp_pat
     foreign.mkdir()
     (foreign / "config.toml").write_text("mine\n")
     (foreign / "notes").mkdir()
-    result = goodput_train(tmp_path, f"train.output={foreign}")
+    result = goodput_train(tmp_path, f"train.run_dir={foreign}")
     assert result.returncode == 2
     line = one_line_error(result)
     assert "is not a goodput run directory (no run.json) and not empty" in line
@@ -199,13 +199,13 @@ def test_a_missing_table_is_named(tmp_path):
 
 def test_resolved_config_reads_back_equal():
     cfg = load_config(RunConfig, CONFIGS / "tiny-cpu.toml", ["train.max_grad_norm=inf"])
-    assert build(RunConfig, tomllib.loads(to_toml(cfg)), "resolved") == cfg
+    assert from_table(RunConfig, tomllib.loads(to_toml(cfg)), "resolved") == cfg
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.stem)
 def test_every_shipped_model_table_round_trips(path):
     model = load_section(ModelConfig, path, "model")
-    assert build(ModelConfig, tomllib.loads(to_toml(model)), "resolved") == model
+    assert from_table(ModelConfig, tomllib.loads(to_toml(model)), "resolved") == model
 
 
 def test_replicate_runs_fp32_or_pure_bf16_only():
@@ -225,10 +225,35 @@ def test_deprecated_train_keys_move_to_parallel_with_one_warning_line(key, capsy
     ]
     resolved = to_toml(cfg)
     assert f"[train]\n{key}" not in resolved and f"\n{key} = true" in resolved  # [parallel]
-    assert build(RunConfig, tomllib.loads(resolved), "resolved") == cfg
+    assert from_table(RunConfig, tomllib.loads(resolved), "resolved") == cfg
     assert not capsys.readouterr().err  # the resolved config warns no more
     assert load_config(RunConfig, CONFIGS / "tiny-cpu.toml", [f"parallel.{key}=true"]) == cfg
     with pytest.raises(GoodputError, match=f"{key} is set in both .train. and .parallel."):
         load_config(
             RunConfig, CONFIGS / "tiny-cpu.toml", [f"train.{key}=false", f"parallel.{key}=true"]
         )
+
+
+def test_deprecated_train_output_is_the_run_dir_with_one_warning_line(tmp_path, capsys):
+    cfg = load_config(RunConfig, CONFIGS / "tiny-cpu.toml", [f"train.run_dir={tmp_path}"])
+    assert not capsys.readouterr().err
+    old = (CONFIGS / "tiny-cpu.toml").read_text().replace("\nrun_dir = ", "\noutput = ")
+    (tmp_path / "old.toml").write_text(old)
+    assert '\noutput = "demo/run"\n' in old
+    (tmp_path / "own.toml").write_text(old.replace('"demo/run"', f'"{tmp_path}"'))
+    for path, overrides in [
+        (tmp_path / "own.toml", []),  # the old TOML key
+        (tmp_path / "old.toml", [f"train.output={tmp_path}"]),  # the old override
+    ]:
+        assert load_config(RunConfig, path, overrides) == cfg
+        assert cfg.train.output is None
+        warning = capsys.readouterr().err.splitlines()
+        assert warning == ["goodput: warning: train.output is deprecated; use train.run_dir"]
+    resolved = to_toml(cfg)
+    assert "\noutput" not in resolved and from_table(RunConfig, tomllib.loads(resolved), "r") == cfg
+    with pytest.raises(GoodputError, match="run_dir and output are both set, differently"):
+        load_config(RunConfig, tmp_path / "old.toml", [f"train.run_dir={tmp_path}"])
+    without = old.replace("\noutput = ", "\n# output = ")
+    (tmp_path / "none.toml").write_text(without)
+    with pytest.raises(GoodputError, match="missing key 'run_dir'"):
+        load_config(RunConfig, tmp_path / "none.toml")

@@ -1,8 +1,8 @@
-"""Checksums written with every checkpoint; ``goodput broadcast --checkpoint`` staging the newest
-complete one on "hosts" in a real child process (folders by the local transport; rsync over the
-loopback sshd of ``.ci/start-sshd`` where it answers); and real 2-rank gloo resumes that read a
-verified node-local copy, or the saved checkpoint when the copy is damaged, of another step, or
-cannot be verified."""
+"""Checksums written with every checkpoint; ``goodput broadcast --checkpoint`` copying the newest
+complete one to node-local disk on "hosts" in a real child process (folders by the local
+transport; rsync over the loopback sshd of ``.ci/start-sshd`` where it answers); and real 2-rank
+gloo resumes that read a verified node-local copy, or the saved checkpoint when the copy is
+damaged, of another step, or cannot be verified."""
 
 import shutil
 import subprocess
@@ -30,7 +30,7 @@ def saved(tmp_path_factory):
     cfg = tiny_run_config(directory)
     cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, interval_steps=4))
     losses = run_distributed(train_on_rank, 2, cfg)[0]
-    return cfg, checkpoints_dir(cfg.train.output), losses
+    return cfg, checkpoints_dir(cfg.train.run_dir), losses
 
 
 def train_on_rank(rank, world_size, cfg):
@@ -41,13 +41,13 @@ def resumed(cfg, output, **checkpoint):
     """``cfg`` resumed into a fresh output folder, saving nothing."""
     return replace(
         cfg,
-        train=replace(cfg.train, output=str(output)),
+        train=replace(cfg.train, run_dir=str(output)),
         checkpoint=replace(cfg.checkpoint, interval_steps=0, **checkpoint),
     )
 
 
 def tree(folder):
-    """Every file's bytes but the marker's, which only staged copies have."""
+    """Every file's bytes but the marker's, which only node-local copies have."""
     return {
         str(path.relative_to(folder)): path.read_bytes()
         for path in sorted(folder.rglob("*"))
@@ -55,10 +55,10 @@ def tree(folder):
     }
 
 
-def stage_by_hand(source, copy):
+def copy_by_hand(source, copy):
     """A copy as an earlier ``goodput broadcast --checkpoint`` left it: marked as goodput's."""
     shutil.copytree(source, copy)
-    (copy / MARKER).write_text('{"source": "an earlier staging"}\n')
+    (copy / MARKER).write_text('{"source": "an earlier copy"}\n')
 
 
 def flip_a_byte(path):
@@ -95,7 +95,7 @@ def goodput_broadcast(*args):
     )
 
 
-def test_broadcast_stages_the_newest_complete_checkpoint_only(saved, tmp_path):
+def test_broadcast_copies_the_newest_complete_checkpoint_only(saved, tmp_path):
     _, root, _ = saved
     run = tmp_path / "run"
     shutil.copytree(root, checkpoints_dir(run))
@@ -103,23 +103,24 @@ def test_broadcast_stages_the_newest_complete_checkpoint_only(saved, tmp_path):
     shutil.copytree(step_dir(root, 8), newer)
     (newer / ".complete").unlink()  # as a save killed mid-flush leaves it
     older = tmp_path / "nodes" / "a" / "ckpt" / "step-00000004"
-    stage_by_hand(step_dir(root, 4), older)  # staged before an earlier relaunch
+    copy_by_hand(step_dir(root, 4), older)  # copied before an earlier relaunch
     dest = tmp_path / "nodes" / "{host}" / "ckpt"
 
-    staging = goodput_broadcast(
+    copying = goodput_broadcast(
         "--checkpoint", run, "--transport", "local", "--hosts", "a,b", "--dest", dest
     )
-    assert staging.returncode == 0, staging.stderr
-    assert f"skipping {newer}: incomplete" in staging.stderr
+    assert copying.returncode == 0, copying.stderr
+    assert f"skipping {newer}: incomplete" in copying.stderr
     saved_step = step_dir(checkpoints_dir(run), 8)
-    assert staging.stdout.startswith(
-        f"broadcast: staged {saved_step} as {dest}/step-00000008 on 2 of 2 hosts in "
+    assert copying.stdout.startswith(
+        f"broadcast: copied {saved_step} to node-local disk as {dest}/step-00000008 on 2 of 2 "
+        "hosts in "
     )
-    assert "removed older step-00000004 on 1 host(s)" in staging.stdout
+    assert "removed older step-00000004 on 1 host(s)" in copying.stdout
     for host in ("a", "b"):
-        staged = tmp_path / "nodes" / host / "ckpt"
-        assert [path.name for path in staged.iterdir()] == ["step-00000008"]  # no temp left
-        assert tree(staged / "step-00000008") == tree(saved_step)
+        copied = tmp_path / "nodes" / host / "ckpt"
+        assert [path.name for path in copied.iterdir()] == ["step-00000008"]  # no temp left
+        assert tree(copied / "step-00000008") == tree(saved_step)
 
     (saved_step / CHECKSUMS).unlink()  # as saved by a goodput before checksums
     again = goodput_broadcast(
@@ -127,9 +128,9 @@ def test_broadcast_stages_the_newest_complete_checkpoint_only(saved, tmp_path):
     )
     assert again.returncode == 0, again.stderr
     assert again.stdout == (
-        f"broadcast: nothing staged: {saved_step} has no {CHECKSUMS} (saved before goodput wrote "
-        "checksums), so the trainer could not verify a copy; it reads this checkpoint where it "
-        "is\n"
+        f"broadcast: nothing copied to node-local disk: {saved_step} has no {CHECKSUMS} (saved "
+        "before goodput wrote checksums), so the trainer could not verify a copy; it reads this "
+        "checkpoint where it is\n"
     )
     refused = goodput_broadcast("--checkpoint", tmp_path, "--hosts", "a", "--dest", dest)
     assert refused.returncode == 2 and "no step-N checkpoints" in refused.stderr
@@ -139,17 +140,17 @@ def test_broadcast_stages_the_newest_complete_checkpoint_only(saved, tmp_path):
 def test_over_ssh_older_copies_are_removed_by_the_same_ssh(saved, tmp_path):
     _, root, _ = saved
     older = tmp_path / "node1" / "ckpt" / "step-00000004"
-    stage_by_hand(step_dir(root, 4), older)
+    copy_by_hand(step_dir(root, 4), older)
     (tmp_path / "node1" / "ckpt" / "step-00000004x").mkdir()  # not a step folder: left alone
-    # A step folder goodput did not stage (no marker): left alone too.
+    # A step folder goodput did not copy (no marker): left alone too.
     shutil.copytree(step_dir(root, 4), tmp_path / "node1" / "ckpt" / "step-00000002")
     dest = tmp_path / "{host}" / "ckpt"
-    staging = goodput_broadcast(
+    copying = goodput_broadcast(
         "--checkpoint", root.parent, "--transport", "rsync", "--ssh-config", SSH_CONFIG,
         "--hosts", "node1,node2", "--dest", dest,
     )  # fmt: skip
-    assert staging.returncode == 0, staging.stderr
-    assert "removed older step-00000004 on 1 host(s)" in staging.stdout
+    assert copying.returncode == 0, copying.stderr
+    assert "removed older step-00000004 on 1 host(s)" in copying.stdout
     for host in ("node1", "node2"):
         assert tree(tmp_path / host / "ckpt" / "step-00000008") == tree(step_dir(root, 8))
     assert sorted(path.name for path in (tmp_path / "node1" / "ckpt").iterdir()) == [
@@ -159,7 +160,7 @@ def test_over_ssh_older_copies_are_removed_by_the_same_ssh(saved, tmp_path):
     ]
 
 
-def test_staging_never_imports_torch(saved, tmp_path):
+def test_the_node_local_copy_never_imports_torch(saved, tmp_path):
     _, root, _ = saved
     code = (
         "import sys; from goodput import cli; "

@@ -1,5 +1,5 @@
-"""Stage a run's newest complete checkpoint on node-local disk before the relaunch that resumes
-from it: ``goodput broadcast --checkpoint RUN_DIR --dest DEST``.
+"""The node-local copy: a run's newest complete checkpoint copied to node-local disk before the
+relaunch that resumes from it: ``goodput broadcast --checkpoint RUN_DIR --dest DEST``.
 
 The checkpoint is the newest ``step-N`` folder with ``.complete`` under ``RUN_DIR/checkpoints``
 (or under RUN_DIR itself when it holds the ``step-N`` folders, as a ``[checkpoint] folder``
@@ -8,10 +8,10 @@ DEST/step-N on every host by ``broadcast``'s greedy tree, under its own name, so
 with ``[checkpoint] local_dir = DEST`` finds it. A copy appears only whole (the transport renames
 a finished temp copy into place); only after that, and only on that host, are the older
 ``step-N`` folders at DEST removed, so a host whose copy failed keeps what it had. Only folders
-that carry the transport's marker (copies staged by goodput) are ever removed, and DEST may not
-be the run's checkpoint folder, lie within it or hold it: a run's own checkpoints are never
-touched. A checkpoint saved without ``checksums.json`` is not staged: the trainer could not
-verify the copy, so would not read it. Staging does not verify: the trainer checks each copy
+that carry the transport's marker (node-local copies made by goodput) are ever removed, and DEST
+may not be the run's checkpoint folder, lie within it or hold it: a run's own checkpoints are
+never touched. A checkpoint saved without ``checksums.json`` is not copied: the trainer could not
+verify the copy, so would not read it. Copying does not verify: the trainer checks each copy
 where and when it reads it. Nothing here imports torch.
 """
 
@@ -37,7 +37,7 @@ REMOVE_TIMEOUT_S = 300.0
 
 
 @dataclass(slots=True)
-class Staged:
+class CheckpointCopy:
     checkpoint: Path | None  # the saved checkpoint that was sent; None: nothing was
     why_not: str = ""  # why nothing was
     destination: str = ""  # DEST/step-N, as given ({host} not replaced)
@@ -45,7 +45,7 @@ class Staged:
     removed: dict[str, list[str]] = field(default_factory=dict)  # host -> older steps removed
 
 
-def stage_checkpoint(
+def copy_checkpoint(
     run_dir: Path,
     hosts: Sequence[str],
     dest: str,
@@ -55,7 +55,7 @@ def stage_checkpoint(
     retries: int = 2,
     min_success: int | None = None,
     progress: Callable[[str], None] = print,
-) -> Staged:
+) -> CheckpointCopy:
     """Send the newest complete checkpoint of ``run_dir`` to ``dest``/step-N on every host by
     ``broadcast`` (the options are its own); ``transport_for`` makes the transport for a
     destination pattern. Raises ``GoodputError`` where ``broadcast`` does."""
@@ -67,9 +67,9 @@ def stage_checkpoint(
             break
         progress(f"broadcast: skipping {checkpoint.path}: incomplete (no .complete marker)")
     if newest is None:
-        return Staged(None, f"{run_dir} has no complete checkpoint")
+        return CheckpointCopy(None, f"{run_dir} has no complete checkpoint")
     if not (newest.path / CHECKSUMS).is_file():
-        return Staged(
+        return CheckpointCopy(
             None,
             f"{newest.path} has no {CHECKSUMS} (saved before goodput wrote checksums), so the "
             "trainer could not verify a copy; it reads this checkpoint where it is",
@@ -92,11 +92,11 @@ def stage_checkpoint(
         try:
             removed[host] = remove_older(transport, host, newest.step)
         except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
-            progress(f"broadcast: {host}: older staged checkpoints left in place ({exc})")
+            progress(f"broadcast: {host}: older node-local copies left in place ({exc})")
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(result.succeeded), REMOVE_THREADS))) as pool:
         list(pool.map(remove, result.succeeded))
-    return Staged(newest.path, "", destination, result, removed)
+    return CheckpointCopy(newest.path, "", destination, result, removed)
 
 
 def _checkpoint_root(run_dir: Path) -> Path:
@@ -108,13 +108,13 @@ def _checkpoint_root(run_dir: Path) -> Path:
     raise GoodputError.usage(
         run_dir,
         "holds no checkpoints/ folder and no step-N checkpoints",
-        "pass the run directory (train.output) or its checkpoint folder",
+        "pass the run directory (train.run_dir) or its checkpoint folder",
     )
 
 
 def _check_apart(root: Path, folders: set[str]) -> None:
-    """Refuse staging into the run's checkpoint folder ``root``, within it or above it: the
-    staged copies and their clean-up must never meet the checkpoints they are copies of."""
+    """Refuse copying into the run's checkpoint folder ``root``, within it or above it: the
+    node-local copies and their clean-up must never meet the checkpoints they are copies of."""
     real_root = Path(os.path.realpath(root))
     for folder in sorted(folders):
         real = Path(os.path.realpath(folder))
@@ -122,19 +122,19 @@ def _check_apart(root: Path, folders: set[str]) -> None:
             raise GoodputError.usage(
                 "--dest",
                 f"{folder} is the run's checkpoint folder {real_root}, or within or above it",
-                "stage to a node-local folder outside the run, e.g. /local/scratch/ckpt",
+                "copy to a node-local folder outside the run, e.g. /local/scratch/ckpt",
             )
 
 
 def remove_older(transport: Transport, host: str, step: int) -> list[str]:
-    """Remove the staged ``step-N`` folders with N < ``step`` beside ``host``'s copy (only those
-    that carry the transport's marker: goodput's own copies); their names."""
+    """Remove the node-local copies (``step-N`` folders) with N < ``step`` beside ``host``'s
+    copy (only those that carry the transport's marker: goodput's own copies); their names."""
     parent = posixpath.dirname(transport.path(host))
     if isinstance(transport, LocalTransport):
         older = [
             c.path
             for c in list_checkpoints(Path(parent))
-            if c.step < step and _is_staged_copy(c.path)
+            if c.step < step and _is_node_local_copy(c.path)
         ]
         for path in older:
             shutil.rmtree(path)
@@ -162,25 +162,25 @@ def remove_older(transport: Transport, host: str, step: int) -> list[str]:
     return finished.stdout.split()
 
 
-def _is_staged_copy(path: Path) -> bool:
+def _is_node_local_copy(path: Path) -> bool:
     marker = path / MARKER
     return not path.is_symlink() and not marker.is_symlink() and marker.is_file()
 
 
-def describe(staged: Staged, num_hosts: int) -> str:
-    """What was staged where, in a line or two."""
-    if staged.checkpoint is None:
-        return f"broadcast: nothing staged: {staged.why_not}"
-    result = staged.result
+def describe(copied: CheckpointCopy, num_hosts: int) -> str:
+    """What was copied where, in a line or two."""
+    if copied.checkpoint is None:
+        return f"broadcast: nothing copied to node-local disk: {copied.why_not}"
+    result = copied.result
     by_origin = sum(copy.source == ORIGIN for copy in result.copies)
     line = (
-        f"broadcast: staged {staged.checkpoint} as {staged.destination} on "
+        f"broadcast: copied {copied.checkpoint} to node-local disk as {copied.destination} on "
         f"{len(result.succeeded)} of {num_hosts} hosts in {result.makespan_s:.1f} s "
         f"({by_origin} copies from the origin)"
         + (f"; failed: {', '.join(result.failed)}" if result.failed else "")
     )
-    names = sorted({name for removed in staged.removed.values() for name in removed})
+    names = sorted({name for removed in copied.removed.values() for name in removed})
     if names:
-        cleaned = sum(bool(removed) for removed in staged.removed.values())
+        cleaned = sum(bool(removed) for removed in copied.removed.values())
         line += f"\nbroadcast: removed older {', '.join(names)} on {cleaned} host(s)"
     return line
