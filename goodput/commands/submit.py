@@ -1,17 +1,23 @@
 """``goodput submit``: write (and queue) the Slurm or PBS job chain of ``goodput.launch.submit``
 around a ``goodput launch`` line. The line is parsed into the ``LaunchOptions`` each job will run
-and its machine profile loaded now, so a typo fails at once (exit 2), not hours later when the
-first job starts; nothing is run. Never imports torch."""
+and its machine profile loaded now, and the job's allocation is sized to fit it, so a typo or a
+line no job could run fails at once (exit 2), not hours later when the first job starts; nothing
+is run. Never imports torch."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from goodput import argtypes
 from goodput.commands import Subparsers, after_dashes, launch
 from goodput.errors import ExitCode, GoodputError
+
+if TYPE_CHECKING:
+    from goodput.launch import LaunchOptions
+    from goodput.launch.launchers import ProfileConfig
 
 
 def register(groups: Subparsers) -> None:
@@ -73,13 +79,17 @@ def _submit(args: argparse.Namespace) -> ExitCode:
 
     launch_line = after_dashes(args.cmd)
     submit.check_launch_line(launch_line)
-    _check_launch_options(launch_line[2:])
+    options, profile = _check_launch_options(launch_line[2:])
+    launch_run_dir = options.run_dir or (options.log.parent if options.log else None)
     chain = submit.Chain(
         scheduler=args.scheduler or submit.detect_scheduler(),
         run_dir=args.run_dir.absolute(),
         workdir=Path.cwd(),
         launch_line=tuple(launch_line),
         nhosts=args.nhosts,
+        ppn=submit.fit_launch(options, profile, args.nhosts),
+        whole_nodes=profile.whole_nodes,
+        launch_run_dir=launch_run_dir.absolute() if launch_run_dir else None,
         walltime=args.time,
         job_name=args.job_name or submit.default_job_name(args.run_dir.absolute()),
         account=args.account,
@@ -101,7 +111,7 @@ def _submit(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
-def _check_launch_options(argv: list[str]) -> None:
+def _check_launch_options(argv: list[str]) -> tuple[LaunchOptions, ProfileConfig]:
     """Parse ``goodput launch ARGV`` into the ``LaunchOptions`` each job will run and load their
     profile: every check of the line that needs no job, done before anything is written."""
     from goodput.launch.run import load_profile
@@ -118,4 +128,4 @@ def _check_launch_options(argv: list[str]) -> None:
     options = launch.options(args)
     # Picked as goodput launch picks it: the jobs run in the environment submitted from (Slurm's
     # default, -V on PBS), so $GOODPUT_PROFILE there is the one here.
-    load_profile(options)
+    return options, load_profile(options)

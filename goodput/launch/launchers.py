@@ -62,6 +62,9 @@ class ProfileConfig:
     # Ranks per node when --ppn and --nproc are not given.
     ppn: int = field(default=1, metadata=limits(at_least=1, at_most=MAX_PPN))
     mpiexec: Literal["hydra", "pals"] = "hydra"  # the flag dialect of the PBS launcher
+    # What a job chain (goodput submit) asks for on each node: every CPU of it (Slurm
+    # --exclusive, PBS place=...:excl), as GPU nodes need, or one CPU per rank.
+    whole_nodes: bool = False
     cpu_bind: str | None = None  # srun --cpu-bind=, PALS --cpu-bind, Hydra -bind-to
     env: tuple[str, ...] = ()  # NAME=VALUE set for every rank
     pass_env: tuple[str, ...] = ()  # names mpiexec forwards explicitly from the launcher's env
@@ -192,6 +195,27 @@ def plan_launch(
             f"{num_hosts} hosts asked for, {len(available)} {where}",
             f"ask for 1 to {len(available)}",
         )
+    ppn, nproc = rank_counts(profile, num_hosts, ppn=ppn, nproc=nproc)
+    for host in available:  # spares too: any of them may run ranks later
+        check_host(host, "launch host list")
+    hosts = available[:num_hosts]
+    return LaunchPlan(
+        placement.scheduler,
+        hosts,
+        available[num_hosts:],
+        ppn,
+        nproc,
+        profile,
+        placement.master_port,
+        run_dir,
+    )
+
+
+def rank_counts(
+    profile: ProfileConfig, num_hosts: int, *, ppn: int | None, nproc: int | None
+) -> tuple[int, int]:
+    """Ranks per host and in all on ``num_hosts`` hosts, as ``plan_launch`` defaults them; a job
+    chain sizes its allocation by the same rule."""
     for count, flag in ((ppn, "--ppn"), (nproc, "--nproc")):
         if count is not None and count < 1:
             raise GoodputError.usage(flag, f"{count} is not a count", "use 1 or more")
@@ -212,19 +236,7 @@ def plan_launch(
             f"use --nproc from {(num_hosts - 1) * ppn + 1} to {num_hosts * ppn}, "
             "or change --nhosts/--ppn",
         )
-    for host in available:  # spares too: any of them may run ranks later
-        check_host(host, "launch host list")
-    hosts = available[:num_hosts]
-    return LaunchPlan(
-        placement.scheduler,
-        hosts,
-        available[num_hosts:],
-        ppn,
-        nproc,
-        profile,
-        placement.master_port,
-        run_dir,
-    )
+    return ppn, nproc
 
 
 def build_processes(

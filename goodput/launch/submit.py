@@ -1,16 +1,26 @@
 """Job chains, the JOB scope of recovery: a Slurm or PBS batch script that reruns one
 ``goodput launch`` line, allocation after allocation, until the run is done.
 
-Each job of the chain, in order:
+Each job asks for the hosts and the ranks per host its launch line runs (``fit_launch``: the
+line's ``--nhosts``/``--ppn``/``--nproc``, else the profile's ``ppn``; whole nodes when the
+profile says ``whole_nodes``), so the line always fits the allocation. Each job, in order:
   1. stops at once if ``RUN_DIR/done`` exists. The trainer writes that marker on rank 0, last,
      once every step has run; nothing else counts as done;
-  2. unless it is job ``max_jobs``, queues its successor with an after-any dependency *before*
+  2. stops, exit 1, if the two jobs before it gained no step (the guard, below);
+  3. unless it is job ``max_jobs``, queues its successor with an after-any dependency *before*
      training, so that a walltime kill, a crash or a lost node still leaves the next job queued;
-  3. runs the launch line and waits for it (no ``exec``: the script has work left after it);
-  4. if the marker now exists, cancels the queued successor and exits 0; otherwise exits with
-     the launch's code and the successor carries the run on.
-The chain position reaches each job in ``GOODPUT_CHAIN_JOB`` (the first job gets 1), so that
-rerunning ``goodput submit`` starts a fresh chain of up to ``max_jobs``.
+  4. runs the launch line and waits for it (no ``exec``: the script has work left after it; a
+     walltime SIGTERM is trapped so that bash waits too, rather than dying before the launch);
+  5. if the marker now exists, cancels the queued successor and exits 0; if neither this job nor
+     the one before it gained a step, cancels it and exits 1; otherwise exits with the launch's
+     code and the successor carries the run on.
+The guard is ``python -m goodput.launch.submit``: it reads what each job gained from the
+``job`` and ``steps_gained`` of the launch's ``attempts.jsonl`` (a job that left no record
+gained nothing) and prints why it ends the chain. The chain position reaches each job in
+``GOODPUT_CHAIN_JOB`` (the first job gets 1) and the ids of the jobs before it in
+``GOODPUT_CHAIN_PREVIOUS`` (two at most, the latest last; the first job gets none), so that
+rerunning ``goodput submit`` starts a fresh chain of up to ``max_jobs`` that no job of an older
+chain can end, and nothing is written for it.
 
 Invariants: every value in the script body is ``shlex.quote``d; values in ``#SBATCH``/``#PBS``
 lines must instead match strict patterns, because sbatch and qsub parse those lines themselves,
@@ -19,25 +29,38 @@ replaced; schedulers are run with argv lists. The jobs run in the environment of
 submits them (Slurm's default; ``-V`` on PBS). Slurm writes each job's log into the run dir;
 PBS keeps its default, the folder the job was submitted from. Not done here: watching the jobs,
 or judging why an attempt failed (``goodput launch`` does that inside each job). Standard library
-only.
+and ``goodput.launch`` only.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from goodput import rundir
-from goodput.errors import GoodputError, from_exception
+from goodput.errors import ExitCode, GoodputError, from_exception
 from goodput.io import read_text, write_text
-from goodput.launch.env import MAX_HOSTS
+from goodput.launch.env import JOB_ID, MAX_HOSTS
+from goodput.launch.history import read_attempts
+from goodput.launch.launchers import MAX_PPN, ProfileConfig, rank_counts
+
+if TYPE_CHECKING:
+    from goodput.launch.run import LaunchOptions
 
 CHAIN_JOB_VAR = "GOODPUT_CHAIN_JOB"
+CHAIN_PREVIOUS_VAR = "GOODPUT_CHAIN_PREVIOUS"
+# Jobs in a row without a step that end a chain: as many as end the attempts of one launch.
+MAX_STEPLESS_JOBS = 2
+GUARD_MODULE = "goodput.launch.submit"  # each job runs python -m GUARD_MODULE (main, below)
 CLIENTS = {"slurm": "sbatch", "pbs": "qsub"}
 
 # What may go into a #SBATCH/#PBS line. Nothing there is quoted: sbatch and qsub parse those
@@ -53,13 +76,21 @@ MAX_JOBS = 10_000  # a chain that long has stopped making progress long before
 # a variable, and are filled in one pass, so a value holding "@...@" is never filled again.
 BODY = """\
 # Written by `goodput submit`: one job of a chain that reruns the launch line below until the
-# done marker exists or max_jobs jobs have run. Its position comes in GOODPUT_CHAIN_JOB.
+# done marker exists or max_jobs jobs have run. Its position comes in GOODPUT_CHAIN_JOB, the ids
+# of the jobs before it in this chain (two at most, the latest last) in GOODPUT_CHAIN_PREVIOUS.
 set -euo pipefail
 cd @WORKDIR@
 script=@SCRIPT@
 done_marker=@DONE@
 job=${GOODPUT_CHAIN_JOB:-1}
 max_jobs=@MAX_JOBS@
+this_job=@THIS_JOB@
+previous=${GOODPUT_CHAIN_PREVIOUS:-}
+# The job before this one and this one: the successor's GOODPUT_CHAIN_PREVIOUS.
+recent=${previous:+${previous##*,},}$this_job
+# The walltime's SIGTERM reaches every process of the job. Untrapped, it would end bash at once;
+# trapped, bash waits for the launch (which stops its ranks, saves and logs) and settles the chain.
+trap 'echo "goodput chain: job $job: SIGTERM (the walltime?); settling the chain" >&2' TERM
 # Checked before (( )) reads it: bash arithmetic would evaluate any expression, $(...) included.
 if [[ ! $job =~ ^[1-9][0-9]{0,8}$ ]]; then
   echo "goodput chain: GOODPUT_CHAIN_JOB=$job is not a job number; unset it" >&2
@@ -69,10 +100,16 @@ if [[ -e $done_marker ]]; then
   echo "goodput chain: job $job: $done_marker exists, the run is complete; nothing to do"
   exit 0
 fi
+# Before anything is queued: a chain whose last two jobs made no step queues no more. The
+# guard says why; it reads the ids as data and judges them itself.
+if ! @GUARD@ -- "$previous"; then
+  echo "goodput chain: job $job: the chain ends here, before its launch" >&2
+  exit 1
+fi
 next=
 if ((job < max_jobs)); then
   # Queued before the launch: a walltime kill or a crash still leaves the next job waiting.
-  if next=$(GOODPUT_CHAIN_JOB=$((job + 1)) @QUEUE_NEXT@); then
+  if next=$(GOODPUT_CHAIN_JOB=$((job + 1)) GOODPUT_CHAIN_PREVIOUS=$recent @QUEUE_NEXT@); then
     next=${next%%;*}
     echo "goodput chain: job $job of at most $max_jobs; job $next is queued to go on"
   else
@@ -90,6 +127,14 @@ if [[ -e $done_marker ]]; then
   echo "goodput chain: job $job: $done_marker written, the run is complete"
   exit 0
 fi
+if ! @GUARD@ -- "$recent"; then
+  if [[ -n $next ]]; then
+    @CANCEL@ "$next" || true
+    echo "goodput chain: job $job: job $next cancelled" >&2
+  fi
+  echo "goodput chain: job $job: the launch exited $status; the chain ends here" >&2
+  exit 1
+fi
 if [[ -n $next ]]; then
   echo "goodput chain: job $job: the launch exited $status; job $next goes on"
 else
@@ -105,9 +150,14 @@ SUBMIT_FLAGS = {
     "slurm": ("--parsable", f"--export=ALL,{CHAIN_JOB_VAR}"),  # --parsable: print the id only
     "pbs": ("-v", CHAIN_JOB_VAR),
 }
+# The job's own id, as the scheduler sets it (and goodput launch records it in attempts.jsonl).
+THIS_JOB = {
+    "slurm": "${SLURM_JOB_ID:?is not set: submit this script with sbatch}",
+    "pbs": "${PBS_JOBID:?is not set: submit this script with qsub}",
+}
 AFTER_THIS_JOB = {
-    "slurm": '--dependency=afterany:"$SLURM_JOB_ID"',
-    "pbs": '-W depend=afterany:"$PBS_JOBID"',
+    "slurm": '--dependency=afterany:"$this_job"',
+    "pbs": '-W depend=afterany:"$this_job"',
 }
 CANCEL = {"slurm": "scancel", "pbs": "qdel"}
 
@@ -121,6 +171,12 @@ class Chain:
     workdir: Path  # absolute: every job starts here, so relative paths mean what they meant
     launch_line: tuple[str, ...]  # goodput launch ... -- CMD ...
     nhosts: int
+    ppn: int  # ranks per host that the launch line runs (fit_launch)
+    whole_nodes: bool = False  # every CPU of each host, not one per rank (the profile's)
+    # Where the launch line writes attempts.jsonl (its --run-dir, else its --log's folder);
+    # None: goodput launch's default, launch-JOBID in the working folder, one per job.
+    launch_run_dir: Path | None = None
+    python: str = sys.executable  # runs the guard: an interpreter that imports this goodput
     walltime: str  # HH:MM:SS
     job_name: str
     account: str | None = None
@@ -131,6 +187,7 @@ class Chain:
     def __post_init__(self) -> None:
         assert self.scheduler in CLIENTS, self.scheduler
         assert self.run_dir.is_absolute() and self.workdir.is_absolute()
+        assert self.launch_run_dir is None or self.launch_run_dir.is_absolute()
         if not WALLTIME.fullmatch(self.walltime) or not self.walltime.strip("0:"):
             raise _usage(
                 "--time", f"{self.walltime!r} is not HH:MM:SS above zero", "e.g. --time 06:00:00"
@@ -138,6 +195,7 @@ class Chain:
         for option, count, most in (
             ("--nhosts", self.nhosts, MAX_HOSTS),
             ("--max-jobs", self.max_jobs, MAX_JOBS),
+            ("-- goodput launch --ppn", self.ppn, MAX_PPN),
         ):
             if not 1 <= count <= most:
                 raise _usage(option, f"is {count}", f"give 1 to {most}")
@@ -178,6 +236,25 @@ def check_launch_line(argv: list[str]) -> None:
         )
 
 
+def fit_launch(options: LaunchOptions, profile: ProfileConfig, nhosts: int) -> int:
+    """The ranks per host a job of ``nhosts`` hosts must hold for the launch line ``options`` to
+    run in it, by the rule ``goodput launch`` plans with; a line that cannot run in such a job
+    is a usage error naming the option at fault."""
+    if options.nhosts is not None and options.nhosts > nhosts:
+        raise _usage(
+            "-- goodput launch --nhosts",
+            f"{options.nhosts} hosts do not fit a job of --nhosts {nhosts}",
+            f"submit with --nhosts {options.nhosts} or more (the extra hosts are spares), or "
+            f"launch on {nhosts} or fewer",
+        )
+    num_hosts = nhosts if options.nhosts is None else options.nhosts
+    try:
+        ppn, _ = rank_counts(profile, num_hosts, ppn=options.ppn, nproc=options.nproc)
+    except GoodputError as error:
+        raise _usage(f"-- goodput launch {error.where}", error.what, error.fix) from None
+    return ppn
+
+
 def detect_scheduler() -> str:
     found = [name for name, client in CLIENTS.items() if shutil.which(client)]
     if len(found) != 1:
@@ -195,11 +272,16 @@ def render(chain: Chain) -> str:
     scheduler = chain.scheduler
     headers = _slurm_headers(chain) if scheduler == "slurm" else _pbs_headers(chain)
     flags = " ".join(SUBMIT_FLAGS[scheduler])
+    guard = [chain.python, "-m", GUARD_MODULE]
+    if chain.launch_run_dir is not None:
+        guard += ["--launch-run-dir", str(chain.launch_run_dir)]
     fields = {
         "WORKDIR": shlex.quote(str(chain.workdir)),
         "SCRIPT": shlex.quote(str(chain.script)),
         "DONE": shlex.quote(str(chain.done_marker)),
         "MAX_JOBS": str(chain.max_jobs),
+        "THIS_JOB": THIS_JOB[scheduler],
+        "GUARD": shlex.join(guard),
         "QUEUE_NEXT": f'{CLIENTS[scheduler]} {AFTER_THIS_JOB[scheduler]} {flags} "$script"',
         "LAUNCH": shlex.join(chain.launch_line),
         "CANCEL": CANCEL[scheduler],
@@ -212,6 +294,8 @@ def _slurm_headers(chain: Chain) -> list[str]:
     lines = [
         f"--job-name={chain.job_name}",
         f"--nodes={chain.nhosts}",
+        f"--ntasks-per-node={chain.ppn}",  # without it, a job holds one CPU: srun refuses 2 ranks
+        *(["--exclusive"] if chain.whole_nodes else []),
         f"--time={chain.walltime}",
         f"--output={chain.run_dir}/%x-%j.out",  # one log per job, beside the run
     ]
@@ -221,10 +305,15 @@ def _slurm_headers(chain: Chain) -> list[str]:
 
 
 def _pbs_headers(chain: Chain) -> list[str]:
+    # mpiprocs: each host's count in PBS_NODEFILE; ncpus: one CPU a rank unless whole nodes.
+    chunk = f"mpiprocs={chain.ppn}"
+    if not chain.whole_nodes:
+        chunk = f"ncpus={chain.ppn}:{chunk}"
     lines = [
         f"-N {chain.job_name}",
-        f"-l select={chain.nhosts}",
-        "-l place=scatter",  # one chunk per node, not N chunks packed onto one
+        f"-l select={chain.nhosts}:{chunk}",
+        # One chunk per node, not N chunks packed onto one; excl: no other job on it.
+        f"-l place=scatter{':excl' if chain.whole_nodes else ''}",
         f"-l walltime={chain.walltime}",
     ]
     lines += [f"-l filesystems={chain.filesystems}"] if chain.filesystems else []
@@ -270,8 +359,10 @@ def submit(chain: Chain) -> str:
             "is not on PATH",
             "submit from a login node of the cluster, or drop --submit to only write the script",
         )
-    # Set, not inherited: goodput submit may itself run inside a job of another chain.
+    # Set and cleared, not inherited: goodput submit may itself run inside a job of another chain,
+    # whose jobs must not count in this one.
     env = {**os.environ, CHAIN_JOB_VAR: "1"}
+    env.pop(CHAIN_PREVIOUS_VAR, None)
     try:
         result = subprocess.run(
             argv, cwd=chain.workdir, env=env, capture_output=True, text=True, errors="replace"
@@ -290,3 +381,72 @@ def submit(chain: Chain) -> str:
 
 def _usage(option: str, what: str, fix: str) -> GoodputError:
     return GoodputError.usage(f"submit {option}", what, fix)
+
+
+# --- the guard, run by each job ----------------------------------------------------------------
+
+
+def parse_jobs(text: str) -> list[str]:
+    """``GOODPUT_CHAIN_PREVIOUS``'s value: up to ``MAX_STEPLESS_JOBS`` job ids, comma-separated,
+    the latest last; empty in a chain's first job."""
+    jobs = text.split(",") if text else []
+    if len(jobs) > MAX_STEPLESS_JOBS or not all(JOB_ID.fullmatch(job) for job in jobs):
+        raise GoodputError.usage(
+            CHAIN_PREVIOUS_VAR,
+            f"{text[:200]!r} is not up to {MAX_STEPLESS_JOBS} job ids separated by commas",
+            "unset it: each job of a goodput submit chain sets it for the next",
+        )
+    return jobs
+
+
+def check_progress(jobs: Sequence[str], launch_run_dir: Path | None) -> None:
+    """Raise, saying what each did, when ``jobs`` are the last ``MAX_STEPLESS_JOBS`` of a chain
+    and none of them gained a step; fewer jobs never end a chain. A job's attempts log is
+    ``launch_run_dir``'s, else ``launch-JOB`` here, as ``goodput launch`` picks it."""
+    if len(jobs) < MAX_STEPLESS_JOBS:
+        return
+    accounts = [_account(job, launch_run_dir or Path(f"launch-{job}")) for job in jobs]
+    if any(gained for gained, _ in accounts):
+        return
+    raise GoodputError(
+        f"jobs {' and '.join(jobs)}",
+        f"{len(jobs)} jobs in a row gained no step ({'; '.join(said for _, said in accounts)})",
+        "the chain ends here; fix what their logs show, then start a new chain with goodput "
+        "submit --submit",
+    )
+
+
+def _account(job: str, launch_run_dir: Path) -> tuple[int, str]:
+    """Steps ``job`` gained by its attempt records, and one phrase of what its last one said."""
+    attempts = launch_run_dir / rundir.ATTEMPTS
+    records = [r for r in (read_attempts(attempts) if attempts.exists() else []) if r.job == job]
+    if not records:
+        return 0, f"{job}: no launch attempt in {attempts}, so its launch line failed first"
+    last = records[-1]
+    why = f"{last.class_}, {last.reason}" if last.reason else last.class_
+    said = f"{job}: {len(records)} attempt(s), the last exited {last.exit_code} ({why})"
+    return sum(r.steps_gained for r in records), said
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m goodput.launch.submit [--launch-run-dir DIR] -- JOBS``: the guard the job
+    script runs. Exit 0 when the chain may go on; else one line on stderr and non-zero."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {GUARD_MODULE}",
+        description="Exit non-zero, saying why, when the job chain's last jobs JOBS (comma-"
+        "separated, the latest last) all gained no step.",
+    )
+    parser.add_argument("--launch-run-dir", type=Path, help="where the launch line logs")
+    parser.add_argument("jobs", metavar="JOBS")
+    args = parser.parse_args(argv)
+    try:
+        check_progress(parse_jobs(args.jobs), args.launch_run_dir)
+    except Exception as exc:  # the job's log gets one line, whatever went wrong
+        error = from_exception(exc)
+        print(f"goodput chain: {error.render()}", file=sys.stderr, flush=True)
+        return int(error.code)
+    return int(ExitCode.OK)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,7 +3,9 @@
 CI starts it with ``.ci/start-slurm``; elsewhere these tests skip unless ``srun`` and ``sinfo``
 are installed and a node answers. ``salloc`` runs its command on this host with the
 allocation's ``SLURM_*`` variables set, so ``goodput launch`` reads its placement from a real
-environment and starts real ``srun`` steps.
+environment and starts real ``srun`` steps. The allocation a ``goodput submit`` chain asks for is
+put to Slurm's own check (``sbatch --test-only``); the chains themselves run in test_submit.py and
+tests/chaos/test_job_chain.py.
 """
 
 from __future__ import annotations
@@ -119,3 +121,53 @@ def test_auto_retry_probes_the_node_through_srun_and_stops_a_config_bug(tmp_path
     # The default probe ran on the node, through a real srun step, and found it healthy.
     assert "probing 1 host(s)" in result.stderr
     assert "2 attempts in a row made no step" in result.stderr
+
+
+def _node_cpus() -> int:
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-n", _slurm_node() or "", "-o", "%c"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    ).stdout
+    return int(out.split()[0])
+
+
+def _chain_script(tmp_path: Path, launch: list[str]) -> str:
+    """The script ``goodput submit`` writes for a one-node chain of ``goodput launch LAUNCH``."""
+    argv = [sys.executable, "-m", "goodput", "submit", "--nhosts", "1", "--time", "00:01:00"]
+    argv += ["--run-dir", str(tmp_path / "run"), "--job-name", "goodput-test"]
+    written = subprocess.run(
+        [*argv, "--", "goodput", "launch", *launch, "--", "true"],
+        cwd=tmp_path,
+        env=outside_any_job(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert written.returncode == 0, written.stderr
+    return written.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("profile", "extra_ranks", "granted"),
+    [([], 0, True), (["--profile", "perlmutter"], 0, True), ([], 1, False)],
+)
+def test_the_allocation_a_chain_asks_for_holds_its_ranks(tmp_path, profile, extra_ranks, granted):
+    # As many ranks as the node has CPUs: one CPU a rank, or the whole node (--exclusive); one
+    # more, and Slurm's own check finds no node for the job: the allocation carries the count
+    # (a job asking for nodes only would be granted, and its srun step refused).
+    cpus = _node_cpus()
+    script = _chain_script(tmp_path, [*profile, "--nproc", str(cpus + extra_ranks)])
+    text = Path(script).read_text()
+    assert f"#SBATCH --ntasks-per-node={cpus + extra_ranks}\n" in text
+    assert ("#SBATCH --exclusive\n" in text) == bool(profile)
+    test_only = subprocess.run(
+        ["sbatch", "--test-only", script], capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    if granted:
+        assert test_only.returncode == 0 and f"using {cpus} processors" in test_only.stderr
+    else:
+        assert test_only.returncode == 1
+        assert "Requested node configuration is not available" in test_only.stderr

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from goodput import cli
+from goodput.launch.history import read_attempts
 from goodput.testing.jobs import outside_any_job
 
 BIN = Path(sys.executable).parent  # this venv's bin: the jobs' `goodput` is found here
@@ -30,35 +31,47 @@ CHAIN_TIMEOUT_S = 90
 HOSTILE = ["$(touch PWNED)", ";", "a'b\"c", "`touch PWNED`", "$HOME", "x && touch PWNED"]
 
 # The command a chain runs: it appends ["run", *EXTRA] to LOG (the file the stand-ins write to as
-# well, so the log shows the order of events) and writes DONE on the DONE_AT-th run (0: never).
+# well, so the log shows the order of events), prints step=N on its N-th run unless STEP is 0 (a
+# run that gains a step, as goodput launch counts them) and writes DONE on the DONE_AT-th run
+# (0: never).
 RUN = """\
 import json, sys
-log, done, done_at, code, *extra = sys.argv[1:]
+log, done, done_at, code, step, *extra = sys.argv[1:]
 with open(log, "a") as f:
     f.write(json.dumps(["run", *extra]) + "\\n")
 with open(log) as f:
     runs = sum(json.loads(line)[0] == "run" for line in f)
+if int(step):
+    print(f"step={runs}", flush=True)
 if runs == int(done_at):
     open(done, "w").close()
 sys.exit(int(code))
 """
 
-# Records its name, argv and chain position; qsub prints a job id as the real one does.
+# Records its name, argv, the chain position and the previous jobs it passes on; qsub prints a
+# job id as the real one does: 42.pbs for the first it queues, then 43.pbs, ...
 STAND_IN = f"""\
 #!{sys.executable}
 import json, os, sys
 name = os.path.basename(sys.argv[0])
+chain = [os.environ.get("GOODPUT_CHAIN_JOB"), os.environ.get("GOODPUT_CHAIN_PREVIOUS")]
 with open(os.environ["SCHEDULER_LOG"], "a") as f:
-    f.write(json.dumps([name, *sys.argv[1:], os.environ.get("GOODPUT_CHAIN_JOB")]) + "\\n")
+    f.write(json.dumps([name, *sys.argv[1:], *chain]) + "\\n")
+with open(os.environ["SCHEDULER_LOG"]) as f:
+    queued = sum(json.loads(line)[0] == "qsub" for line in f)
 if name == "qsub":
-    print("42.pbs")
+    print(f"{{41 + queued}}.pbs")
 """
 
 
-def _run_line(log: Path, run_dir: Path, done_at: int, code: int = 0, extra=()) -> list[str]:
-    """The launch line: goodput launch running RUN."""
+def _run_line(
+    log: Path, run_dir: Path, done_at: int, code: int = 0, extra=(), *, step=True, launch_dir=True
+) -> list[str]:
+    """The launch line: goodput launch running RUN, logging its attempts in RUN_DIR/launch
+    (``launch_dir``), else in goodput launch's default, ./launch-JOBID."""
     command = [sys.executable, "-c", RUN, str(log), str(run_dir / "done"), str(done_at), str(code)]
-    return ["goodput", "launch", "--run-dir", str(run_dir / "launch"), "--", *command, *extra]
+    options = ["--run-dir", str(run_dir / "launch")] if launch_dir else []
+    return ["goodput", "launch", *options, "--", *command, str(int(step)), *extra]
 
 
 def _submit_args(run_dir: Path, *options: str, nhosts="2", time="01:00:00") -> list[str]:
@@ -106,10 +119,11 @@ def test_slurm_script_headers_and_chain_steps(monkeypatch, tmp_path, capsys):
     options = ["--scheduler", "slurm", "--account", "m4321", "--partition", "regular"]
     script = _write(monkeypatch, tmp_path, capsys, [*options, "--max-jobs", "4"], line)
     run_dir = tmp_path / "run"
-    assert script.splitlines()[:7] == [
+    assert script.splitlines()[:8] == [
         "#!/bin/bash",
         "#SBATCH --job-name=run",
         "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",  # the generic profile's one rank a host
         "#SBATCH --time=01:00:00",
         f"#SBATCH --output={run_dir}/%x-%j.out",
         "#SBATCH --account=m4321",
@@ -118,8 +132,8 @@ def test_slurm_script_headers_and_chain_steps(monkeypatch, tmp_path, capsys):
     assert "set -euo pipefail\n" in script and f"cd {tmp_path}\n" in script
     assert f"done_marker={run_dir}/done\n" in script and "max_jobs=4\n" in script
     assert (
-        'sbatch --dependency=afterany:"$SLURM_JOB_ID" --parsable --export=ALL,GOODPUT_CHAIN_JOB '
-        '"$script"' in script
+        'GOODPUT_CHAIN_PREVIOUS=$recent sbatch --dependency=afterany:"$this_job" --parsable '
+        '--export=ALL,GOODPUT_CHAIN_JOB "$script"' in script
     )
     assert 'scancel "$next"' in script and "exec " not in script
     # The successor is queued before the launch runs, and the launch is waited for.
@@ -147,12 +161,13 @@ def test_old_nodes_spelling_writes_the_same_script_with_one_warning(monkeypatch,
 def test_pbs_script_headers_for_aurora(monkeypatch, tmp_path, capsys):
     options = ["--scheduler", "pbs", "--account", "AuroraGPT", "--queue", "prod"]
     options += ["--filesystems", "home:flare", "--job-name", "llama-20b"]
-    script = _write(monkeypatch, tmp_path, capsys, options, ["goodput", "launch", "--", "true"])
+    line = ["goodput", "launch", "--profile", "aurora", "--", "true"]
+    script = _write(monkeypatch, tmp_path, capsys, options, line)
     assert script.splitlines()[:11] == [
         "#!/bin/bash",
         "#PBS -N llama-20b",
-        "#PBS -l select=2",
-        "#PBS -l place=scatter",
+        "#PBS -l select=2:mpiprocs=12",  # the profile's 12 ranks a node, on whole nodes
+        "#PBS -l place=scatter:excl",
         "#PBS -l walltime=01:00:00",
         "#PBS -l filesystems=home:flare",
         "#PBS -A AuroraGPT",
@@ -162,9 +177,101 @@ def test_pbs_script_headers_for_aurora(monkeypatch, tmp_path, capsys):
         "# Written by `goodput submit`: one job of a chain that reruns the launch line below "
         "until the",
     ]
-    assert 'qsub -W depend=afterany:"$PBS_JOBID" -v GOODPUT_CHAIN_JOB "$script"' in script
+    assert 'qsub -W depend=afterany:"$this_job" -v GOODPUT_CHAIN_JOB "$script"' in script
+    assert "this_job=${PBS_JOBID:?" in script
     assert 'qdel "$next"' in script and "max_jobs=10\n" in script
     subprocess.run(["bash", "-n", tmp_path / "run" / "chain.pbs"], check=True)
+
+
+# --- the allocation fits the launch line ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "nhosts", "launch", "profile_var", "expected"),
+    [
+        ("slurm", "2", [], None, ["--nodes=2", "--ntasks-per-node=1"]),
+        ("slurm", "1", ["--nproc", "2"], None, ["--nodes=1", "--ntasks-per-node=2"]),
+        ("slurm", "2", ["--nproc", "8"], None, ["--nodes=2", "--ntasks-per-node=4"]),
+        ("slurm", "2", ["--nproc", "3"], None, ["--nodes=2", "--ntasks-per-node=2"]),
+        # --nhosts 2 of 3: the third host is a spare, and may run ranks later.
+        ("slurm", "3", ["--nhosts", "2", "--ppn", "3"], None, ["--nodes=3", "--ntasks-per-node=3"]),
+        (
+            "slurm",
+            "3",
+            ["--nhosts", "2", "--nproc", "7"],
+            None,
+            ["--nodes=3", "--ntasks-per-node=4"],
+        ),
+        (
+            "slurm",
+            "2",
+            ["--profile", "perlmutter"],
+            None,
+            ["--nodes=2", "--ntasks-per-node=4", "--exclusive"],
+        ),
+        (
+            "slurm",
+            "2",
+            ["--profile", "frontier", "--ppn", "2"],
+            None,
+            ["--nodes=2", "--ntasks-per-node=2", "--exclusive"],
+        ),
+        # The profile of $GOODPUT_PROFILE, as goodput launch will pick it inside the job.
+        ("slurm", "1", [], "frontier", ["--nodes=1", "--ntasks-per-node=8", "--exclusive"]),
+        ("pbs", "2", ["--ppn", "4"], None, ["select=2:ncpus=4:mpiprocs=4", "place=scatter"]),
+        (
+            "pbs",
+            "4",
+            ["--nhosts", "3", "--nproc", "6"],
+            None,
+            ["select=4:ncpus=2:mpiprocs=2", "place=scatter"],
+        ),
+        ("pbs", "2", ["--profile", "polaris"], None, ["select=2:mpiprocs=4", "place=scatter:excl"]),
+        ("pbs", "2", [], "aurora", ["select=2:mpiprocs=12", "place=scatter:excl"]),
+    ],
+)
+def test_each_job_asks_for_the_ranks_per_host_its_launch_line_runs(
+    monkeypatch, tmp_path, capsys, scheduler, nhosts, launch, profile_var, expected
+):
+    if profile_var:
+        monkeypatch.setenv("GOODPUT_PROFILE", profile_var)
+    else:
+        monkeypatch.delenv("GOODPUT_PROFILE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    argv = _submit_args(tmp_path / "run", "--scheduler", scheduler, nhosts=nhosts)
+    assert cli.main([*argv, "--", "goodput", "launch", *launch, "--", "true"]) == 0
+    script = Path(capsys.readouterr().out.strip()).read_text()
+    if scheduler == "slurm":
+        found = [line.removeprefix("#SBATCH ") for line in script.splitlines()]
+        found = [line for line in found if line.startswith(("--nodes", "--ntasks", "--excl"))]
+    else:
+        found = [line.removeprefix("#PBS -l ") for line in script.splitlines()]
+        found = [line for line in found if line.startswith(("select", "place"))]
+    assert found == expected
+
+
+@pytest.mark.parametrize(
+    ("nhosts", "launch", "where", "said"),
+    [
+        ("2", ["--nhosts", "3"], "--nhosts", "3 hosts do not fit a job of --nhosts 2"),
+        ("1", ["--nhosts", "100000"], "--nhosts", "100000 hosts do not fit a job of --nhosts 1"),
+        ("2", ["--nproc", "5", "--ppn", "2"], "--nproc", "5 ranks do not fit 2 hosts x 2 per host"),
+        ("2", ["--nproc", "1"], "--nproc", "1 ranks do not fit 2 hosts x 1 per host"),
+        ("2", ["--nhosts", "2", "--ppn", "1", "--nproc", "3"], "--nproc", "do not fit"),
+        ("1", ["--ppn", "1025"], "--ppn", "1025 ranks a host is more than 1024"),
+        ("1", ["--nproc", "2049"], "--nproc", "2049 ranks a host is more than 1024"),
+    ],
+)
+def test_a_launch_line_no_job_could_run_is_refused_at_submit_time(
+    monkeypatch, tmp_path, capsys, nhosts, launch, where, said
+):
+    monkeypatch.chdir(tmp_path)
+    argv = _submit_args(tmp_path / "run", "--scheduler", "slurm", nhosts=nhosts)
+    assert cli.main([*argv, "--", "goodput", "launch", *launch, "--", "true"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"goodput: error: submit -- goodput launch {where}: "), line
+    assert said in line and "; " in line
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("scheduler", ["slurm", "pbs"])
@@ -306,11 +413,13 @@ def test_submit_queues_job_1_and_prints_its_id(monkeypatch, tmp_path, capsys, st
     monkeypatch.setenv("PATH", str(bin_dir))
     monkeypatch.setenv("SCHEDULER_LOG", str(log))
     monkeypatch.setenv("GOODPUT_CHAIN_JOB", "7")  # as inside a job of another chain
+    monkeypatch.setenv("GOODPUT_CHAIN_PREVIOUS", "5,6")
     argv = [*_submit_args(tmp_path / "run", "--submit"), "--", "goodput", "launch", "--", "true"]
     assert cli.main(argv) == 0
     assert capsys.readouterr().out == "42.pbs\n"
     script = str(tmp_path / "run" / "chain.pbs")
-    assert _events(log) == [["qsub", "-v", "GOODPUT_CHAIN_JOB", script, "1"]]
+    # Job 1 of a new chain, with no jobs before it: the other chain's never count in this one.
+    assert _events(log) == [["qsub", "-v", "GOODPUT_CHAIN_JOB", script, "1", None]]
 
     (tmp_path / "run" / "done").touch()
     assert cli.main(argv) == 2  # a finished run is not started again
@@ -334,15 +443,20 @@ needs_hydra = pytest.mark.skipif(
 )
 
 
-def _run_pbs_job(tmp_path, stand_ins, script: Path, chain_job: str | None):
-    """``bash SCRIPT`` as PBS would start it: in the home folder, with PBS's variables."""
+def _run_pbs_job(
+    tmp_path, stand_ins, script: Path, chain_job: str | None, job="41.pbs", previous=None
+):
+    """``bash SCRIPT`` as PBS would start job ``job`` of a chain: in the home folder, with PBS's
+    variables and the chain's (``previous``: GOODPUT_CHAIN_PREVIOUS)."""
     bin_dir, log = stand_ins
     nodefile = tmp_path / "nodefile"
     nodefile.write_text(f"{os.uname().nodename}\n")
-    env = _child_env(PBS_JOBID="41.pbs", PBS_NODEFILE=str(nodefile), SCHEDULER_LOG=str(log))
+    env = _child_env(PBS_JOBID=job, PBS_NODEFILE=str(nodefile), SCHEDULER_LOG=str(log))
     env["PATH"] = os.pathsep.join([str(bin_dir), env["PATH"]])
     if chain_job is not None:
         env["GOODPUT_CHAIN_JOB"] = chain_job
+    if previous is not None:
+        env["GOODPUT_CHAIN_PREVIOUS"] = previous
     return subprocess.run(
         ["bash", str(script)],
         cwd=Path.home(),
@@ -379,9 +493,9 @@ def test_a_pbs_job_queues_first_runs_the_launch_then_settles_the_successor(
         next_job = str(int(chain_job or "1") + 1)
         script = str(run_dir / "chain.pbs")
         qsub = ["qsub", "-W", "depend=afterany:41.pbs", "-v", "GOODPUT_CHAIN_JOB", script]
-        assert recorded[0] == [*qsub, next_job]
+        assert recorded[0] == [*qsub, next_job, "41.pbs"]  # the successor knows this job
     if "qdel" in events:
-        assert recorded[-1] == ["qdel", "42.pbs", chain_job]
+        assert recorded[-1] == ["qdel", "42.pbs", chain_job, None]
     if chain_job == "3":
         assert "job 3 of 3 (--max-jobs): the last one" in result.stdout
         assert "the chain ends without" in result.stderr
@@ -410,6 +524,140 @@ def test_a_job_refuses_a_chain_position_that_is_not_a_number(
     assert result.returncode == 2 and "is not a job number; unset it" in result.stderr
     assert _events(log) == [] and not list(tmp_path.rglob("PWNED"))
     assert not (Path.home() / "PWNED").exists()
+
+
+# --- the guard: two jobs in a row without a step end the chain ----------------------------------
+
+
+def _attempts(path: Path) -> list[tuple[str, int]]:
+    return [(r.job, r.steps_gained) for r in read_attempts(path)]
+
+
+@needs_hydra
+@pytest.mark.parametrize("launch_dir", [True, False])
+def test_a_pbs_chain_that_cannot_start_ends_after_two_jobs_and_a_new_one_starts(
+    monkeypatch, tmp_path, capsys, stand_ins, launch_dir
+):
+    # A command that fails at once, as a job that cannot start does. Without --run-dir on the
+    # launch line each job logs its attempts into ./launch-JOBID of the folder submitted from
+    # (the script cds there), and the guard looks there.
+    _, log = stand_ins
+    run_dir = tmp_path / "run"
+    line = _run_line(log, run_dir, 0, code=3, step=False, launch_dir=launch_dir)
+    _write(monkeypatch, tmp_path, capsys, ["--scheduler", "pbs"], line)
+    script = run_dir / "chain.pbs"
+
+    first = _run_pbs_job(tmp_path, stand_ins, script, None, job="41.pbs")
+    assert first.returncode == 1, first.stderr  # goodput launch's code for the command's 3
+    assert "job 1 of at most 10; job 42.pbs is queued to go on" in first.stdout
+    second = _run_pbs_job(tmp_path, stand_ins, script, "2", job="42.pbs", previous="41.pbs")
+    assert second.returncode == 1
+    (reason,) = [line for line in second.stderr.splitlines() if "gained no step" in line]
+    attempts = (run_dir / "launch" if launch_dir else tmp_path / "launch-42.pbs") / "attempts.jsonl"
+    assert reason == (
+        "goodput chain: jobs 41.pbs and 42.pbs: 2 jobs in a row gained no step (41.pbs: 1 "
+        "attempt(s), the last exited 3 (stuck-pre-training, no retries left); 42.pbs: 1 "
+        "attempt(s), the last exited 3 (stuck-pre-training, no retries left)); the chain ends "
+        "here; fix what their logs show, then start a new chain with goodput submit --submit"
+    )
+    assert "job 2: job 43.pbs cancelled" in second.stderr
+    assert "job 2: the launch exited 1; the chain ends here" in second.stderr
+    qsubs = [event for event in _events(log) if event[0] == "qsub"]
+    assert [event[-2:] for event in qsubs] == [["2", "41.pbs"], ["3", "41.pbs,42.pbs"]]
+    assert [event[0] for event in _events(log)] == ["qsub", "run", "qsub", "run", "qdel"]
+    assert _events(log)[-1][:2] == ["qdel", "43.pbs"]
+    if launch_dir:
+        assert _attempts(attempts) == [("41.pbs", 0), ("42.pbs", 0)]
+    else:
+        assert _attempts(attempts) == [("42.pbs", 0)]
+
+    # Had job 3 started anyway (job 2 killed before it could cancel it), it stops before it
+    # queues or runs anything.
+    third = _run_pbs_job(tmp_path, stand_ins, script, "3", job="43.pbs", previous="41.pbs,42.pbs")
+    assert third.returncode == 1
+    assert "2 jobs in a row gained no step" in third.stderr
+    assert "job 3: the chain ends here, before its launch" in third.stderr
+    assert len(_events(log)) == 5
+
+    # A new chain from the same script, as goodput submit --submit starts it after a fix: its
+    # first two jobs run their launch whatever the old chain's did (here they fail once more,
+    # and only then does the new chain end).
+    log.unlink()
+    new_first = _run_pbs_job(tmp_path, stand_ins, script, "1", job="50.pbs")
+    assert new_first.returncode == 1 and "job 1: the launch exited 1; job 42.pbs goes on" in (
+        new_first.stdout
+    )
+    assert _events(log)[0][-2:] == ["2", "50.pbs"]
+    new_second = _run_pbs_job(tmp_path, stand_ins, script, "2", job="51.pbs", previous="50.pbs")
+    assert "jobs 50.pbs and 51.pbs: 2 jobs in a row gained no step" in new_second.stderr
+    assert [event[0] for event in _events(log)] == ["qsub", "run", "qsub", "run", "qdel"]
+
+
+@needs_hydra
+def test_a_job_that_gains_a_step_keeps_the_chain_going(monkeypatch, tmp_path, capsys, stand_ins):
+    _, log = stand_ins
+    run_dir = tmp_path / "run"
+    line = _run_line(log, run_dir, 0, code=0, step=True)
+    _write(monkeypatch, tmp_path, capsys, ["--scheduler", "pbs"], line)
+    # The job before made no step (nothing recorded for it at all); this one makes one.
+    result = _run_pbs_job(tmp_path, stand_ins, run_dir / "chain.pbs", "5", "41.pbs", "39.pbs")
+    assert result.returncode == 0, result.stderr
+    assert "job 5: the launch exited 0; job 42.pbs goes on" in result.stdout
+    assert [event[0] for event in _events(log)] == ["qsub", "run"]
+    assert _events(log)[0][-2:] == ["6", "39.pbs,41.pbs"]
+    assert _attempts(run_dir / "launch" / "attempts.jsonl") == [("41.pbs", 1)]
+
+
+@needs_hydra
+def test_jobs_that_left_no_attempt_count_as_stepless(monkeypatch, tmp_path, capsys, stand_ins):
+    # Their launch line never ran an attempt (say, goodput was not on the compute nodes' PATH).
+    _, log = stand_ins
+    run_dir = tmp_path / "run"
+    _write(monkeypatch, tmp_path, capsys, ["--scheduler", "pbs"], _run_line(log, run_dir, 0))
+    result = _run_pbs_job(
+        tmp_path, stand_ins, run_dir / "chain.pbs", "3", "43.pbs", "41.pbs,42.pbs"
+    )
+    assert result.returncode == 1
+    attempts = run_dir / "launch" / "attempts.jsonl"
+    assert f"41.pbs: no launch attempt in {attempts}, so its launch line failed first" in (
+        result.stderr
+    )
+    assert _events(log) == []
+
+
+@pytest.mark.parametrize(
+    "previous",
+    ["$(touch PWNED)", "1,2,3", "1,,2", "-h", "--launch-run-dir=/", "a b", "1\n2", ",", "x" * 200],
+)
+def test_a_job_refuses_previous_jobs_that_are_not_job_ids(
+    monkeypatch, tmp_path, capsys, stand_ins, previous
+):
+    _, log = stand_ins
+    run_dir = tmp_path / "run"
+    _write(monkeypatch, tmp_path, capsys, ["--scheduler", "pbs"], _run_line(log, run_dir, 0))
+    result = _run_pbs_job(tmp_path, stand_ins, run_dir / "chain.pbs", "2", previous=previous)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "goodput chain: GOODPUT_CHAIN_PREVIOUS: " in result.stderr
+    assert "is not up to 2 job ids separated by commas; unset it" in result.stderr
+    assert _events(log) == [] and not list(tmp_path.rglob("PWNED"))
+    assert not (Path.home() / "PWNED").exists()
+
+
+def test_a_damaged_attempts_log_ends_the_chain_naming_its_line(
+    monkeypatch, tmp_path, capsys, stand_ins
+):
+    _, log = stand_ins
+    run_dir = tmp_path / "run"
+    _write(monkeypatch, tmp_path, capsys, ["--scheduler", "pbs"], _run_line(log, run_dir, 0))
+    attempts = run_dir / "launch" / "attempts.jsonl"
+    attempts.parent.mkdir(parents=True)
+    attempts.write_text('{"attempt": 1}\n')
+    result = _run_pbs_job(
+        tmp_path, stand_ins, run_dir / "chain.pbs", "3", "43.pbs", "41.pbs,42.pbs"
+    )
+    assert result.returncode == 1
+    assert f"goodput chain: {attempts}:1: " in result.stderr and "move it aside" in result.stderr
+    assert _events(log) == []
 
 
 # --- real Slurm chains -------------------------------------------------------------------------
