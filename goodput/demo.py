@@ -38,18 +38,10 @@ def run(argv: list[str]) -> None:
         sys.exit(code)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--output", type=Path, default=Path("demo"))
-    parser.add_argument("--train-steps", type=int, help="default: the config's train.steps")
-    args = parser.parse_args()
-    out = args.output
-    cfg = load_config(RunConfig, TRAIN_CONFIG)
-    steps = args.train_steps or cfg.train.steps
-    # The same blend the training run asks for (its length is steps x global batch), so that the
-    # trainer's own build below is a cache hit.
-    seq_len = cfg.train.seq_len
-    num_samples = steps * cfg.train.tokens_per_step // seq_len
+def build_shards(out: Path) -> Path:
+    """The demo's data up to the shards: the embedded corpus, its tokenizer and one shard set
+    per domain, under ``out``; returns the file list naming them. The same bytes every time
+    (`goodput diagnose smoke`'s committed baseline depends on it)."""
     corpus, shards, tokenizer = out / "corpus", out / "shards", out / "tokenizer.model"
     run(["data", "demo-corpus", "--output", str(corpus)])
     if not tokenizer.exists():
@@ -89,6 +81,22 @@ def main() -> None:
             f"{weight} shards/{domain}_00000 {domain}\n" for domain, weight in DEMO_WEIGHTS.items()
         ),
     )
+    return file_list
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--output", type=Path, default=Path("demo"))
+    parser.add_argument("--train-steps", type=int, help="default: the config's train.steps")
+    args = parser.parse_args()
+    out = args.output
+    cfg = load_config(RunConfig, TRAIN_CONFIG)
+    steps = args.train_steps or cfg.train.steps
+    # The same blend the training run asks for (its length is steps x global batch), so that the
+    # trainer's own build below is a cache hit.
+    seq_len = cfg.train.seq_len
+    num_samples = steps * cfg.train.tokens_per_step // seq_len
+    file_list = build_shards(out)
     spec = BlendSpec(
         file_list=file_list,
         seq_len=seq_len,

@@ -1,0 +1,256 @@
+"""``goodput diagnose smoke`` through the real CLI: a record holds the trainer's own numbers; a
+rerun against it passes; a baseline one ulp off at step k fails naming step k, the metric and
+both values, with the environment differences; a baseline of another config, step count or
+device is a usage error before anything runs; a hostile baseline is one line. The tolerances
+(peak memory, off-CPU devices) are checked on a real record."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from goodput.config import to_toml
+from goodput.diagnostics.smoke import PEAK_MEMORY_TOLERANCE, first_difference
+from goodput.diagnostics.smoke_record import MAX_RECORD_BYTES, read_record
+from goodput.errors import ExitCode, GoodputError
+from goodput.testing.jobs import outside_any_job
+from goodput.testing.tiny import tiny_run_config
+
+NUM_STEPS = 6
+
+
+def smoke(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "goodput", "diagnose", "smoke", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env or outside_any_job(),
+        timeout=240,
+    )
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """(config file, record file) of a tiny run, recorded once."""
+    folder = tmp_path_factory.mktemp("smoke")
+    config = folder / "tiny.toml"
+    config.write_text(to_toml(tiny_run_config(folder)))
+    record = folder / "record.json"
+    result = smoke(config, "--steps", NUM_STEPS, "--record", record)
+    assert result.returncode == 0, result.stderr
+    assert f"smoke: recorded {NUM_STEPS} steps of {config} in {record}" in result.stdout
+    return config, record
+
+
+def edited(record: Path, folder: Path, edit) -> Path:
+    """A copy of ``record`` with ``edit`` applied to its JSON."""
+    raw = json.loads(record.read_text())
+    edit(raw)
+    copy = folder / "baseline.json"
+    copy.write_text(json.dumps(raw))
+    return copy
+
+
+def test_the_record_holds_the_trainers_own_numbers_bit_for_bit(recorded, tmp_path):
+    config, record = recorded
+    run_dir = tmp_path / "run"
+    # The trainer as a user runs it, as the smoke does: one process, one intra-op thread.
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "goodput",
+            "train",
+            config,
+            f"train.steps={NUM_STEPS}",
+            f"train.run_dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        env=outside_any_job(OMP_NUM_THREADS="1"),
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = read_record(record).steps
+    assert [s.step for s in steps] == list(range(1, NUM_STEPS + 1))
+    assert [(s.loss, s.grad_norm) for s in steps] == [(m["loss"], m["grad_norm"]) for m in metrics]
+    assert steps[-1].loss < steps[0].loss  # a real run: it learns
+    raw = json.loads(record.read_text())
+    assert raw["format"] == "goodput-smoke" and raw["version"] == 1
+    environment = raw["environment"]
+    assert environment["torch"] == torch.__version__ and environment["device"] == "cpu"
+    assert environment["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert environment["python"] == ".".join(map(str, sys.version_info[:3]))
+    # Machine-local paths are not part of what is compared.
+    assert str(config.parent) not in record.read_text()
+
+
+def test_a_rerun_matches_its_record_even_inside_a_job(recorded):
+    config, record = recorded
+    # Rank variables of some job around it: the smoke still runs as one process (without the
+    # placement stripped, the child would wait for 3 other ranks until the timeout).
+    env = outside_any_job(RANK="1", WORLD_SIZE="4", SLURM_PROCID="1", SLURM_NTASKS="4")
+    result = smoke(config, "--baseline", record, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == (
+        f"smoke: OK: {NUM_STEPS} steps match {record} (loss and grad_norm bit for bit, peak "
+        f"memory within 20%; environment: no differences seen)"
+    )
+
+
+def test_one_ulp_at_step_k_fails_there_with_both_values_and_the_environment(recorded, tmp_path):
+    config, record = recorded
+    steps = read_record(record).steps
+    k = 4
+    exact = steps[k - 1].grad_norm
+    off_by_one_ulp = math.nextafter(exact, math.inf)
+
+    def edit(raw):
+        raw["steps"][k - 1]["grad_norm"] = off_by_one_ulp
+        raw["steps"][k]["loss"] *= 2  # a later, larger difference: the first one is reported
+        raw["environment"]["torch"] = "2.12.0"
+        raw["environment"]["git_sha"] = "abc123"
+
+    result = smoke(config, "--baseline", edited(record, tmp_path, edit))
+    assert result.returncode == 1, result.stderr
+    line = result.stderr.splitlines()[-1]
+    assert line.startswith(
+        f"smoke: step {k} grad_norm differs: baseline {off_by_one_ulp!r} vs now {exact!r} "
+        f"(environment: torch 2.12.0 -> {torch.__version__}; git abc123 -> "
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (
+            lambda raw: raw["config"].__setitem__(raw["config"].index("dim = 32"), "dim = 64"),
+            "was recorded with another config: model.dim: 64 -> 32;",
+        ),
+        (
+            lambda raw: raw["environment"].__setitem__("device", "cuda"),
+            "was recorded on cuda, this run would be on cpu;",
+        ),
+        (
+            lambda raw: raw.__setitem__("version", 2),
+            "version 2 is not the smoke record version this goodput reads (1);",
+        ),
+    ],
+    ids=["config", "device", "version"],
+)
+def test_a_baseline_of_another_config_or_device_is_a_usage_error(
+    recorded, tmp_path, edit, expected
+):
+    config, record = recorded
+    baseline = edited(record, tmp_path, edit)
+    result = smoke(config, "--baseline", baseline)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"goodput: error: {baseline}: {expected}")
+    assert "step=" not in result.stdout  # refused before the trainer ran
+
+
+def test_another_step_count_or_override_is_a_usage_error(recorded):
+    config, record = recorded
+    result = smoke(config, "--steps", NUM_STEPS + 1, "--baseline", record)
+    assert result.returncode == 2
+    assert f"--steps: {NUM_STEPS + 1} differs from the {NUM_STEPS} steps of {record}" in (
+        result.stderr
+    )
+    result = smoke(config, "schedule.lr=0.02", "--baseline", record)
+    assert result.returncode == 2
+    assert "another config: schedule.lr: 0.01 -> 0.02;" in result.stderr
+
+
+def test_peak_memory_and_off_cpu_values_get_their_stated_tolerance(recorded):
+    _, record = recorded
+    baseline = read_record(record)
+
+    def now(step, **changes):
+        steps = list(baseline.steps)
+        steps[step - 1] = dataclasses.replace(steps[step - 1], **changes)
+        return dataclasses.replace(baseline, steps=tuple(steps))
+
+    memory = baseline.steps[2].peak_memory_gib
+    inside = memory * (1 + PEAK_MEMORY_TOLERANCE * 0.9)
+    outside = memory * (1 + PEAK_MEMORY_TOLERANCE * 1.1)
+    assert first_difference(baseline, now(3, peak_memory_gib=inside)) is None
+    found = first_difference(baseline, now(3, peak_memory_gib=outside))
+    assert found is not None and (found.step, found.metric, found.now) == (
+        3,
+        "peak_memory_gib",
+        outside,
+    )
+    # A GPU baseline: kernels differ by version, so a stated relative tolerance, not bits.
+    gpu = dataclasses.replace(baseline, environment={**baseline.environment, "device": "cuda"})
+    loss = baseline.steps[1].loss
+    assert first_difference(gpu, now(2, loss=loss * (1 + 1e-6))) is None
+    found = first_difference(gpu, now(2, loss=loss * 1.01))
+    assert found is not None and (found.step, found.metric) == (2, "loss")
+    # On CPU the smallest change is a difference.
+    found = first_difference(baseline, now(2, loss=math.nextafter(loss, 0)))
+    assert found is not None and (found.step, found.metric, found.tolerance) == (2, "loss", 0)
+
+
+def _valid(record: Path) -> dict:
+    return json.loads(record.read_text())
+
+
+HOSTILE = {
+    "not JSON": lambda raw: b"{not json",
+    "truncated": lambda raw: json.dumps(raw).encode()[:-30],
+    "too big": lambda raw: b" " * (MAX_RECORD_BYTES + 1),
+    "a list": lambda raw: b"[]",
+    "another format": lambda raw: json.dumps({**raw, "format": "metrics"}).encode(),
+    "a boolean version": lambda raw: json.dumps({**raw, "version": True}).encode(),
+    "a missing key": lambda raw: json.dumps(
+        {k: v for k, v in raw.items() if k != "steps"}
+    ).encode(),
+    "an unknown key": lambda raw: json.dumps({**raw, "extra": 1}).encode(),
+    "no steps": lambda raw: json.dumps({**raw, "steps": []}).encode(),
+    "a NaN loss": lambda raw: json.dumps(
+        {**raw, "steps": [{**raw["steps"][0], "loss": math.nan}, *raw["steps"][1:]]}
+    ).encode(),
+    "an infinite grad_norm": lambda raw: json.dumps(
+        {**raw, "steps": [{**raw["steps"][0], "grad_norm": 1e999}, *raw["steps"][1:]]}
+    ).encode(),
+    "a string loss": lambda raw: json.dumps(
+        {**raw, "steps": [{**raw["steps"][0], "loss": "8.3"}, *raw["steps"][1:]]}
+    ).encode(),
+    "steps out of order": lambda raw: json.dumps({**raw, "steps": raw["steps"][::-1]}).encode(),
+    "too many steps": lambda raw: json.dumps({**raw, "steps": raw["steps"] * 2000}).encode(),
+    "a newline in the environment": lambda raw: json.dumps(
+        {**raw, "environment": {**raw["environment"], "torch": "2.13\n\x1b[31m"}}
+    ).encode(),
+    "config not TOML": lambda raw: json.dumps({**raw, "config": ["[model", "dim ="]}).encode(),
+    "config as one string": lambda raw: json.dumps({**raw, "config": "[model]"}).encode(),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_hostile_baseline_is_one_line_naming_the_file(recorded, tmp_path, name):
+    _, record = recorded
+    baseline = tmp_path / "baseline.json"
+    baseline.write_bytes(HOSTILE[name](_valid(record)))
+    with pytest.raises(GoodputError) as caught:
+        read_record(baseline)
+    error = caught.value
+    assert error.code == ExitCode.USAGE and error.where == str(baseline)
+    assert "\n" not in error.render() and "\x1b" not in error.render()
+
+
+def test_a_hostile_baseline_through_the_cli_is_one_line_and_exit_2(recorded, tmp_path):
+    config, record = recorded
+    baseline = tmp_path / "baseline.json"
+    baseline.write_bytes(HOSTILE["a NaN loss"](_valid(record)))
+    result = smoke(config, "--baseline", baseline)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"goodput: error: {baseline}: steps[0].loss is nan, not a")
