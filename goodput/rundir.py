@@ -31,15 +31,20 @@ A checkpoint directory counts only with ``.complete``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from goodput.errors import GoodputError
 from goodput.io import is_complete
 
 CONFIG = "config.toml"
 RUN_RECORD = "run.json"
 METRICS = "metrics.jsonl"
 HEARTBEAT = "heartbeat"
+# goodput launch names the heartbeat file it reads here; rank 0 of goodput train keeps that file
+# too, so the launcher sees progress whatever train.run_dir is and wherever the step lines go.
+HEARTBEAT_VAR = "GOODPUT_HEARTBEAT"
 TENSORBOARD = "tensorboard"
 ATTEMPTS = "attempts.jsonl"
 CHAIN_SCRIPTS = {"slurm": "chain.sbatch", "pbs": "chain.pbs"}
@@ -64,6 +69,29 @@ class Checkpoint:
     step: int
     path: Path
     complete: bool
+
+
+def heartbeat_files(run_dir: str | Path, environ: Mapping[str, str]) -> list[Path]:
+    """Where rank 0 writes the heartbeat: ``RUN/heartbeat``, and the launcher's file
+    (``HEARTBEAT_VAR``) when that is another one: an absolute path of a file named ``heartbeat``.
+    When its folder is not on this host (not shared with the launcher's), it is left out and the
+    launcher has the step lines alone."""
+    own = Path(run_dir) / HEARTBEAT
+    named = environ.get(HEARTBEAT_VAR)
+    if not named:
+        return [own]
+    launcher = Path(named)
+    if not launcher.is_absolute() or launcher.name != HEARTBEAT:
+        raise GoodputError.usage(
+            f"${HEARTBEAT_VAR}",
+            f"{named[:200]!r} is not the absolute path of a file named {HEARTBEAT!r}",
+            "unset it: goodput launch sets it for its ranks",
+        )
+    try:
+        here = launcher.parent.is_dir()
+    except OSError:  # a name this file system cannot hold: not a folder here either
+        here = False
+    return [own, launcher] if here and launcher != own.absolute() else [own]
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:

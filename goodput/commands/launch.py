@@ -60,14 +60,17 @@ def register(groups: Subparsers) -> None:
         type=argtypes.non_negative_float,
         default=5.0,
         metavar="S",
-        help="seconds before the first retry, doubling up to 300, jittered (default 5)",
+        help="seconds before a retry after an attempt that reached no new step, doubling while "
+        "none does, up to 300, jittered (default 5); after progress the wait is at most 1 s",
     )
     launch.add_argument(
         "--auto-retry",
         action="store_true",
         help="classify each failed attempt, replace bad hosts from the spares (--nhosts N of "
-        "a larger job), probe hosts when no log line names one; stop after 2 attempts without "
-        "a step, at walltime, on Ctrl-C or when spares run out (--timeout defaults to 1800)",
+        "a larger job): a host is bad on host evidence (a device error, a node failure) or a "
+        "failed health probe; a peer that went away only gets its host probed. Stop after 2 "
+        "attempts without a step, at walltime, on Ctrl-C or when a bad host has no spare "
+        "(--timeout defaults to 1800)",
     )
     launch.add_argument(
         "--grace",

@@ -1,23 +1,31 @@
-"""Why an attempt failed and which hosts to blame (``goodput launch --auto-retry``): the attempt
-loop (``retry``) asks this module for each attempt's class, its steps gained and the evidence
-against hosts, and swaps the blamed hosts for spares with ``Pool``.
+"""Why an attempt failed, how far it got, and which hosts to suspect or blame (``goodput launch
+--auto-retry``): the attempt loop (``retry``) asks this module for each attempt's class, its
+progress and the evidence against hosts, and swaps the blamed hosts for spares with ``Pool``.
 
-Each attempt gets one class, from its exit code, the trainer's progress (``step=N`` lines and the
-``heartbeat`` file: steps gained this attempt) and its output:
+Each attempt gets one class, from its exit code, its progress (``step=N`` lines and the
+``heartbeat`` file: steps gained this attempt) and its HOST evidence:
   - ``success``: exit 0;
   - ``interrupted``: Ctrl-C (130);
   - ``walltime``: 143, the allocation is ending (the launcher itself got SIGTERM, or the ranks
-    did with no bad-node evidence);
-  - ``bad-node``: an output line names a host (``BAD_NODE_PATTERNS`` plus the profile's own): a
-    rank killed by SIGKILL/SIGBUS on host X, a peer closing the connection from an address that
-    resolves to X, ...;
+    did with no host evidence);
+  - ``bad-node``: an output line is host evidence against a host of the pool (or, decided
+    by ``retry`` after a crash, a suspect failed its health probe);
   - ``hang``: the idle watchdog fired (124);
   - ``stuck-pre-training``: no step this attempt;
   - ``error``: any other failure.
-When no line named a culprit, ``probe_hosts`` runs the profile's health probe on every active
-host (in parallel, bounded by its timeout): only hosts that fail it are blamed, never a blind
-pick. Evidence text is bounded and free of NUL bytes, so its record reads back.
-Patterns are data; the code here only applies them. Standard library only.
+
+Output lines are evidence of two kinds, each a list of patterns (data; the code only applies
+them) whose ``host`` group names a host, or whose ``addr`` group gives an address to resolve:
+  - HOST evidence (``BAD_NODE_PATTERNS`` plus the profile's ``bad_node_patterns``): the host
+    itself failed — its device, or the node as its scheduler or MPI launcher saw it. It is
+    enough to evict the host;
+  - PEER evidence (``PEER_PATTERNS``): a process on that host went away — a peer closed its
+    connection, a rank there exited with an error. Processes die on healthy hosts (a bug, an
+    exception, a kill), so this only makes the host a suspect for ``probe_hosts``, which runs
+    the profile's health probe on it; only a failed probe evicts it.
+Names match by their first label (``x1.hsn.cm`` in a log is host ``x1``); names outside the pool
+are ignored. Evidence text is bounded and free of NUL bytes, so its record reads back.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import ipaddress
+import math
 import os
 import re
 import signal
@@ -40,20 +50,32 @@ from goodput.io import read_json
 from goodput.launch.attempt import AttemptResult, ProcessSpec, start_process
 from goodput.launch.history import AttemptClass, Evidence
 
-# Lines that name a bad host on any machine; a profile's ``bad_node_patterns`` add the site's.
-# Signals 9 and 7 are the node's doing (the OOM killer, a dying node, a memory fault); a rank
-# ending by SIGTERM is the launcher's own teardown of the innocent ranks, so it names no one.
+# HOST evidence on any machine; a profile's ``bad_node_patterns`` add the site's (their name
+# says what they are for: a site lists what its nodes print when they fail).
 BAD_NODE_PATTERNS = (
-    # Slurm's srun, per task: "srun: error: nid001234: task 7: Killed".
-    r"srun: error: (?P<host>[\w.-]+): tasks? [\d,-]+: (Killed|Bus error)",
+    # srun, per task: "srun: error: nid001234: task 7: Bus error". SIGBUS is the kernel's memory
+    # fault handler: the node's memory or a device mapped into it failed.
+    r"srun: error: (?P<host>[\w.-]+): tasks? [\d,-]+: Bus error",
+    # Slurm lost the node itself.
     r"srun: error: Node failure on (?P<host>[\w.-]+)",
-    # MPICH Hydra's two-line block: "=   PID 123 RUNNING AT host" / "=   EXIT CODE: 9".
-    r"RUNNING AT (?P<host>[\w.-]+)\s*\n=\s+(EXIT CODE|KILLED BY SIGNAL): (9|7)\b",
-    # gloo, when a peer process or its host dies: the peer's address names the host.
-    r"Connection closed by peer \[(?P<addr>[0-9A-Fa-f.:]+)\]",
-    # goodput train's last line when a rank fails on a device error.
+    # MPICH Hydra's two-line block: "=   PID 123 RUNNING AT host" / "=   EXIT CODE: 7" (SIGBUS).
+    r"RUNNING AT (?P<host>[\w.-]+)\s*\n=\s+(EXIT CODE|KILLED BY SIGNAL): 7\b",
+    # goodput train's last line when a rank fails on a device error: the device is the host's.
     r"goodput: error: rank \d+ on (?P<host>[\w.-]+): .*"
     r"(CUDA error|HIP error|UR_RESULT_ERROR|ECC|device lost|DEVICE_LOST|Xid)",
+)
+# PEER evidence: a process on the named host went away, which its host may have survived.
+PEER_PATTERNS = (
+    # gloo, when the process at the other end of a connection ends: its address.
+    r"Connection closed by peer \[(?P<addr>[0-9A-Fa-f.:]+)\]",
+    r"\[(?P<addr>[0-9A-Fa-f.:]+)\]:\d+: Connection reset by peer",
+    # NCCL's socket transport: "Connection closed by remote peer NAME<PORT>" (a name or address).
+    r"Connection closed by remote peer (?P<addr>[\w.:-]+)<\d+>",
+    # A rank that exited with an error or was killed, as srun and Hydra report it. SIGKILL is
+    # the OOM killer's or someone's kill as often as a dying node's, so it too only makes the
+    # host a suspect; 15 is the launcher's own teardown of the innocent ranks and names no one.
+    r"srun: error: (?P<host>[\w.-]+): tasks? [\d,-]+: (Killed|Exited with exit code [1-9]\d*)",
+    r"RUNNING AT (?P<host>[\w.-]+)\s*\n=\s+(EXIT CODE|KILLED BY SIGNAL): (?!(7|15)\b)[1-9]\d*",
 )
 WINDOW_LINES = 3  # a pattern may span this many consecutive lines (Hydra's block spans two)
 # Of each line, only the head is scanned: evidence lines are short, and a pattern's cost on a
@@ -66,26 +88,33 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 class EvidenceScanner:
-    """Fed every output line of an attempt; keeps the first line that names each host of the
-    pool. Names are matched by their first label, so ``x1.hsn.cm`` in a log is host ``x1``."""
+    """Fed every output line of an attempt; keeps, for each host of the pool, the first line of
+    host evidence against it (``found``) and the first line of peer evidence (``suspected``)."""
 
     def __init__(
         self,
         patterns: Iterable[str],
         pool: Sequence[str],
         resolve: Callable[[str], list[str]] | None = None,
+        peer_patterns: Iterable[str] = (),
     ) -> None:
         self.patterns = [re.compile(pattern) for pattern in patterns]
+        self.peer_patterns = [re.compile(pattern) for pattern in peer_patterns]
         self.by_short_name = {_short(host): host for host in pool}
         self.resolve = resolve if resolve is not None else resolve_address
         self.window: collections.deque[str] = collections.deque(maxlen=WINDOW_LINES)
         self.found: dict[str, Evidence] = {}
+        self.suspected: dict[str, Evidence] = {}
         self.resolved: dict[str, str | None] = {}
 
     def __call__(self, line: bytes) -> None:
         self.window.append(ANSI.sub("", line[:SCAN_BYTES].decode(errors="replace")))
         text = "\n".join(self.window)
-        for pattern in self.patterns:
+        self._scan(self.patterns, text, self.found)
+        self._scan(self.peer_patterns, text, self.suspected)
+
+    def _scan(self, patterns: list[re.Pattern[str]], text: str, into: dict[str, Evidence]) -> None:
+        for pattern in patterns:
             match = pattern.search(text)
             if match is None:
                 continue
@@ -93,17 +122,28 @@ class EvidenceScanner:
             host = self._host(groups["host"]) if groups.get("host") else None
             if host is None and groups.get("addr"):
                 host = self._host_of_address(groups["addr"])
-            if host is not None and host not in self.found:
-                self.found[host] = Evidence(host, _printable(match.group(0).strip()), "log")
+            if host is not None and host not in into:
+                into[host] = Evidence(host, _printable(match.group(0).strip()), "log")
 
     def _host(self, name: str) -> str | None:
         return self.by_short_name.get(_short(name))
 
     def _host_of_address(self, addr: str) -> str | None:
+        """The pool host an address (or a name, as NCCL may print) belongs to."""
+        if not _is_address(addr) and (host := self._host(addr)) is not None:
+            return host
         if addr not in self.resolved:  # one lookup per address, however often it is logged
             names = self.resolve(addr)
             self.resolved[addr] = next((h for n in names if (h := self._host(n))), None)
         return self.resolved[addr]
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _short(name: str) -> str:
@@ -152,6 +192,8 @@ def probe_hosts(probes: dict[str, ProcessSpec], timeout_s: float) -> dict[str, E
 
 
 def classify(result: AttemptResult, steps_gained: int, named: Sequence[Evidence]) -> AttemptClass:
+    """The attempt's class; ``named``: the host evidence against its hosts (peer evidence is
+    no class of its own: the attempt failed for whatever its exit says)."""
     code = result.exit_code
     if code == ExitCode.OK:
         return "success"
@@ -168,29 +210,50 @@ def classify(result: AttemptResult, steps_gained: int, named: Sequence[Evidence]
     return "error"
 
 
-def steps_gained(
-    result: AttemptResult, heartbeat_before: int | None, heartbeat: Path | None
-) -> int:
-    """Steps this attempt made: from its ``step=`` lines, or the heartbeat file's step advancing
-    (which also counts when the step lines were filtered or went elsewhere)."""
-    by_lines = 0
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """What the trainer's ``heartbeat`` file said: its last step, and when (its clock)."""
+
+    step: int
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    steps_gained: int  # steps this attempt ran (a resumed run recomputes some: they count)
+    last_step: int | None  # the highest step it reached; None: it reached none
+
+
+def progress(result: AttemptResult, before: Heartbeat | None, after: Heartbeat | None) -> Progress:
+    """How far an attempt got: by its ``step=`` lines, or by the heartbeat file, which the trainer
+    rewrites every step wherever its output goes (a wrapper may filter the lines, a launcher may
+    label them). A heartbeat that changed during the attempt proves at least one step; the
+    steps it moved past the one before are a lower bound (a resumed run starts lower)."""
+    by_lines, last_step = 0, result.last_step
     if result.first_step is not None and result.last_step is not None:
         by_lines = result.last_step - result.first_step + 1
-    after = read_heartbeat_step(heartbeat)
-    by_heartbeat = after - (heartbeat_before or 0) if after is not None else 0
-    return max(by_lines, by_heartbeat)
+    by_heartbeat = 0
+    if after is not None and after != before:
+        by_heartbeat = max(1, after.step - (before.step if before is not None else 0))
+        last_step = after.step if last_step is None else max(last_step, after.step)
+    return Progress(max(by_lines, by_heartbeat), last_step)
 
 
-def read_heartbeat_step(path: Path | None) -> int | None:
-    """The step the heartbeat file names; None when it is absent, replaced mid-read or not a
-    heartbeat (the run folder may be shared: whatever is there is read bounded, strictly)."""
+def read_heartbeat(path: Path | None) -> Heartbeat | None:
+    """The heartbeat file; None when it is absent, replaced mid-read or not a heartbeat (the run
+    folder may be shared: whatever is there is read bounded, strictly)."""
     if path is None:
         return None
     try:
-        step = read_json(path, HEARTBEAT_BYTES)["step"]
+        raw = read_json(path, HEARTBEAT_BYTES)
+        step, when = raw["step"], raw["time"]
     except (GoodputError, KeyError, TypeError):
         return None
-    return step if type(step) is int and 0 <= step <= MAX_STEP else None
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
+        return None
+    if type(when) not in (int, float) or not math.isfinite(when):
+        return None
+    return Heartbeat(step, float(when))
 
 
 @dataclass

@@ -2,26 +2,42 @@
 
 One loop serves ``--retries R`` and ``--auto-retry``; a ``Policy`` says what differs. After every
 attempt, in this order:
-  1. it gets its class and steps gained (``failover.classify``, ``failover.steps_gained``);
+  1. it gets its class and progress (``failover.classify``, ``failover.progress``);
   2. it stops on ``success``, ``walltime`` (the allocation is ending: continuing is the job
      chain's work, in a new allocation) and ``interrupted``, and on a usage error (exit 2),
      which the next attempt would repeat;
   3. it stops after ``max_stepless`` attempts in a row without a step, if the policy sets it (a
      config bug must not burn the spare pool);
-  4. hosts are blamed: those an output line named (``patterns``), else, if the policy has a
-     ``probe``, those whose health probe fails. It stops when a blamed host has no spare left;
+  4. it judges the hosts (``failover`` says what host and peer evidence are):
+       host evidence names H             H is bad (source ``log``), without a probe: the line
+                                         says enough, and explains the peers' lines too
+       only peer evidence names H        H is probed: failed, H is bad (source ``probe``, the
+                                         peer line kept with the answer); passed, H is kept,
+                                         and the attempt's stderr line says so
+       no evidence, the policy probes    every active host is probed; the failed are bad
+       no evidence, no probe             no host is bad
+     It stops when a bad host has no spare left. Peer evidence alone never makes a host bad,
+     so it never stops a run for want of a spare: a single-host run (local ranks, one node)
+     whose rank died retries on the same host;
   5. it stops once ``max_attempts`` attempts have run;
-  6. otherwise the blamed hosts are swapped for spares, in place, and the next attempt starts
-     after ``backoff_s * 2**k`` seconds (capped at ``backoff_max_s``) times a jitter factor in
-     [0.5, 1], where k counts the failed attempts in a row since one made progress, so that
-     the ranks of many jobs restarting at once do not stampede a file system or a scheduler.
+  6. otherwise the bad hosts are swapped for spares, in place, and the next attempt starts
+     after a wait. Backoff protects the scheduler and the file systems from crash loops; it
+     must not punish progress. An attempt made progress when it reached a step that no
+     earlier attempt of this launch reached (by its ``step=`` lines or the heartbeat):
+       - after progress: at most ``PROGRESS_WAIT_S`` (1 s, ``backoff_s`` if smaller), jittered;
+       - after k attempts in a row without progress — no step at all, or the same crash at the
+         same step again: ``backoff_s * 2**(k-1)``, capped at ``backoff_max_s``;
+     each times a jitter factor in [0.5, 1], so that the ranks of many jobs restarting at once
+     do not stampede a file system or a scheduler.
 Plain ``--retries R`` is ``Policy(max_attempts=R + 1)``: no patterns, no probe, no step-less
-limit, so it never blames a host and retries on the same ones. Every attempt appends one
-``history.AttemptRecord`` to the attempts log and prints one line, before the wait.
+limit, so it never blames a host and retries on the same ones, with the same waits. Every
+attempt appends one ``history.AttemptRecord`` to the attempts log and prints one line, before
+the wait.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -54,7 +70,9 @@ FINAL_CLASSES: dict[AttemptClass, str] = {
 }
 # The attempt: its hosts, and a callable that must see each output line (None: no one looks).
 StartAttempt = Callable[[tuple[str, ...], Callable[[bytes], None] | None], AttemptResult]
-Probe = Callable[[tuple[str, ...]], dict[str, Evidence]]
+Probe = Callable[[tuple[str, ...]], dict[str, Evidence]]  # the hosts that failed, with why
+PROGRESS_WAIT_S = 1.0  # the longest wait after an attempt that made progress
+MAX_DOUBLINGS = 64  # 2**64 x any backoff is past the cap: no float overflow however long it runs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,8 +82,9 @@ class Policy:
     max_attempts: int | None  # None: no limit but the other rules
     backoff_s: float = 5.0
     backoff_max_s: float = 300.0
-    patterns: tuple[str, ...] = ()  # output lines that name a bad host (``host``/``addr`` group)
-    probe: Probe | None = None  # the hosts that fail a health probe, when no line named one
+    patterns: tuple[str, ...] = ()  # host evidence: lines that name a bad host
+    peer_patterns: tuple[str, ...] = ()  # peer evidence: lines that name a host to probe
+    probe: Probe | None = None  # the hosts that fail a health probe
     max_stepless: int | None = None  # stop after this many attempts in a row without a step
 
     def __post_init__(self) -> None:
@@ -76,9 +95,10 @@ class Policy:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    evidence: list[Evidence]
+    evidence: list[Evidence]  # why each bad host is bad
     replaced: dict[str, str]
     stop: str | None  # why the loop stops; None: it retries
+    cleared: list[Evidence] = dataclasses.field(default_factory=list)  # peer lines, probe passed
 
 
 def run_attempts(
@@ -93,26 +113,44 @@ def run_attempts(
     sleep: Callable[[float], object] = time.sleep,
     resolve: Callable[[str], list[str]] | None = None,
 ) -> int:
-    """Run attempts on ``pool.active`` until a rule stops them; the last attempt's exit code."""
+    """Run attempts on ``pool.active`` until a rule stops them; the last attempt's exit code.
+    ``heartbeat``: the trainer's heartbeat file, as ``goodput launch`` asks the trainer to keep."""
     rng = rng if rng is not None else random.Random()
     stepless = 0  # attempts in a row without a step
-    failures = 0  # failed attempts since the last progress (the backoff doubles with it)
+    without_progress = 0  # attempts in a row that reached no new step: the backoff doubles
+    furthest: int | None = None  # the highest step an attempt of this launch reached
+    watch = bool(policy.patterns or policy.peer_patterns)
     for attempt in itertools.count(1):
         hosts = tuple(pool.active)
-        scanner = failover.EvidenceScanner(policy.patterns, [*pool.active, *pool.spares], resolve)
-        before = failover.read_heartbeat_step(heartbeat)
+        scanner = failover.EvidenceScanner(
+            policy.patterns, [*pool.active, *pool.spares], resolve, policy.peer_patterns
+        )
+        before = failover.read_heartbeat(heartbeat)
         started, clock = datetime.now(UTC), time.monotonic()
-        result = start_attempt(hosts, scanner if policy.patterns else None)
+        result = start_attempt(hosts, scanner if watch else None)
         ended = started + timedelta(seconds=time.monotonic() - clock)
-        gained = failover.steps_gained(result, before, heartbeat)
+        reached = failover.progress(result, before, failover.read_heartbeat(heartbeat))
+        progressed = reached.last_step is not None and (
+            furthest is None or reached.last_step > furthest
+        )
+        furthest = reached.last_step if progressed else furthest
+        stepless = 0 if reached.steps_gained else stepless + 1
+        without_progress = 0 if progressed else without_progress + 1
         named = [scanner.found[host] for host in hosts if host in scanner.found]
-        kind = failover.classify(result, gained, named)
-        stepless = stepless + 1 if gained == 0 else 0
-        failures = 1 if gained else failures + 1
-        decision = _decide(policy, pool, attempt, kind, result.exit_code, stepless, named)
+        suspected = [
+            scanner.suspected[host]
+            for host in hosts
+            if host in scanner.suspected and host not in scanner.found
+        ]
+        kind = failover.classify(result, reached.steps_gained, named)
+        decision = _decide(
+            policy, pool, attempt, kind, result.exit_code, stepless, named, suspected
+        )
+        if kind in ("error", "stuck-pre-training") and decision.evidence:
+            kind = "bad-node"  # a crash whose suspect then failed its health probe
         wait_s = None
         if decision.stop is None:  # rounded as logged, so the log says what was slept
-            delay = backoff_delay(failures - 1, policy.backoff_s, policy.backoff_max_s, rng)
+            delay = restart_delay(without_progress, policy.backoff_s, policy.backoff_max_s, rng)
             wait_s = round(delay, 3)
         record = _record(
             attempt=attempt,
@@ -123,12 +161,12 @@ def run_attempts(
             result=result,
             times=(started, ended),
             kind=kind,
-            gained=gained,
+            gained=reached.steps_gained,
             decision=decision,
             wait_s=wait_s,
         )
         append_record(attempts_log, record)
-        _tell(record, result.duration_s)
+        _tell(record, result.duration_s, decision.cleared, None if progressed else furthest)
         if wait_s is None:
             return result.exit_code
         try:
@@ -147,8 +185,11 @@ def _decide(
     exit_code: int,
     stepless: int,
     named: list[Evidence],
+    suspected: list[Evidence],
 ) -> Decision:
-    """Rules 2-6 of the module docstring; swaps hosts in ``pool`` when it retries."""
+    """Rules 2-6 of the module docstring; swaps hosts in ``pool`` when it retries. ``named``:
+    host evidence against active hosts; ``suspected``: peer evidence against active hosts that
+    no host evidence names."""
     if kind in FINAL_CLASSES:
         return Decision(named, {}, FINAL_CLASSES[kind])
     if exit_code == ExitCode.USAGE:
@@ -160,22 +201,44 @@ def _decide(
             f"{stepless} attempts in a row made no step: a config or code error is likely; "
             "read the log above, fix it, then relaunch",
         )
-    evidence = named
-    if not named and policy.probe is not None:
-        hosts = tuple(pool.active)
-        _say(f"attempt {attempt}: {kind}, no host named; probing {len(hosts)} host(s)")
-        evidence = sorted(policy.probe(hosts).values(), key=lambda e: hosts.index(e.host))
-    bad = [item.host for item in evidence]
+    bad, cleared = _judge_hosts(policy, tuple(pool.active), attempt, kind, named, suspected)
     if len(bad) > len(pool.spares):
+        missing = ", ".join(item.host for item in bad[len(pool.spares) :])
         return Decision(
-            evidence,
+            bad,
             {},
-            f"no spare left for {', '.join(bad[len(pool.spares) :])} "
-            f"({len(pool.spares)} spare(s) for {len(bad)} bad host(s))",
+            f"no spare left for {missing} ({len(pool.spares)} spare(s) for {len(bad)} bad host(s))",
+            cleared,
         )
     if attempt == policy.max_attempts:
-        return Decision(evidence, {}, "no retries left")
-    return Decision(evidence, pool.replace(bad), None)
+        return Decision(bad, {}, "no retries left", cleared)
+    return Decision(bad, pool.replace([item.host for item in bad]), None, cleared)
+
+
+def _judge_hosts(
+    policy: Policy,
+    hosts: tuple[str, ...],
+    attempt: int,
+    kind: AttemptClass,
+    named: list[Evidence],
+    suspected: list[Evidence],
+) -> tuple[list[Evidence], list[Evidence]]:
+    """Rule 4's table: (the bad hosts, each with why; the suspects whose probe passed)."""
+    if named:
+        return named, []
+    if policy.probe is None:
+        return [], []
+    probed = tuple(item.host for item in suspected) or hosts
+    why = "a peer went away" if suspected else "no host named"
+    _say(f"attempt {attempt}: {kind}, {why}; probing {len(probed)} host(s)")
+    failed = policy.probe(probed)
+    peer_lines = {item.host: item.said for item in suspected}
+    bad = [
+        Evidence(host, "\n".join(filter(None, (peer_lines.get(host), failed[host].said))), "probe")
+        for host in probed
+        if host in failed
+    ]
+    return bad, [item for item in suspected if item.host not in failed]
 
 
 def _record(
@@ -225,15 +288,23 @@ def _first_step_at(result: AttemptResult, ended: datetime) -> str | None:
     return timestamp(ended - timedelta(seconds=result.duration_s - result.first_step_after_s))
 
 
-def _tell(record: AttemptRecord, duration_s: float) -> None:
-    """The attempt's line on stderr: what it did, the evidence, and what comes next."""
+def _tell(
+    record: AttemptRecord, duration_s: float, cleared: list[Evidence], furthest: int | None
+) -> None:
+    """The attempt's line on stderr: what it did, the evidence, and what comes next.
+    ``furthest``: the step it did not get past, when it made steps but no progress."""
     for item in record.evidence:
         _say(f"  {item.host}: {item.said.splitlines()[-1]} [{item.source}]")
+    for item in cleared:
+        _say(f"  {item.host}: {item.said.splitlines()[-1]} [peer; health probe passed: kept]")
     of = f" of {record.of}" if record.of is not None else ""
+    beyond = ""
+    if record.steps_gained and furthest is not None:
+        beyond = f", none past step {furthest}"
     said = (
         f"attempt {record.attempt}{of} exited {record.exit_code} "
         f"({describe_exit(record.exit_code)}) after {duration_s:.1f} s: {record.class_}, "
-        f"{record.steps_gained} step(s) gained"
+        f"{record.steps_gained} step(s) gained{beyond}"
     )
     if record.wait_s is None:
         _say(f"{said}; {record.reason}")
@@ -243,9 +314,17 @@ def _tell(record: AttemptRecord, duration_s: float) -> None:
     _say(f"{said}; {hosts}; retrying in {record.wait_s:.1f} s")
 
 
-def backoff_delay(retry: int, backoff_s: float, backoff_max_s: float, rng: random.Random) -> float:
-    """Seconds to wait before retry number ``retry`` (from 0): capped doubling, jittered down."""
-    return min(backoff_s * 2.0**retry, backoff_max_s) * rng.uniform(0.5, 1.0)
+def restart_delay(
+    num_without_progress: int, backoff_s: float, backoff_max_s: float, rng: random.Random
+) -> float:
+    """Seconds before the next attempt, after ``num_without_progress`` attempts in a row that
+    made no progress (0: the last one did): rule 6 of the module docstring."""
+    if num_without_progress == 0:
+        ceiling = min(backoff_s, PROGRESS_WAIT_S, backoff_max_s)
+    else:
+        doublings = min(num_without_progress - 1, MAX_DOUBLINGS)
+        ceiling = min(backoff_s * 2.0**doublings, backoff_max_s)
+    return ceiling * rng.uniform(0.5, 1.0)
 
 
 def describe_exit(code: int) -> str:

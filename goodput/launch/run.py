@@ -6,7 +6,10 @@ run folder, then runs attempts through the one attempt loop (``retry``) with pla
 ``goodput launch`` is a thin parse of its options into a call of ``run``, and every job of a
 ``goodput submit`` chain runs such a line; any other caller (a chaos campaign) comes through here
 too, so that a launch behaves the same whoever started it. Every attempt is logged to
-``RUN_DIR/attempts.jsonl`` (``history``). Like all of ``goodput.launch``, it never imports torch.
+``RUN_DIR/attempts.jsonl`` (``history``). Every rank is told where the launcher reads the
+heartbeat (``rundir.HEARTBEAT_VAR``: ``RUN_DIR/heartbeat``), and ``goodput train`` keeps one
+there too: progress is seen whatever ``train.run_dir`` is and wherever the step lines go. Like
+all of ``goodput.launch``, it never imports torch.
 """
 
 from __future__ import annotations
@@ -82,12 +85,13 @@ def run(options: LaunchOptions, *, dry_run: bool = False) -> ExitCode:
             print(line)
         return ExitCode.OK
     launchers.prepare_outputs(run_dir, options.log)
+    heartbeat = run_dir / rundir.HEARTBEAT
     code = run_attempts(
-        _attempt_starter(plan, options),
+        _attempt_starter(plan, options, {**os.environ, rundir.HEARTBEAT_VAR: str(heartbeat)}),
         _policy(plan, options),
         failover.Pool(list(plan.hosts), list(plan.spares)),
         attempts_log=run_dir / rundir.ATTEMPTS,
-        heartbeat=run_dir / rundir.HEARTBEAT,
+        heartbeat=heartbeat,
         job=placement.job_id,
     )
     return ExitCode(code) if code in {member.value for member in ExitCode} else ExitCode.ERROR
@@ -106,12 +110,16 @@ def _policy(plan: launchers.LaunchPlan, options: LaunchOptions) -> Policy:
         max_attempts=max_attempts,
         backoff_s=options.backoff_s,
         patterns=(*failover.BAD_NODE_PATTERNS, *plan.profile.bad_node_patterns),
+        peer_patterns=failover.PEER_PATTERNS,
         probe=probe,
         max_stepless=MAX_STEPLESS_ATTEMPTS,
     )
 
 
-def _attempt_starter(plan: launchers.LaunchPlan, options: LaunchOptions) -> StartAttempt:
+def _attempt_starter(
+    plan: launchers.LaunchPlan, options: LaunchOptions, env: dict[str, str]
+) -> StartAttempt:
+    """``env``: what the ranks get (through srun or mpiexec, which pass it on)."""
     timeout_s = options.idle_timeout_s
     if timeout_s is None and options.auto_retry:
         timeout_s = DEFAULT_IDLE_TIMEOUT_S
@@ -125,7 +133,7 @@ def _attempt_starter(plan: launchers.LaunchPlan, options: LaunchOptions) -> Star
         attempt_plan = dataclasses.replace(plan, hosts=hosts, spares=spares)
         launchers.write_hostfile(attempt_plan)
         return run_attempt(
-            launchers.build_processes(attempt_plan, options.command, os.environ),
+            launchers.build_processes(attempt_plan, options.command, env),
             idle_timeout_s=timeout_s or None,  # 0: no watchdog
             grace_s=options.grace_s,
             log_path=options.log,

@@ -30,11 +30,15 @@ from goodput.launch.attempt import AttemptResult, ProcessSpec
 from goodput.launch.env import read_placement
 from goodput.launch.failover import (
     BAD_NODE_PATTERNS,
+    PEER_PATTERNS,
     EvidenceScanner,
+    Heartbeat,
     Pool,
+    Progress,
     classify,
     probe_hosts,
-    steps_gained,
+    progress,
+    read_heartbeat,
 )
 from goodput.launch.history import Evidence, read_attempts
 from goodput.launch.launchers import ProfileConfig, build_probe, load_profile, plan_launch
@@ -44,9 +48,9 @@ from goodput.testing.jobs import outside_any_job
 
 HOSTS = ["n1", "n2", "n3", "n4"]
 
-# A rank: its host is GOODPUT_LAUNCH_HOSTS[rank] (ppn 1). On a host listed in bad-hosts it
-# does what BEHAVIOUR says; elsewhere it trains for 3 steps, or blocks as a peer in a
-# collective would once the bad rank stops answering.
+# A rank: its host is GOODPUT_LAUNCH_HOSTS[rank] (ppn 1). On a host listed in bad-hosts, or on
+# the TARGET host, it does what BEHAVIOUR says; elsewhere it trains for 3 steps, or blocks as a
+# peer in a collective would once the bad rank stops answering.
 WORKER = """
 import os, pathlib, signal, sys, time
 state = pathlib.Path(os.environ["TEST_STATE"])
@@ -59,6 +63,15 @@ with open(state / "runs", "a") as runs:
 if behaviour == "config-bug":
     print("Traceback: KeyError: 'model.dim'", flush=True)
     sys.exit(1)
+crashed = state / "crashed"
+if host == os.environ["TARGET"] and behaviour == "device-error":
+    print("step=1", flush=True)
+    print(f"goodput: error: rank {rank} on {host}: CUDA error: device lost", flush=True)
+    sys.exit(1)
+if host == os.environ["TARGET"] and behaviour == "crash-once" and not crashed.exists():
+    crashed.write_text("")
+    print("step=1", flush=True)
+    os.kill(os.getpid(), signal.SIGSEGV)  # Hydra reports "RUNNING AT host", "EXIT CODE: 11"
 if behaviour == "transient-hang" and not (state / "hung-once").exists():
     if rank == 0:
         (state / "hung-once").write_text("")
@@ -94,7 +107,9 @@ needs_mpiexec = pytest.mark.skipif(
 )
 
 
-def _emulated_pbs(tmp_path: Path, bad: list[str], behaviour: str) -> tuple[dict[str, str], Path]:
+def _emulated_pbs(
+    tmp_path: Path, bad: list[str], behaviour: str, target: str = ""
+) -> tuple[dict[str, str], Path]:
     state = tmp_path / "state"
     state.mkdir()
     (state / "bad-hosts").write_text("\n".join(bad) + "\n")
@@ -118,6 +133,7 @@ def _emulated_pbs(tmp_path: Path, bad: list[str], behaviour: str) -> tuple[dict[
         GOODPUT_PROFILE=str(profile),
         TEST_STATE=str(state),
         BEHAVIOUR=behaviour,
+        TARGET=target,
     )
     return env, state
 
@@ -143,6 +159,7 @@ def auto_retry(attempt, log: Path, pool: Pool, sleep, backoff_s: float = 5.0) ->
         max_attempts=None,
         backoff_s=backoff_s,
         patterns=BAD_NODE_PATTERNS,
+        peer_patterns=PEER_PATTERNS,
         probe=lambda hosts: {},
         max_stepless=MAX_STEPLESS_ATTEMPTS,
     )
@@ -150,20 +167,73 @@ def auto_retry(attempt, log: Path, pool: Pool, sleep, backoff_s: float = 5.0) ->
 
 
 @needs_mpiexec
-def test_a_rank_killed_on_a_host_swaps_that_host_for_a_spare(tmp_path):
+def test_a_rank_killed_on_a_sick_host_is_probed_and_a_spare_takes_its_place(tmp_path):
     env, state = _emulated_pbs(tmp_path, bad=["n2"], behaviour="die")
     result, attempts = _auto_retry(tmp_path, env, "--timeout", "30")
     assert result.returncode == 0, result.stderr
     first, second = attempts
     assert first["class"] == "bad-node" and first["hosts"] == ["n1", "n2"]
     (evidence,) = first["evidence"]
-    assert evidence["host"] == "n2" and evidence["source"] == "log"
-    assert "RUNNING AT n2" in evidence["said"]  # Hydra's own report of the dead rank
+    # Hydra's report of the SIGKILLed rank made n2 a suspect; its failed probe evicted it.
+    assert evidence["host"] == "n2" and evidence["source"] == "probe"
+    assert "RUNNING AT n2" in evidence["said"] and "GPU 3 missing" in evidence["said"]
     assert first["replaced"] == {"n2": "n3"} and first["decision"] == "retry"
     assert second["class"] == "success" and second["hosts"] == ["n1", "n3"]
     assert second["steps_gained"] == 3 and second["spares_left"] == ["n4"]
-    assert not (state / "probed").exists()  # a named culprit needs no probe
+    assert state.joinpath("probed").read_text().split() == ["n2"]  # the suspect alone
     assert "replaced n2 -> n3" in result.stderr
+
+
+@needs_mpiexec
+def test_a_device_error_line_is_host_evidence_a_spare_replaces_its_host(tmp_path):
+    env, state = _emulated_pbs(tmp_path, bad=[], behaviour="device-error", target="n2")
+    result, attempts = _auto_retry(tmp_path, env, "--timeout", "30")
+    assert result.returncode == 0, result.stderr
+    first, second = attempts
+    assert first["class"] == "bad-node" and first["hosts"] == ["n1", "n2"]
+    assert first["evidence"] == [
+        {
+            "host": "n2",
+            "said": "goodput: error: rank 1 on n2: CUDA error: device lost",
+            "source": "log",
+        }
+    ]
+    assert first["replaced"] == {"n2": "n3"} and first["spares_left"] == ["n4"]
+    assert second["class"] == "success" and second["hosts"] == ["n1", "n3"]
+    assert not (state / "probed").exists()  # the host's own failure needs no probe
+    assert "replaced n2 -> n3" in result.stderr
+
+
+@needs_mpiexec
+def test_a_crashed_rank_is_peer_evidence_its_host_stays_when_its_probe_passes(tmp_path):
+    env, state = _emulated_pbs(tmp_path, bad=[], behaviour="crash-once", target="n2")
+    result, attempts = _auto_retry(tmp_path, env, "--timeout", "30")
+    assert result.returncode == 0, result.stderr
+    first, second = attempts
+    assert first["class"] == "error" and first["exit_code"] != 0
+    assert first["evidence"] == [] and first["replaced"] == {}
+    assert state.joinpath("probed").read_text().split() == ["n2"]  # the suspect alone
+    assert second["class"] == "success" and second["hosts"] == ["n1", "n2"]
+    assert second["spares_left"] == ["n3", "n4"]
+    told = [line for line in result.stderr.splitlines() if "health probe passed" in line]
+    assert told == ["launch:   n2: =   EXIT CODE: 11 [peer; health probe passed: kept]"]
+    assert "same hosts" in result.stderr
+
+
+@needs_mpiexec
+def test_a_crashed_rank_on_a_host_that_fails_its_probe_evicts_it_on_the_probe(tmp_path):
+    env, state = _emulated_pbs(tmp_path, bad=["n2"], behaviour="crash-once", target="n2")
+    result, attempts = _auto_retry(tmp_path, env, "--timeout", "30")
+    assert result.returncode == 0, result.stderr
+    first, second = attempts
+    assert first["class"] == "bad-node"  # confirmed by the failed probe
+    (evidence,) = first["evidence"]
+    assert evidence["host"] == "n2" and evidence["source"] == "probe"
+    assert "RUNNING AT n2" in evidence["said"]  # the peer evidence that made it a suspect
+    assert evidence["said"].endswith("health probe exit 1: probe n2: GPU 3 missing")
+    assert state.joinpath("probed").read_text().split() == ["n2"]
+    assert first["replaced"] == {"n2": "n3"}
+    assert second["class"] == "success" and second["hosts"] == ["n1", "n3"]
 
 
 @needs_mpiexec
@@ -235,33 +305,69 @@ def test_walltime_stops_at_once(tmp_path):
     assert record["class"] == "walltime" and record["decision"] == "stop"
 
 
-def test_patterns_name_hosts_as_launchers_and_torch_print_them():
+def test_host_evidence_names_hosts_as_launchers_print_it():
     pool = ["nid001", "nid002", "x4102c0s1b0n0", "localhost"]
-    scanner = EvidenceScanner(BAD_NODE_PATTERNS, pool)
+    scanner = EvidenceScanner(BAD_NODE_PATTERNS, pool, peer_patterns=PEER_PATTERNS)
     lines = [
         "srun: error: nid002: task 7: Terminated",  # the innocent cascade names no one
         "[rank3]: RuntimeError: boom",
-        "srun: error: nid001: task 3: Killed",
+        "srun: error: nid001: task 3: Bus error",
         "===================================================================================",
         "=   PID 20611 RUNNING AT x4102c0s1b0n0.hostmgmt2000.cm",
-        "=   EXIT CODE: 9",
-        "srun: error: nid999: task 0: Killed",  # not in the pool: not ours to evict
+        "=   EXIT CODE: 7",
+        "srun: error: nid999: task 0: Bus error",  # not in the pool: not ours to evict
     ]
     for line in lines:
         scanner(line.encode())
     assert sorted(scanner.found) == ["nid001", "x4102c0s1b0n0"]
-    assert scanner.found["x4102c0s1b0n0"].said.endswith("EXIT CODE: 9")
+    assert scanner.found["x4102c0s1b0n0"].said.endswith("EXIT CODE: 7")
+    assert scanner.suspected == {}  # a memory fault (SIGBUS) is the host's, not a peer's
+
+
+def test_a_rank_killed_by_sigkill_makes_its_host_a_suspect():
+    # The OOM killer and a user's kill -9 look the same as a dying node's: probe before blaming.
+    scanner = EvidenceScanner(BAD_NODE_PATTERNS, ["nid001", "n2"], peer_patterns=PEER_PATTERNS)
+    for line in [
+        "srun: error: nid001: task 3: Killed",
+        "=   PID 1 RUNNING AT n2",
+        "=   EXIT CODE: 9",
+    ]:
+        scanner(line.encode())
+    assert scanner.found == {}
+    assert sorted(scanner.suspected) == ["n2", "nid001"]
+
+
+def test_a_peer_that_went_away_makes_its_host_a_suspect_not_a_bad_node():
+    pool = ["localhost", "n1", "nid002", "nid003"]
+    scanner = EvidenceScanner(BAD_NODE_PATTERNS, pool, peer_patterns=PEER_PATTERNS)
     # gloo names the peer by address: the real resolver turns 127.0.0.1 into localhost.
     gloo = "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer"
     scanner(f"{gloo} [127.0.0.1]:29500".encode())
-    assert "localhost" in scanner.found
-
-
-def test_a_hydra_exit_code_that_is_not_a_kill_names_no_one():
-    scanner = EvidenceScanner(BAD_NODE_PATTERNS, ["n1"])
-    for line in ["=   PID 1 RUNNING AT n1", "=   EXIT CODE: 1"]:
+    for line in [
+        "=   PID 1 RUNNING AT n1",
+        "=   EXIT CODE: 11",
+        "NCCL WARN socketProgress: Connection closed by remote peer nid002.hsn<46353>",
+        "srun: error: nid003: task 5: Exited with exit code 1",
+    ]:
         scanner(line.encode())
     assert scanner.found == {}
+    assert sorted(scanner.suspected) == ["localhost", "n1", "nid002", "nid003"]
+    assert scanner.suspected["n1"].said.endswith("EXIT CODE: 11")
+    read_error = "Read error [127.0.0.1]:6021: Connection reset by peer. This is typically ..."
+    reset = EvidenceScanner([], ["localhost"], peer_patterns=PEER_PATTERNS)
+    reset(read_error.encode())
+    assert list(reset.suspected) == ["localhost"]
+
+
+def test_the_launchers_teardown_names_no_one():
+    scanner = EvidenceScanner(BAD_NODE_PATTERNS, ["n1", "n2"], peer_patterns=PEER_PATTERNS)
+    for line in [
+        "=   PID 1 RUNNING AT n1",
+        "=   EXIT CODE: 15",
+        "srun: error: n2: task 0: Terminated",
+    ]:
+        scanner(line.encode())
+    assert scanner.found == {} and scanner.suspected == {}
 
 
 def test_goodput_train_names_its_host_on_a_device_error(capsys, monkeypatch, tmp_path):
@@ -284,7 +390,7 @@ def _result(code: int, *, timed_out: bool = False, signal_: int | None = None) -
 
 
 def test_classes():
-    named = [Evidence("n1", "srun: error: n1: task 0: Killed", "log")]
+    named = [Evidence("n1", "srun: error: n1: task 0: Bus error", "log")]
     assert classify(_result(0), 0, []) == "success"
     assert classify(_result(143), 5, []) == "walltime"
     assert classify(_result(143), 5, named) == "bad-node"  # a real fault raced the walltime
@@ -297,11 +403,17 @@ def test_classes():
 
 def test_the_heartbeat_counts_steps_that_printed_nothing(tmp_path):
     heartbeat = tmp_path / "heartbeat"
-    heartbeat.write_text(json.dumps({"step": 42, "time": 0}))
-    assert steps_gained(_result(1), 40, heartbeat) == 2
-    assert steps_gained(_result(1), None, tmp_path / "absent") == 0
-    heartbeat.write_text("{half")  # replaced mid-read
-    assert steps_gained(_result(1), 40, heartbeat) == 0
+    heartbeat.write_text(json.dumps({"step": 42, "time": 1700000000.5}))
+    after = read_heartbeat(heartbeat)
+    assert after == Heartbeat(42, 1700000000.5)
+    assert progress(_result(1), Heartbeat(40, 1.0), after) == Progress(2, 42)
+    # A resumed attempt that died before the step the last one reached still stepped.
+    assert progress(_result(1), Heartbeat(50, 1.0), after) == Progress(1, 42)
+    assert progress(_result(1), after, after) == Progress(0, None)  # not rewritten: no step
+    assert read_heartbeat(tmp_path / "absent") is None
+    for text in ["{half", '{"step": 3}', '{"step": -1, "time": 0}', '{"step": 3, "time": "x"}']:
+        heartbeat.write_text(text)  # replaced mid-read, or not a heartbeat
+        assert read_heartbeat(heartbeat) is None
 
 
 def test_probes_run_at_once_and_a_silent_one_times_out(tmp_path):
@@ -342,9 +454,10 @@ def test_a_probe_that_cannot_start_is_a_clear_error():
         probe_hosts({"a": spec}, timeout_s=1)
 
 
-def test_the_backoff_doubles_without_progress_and_restarts_after_it(tmp_path):
+def test_the_backoff_doubles_without_progress_and_is_short_after_it(tmp_path):
     # (exit code, steps printed) per attempt; every failure is an "error" on healthy hosts.
-    script = iter([(1, (1, 5)), (1, None), (1, (6, 9)), (0, (10, 12))])
+    # Attempts 2 and 3 reach no step past 5 (none, then the same crash at step 5 again).
+    script = iter([(1, (1, 5)), (1, None), (1, (3, 5)), (1, (3, 9)), (0, (10, 12))])
     delays = []
 
     def attempt(hosts, on_line):
@@ -357,11 +470,14 @@ def test_the_backoff_doubles_without_progress_and_restarts_after_it(tmp_path):
         attempt, tmp_path / "attempts.jsonl", Pool(["a"], []), delays.append, backoff_s=4.0
     )
     assert code == 0
-    low, doubled, restarted = delays
-    assert 2.0 <= low <= 4.0 and 4.0 <= doubled <= 8.0 and 2.0 <= restarted <= 4.0
+    quick, low, doubled, quick_again = delays
+    assert 0.5 <= quick <= 1.0 and 0.5 <= quick_again <= 1.0  # after progress
+    assert 2.0 <= low <= 4.0 and 4.0 <= doubled <= 8.0  # 1, then 2 attempts without it
     records = read_log(tmp_path / "attempts.jsonl")
-    assert [r["class"] for r in records] == ["error", "stuck-pre-training", "error", "success"]
-    assert [r["steps_gained"] for r in records] == [5, 0, 4, 3]
+    assert [r["class"] for r in records] == [
+        "error", "stuck-pre-training", "error", "error", "success"
+    ]  # fmt: skip
+    assert [r["steps_gained"] for r in records] == [5, 0, 3, 7, 3]
 
 
 @pytest.mark.parametrize("name", ["aurora", "polaris"])

@@ -15,7 +15,13 @@ import pytest
 from goodput.launch.attempt import AttemptResult, ProcessSpec, run_attempt
 from goodput.launch.failover import Pool
 from goodput.launch.history import read_attempts
-from goodput.launch.retry import Policy, backoff_delay, describe_exit, run_attempts
+from goodput.launch.retry import (
+    PROGRESS_WAIT_S,
+    Policy,
+    describe_exit,
+    restart_delay,
+    run_attempts,
+)
 
 # Attempt n (counted in the file "count") behaves as OUTCOMES[n]: exit with that code, hang
 # after printing (the watchdog ends it), or print steps and succeed.
@@ -134,9 +140,46 @@ def test_ctrl_c_during_the_backoff_returns_130(tmp_path):
 
 def test_backoff_doubles_up_to_the_cap_with_jitter():
     rng = random.Random(1)
-    for retry, ceiling in [(0, 5.0), (1, 10.0), (3, 40.0), (6, 300.0), (20, 300.0)]:
-        delay = backoff_delay(retry, 5.0, 300.0, rng)
+    for without_progress, ceiling in [(1, 5.0), (2, 10.0), (4, 40.0), (7, 300.0), (10**6, 300.0)]:
+        delay = restart_delay(without_progress, 5.0, 300.0, rng)
         assert ceiling / 2 <= delay <= ceiling
+
+
+def test_after_progress_the_wait_is_at_most_a_second_whatever_the_backoff():
+    rng = random.Random(2)
+    for backoff_s in (0.0, 0.4, 5.0, 300.0):
+        ceiling = min(backoff_s, PROGRESS_WAIT_S)
+        assert all(ceiling / 2 <= restart_delay(0, backoff_s, 300.0, rng) <= ceiling for _ in "abc")
+
+
+def test_attempts_that_keep_making_progress_restart_at_once(tmp_path):
+    # Each attempt trains further than the last, then dies: what a node fault does to a run.
+    script = tmp_path / "further.py"
+    script.write_text(
+        textwrap.dedent("""
+            import pathlib
+            count = pathlib.Path(__file__).with_name("count")
+            attempt = int(count.read_text()) if count.exists() else 0
+            count.write_text(str(attempt + 1))
+            for step in range(1, 3 + 2 * attempt):
+                print(f"step={step}", flush=True)
+            raise SystemExit(0 if attempt == 3 else 137)
+        """)
+    )
+    spec = ProcessSpec([sys.executable, str(script)], dict(os.environ), "0")
+    sleeps: list[float] = []
+    code = retry(
+        lambda hosts, on_line: run_attempt([spec], idle_timeout_s=30, out=io.BytesIO()),
+        5,
+        tmp_path / "attempts.jsonl",
+        backoff_s=30.0,
+        sleep=sleeps.append,
+    )
+    assert code == 0 and len(sleeps) == 3
+    assert all(0.5 <= wait <= PROGRESS_WAIT_S for wait in sleeps)
+    records = read_log(tmp_path / "attempts.jsonl")
+    assert [r["last_step"] for r in records] == [2, 4, 6, 8]
+    assert [r["wait_s"] for r in records] == [*sleeps, None]
 
 
 def test_exit_codes_are_described():

@@ -27,6 +27,18 @@ FLAKY = """
         print(f"step={step}", flush=True)
 """
 
+# Keeps a heartbeat where goodput launch asks (as goodput train does) but prints no step line,
+# as when a wrapper sends the trainer's output elsewhere; its first run dies by SIGKILL.
+QUIET = """
+    import json, os, pathlib, signal, time
+    heartbeat = pathlib.Path(os.environ["GOODPUT_HEARTBEAT"])
+    for step in (1, 2, 3):
+        heartbeat.write_text(json.dumps({"step": step, "time": time.time()}))
+    if not pathlib.Path("ran-once").exists():
+        pathlib.Path("ran-once").write_text("")
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
 
 @pytest.fixture(autouse=True)
 def outside_a_job(monkeypatch, tmp_path):
@@ -62,3 +74,17 @@ def test_a_death_by_signal_exits_1_and_the_log_keeps_the_signal(tmp_path):
     assert goodput.launch.run(options) == ExitCode.ERROR
     (line,) = (tmp_path / "run" / "attempts.jsonl").read_text().splitlines()
     assert json.loads(line)["exit_code"] == 137
+
+
+def test_progress_is_seen_by_the_heartbeat_when_no_step_line_comes(tmp_path):
+    (tmp_path / "quiet.py").write_text(textwrap.dedent(QUIET))
+    run_dir = tmp_path / "launch-run"
+    options = LaunchOptions(
+        command=(sys.executable, "quiet.py"), retries=1, backoff_s=30.0, run_dir=run_dir
+    )
+    assert goodput.launch.run(options) == ExitCode.OK
+    first, second = read_attempts(run_dir / "attempts.jsonl")
+    assert (first.exit_code, first.steps_seen, first.steps_gained) == (137, 0, 3)
+    assert first.class_ == "error"  # not stuck: it stepped
+    assert first.wait_s is not None and first.wait_s <= 1.0  # progress: no backoff
+    assert json.loads((run_dir / "heartbeat").read_text())["step"] == 3
