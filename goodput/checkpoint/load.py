@@ -148,7 +148,8 @@ def read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def check_train_state(state: Any, path: Path) -> dict[str, Any]:
     """``state`` if it has the shape goodput writes: a step, and unless model-only the world
-    size, the loader position and the optimizer's hyper-parameters as JSON scalars."""
+    size, the loader position, the skipped-step count and the optimizer's hyper-parameters as
+    JSON scalars."""
     if not isinstance(state, dict) or not _is_count(state.get("step")):
         raise _damaged(path, "no step count")
     if state.get("model_only") is True:
@@ -162,6 +163,10 @@ def check_train_state(state: Any, path: Path) -> dict[str, Any]:
         raise _damaged(path, "no loader position (consumed_samples, fingerprint)")
     if not _is_count(state.get("world_size")) or state["world_size"] < 1:
         raise _damaged(path, "no world_size")
+    # The non-finite guard's count (train.step.SkippedSteps); absent before it existed.
+    skips = [state.get(key, 0) for key in ("skipped_steps", "skipped_in_a_row")]
+    if not all(_is_count(count) for count in skips) or skips[1] > skips[0]:
+        raise _damaged(path, "skipped_steps and skipped_in_a_row are not two counts, in order")
     groups = state.get("optimizer_param_groups")
     if not isinstance(groups, list) or not all(_is_param_group(g) for g in groups):
         raise _damaged(path, "optimizer_param_groups is not a list of hyper-parameter tables")

@@ -3,8 +3,10 @@
 When to save is decided here too (``Checkpointer.decide``): by steps, by minutes, at the last
 step, and on SIGTERM (the scheduler's walltime warning) a final synchronous save before the
 run stops. Ranks see the clock and the signal at slightly different moments, so every rank
-takes each step's decision together (an all-reduce MAX over the checkpoint group); otherwise
-one rank would enter a save while another entered the next step, and both would hang.
+takes each step's decision together (an all-reduce MAX over a gloo group of its own: the flush
+of the previous save may still be running collectives on the checkpoint group from its thread,
+and two threads' collectives on one group pair up in a different order on each rank and hang);
+otherwise one rank would enter a save while another entered the next step, and both would hang.
 
 One save at a time: a save asked for while the previous one is still flushing waits for it (the
 wait is counted as stall). The snapshot goes into one host copy kept for the whole run.
@@ -18,17 +20,26 @@ data (fsync'd), each rank hashes the files it wrote (``checksums``) and hands th
 0, and then rank 0 writes the ``.metadata`` — only after every rank reported its write done.
 Rank 0 then writes ``checksums.json``, ``.complete``, moves ``latest`` and prunes to
 ``keep_last``, in that order. The hashing runs in the flush, so the step's stall is unchanged.
-A save that fails on any rank is reported with the failing ranks and the reason, its directory
-is removed, and the previous checkpoints are untouched.
+A save that fails on any rank — its small files, DCP's data or the hashing — is reported in one
+line naming the checkpoint, the failing ranks and the reason: every rank's outcome is gathered
+and handed to all of them (DCP does it for the flush), so all ranks agree it failed. So is one
+whose checksums or marker rank 0 cannot write (rank 0 alone acts on those). Either way it gets
+no ``.complete``, rank 0 removes its directory, ``latest`` stays where it was, nothing is
+pruned, and training goes on: the next save is attempted as usual.
+
+Injected faults (``goodput.chaos.faults``) enter through ``WaveWriter``, once this rank's files
+of the checkpoint are written: ``save-fail`` raises there, ``ckpt-kill`` kills the rank there.
 """
 
 from __future__ import annotations
 
 import enum
 import errno
+import functools
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -44,6 +55,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.checkpoint.storage import WriteResult
 
+from goodput.chaos.faults import FaultPlan
 from goodput.checkpoint.checksums import file_digests, write_checksums
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.state import rng_state
@@ -95,11 +107,17 @@ class WaveWriter(FileSystemWriter):
     before the flush — and rank 0 collects every rank's digests in ``digests``."""
 
     def __init__(
-        self, path: Path, group: dist.ProcessGroup, max_writers: int, own_files: list[str]
+        self,
+        path: Path,
+        group: dist.ProcessGroup,
+        max_writers: int,
+        own_files: list[str],
+        fault_hook: Callable[[], None] | None = None,
     ):
         super().__init__(path, sync_files=True)
         self.directory, self.group, self.max_writers = path, group, max_writers
         self.own_files = own_files
+        self.fault_hook = fault_hook  # called once this rank's files are written
         self.digests: dict[str, str] = {}
 
     def write_data(
@@ -113,6 +131,8 @@ class WaveWriter(FileSystemWriter):
                 try:
                     result = super().write_data(plan, planner)
                     result.wait()  # written and fsync'd before the next wave starts
+                    if self.fault_hook is not None:
+                        self.fault_hook()
                 except Exception as exc:  # reported through DCP once every wave is through
                     error = exc
             dist.barrier(group=self.group)  # every rank passes every barrier, failed or not
@@ -139,12 +159,21 @@ class WaveWriter(FileSystemWriter):
 class Checkpointer:
     """Saves of one run; one instance per rank, created by every rank at the same point."""
 
-    def __init__(self, cfg: CheckpointConfig, root: Path, device: torch.device):
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        root: Path,
+        device: torch.device,
+        faults: FaultPlan | None = None,
+    ):
         self.cfg, self.root, self.device = cfg, Path(root), device
-        self.group = dist.new_group(backend="gloo")  # collective: every rank, same moment
+        self.faults = faults
+        # Collective: every rank, same moment. The flush's group, and the decisions' group
+        # (the main thread's, used while a flush runs).
+        self.group = dist.new_group(backend="gloo")
+        self.decision_group = dist.new_group(backend="gloo")
         self.rank = dist.get_rank()
         self.in_flight: threading.Event | None = None
-        self.failures: list[str] = []  # reports of failed saves, newest last
         self.last_save = time.monotonic()
         # One host copy of the state, reused by every save (the previous flush is always over
         # before the next snapshot): a fresh 1.3 GB allocation per save tripled the stall of a
@@ -157,7 +186,7 @@ class Checkpointer:
         step is always saved."""
         minutes = self.cfg.interval_minutes
         minutes_due = minutes > 0 and time.monotonic() - self.last_save >= 60 * minutes
-        sigterm, minutes_due = _any_rank([sigterm, minutes_due], self.group)
+        sigterm, minutes_due = _any_rank([sigterm, minutes_due], self.decision_group)
         if sigterm:
             return Decision.FINAL if self.cfg.save_on_sigterm else Decision.STOP
         interval = self.cfg.interval_steps
@@ -194,7 +223,12 @@ class Checkpointer:
         own_files = [str(rng_file(directory, self.rank).relative_to(directory))]
         if self.rank == 0:
             own_files += [TRAIN_STATE, CONFIG]
-        writer = WaveWriter(directory, self.group, self.cfg.max_concurrent_writers, own_files)
+        fault_hook = None
+        if self.faults is not None:
+            fault_hook = functools.partial(self.faults.on_checkpoint_write, step, self.rank)
+        writer = WaveWriter(
+            directory, self.group, self.cfg.max_concurrent_writers, own_files, fault_hook
+        )
         # Tensors only: DCP would pickle anything else (the optimizer's param groups), and
         # reading a pickle back runs code. The param groups went to train_state.json instead.
         state = {"model": model_state, "optim": optimizer_state["state"]}
@@ -258,6 +292,7 @@ class Checkpointer:
         self.wait()
         self.stager.close()
         dist.destroy_process_group(self.group)
+        dist.destroy_process_group(self.decision_group)
 
     def _settle(
         self,
@@ -285,9 +320,14 @@ class Checkpointer:
         if self.rank != 0:
             return
         directory = step_dir(self.root, step)
-        # DCP wrote .metadata on rank 0 after every rank's data: the one file no writer hashed.
-        write_checksums(directory, {**digests, **file_digests(directory, [METADATA])})
-        write_marker(directory)
+        try:
+            # DCP wrote .metadata on rank 0 after every rank's data: the one file no writer
+            # hashed.
+            write_checksums(directory, {**digests, **file_digests(directory, [METADATA])})
+            write_marker(directory)
+        except OSError as exc:  # only rank 0 gets here, and only rank 0 acts on the outcome
+            self._report_failure(step, {self.rank: _reason(exc, directory)})
+            return
         write_text(self.root / LATEST, directory.name + "\n")
         checkpoints = list_checkpoints(self.root)
         kept = {c.step for c in checkpoints if c.complete}
@@ -306,7 +346,6 @@ class Checkpointer:
             f"checkpoint: saving {directory} FAILED on rank(s) {ranks}: {reasons}; "
             "previous checkpoints are intact, training goes on"
         )
-        self.failures.append(report)
         if self.rank == 0:
             shutil.rmtree(directory, ignore_errors=True)
             print(report, flush=True)

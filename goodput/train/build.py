@@ -143,9 +143,9 @@ def resume(
     optimizer: torch.optim.Optimizer,
     loader: DataLoader,
     device: torch.device,
-) -> int | None:
-    """Load the checkpoint ``choice`` settles on, if any; return the step it was saved at (0 for
-    a model-only checkpoint), or None for a fresh start."""
+) -> dict[str, Any] | None:
+    """Load the checkpoint ``choice`` settles on, if any; return its train state (``step``: the
+    step it was saved at, 0 for a model-only checkpoint), or None for a fresh start."""
     chosen = choice.finish()
     if chosen is None:
         if choice.found:  # the model was built empty for a checkpoint that was then refused
@@ -170,7 +170,7 @@ def resume(
             f"{time.perf_counter() - start:.2f} s{copies}",
             flush=True,
         )
-    return int(train_state["step"])
+    return train_state
 
 
 @dataclass(slots=True)

@@ -46,6 +46,8 @@ class TrainConfig:
     output: str | None = field(default=None, metadata=NON_EMPTY)  # deprecated: run_dir
     # inf: no clipping
     max_grad_norm: float = field(default=1.0, metadata=limits(above=0, inf_ok=True))
+    # Steps skipped in a row for a non-finite gradient norm before the run stops (step.py).
+    max_skipped_steps: int = field(default=5, metadata=POSITIVE)
     seed: int = 0  # model init; data order comes from [data] seed
     # Deprecated: [parallel] activation_checkpointing and compile; moved there by RunConfig.
     activation_checkpointing: bool | None = None

@@ -3,18 +3,22 @@
 Setup (process group, mesh, batch plan, data, model, optimizer, metrics) comes from small
 builders; everything after that is here, in the order it happens. Each step, in labelled
 blocks: LR; batch (this rank's slice of the global batch, cut into micro-batches); step
-(``train_step``); metrics (and the step-1 loss of a fresh model against ln(vocab));
-checkpoint/terminate (``Checkpointer.decide``, the same on every rank).
+(``train_step``, which skips the optimizer step on a non-finite gradient norm); metrics (and the
+step-1 loss of a fresh model against ln(vocab)); the non-finite guard (``train.max_skipped_steps``
+skips in a row stop the run); checkpoint/terminate (``Checkpointer.decide``, the same on every
+rank); injected faults, when ``goodput chaos`` set ``GOODPUT_FAULTS`` (``goodput.chaos.faults``).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import torch.distributed as dist
 
 from goodput import rundir
+from goodput.chaos.faults import load_plan
 from goodput.checkpoint.save import Checkpointer
 from goodput.config import to_toml
 from goodput.errors import ExitCode, GoodputError
@@ -38,13 +42,14 @@ from goodput.train.optim import build_optimizer
 from goodput.train.parallelize import compute_dtype
 from goodput.train.schedule import learning_rate
 from goodput.train.setup import setup_torch
-from goodput.train.step import train_step
+from goodput.train.step import SkippedSteps, train_step
 from goodput.train.termination import SigtermFlag
 
 
 def train(cfg: RunConfig) -> list[float]:
     """Run ``cfg`` on this rank; return the per-step losses (the same on every rank)."""
     owns_process_group = not dist.is_initialized()
+    faults = load_plan(os.environ)  # None unless goodput chaos injects faults into this run
     runtime = setup_torch(seed=cfg.train.seed)
     rank, device = runtime.rank, runtime.device
     try:
@@ -57,10 +62,11 @@ def train(cfg: RunConfig) -> list[float]:
         checkpoint_choice = CheckpointChoice(cfg.checkpoint, checkpoint_root(cfg))
         model = build_model(cfg, device, mesh, empty=checkpoint_choice.found)
         optimizer = build_optimizer(model, cfg.optim, cfg.schedule.lr)
-        checkpointer = Checkpointer(cfg.checkpoint, checkpoint_root(cfg), device)
+        checkpointer = Checkpointer(cfg.checkpoint, checkpoint_root(cfg), device, faults)
         # Before anything is written: a refused resume must leave the run directory as it was.
-        resumed_at = resume(cfg, checkpoint_choice, model, optimizer, loader, device)
-        start_step = resumed_at or 0
+        resumed = resume(cfg, checkpoint_choice, model, optimizer, loader, device)
+        start_step = resumed["step"] if resumed else 0
+        skips = SkippedSteps.resumed(cfg.train.max_skipped_steps, resumed)
         peak, peak_source = peak_flops(device, compute_dtype(cfg.parallel), cfg.train.peak_tflops)
         if rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -113,23 +119,33 @@ def train(cfg: RunConfig) -> list[float]:
                     max_grad_norm=cfg.train.max_grad_norm,
                     dp_group=mesh.dp_group,
                     sync_every_micro_batch=cfg.parallel.sync_every_micro_batch,
+                    inject_nan=faults is not None and faults.nan_at(step, rank),
                 )
                 # Metrics: the whole iteration (data, step, logging, checkpoint stall) is the
                 # step time.
                 now = time.perf_counter()
-                metrics.step(step, result, lr, now - last_step_end)
+                too_many_skips = skips.count(step, result.skipped)
+                metrics.step(step, result, lr, now - last_step_end, skips.total)
                 last_step_end = now
                 losses.append(result.loss)
-                if step == 1 and rank == 0 and resumed_at is None:  # a fresh model
+                if step == 1 and rank == 0 and resumed is None:  # a fresh model
                     warning = fresh_loss_warning(result.loss, cfg.model.vocab_size)
                     if warning:
                         print(warning, flush=True)
+                # Non-finite guard: the same on every rank, since the norm is.
+                if too_many_skips is not None:
+                    checkpointer.close()  # a save in flight, of an earlier step, completes
+                    raise too_many_skips
                 # Checkpoint / terminate
                 decision = checkpointer.decide(
                     step, last_step=cfg.train.steps, sigterm=sigterm.is_set()
                 )
                 if decision.saves:
-                    train_state = {"loader": loader.state_dict(), "world_size": runtime.world_size}
+                    train_state = {
+                        "loader": loader.state_dict(),
+                        "world_size": runtime.world_size,
+                        **skips.state_dict(),
+                    }
                     checkpointer.save(
                         step, model, optimizer, train_state, config_toml, blocking=decision.stops
                     )
@@ -141,6 +157,8 @@ def train(cfg: RunConfig) -> list[float]:
                         "resubmit: the run resumes from its newest complete checkpoint",
                         code=ExitCode.TERMINATED,
                     )
+                if faults is not None:
+                    faults.after_step(step, rank)
         checkpointer.close()
         metrics.close()
         if rank == 0:

@@ -8,12 +8,15 @@ accelerator missing from the table gets no MFU rather than an invented one.
 
 Only rank 0 writes. Every step prints one line starting ``step=N`` (the launcher's progress
 signal) and replaces the ``heartbeat`` file (step and time); neither is fsync'd — they say "alive",
-they are not records. ``metrics.jsonl`` is appended and flushed per step.
+they are not records. ``metrics.jsonl`` is appended and flushed per step, strict JSON: a loss or
+gradient norm that is not finite is written as null (the step line shows inf or nan). A step the
+non-finite guard skipped says so in both (``skipped``, and the run's ``skipped_steps`` so far).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -64,9 +67,12 @@ def datasheet_peak_flops(device_name: str) -> float | None:
 
 def measure_matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
     """FLOP/s of back-to-back square matmuls with the threads this process has: the best of
-    several short windows, since a neighbour's burst only ever makes a window slower."""
-    a = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
-    b = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device).to(dtype)
+    several short windows, since a neighbour's burst only ever makes a window slower. Its
+    operands come from a generator of its own: it runs after a resume restored the run's
+    generators, and a draw from those would shift every later one (dropout, sampling)."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device, generator=generator).to(dtype)
+    b = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device, generator=generator).to(dtype)
     torch.mm(a, b)  # warm-up: first call picks kernels
     best = 0.0
     for _ in range(PROBE_WINDOWS):
@@ -99,8 +105,12 @@ class Metrics:
         self.enabled = rank == 0
         self.jsonl = open(run_dir / rundir.METRICS, "a") if self.enabled else None  # noqa: SIM115
         self.tensorboard = _tensorboard_writer(run_dir) if self.enabled and tensorboard else None
+        self.heartbeats = rundir.heartbeat_files(run_dir, os.environ) if self.enabled else []
 
-    def step(self, step: int, result: StepResult, lr: float, step_time_s: float) -> dict[str, Any]:
+    def step(
+        self, step: int, result: StepResult, lr: float, step_time_s: float, skipped_steps: int
+    ) -> dict[str, Any]:
+        """The record of ``step``, written on rank 0; ``skipped_steps``: the run's so far."""
         tokens_per_s = self.tokens_per_step / step_time_s
         per_device = tokens_per_s / self.world_size
         record = {
@@ -113,6 +123,8 @@ class Metrics:
             "mfu": self.flops_per_token * per_device / self.peak if self.peak else None,
             "peak_memory_gib": peak_memory_bytes(self.device) / 2**30,
             "step_time_s": step_time_s,
+            "skipped": result.skipped,
+            "skipped_steps": skipped_steps,
             "time": time.time(),
         }
         if self.enabled:
@@ -121,17 +133,19 @@ class Metrics:
 
     def _write(self, record: dict[str, Any]) -> None:
         assert self.jsonl is not None
-        self.jsonl.write(json.dumps(record) + "\n")
+        finite = {k: None if _not_finite(v) else v for k, v in record.items()}
+        self.jsonl.write(json.dumps(finite, allow_nan=False) + "\n")
         self.jsonl.flush()
         if self.tensorboard is not None:
-            for key, value in record.items():
+            for key, value in finite.items():
                 if key not in ("step", "time") and value is not None:
                     self.tensorboard.add_scalar(f"train/{key}", value, record["step"])
         print(step_line(record), flush=True)
-        heartbeat = self.run_dir / rundir.HEARTBEAT
-        tmp = heartbeat.with_name(f".heartbeat.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"step": record["step"], "time": record["time"]}))
-        os.replace(tmp, heartbeat)
+        beat = json.dumps({"step": record["step"], "time": record["time"]})
+        for heartbeat in self.heartbeats:  # the run's, and goodput launch's when it is another
+            tmp = heartbeat.with_name(f".heartbeat.{os.getpid()}.tmp")
+            tmp.write_text(beat)
+            os.replace(tmp, heartbeat)
 
     def close(self) -> None:
         if self.jsonl is not None:
@@ -147,7 +161,17 @@ def step_line(record: dict[str, Any]) -> str:
         f"lr={record['lr']:.3g} tokens/s={record['tokens_per_s']:,.0f} "
         f"tokens/s/device={record['tokens_per_s_per_device']:,.0f} mfu={mfu} "
         f"mem={record['peak_memory_gib']:.2f}GiB step_time={record['step_time_s']:.3f}s"
+        + (
+            f" SKIPPED: gradient norm not finite, no optimizer step "
+            f"({record['skipped_steps']} skipped in all)"
+            if record.get("skipped")
+            else ""
+        )
     )
+
+
+def _not_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def _tensorboard_writer(run_dir: Path) -> Any:

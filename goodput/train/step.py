@@ -14,6 +14,15 @@ it returns; pipeline parallelism will replace it with a schedule) then ``clip_an
 During gradient accumulation FSDP reduces the gradients once, after the last micro-batch, unless
 ``sync_every_micro_batch`` (the memory trade-off is in ``ParallelConfig``).
 
+The non-finite guard: the gradient norm the clip computes (over the reduced gradients, so the
+same on every rank, with no collective of its own) is checked before the optimizer steps; when
+it is inf or NaN the optimizer does not step (weights and optimizer state stay as they were),
+the gradients are zeroed, and the result says ``skipped``. (FSDP's clip does one all-reduce
+for the norm, the one it always did.) The step still counts: its batch was
+consumed and the LR schedule moves on, so a skip changes nothing about which batch or LR a later
+step gets. ``SkippedSteps`` counts skips and stops the run at ``train.max_skipped_steps`` in a
+row; its count is part of every checkpoint, so a resumed run skips and stops as a straight one.
+
 MoE models add their balancing loss to the objective (averaged over micro-batches and ranks) but
 never to the reported loss, which stays the language-model loss; the aux-loss-free router bias
 moves once per step on the expert load summed over every micro-batch and rank.
@@ -24,14 +33,18 @@ Reused as-is by diagnostics, and ``token_loss_sum`` by evaluation (under ``no_gr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
+from goodput.errors import GoodputError
 from goodput.train.model import Transformer
 
 IGNORE_INDEX = -100
@@ -40,8 +53,44 @@ IGNORE_INDEX = -100
 @dataclass(frozen=True, slots=True)
 class StepResult:
     loss: float  # global token-weighted mean over the whole global batch
-    grad_norm: float  # before clipping
+    grad_norm: float  # before clipping; inf or NaN when the step was skipped
     num_tokens: int  # target tokens in the global batch
+    skipped: bool = False  # the gradient norm was not finite: the optimizer did not step
+
+
+@dataclass(slots=True)
+class SkippedSteps:
+    """The guard's count of skipped steps, in all and in a row; saved in every checkpoint."""
+
+    max_in_a_row: int  # train.max_skipped_steps
+    total: int = 0
+    in_a_row: int = 0
+
+    @classmethod
+    def resumed(cls, max_in_a_row: int, train_state: dict[str, Any] | None) -> SkippedSteps:
+        """The count a checkpoint's train state carries (none: a fresh run, or a checkpoint
+        saved before the guard existed)."""
+        state = train_state or {}
+        return cls(max_in_a_row, state.get("skipped_steps", 0), state.get("skipped_in_a_row", 0))
+
+    def count(self, step: int, skipped: bool) -> GoodputError | None:
+        """Count step ``step``; the error that stops the run once ``max_in_a_row`` steps in a
+        row were skipped, else None."""
+        self.total += skipped
+        self.in_a_row = self.in_a_row + 1 if skipped else 0
+        if self.in_a_row < self.max_in_a_row:
+            return None
+        return GoodputError(
+            "train",
+            f"stopped at step {step}: the gradient norm was not finite for {self.in_a_row} "
+            f"steps in a row (steps {step - self.in_a_row + 1}-{step}; "
+            f"train.max_skipped_steps = {self.max_in_a_row})",
+            "the run diverged or its data is broken: resume from an earlier checkpoint with a "
+            "lower learning rate, or check the data of those steps",
+        )
+
+    def state_dict(self) -> dict[str, int]:
+        return {"skipped_steps": self.total, "skipped_in_a_row": self.in_a_row}
 
 
 def token_loss_sum(logits_btv: torch.Tensor, labels_bt: torch.Tensor) -> torch.Tensor:
@@ -67,14 +116,20 @@ def train_step(
     max_grad_norm: float | None = 1.0,
     dp_group: dist.ProcessGroup | None = None,
     sync_every_micro_batch: bool = False,
+    inject_nan: bool = False,
 ) -> StepResult:
-    """Forward/backward every micro-batch of this rank, then clip and step. ``dp_group``: the
-    data-parallel ranks (``ParallelMesh.dp_group``; None: the default group)."""
+    """Forward/backward every micro-batch of this rank, then clip and step (or skip, on a
+    non-finite gradient norm). ``dp_group``: the data-parallel ranks (``ParallelMesh.dp_group``;
+    None: the default group). ``inject_nan``: an injected fault (``goodput.chaos.faults``)."""
     loss_sum, num_tokens = forward_backward(
-        model, micro_batches, dp_group=dp_group, sync_every_micro_batch=sync_every_micro_batch
+        model,
+        micro_batches,
+        dp_group=dp_group,
+        sync_every_micro_batch=sync_every_micro_batch,
+        inject_nan=inject_nan,
     )
     grad_norm = clip_and_step(model, optimizer, max_grad_norm)
-    return StepResult(loss_sum / num_tokens, grad_norm, num_tokens)
+    return StepResult(loss_sum / num_tokens, grad_norm, num_tokens, not math.isfinite(grad_norm))
 
 
 def forward_backward(
@@ -83,9 +138,12 @@ def forward_backward(
     *,
     dp_group: dist.ProcessGroup | None = None,
     sync_every_micro_batch: bool = False,
+    inject_nan: bool = False,
 ) -> tuple[float, int]:
     """(summed token loss, target tokens), both over the global batch; on return every rank
-    holds the gradients of their quotient, summed over ``dp_group``."""
+    holds the gradients of their quotient, summed over ``dp_group``. ``inject_nan`` puts a NaN
+    into this rank's gradients before they are summed over the ranks, where a real one would
+    come from."""
     distributed = dist.is_initialized() and dist.get_world_size(dp_group) > 1
     # Collectives need tensors on the backend's device (NCCL: the GPU); int64 keeps token
     # counts exact past float32's 2^24.
@@ -114,6 +172,8 @@ def forward_backward(
                 load += layer.tokens_per_expert
         objective.backward()
         loss_sum += micro_loss_sum.detach()
+    if inject_nan:
+        _put_nan(model)
     if distributed:
         if not sharded:  # FSDP's reduce-scatter has summed over the same group
             for parameter in model.parameters():
@@ -130,11 +190,25 @@ def forward_backward(
 def clip_and_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float | None
 ) -> float:
-    """Clip the gradients to ``max_grad_norm`` (None: not at all), step, zero them; return the
-    gradient norm before clipping."""
-    grad_norm = torch.nn.utils.clip_grad_norm_(
-        model.parameters(), max_grad_norm if max_grad_norm is not None else float("inf")
+    """Clip the gradients to ``max_grad_norm`` (None: not at all), step unless their norm is
+    not finite, zero them; return the gradient norm before clipping."""
+    grad_norm = float(
+        torch.nn.utils.clip_grad_norm_(
+            model.parameters(), max_grad_norm if max_grad_norm is not None else float("inf")
+        )
     )
-    optimizer.step()
+    if math.isfinite(grad_norm):  # else skipped: weights and optimizer state stay as they were
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(grad_norm)
+    return grad_norm
+
+
+def _put_nan(model: nn.Module) -> None:
+    """One NaN in this rank's gradient of the first parameter it holds a part of."""
+    for parameter in model.parameters():
+        grad = parameter.grad
+        local = grad.to_local() if isinstance(grad, DTensor) else grad
+        if local is not None and local.numel():
+            with torch.no_grad():
+                local[(0,) * local.dim()] = float("nan")
+            return

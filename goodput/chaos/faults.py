@@ -1,0 +1,268 @@
+"""Injected faults: the plan ``goodput chaos`` hands a run, and the hooks through which the
+trainer and the checkpoint writer make each fault happen at its moment.
+
+Off unless ``GOODPUT_FAULTS`` names a plan file by absolute path; ``load_plan`` then reads it
+once, at start. Without it the trainer pays one environment lookup and nothing per step.
+
+The plan file: JSON, at most 1 MiB and 10,000 faults; an unknown key or kind, a missing key, a
+number out of range or a repeated ``id`` refuses the whole file::
+
+    {"fired_dir": "/abs/path/fired",
+     "faults": [{"id": 0, "kind": "kill", "step": 37, "rank": 1}, ...]}
+
+``id`` is unique, 0 <= id < 2**31; ``step`` >= 1; ``rank`` >= 0 is the global rank the fault
+fires on (never on another). The kinds, and when each fires:
+
+- ``kill``: once step ``step`` has completed (its metrics line written, its checkpoint decision
+  taken and any save started), the rank SIGKILLs itself.
+- ``hang``: the same moment, it SIGSTOPs itself; its peers block in their next collective.
+- ``bad-node``: the same moment, it prints ``goodput: error: rank R on HOST: CUDA error: device
+  lost (injected by goodput chaos)`` to stderr — the device-error evidence the launcher looks
+  for — and exits 1. HOST is the launcher's name for this rank's host (``GOODPUT_LAUNCH_HOSTS``
+  at index rank // ``LOCAL_WORLD_SIZE``, when both are set and valid; else this machine's host
+  name), cut at the first dot.
+- ``ckpt-kill``: in the first checkpoint save of a step >= ``step``, the rank SIGKILLs itself
+  while writing it: after its files of that checkpoint are written, before ``.complete`` can
+  exist (in the background flush, or in the synchronous write when the save is synchronous).
+- ``save-fail``: in that same save, this rank's write raises ``OSError(ENOSPC)``.
+- ``nan``: at step ``step``, after backward and before the gradients are reduced and their norm
+  checked, one element of this rank's gradients becomes NaN. Every time that step runs: a
+  resumed run replays it, and a reference run given the same ``nan`` faults skips the same steps.
+
+Fire once: right before a fault fires, ``fired_dir/<id>.json`` is written atomically, ``{"id",
+"kind", "step" (the step it fired at), "rank", "time"}``; a fault whose record exists never
+fires again, so a resumed run is not killed twice by one fault. ``nan`` records its first firing
+only, and keeps firing.
+
+Standard library only: ``train`` and ``checkpoint`` import this module; it imports neither of
+them, nor ``launch``, nor torch.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from goodput.errors import GoodputError
+from goodput.io import read_bytes, write_json
+
+ENV_VAR = "GOODPUT_FAULTS"
+HOSTS_VAR = "GOODPUT_LAUNCH_HOSTS"  # set by goodput launch: the attempt's hosts, in rank order
+KINDS = ("kill", "ckpt-kill", "hang", "bad-node", "save-fail", "nan")
+AFTER_STEP = ("kill", "hang", "bad-node")
+IN_SAVE = ("ckpt-kill", "save-fail")
+MAX_PLAN_BYTES = 1 << 20
+MAX_FAULTS = 10_000
+MAX_ID = 2**31 - 1
+MAX_STEP = 2**53
+MAX_RANK = 10_000_000 - 1  # launch.env's MAX_RANKS - 1: far past any machine
+MAX_PATH_CHARS = 4096
+PLAN_KEYS = frozenset({"fired_dir", "faults"})
+FAULT_KEYS = frozenset({"id", "kind", "step", "rank"})
+HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # always fullmatch
+COUNT = re.compile(r"[0-9]{1,9}")
+INJECTED = "(injected by goodput chaos)"
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    id: int
+    kind: str
+    step: int
+    rank: int
+
+
+class FaultPlan:
+    """The faults of one run, indexed for the hooks: a dict lookup per step."""
+
+    def __init__(self, faults: list[Fault], fired_dir: Path, environ: Mapping[str, str]):
+        self.faults, self.fired_dir = faults, fired_dir
+        self.launch_hosts = environ.get(HOSTS_VAR, ""), environ.get("LOCAL_WORLD_SIZE", "")
+        self.by_step: dict[tuple[int, int], list[Fault]] = {}  # (step, rank): at that step
+        self.in_save: dict[int, list[Fault]] = {}  # rank: its save faults, by step
+        for fault in sorted(faults, key=lambda f: (f.step, f.id)):
+            if fault.kind in IN_SAVE:
+                self.in_save.setdefault(fault.rank, []).append(fault)
+            else:
+                self.by_step.setdefault((fault.step, fault.rank), []).append(fault)
+        self.fired: set[int] = set()  # ids known to have fired: their record exists
+
+    def after_step(self, step: int, rank: int) -> None:
+        """Called once step ``step`` is over (metrics written, checkpoint decided): kill, stop
+        or fail this rank if a fault says so."""
+        for fault in self.by_step.get((step, rank), ()):
+            if fault.kind in AFTER_STEP and self._claim(fault, step):
+                self._fire(fault, rank)
+
+    def nan_at(self, step: int, rank: int) -> bool:
+        """Whether this rank's gradients of step ``step`` get a NaN (the caller puts it in)."""
+        nans = [f for f in self.by_step.get((step, rank), ()) if f.kind == "nan"]
+        for fault in nans:
+            self._claim(fault, step)  # a record the first time; it fires every time regardless
+        return bool(nans)
+
+    def on_checkpoint_write(self, step: int, rank: int) -> None:
+        """Called by the checkpoint writer once this rank's files of the checkpoint of ``step``
+        are written, before it reports them done: fail the write or kill the rank if due."""
+        for fault in self.in_save.get(rank, ()):
+            if fault.step <= step and self._claim(fault, step):
+                if fault.kind == "save-fail":
+                    raise OSError(errno.ENOSPC, f"No space left on device {INJECTED}")
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    def _claim(self, fault: Fault, step: int) -> bool:
+        """True, with its record written, if ``fault`` never fired before (in any process)."""
+        record = self.fired_dir / f"{fault.id}.json"
+        if fault.id in self.fired or record.exists():
+            self.fired.add(fault.id)
+            return False
+        write_json(
+            record,
+            {
+                "id": fault.id,
+                "kind": fault.kind,
+                "step": step,
+                "rank": fault.rank,
+                "time": time.time(),
+            },
+        )
+        self.fired.add(fault.id)
+        return True
+
+    def _fire(self, fault: Fault, rank: int) -> None:
+        if fault.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.kind == "hang":
+            os.kill(os.getpid(), signal.SIGSTOP)  # SIGCONT lets it go on
+        else:
+            host = launcher_host(rank, *self.launch_hosts)
+            sys.stdout.flush()
+            print(
+                f"goodput: error: rank {rank} on {host}: CUDA error: device lost {INJECTED}",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(1)
+
+
+def launcher_host(rank: int, hosts: str, local_world_size: str) -> str:
+    """This rank's host as ``goodput launch`` named it, short; this machine's name otherwise."""
+    names = hosts.split(",")
+    if COUNT.fullmatch(local_world_size) and int(local_world_size) > 0:
+        index = rank // int(local_world_size)
+        if index < len(names) and HOSTNAME.fullmatch(names[index]):
+            return names[index].split(".")[0]
+    return socket.gethostname().split(".")[0]
+
+
+def load_plan(environ: Mapping[str, str]) -> FaultPlan | None:
+    """The plan ``GOODPUT_FAULTS`` names, or None when it is unset or empty."""
+    path = environ.get(ENV_VAR)
+    if not path:
+        return None
+    if not os.path.isabs(path) or "\0" in path or len(path) > MAX_PATH_CHARS:
+        raise _refused(path, "is not an absolute path")
+    try:
+        text = read_bytes(path, MAX_PLAN_BYTES).decode("utf-8")
+        plan = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except GoodputError as exc:
+        raise _refused(path, exc.what) from None
+    except UnicodeDecodeError as exc:
+        raise _refused(path, f"is not UTF-8 (byte {exc.start})") from None
+    except ValueError as exc:
+        raise _refused(path, f"is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise _refused(path, "is JSON nested too deeply") from None
+    try:
+        faults, fired_dir = parse_plan(plan)
+    except ValueError as exc:
+        raise _refused(path, str(exc)) from None
+    return FaultPlan(faults, fired_dir, environ)
+
+
+def parse_plan(plan: Any) -> tuple[list[Fault], Path]:
+    """(faults, fired_dir) of a decoded plan; ``ValueError`` saying what is wrong otherwise."""
+    _check_keys(plan, PLAN_KEYS, "the plan")
+    fired_dir = plan["fired_dir"]
+    if not (
+        isinstance(fired_dir, str)
+        and os.path.isabs(fired_dir)
+        and "\0" not in fired_dir
+        and len(fired_dir) <= MAX_PATH_CHARS
+    ):
+        raise ValueError("fired_dir is not an absolute path")
+    entries = plan["faults"]
+    if not isinstance(entries, list):
+        raise ValueError("faults is not a list")
+    if len(entries) > MAX_FAULTS:
+        raise ValueError(f"has {len(entries)} faults, more than {MAX_FAULTS}")
+    faults, ids = [], set()
+    for index, entry in enumerate(entries):
+        where = f"faults[{index}]"
+        _check_keys(entry, FAULT_KEYS, where)
+        if entry["kind"] not in KINDS:
+            kind = _short(entry["kind"])
+            raise ValueError(f"{where}.kind {kind} is not one of {', '.join(KINDS)}")
+        fault = Fault(
+            id=_int_in(entry["id"], 0, MAX_ID, f"{where}.id"),
+            kind=entry["kind"],
+            step=_int_in(entry["step"], 1, MAX_STEP, f"{where}.step"),
+            rank=_int_in(entry["rank"], 0, MAX_RANK, f"{where}.rank"),
+        )
+        if fault.id in ids:
+            raise ValueError(f"{where}.id {fault.id} is used twice")
+        ids.add(fault.id)
+        faults.append(fault)
+    return faults, Path(fired_dir)
+
+
+def _check_keys(value: Any, keys: frozenset[str], where: str) -> None:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} is not a JSON object")
+    unknown = sorted(set(value) - keys)
+    if unknown:
+        raise ValueError(f"{where} has the unknown key {unknown[0]!r}")
+    missing = sorted(keys - set(value))
+    if missing:
+        raise ValueError(f"{where} lacks the key {missing[0]!r}")
+
+
+def _int_in(value: Any, low: int, high: int, where: str) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{where} is {_short(value)}, not an integer in [{low}, {high}]")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("an object has a key twice")
+    return dict(pairs)
+
+
+def _short(value: Any) -> str:
+    """A plan's value, quoted in an error: its JSON, cut short (it may be a megabyte)."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _refused(path: str, what: str) -> GoodputError:
+    return GoodputError.usage(
+        f"{ENV_VAR}={path!r}",
+        what,
+        f"fix or rewrite the fault plan (goodput chaos writes it), or unset {ENV_VAR}",
+    )
