@@ -1,7 +1,7 @@
 """``make bench``: every benchmark, each ours against its named baseline in one run.
 
 ``python -m benchmarks NAME ...`` runs only the named ones (``tokenize``, ``blend``, ``train``,
-``checkpoint``, ``launch``); no names: all. Figures are printed and also written to
+``checkpoint``, ``launch``, ``chaos``); no names: all. Figures are printed and also written to
 ``bench-out/results.json`` for the README; a run of some benchmarks replaces only their entries
 there, keeping the others'.
 """
@@ -16,7 +16,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_blend, bench_checkpoint, bench_launch, bench_tokenize, bench_train
+from benchmarks import (
+    bench_blend,
+    bench_chaos,
+    bench_checkpoint,
+    bench_launch,
+    bench_tokenize,
+    bench_train,
+)
 from goodput.io import write_json
 
 BENCHMARKS: dict[str, Callable[[], Any]] = {
@@ -25,6 +32,7 @@ BENCHMARKS: dict[str, Callable[[], Any]] = {
     "train": bench_train.main,
     "checkpoint": bench_checkpoint.main,
     "launch": bench_launch.main,
+    "chaos": bench_chaos.main,
 }
 RESULTS = Path("bench-out/results.json")
 

@@ -21,7 +21,7 @@ from goodput import __version__
 from goodput.errors import ExitCode, from_exception
 
 # In the order `goodput --help` lists them; each names its module in goodput.commands.
-GROUPS = ("data", "model", "train", "ckpt", "launch", "broadcast", "submit")
+GROUPS = ("data", "model", "train", "ckpt", "launch", "broadcast", "submit", "chaos", "diagnose")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,146 @@
+"""Chaos: what injected faults cost the demo run, against the same run straight (``goodput chaos``).
+
+Setup: the demo's data as ``goodput.demo`` builds it (embedded corpus, its 4,096-token tokenizer,
+one shard set per domain) in a temp folder, and the demo config ``configs/tiny-cpu.toml`` (1.2M
+parameters, 300 steps of 32 x 128 tokens, fp32, on 2 CPU ranks) with its data pointed there and
+``checkpoint.interval_steps = INTERVAL`` (the demo saves every 100 steps; an async save stalls a
+step ~0.05 s, so saving every 10 bounds what a fault loses at 10 steps for <1% of the run).
+Each campaign is the real ``python -m goodput chaos`` with goodput launch's defaults (backoff
+5 s, grace 10 s; the idle timeout chaos derives from the straight run), outside any job, and
+its figures come from its ``report.json``:
+
+  - ``eight_faults``: 8 faults of every kind one machine can recover from (``bad-node`` needs a
+    spare host), seed ``SEED``: goodput against the straight run, mean recovery time by kind,
+    steps lost per fault, time in backoff;
+  - ``one_per_100_steps``: 3 ``kill`` faults in the 300 steps, seed ``SEED``: the goodput target.
+
+Targets, each measured in both campaigns:
+  - backoff after an attempt that made progress (it reached a step no earlier attempt reached)
+    <= 1 s: the longest such ``wait_s``;
+  - recovery from a killed rank <= start-up + load + one step: per ``kill`` fault, the recovery
+    (fault -> first step back) against the sum of the start-up, load and first-step time of the
+    attempt that came back, each measured (``over_s`` is what recovery spent beyond them:
+    detection, probing, backoff);
+  - goodput >= 0.9 at one fault per 100 steps.
+Both campaigns must end bitwise equal to their straight run; their verdicts are reported too.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from goodput import demo
+from goodput.testing.jobs import outside_any_job
+
+NUM_RANKS = 2
+INTERVAL = 10
+SEED = 0
+CAMPAIGNS = {
+    "eight_faults": (8, "kill,ckpt-kill,hang,save-fail,nan"),
+    "one_per_100_steps": (3, "kill"),
+}
+BREAKDOWN = ("recomputed_s", "detection_s", "backoff_s", "startup_s", "load_s", "other_s")
+
+
+def _campaign(root: Path, name: str, file_list: Path) -> dict[str, Any]:
+    num_faults, kinds = CAMPAIGNS[name]
+    output = root / name
+    argv = [sys.executable, "-m", "goodput", "chaos", str(demo.TRAIN_CONFIG)]
+    argv += [f"data.file_list={file_list}", f"data.cache={root / 'cache'}"]
+    argv += [f"checkpoint.interval_steps={INTERVAL}", "--nproc", str(NUM_RANKS)]
+    argv += ["--faults", str(num_faults), "--kinds", kinds, "--seed", str(SEED)]
+    argv += ["--output", str(output)]
+    result = subprocess.run(argv, env=outside_any_job(), capture_output=True, text=True)
+    print(result.stdout, flush=True)
+    if not (output / "report.json").is_file():
+        raise SystemExit(f"bench_chaos: {name} wrote no report:\n{result.stderr}")
+    return _figures(json.loads((output / "report.json").read_text()))
+
+
+def _figures(report: dict[str, Any]) -> dict[str, Any]:
+    faults, attempts = report["faults"], report["attempts"]
+    faulted, straight = report["goodput"]["faulted"], report["goodput"]["straight"]
+    recovery_by_kind: dict[str, list[float]] = defaultdict(list)
+    for fault in faults:
+        if fault["recovery_s"] is not None:
+            recovery_by_kind[fault["kind"]].append(fault["recovery_s"])
+    comparison = report["comparison"]
+    return {
+        "passed": report["passed"],
+        "verdict": (comparison or {}).get("first_difference") or report["unfinished"] or "equal",
+        "notes": report["notes"],
+        "goodput": round(faulted["goodput"], 3),
+        "straight_goodput": round(straight["goodput"], 3),
+        "wall_s": round(faulted["wall_s"], 1),
+        "straight_wall_s": round(straight["wall_s"], 1),
+        "productive_s": round(faulted["productive_s"], 1),
+        "straight_productive_s": round(straight["productive_s"], 1),
+        "breakdown_s": {key: round(faulted[key], 2) for key in BREAKDOWN},
+        "num_attempts": len(attempts),
+        "mean_recovery_s_by_kind": {
+            kind: round(statistics.mean(times), 2)
+            for kind, times in sorted(recovery_by_kind.items())
+        },
+        "steps_lost": [fault["steps_lost"] for fault in faults if fault["steps_lost"] is not None],
+        "max_wait_after_progress_s": _max_wait_after_progress(attempts),
+        "killed_rank_recovery": [_against_bound(f) for f in faults if f["kind"] == "kill"],
+        "idle_timeout_s": round(report["idle_timeout_s"], 1),
+        "faults": faults,
+    }
+
+
+def _max_wait_after_progress(attempts: list[dict[str, Any]]) -> float | None:
+    """The longest wait before a retry that followed an attempt reaching a new step."""
+    highest, waits = 0, []
+    for record in attempts:
+        progressed = (record["last_step"] or 0) > highest
+        highest = max(highest, record["last_step"] or 0)
+        if progressed and record["wait_s"] is not None:
+            waits.append(record["wait_s"])
+    return max(waits, default=None)
+
+
+def _against_bound(fault: dict[str, Any]) -> dict[str, Any]:
+    """A killed rank's recovery against start-up + load + one step of the attempt that came back."""
+    if fault["recovery_s"] is None:
+        return {"id": fault["id"], "recovered": False}
+    bound = fault["startup_s"] + fault["load_s"] + fault["first_step_s"]
+    return {
+        "id": fault["id"],
+        "step": fault["step"],
+        "recovery_s": round(fault["recovery_s"], 2),
+        "startup_s": round(fault["startup_s"], 2),
+        "load_s": round(fault["load_s"], 2),
+        "first_step_s": round(fault["first_step_s"], 2),
+        "bound_s": round(bound, 2),
+        "over_s": round(fault["recovery_s"] - bound, 2),
+        "detection_s": round(fault["detection_s"], 2),
+        "backoff_s": fault["backoff_s"],
+    }
+
+
+def main() -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-chaos-") as tmp:
+        root = Path(tmp)
+        file_list = demo.build_shards(root / "demo")
+        figures = {name: _campaign(root, name, file_list) for name in CAMPAIGNS}
+    for name, found in figures.items():
+        kills = found["killed_rank_recovery"]
+        print(
+            f"{name}: goodput {found['goodput']:.3f} "
+            f"(straight run {found['straight_goodput']:.3f}), "
+            f"wall {found['wall_s']:.1f} s against {found['straight_wall_s']:.1f} s; "
+            f"recovery by kind {found['mean_recovery_s_by_kind']}; steps lost "
+            f"{found['steps_lost']}; backoff {found['breakdown_s']['backoff_s']:.2f} s, longest "
+            f"after progress {found['max_wait_after_progress_s']} s; killed ranks: "
+            + ", ".join(f"{k.get('recovery_s')} s vs {k.get('bound_s')} s" for k in kills)
+            + f"; final state: {found['verdict']}"
+        )
+    return figures

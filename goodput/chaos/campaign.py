@@ -1,0 +1,370 @@
+"""A chaos campaign: a run config trained twice under ``goodput.launch.run`` — straight, and with
+faults injected and recovery on — then the faulted run's accounting and its final state
+compared bit for bit with the straight run's.
+
+The campaign folder (``--output``; default ``chaos-<config stem>``)::
+
+    OUT/
+      campaign.json        what was asked and drawn; written first, it marks the folder as ours
+      plan.json            the faulted run's fault plan (GOODPUT_FAULTS; goodput.chaos.faults)
+      reference-plan.json  the straight run's: the same ``nan`` faults, when there are any
+      fired/ reference-fired/   the faults' fired records
+      reference/ faulted/  the two run directories (train.run_dir and launch --run-dir), each
+                           with launch.log: every rank's output
+      report.json          the report (``report``), written last
+
+A folder that exists must be empty or hold ``campaign.json``; in the latter the entries above
+are replaced, anything else in it is left alone. Both runs get the same config and overrides;
+the faulted one also gets ``perturb`` (a control: a difference the comparison must catch).
+Recovery is ``--auto-retry`` plus the user's launch options. The fault plan needs checkpoints:
+when the config saves too rarely for it, ``checkpoint.interval_steps`` is set for both runs, and
+the report says so. ``bad-node`` needs a spare host per fault (``--nhosts N`` of a larger job):
+without one it is left out of the default kinds and refused when asked for. A hang is caught
+by the idle watchdog: without the user's ``--timeout``, the faulted run gets
+``IDLE_TIMEOUT_FACTOR`` times the straight run's longest quiet stretch it can see (its start-up
+or its slowest step), at least ``MIN_IDLE_TIMEOUT_S``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from goodput import rundir
+from goodput.chaos import accounting, compare, faults, plan, records
+from goodput.chaos.report import Report, write_report
+from goodput.config import load_config
+from goodput.errors import ExitCode, GoodputError
+from goodput.io import write_json
+from goodput.launch import LaunchOptions, launchers
+from goodput.launch import run as launch_run
+from goodput.launch.env import current_placement
+from goodput.launch.history import AttemptRecord, read_attempts
+from goodput.launch.run import DEFAULT_IDLE_TIMEOUT_S, load_profile
+from goodput.train.config import RunConfig
+
+MARKER = "campaign.json"
+PLAN, REFERENCE_PLAN = "plan.json", "reference-plan.json"
+FIRED, REFERENCE_FIRED = "fired", "reference-fired"
+REFERENCE, FAULTED = "reference", "faulted"
+REPORT = "report.json"
+LOG = "launch.log"
+OURS = (PLAN, REFERENCE_PLAN, FIRED, REFERENCE_FIRED, REFERENCE, FAULTED, REPORT)
+IDLE_TIMEOUT_FACTOR = 2.0
+MIN_IDLE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CampaignOptions:
+    """What ``goodput chaos`` takes, as its options name it."""
+
+    config: Path
+    overrides: tuple[str, ...] = ()  # section.key=value, for both runs
+    perturb: tuple[str, ...] = ()  # overrides for the faulted run only
+    num_faults: int = 8
+    seed: int = 0
+    kinds: tuple[str, ...] | None = None  # None: every kind this launch can recover from
+    output: Path | None = None  # None: chaos-<config stem>
+    # goodput launch's options for both runs (its command is the campaign's): nhosts, ppn,
+    # nproc, profile, timeout, retries, backoff, grace, prefix.
+    launch: LaunchOptions = dataclasses.field(default_factory=lambda: LaunchOptions(command=()))
+
+
+def run_campaign(options: CampaignOptions) -> Report:
+    """Run the campaign; its report, also written to OUT/report.json. Everything that can be
+    refused is refused before anything is written."""
+    setup = _prepare(options)
+    _claim(setup.output)
+    write_json(setup.output / MARKER, _campaign_record(options, setup))
+    plan.write_plan(setup.output / PLAN, setup.faults, setup.output / FIRED)
+    nans = [fault for fault in setup.faults if fault.kind == "nan"]
+    if nans:
+        plan.write_plan(setup.output / REFERENCE_PLAN, nans, setup.output / REFERENCE_FIRED)
+    reference = _run_straight(options, setup, bool(nans))
+    idle_timeout_s = options.launch.idle_timeout_s
+    if idle_timeout_s is None:
+        idle_timeout_s = _idle_timeout_s(reference.spans)
+        setup.notes.append(
+            f"idle timeout {idle_timeout_s:.1f} s for the faulted run: {IDLE_TIMEOUT_FACTOR:g} x "
+            "the straight run's start-up or slowest step (goodput launch --timeout sets it)"
+        )
+    faulted = dataclasses.replace(
+        options.launch, nproc=setup.num_ranks, auto_retry=True, idle_timeout_s=idle_timeout_s
+    )
+    _say(f"faulted run: {len(setup.faults)} fault(s), output in {setup.output / FAULTED / LOG}")
+    perturbed = dataclasses.replace(
+        setup.train, overrides=(*setup.train.overrides, *options.perturb)
+    )
+    code = _launch(faulted, perturbed, setup.output / FAULTED, setup.output / PLAN)
+    report = _report(options, setup, reference, code, idle_timeout_s)
+    write_report(setup.output / REPORT, report)
+    return report
+
+
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """What a campaign decided before it ran anything."""
+
+    output: Path
+    num_steps: int
+    num_ranks: int
+    kinds: tuple[str, ...]
+    faults: list[faults.Fault]
+    notes: list[str]  # what the campaign changed or left out; the report shows them
+    train: _TrainCommand
+
+
+def _prepare(options: CampaignOptions) -> _Setup:
+    """Check the config and the launch, and draw the plan: the interval it needs, its faults."""
+    output = (options.output or Path(f"chaos-{options.config.stem}")).absolute()
+    cfg = load_config(RunConfig, options.config, options.overrides)
+    _check_config(cfg)
+    if options.perturb:  # a mistyped control must fail now, not after the straight run
+        load_config(RunConfig, options.config, (*options.overrides, *options.perturb))
+    launch_plan = launchers.plan_launch(
+        current_placement(),
+        load_profile(options.launch),
+        run_dir=output / FAULTED,
+        nhosts=options.launch.nhosts,
+        ppn=options.launch.ppn,
+        nproc=options.launch.nproc,
+    )
+    kinds, notes = _kinds(options.kinds, len(launch_plan.spares))
+    dealt = plan.deal_kinds(options.num_faults, kinds, options.seed)
+    _check_spares(dealt, len(launch_plan.spares))
+    overrides = list(options.overrides)
+    interval = plan.interval_needed(
+        cfg.train.steps, sum(k in faults.IN_SAVE for k in dealt), cfg.checkpoint.interval_steps
+    )
+    if interval is not None:
+        overrides.append(f"checkpoint.interval_steps={interval}")
+        notes.append(
+            f"checkpoint.interval_steps={interval} for both runs: the config's "
+            f"{cfg.checkpoint.interval_steps} leaves too few saves for a final checkpoint and "
+            "the checkpoint faults"
+        )
+    drawn = plan.draw_faults(
+        dealt,
+        num_steps=cfg.train.steps,
+        interval_steps=interval or cfg.checkpoint.interval_steps,
+        num_ranks=launch_plan.nproc,
+        seed=options.seed,
+    )
+    train = _TrainCommand(options.config, tuple(overrides), bool(cfg.checkpoint.folder))
+    return _Setup(output, cfg.train.steps, launch_plan.nproc, kinds, drawn, notes, train)
+
+
+def _run_straight(options: CampaignOptions, setup: _Setup, with_nans: bool) -> _Run:
+    """The straight run: one attempt, no retry; it must succeed, or there is nothing to compare."""
+    straight = dataclasses.replace(
+        options.launch,
+        nproc=setup.num_ranks,
+        auto_retry=False,
+        retries=0,
+        idle_timeout_s=_or(options.launch.idle_timeout_s, DEFAULT_IDLE_TIMEOUT_S),
+    )
+    run_dir = setup.output / REFERENCE
+    _say(f"straight run: {setup.num_ranks} rank(s), output in {run_dir / LOG}")
+    fault_plan = setup.output / REFERENCE_PLAN if with_nans else None
+    code = _launch(straight, setup.train, run_dir, fault_plan)
+    if code != ExitCode.OK:
+        raise GoodputError(
+            run_dir / LOG,
+            f"the straight run failed (goodput launch exited {code}) before any fault",
+            "fix what its log says: the campaign needs a config that trains",
+        )
+    return _read_run(run_dir)
+
+
+def _report(
+    options: CampaignOptions, setup: _Setup, reference: _Run, code: int, idle_timeout_s: float
+) -> Report:
+    """The faulted run read back, accounted for and compared (when it finished)."""
+    run = _read_run(setup.output / FAULTED)
+    fired = records.read_fired(setup.output / FIRED)
+    unfinished, comparison = None, None
+    if code != ExitCode.OK:
+        reason = run.attempts[-1].reason if run.attempts else None
+        unfinished = f"the faulted run did not finish: goodput launch exited {code}" + (
+            f" ({reason})" if reason else ""
+        )
+    else:
+        comparison = _compare(setup.output, setup.num_steps, reference, run)
+    return Report(
+        config=str(options.config),
+        output=str(setup.output / REPORT),
+        seed=options.seed,
+        num_ranks=setup.num_ranks,
+        kinds=setup.kinds,
+        notes=tuple(setup.notes),
+        idle_timeout_s=idle_timeout_s,
+        faults=tuple(accounting.fault_outcomes(setup.faults, fired, run.spans)),
+        attempts=tuple(run.attempts),
+        faulted=accounting.account(run.spans, fired),
+        reference=accounting.account(reference.spans, ()),
+        unfinished=unfinished,
+        comparison=comparison,
+    )
+
+
+def _check_config(cfg: RunConfig) -> None:
+    if cfg.checkpoint.resume != "auto":
+        raise GoodputError.usage(
+            "checkpoint.resume",
+            f"is {cfg.checkpoint.resume!r}: the faulted run must resume from its own saves",
+            "set checkpoint.resume=auto (the default)",
+        )
+    if cfg.checkpoint.local_dir:
+        raise GoodputError.usage(
+            "checkpoint.local_dir",
+            "is set: a campaign's runs resume from their own saves, not a node-local copy",
+            "remove local_dir from the config's [checkpoint] table for the campaign",
+        )
+
+
+def _kinds(asked: tuple[str, ...] | None, num_spares: int) -> tuple[tuple[str, ...], list[str]]:
+    if asked is not None:
+        return asked, []
+    if num_spares:
+        return faults.KINDS, []
+    note = "bad-node left out: this launch has no spare host to replace a bad one"
+    return tuple(kind for kind in faults.KINDS if kind != "bad-node"), [note]
+
+
+def _check_spares(dealt: list[str], num_spares: int) -> None:
+    num_bad_nodes = dealt.count("bad-node")
+    if num_bad_nodes > num_spares:
+        raise GoodputError.usage(
+            "--kinds",
+            f"{num_bad_nodes} bad-node fault(s) need as many spare hosts; this launch has "
+            f"{num_spares}",
+            "run inside a job with spare hosts (-- --nhosts N of a larger allocation), or "
+            "leave bad-node out of --kinds",
+        )
+
+
+def _claim(output: Path) -> None:
+    """Make ``output`` ours: new, empty, or a campaign folder whose previous entries go."""
+    if output.exists() and not output.is_dir():
+        raise GoodputError.usage(output, "is a file", "pass a folder to --output")
+    if output.is_dir() and any(output.iterdir()) and not (output / MARKER).is_file():
+        raise GoodputError.usage(
+            output,
+            f"is not empty and holds no {MARKER}: it is not a chaos campaign's folder",
+            "pass a new or empty folder to --output",
+        )
+    for name in OURS:
+        path = output / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    output.mkdir(parents=True, exist_ok=True)
+
+
+def _campaign_record(options: CampaignOptions, setup: _Setup) -> dict[str, object]:
+    return {
+        "config": str(options.config),
+        "overrides": list(options.overrides),
+        "perturb": list(options.perturb),
+        "seed": options.seed,
+        "faults": [dataclasses.asdict(fault) for fault in setup.faults],
+        "notes": list(setup.notes),
+        "output": str(setup.output),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _TrainCommand:
+    """``python -m goodput train CONFIG OVERRIDES... train.run_dir=RUN`` for one run."""
+
+    config: Path
+    overrides: tuple[str, ...]
+    own_checkpoint_folder: bool  # the config names checkpoint.folder: each run gets its own
+
+    def argv(self, run_dir: Path) -> tuple[str, ...]:
+        placed = [f"train.run_dir={json.dumps(str(run_dir))}"]
+        if self.own_checkpoint_folder:
+            folder = rundir.checkpoints_dir(run_dir)
+            placed.append(f"checkpoint.folder={json.dumps(str(folder))}")
+        goodput = (sys.executable, "-m", "goodput", "train")
+        return (*goodput, str(self.config.absolute()), *self.overrides, *placed)
+
+
+def _launch(
+    options: LaunchOptions, train: _TrainCommand, run_dir: Path, fault_plan: Path | None
+) -> int:
+    """One run through ``goodput.launch.run``, its ranks' output to RUN/launch.log only; its
+    exit code."""
+    launch = dataclasses.replace(
+        options, command=train.argv(run_dir), run_dir=run_dir, log=run_dir / LOG
+    )
+    with (
+        _fault_plan(fault_plan),
+        open(os.devnull, "w") as quiet,
+        contextlib.redirect_stdout(quiet),
+    ):
+        code = int(launch_run(launch))
+    if code == ExitCode.INTERRUPTED:  # Ctrl-C: the campaign stops too, as goodput launch does
+        raise KeyboardInterrupt
+    return code
+
+
+@contextlib.contextmanager
+def _fault_plan(path: Path | None) -> Iterator[None]:
+    """``GOODPUT_FAULTS`` set to ``path`` (unset: None) for the ranks to inherit; restored after."""
+    before = os.environ.pop(faults.ENV_VAR, None)
+    if path is not None:
+        os.environ[faults.ENV_VAR] = str(path)
+    try:
+        yield
+    finally:
+        os.environ.pop(faults.ENV_VAR, None)
+        if before is not None:
+            os.environ[faults.ENV_VAR] = before
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    attempts: list[AttemptRecord]
+    steps: list[records.StepRecord]
+    spans: list[accounting.Span]
+
+
+def _read_run(run_dir: Path) -> _Run:
+    attempts = read_attempts(run_dir / rundir.ATTEMPTS)
+    steps = records.read_step_records(run_dir / rundir.METRICS)
+    loads = records.read_resume_loads(run_dir / LOG)
+    return _Run(attempts, steps, accounting.spans(attempts, steps, loads))
+
+
+def _compare(output: Path, num_steps: int, reference: _Run, faulted: _Run) -> compare.Comparison:
+    parts = compare.compare_checkpoints(
+        compare.final_checkpoint(output / REFERENCE, num_steps),
+        compare.final_checkpoint(output / FAULTED, num_steps),
+    )
+    return compare.Comparison(
+        losses=compare.compare_losses(reference.steps, faulted.steps, num_steps), **parts
+    )
+
+
+def _idle_timeout_s(spans: list[accounting.Span]) -> float:
+    (span,) = spans  # the straight run: one attempt
+    startup_s = span.steps[0].time - span.started if span.steps else span.ended - span.started
+    slowest_s = max((step.step_time_s for step in span.steps), default=0.0)
+    return max(MIN_IDLE_TIMEOUT_S, IDLE_TIMEOUT_FACTOR * max(startup_s, slowest_s))
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def _say(text: str) -> None:
+    print(f"chaos: {text}", file=sys.stderr, flush=True)

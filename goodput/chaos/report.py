@@ -1,0 +1,221 @@
+"""A campaign's report: one value, printed as tables for a person and written as JSON for tools.
+
+It holds what was asked and changed (config, seed, ranks, the interval chaos had to set, the
+idle timeout), each fault and what became of it (``accounting.FaultOutcome``), the attempts and
+their classes, the goodput of the faulted and the straight run with the breakdown of the rest,
+and the verdict: whether the final state is bitwise equal to the straight run's, every planned
+fault fired and the faulted run finished. ``passed`` is that verdict; ``goodput chaos`` exits 0
+only when it holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from goodput.chaos.accounting import FaultOutcome, Goodput
+from goodput.chaos.compare import PARTS, Comparison
+from goodput.io import write_json
+from goodput.launch.history import AttemptRecord
+
+BREAKDOWN = (
+    ("recomputed_s", "recomputed steps"),
+    ("detection_s", "detection"),
+    ("backoff_s", "backoff"),
+    ("startup_s", "start-up"),
+    ("load_s", "load"),
+    ("other_s", "other"),
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Report:
+    config: str
+    output: str
+    seed: int
+    num_ranks: int
+    kinds: tuple[str, ...]
+    notes: tuple[str, ...]  # what chaos changed or left out, and why
+    idle_timeout_s: float | None
+    faults: tuple[FaultOutcome, ...]
+    attempts: tuple[AttemptRecord, ...]
+    faulted: Goodput
+    reference: Goodput
+    unfinished: str | None  # why the faulted run did not finish; None when it did
+    comparison: Comparison | None  # None when there was nothing to compare
+
+    @property
+    def unfired(self) -> list[FaultOutcome]:
+        return [outcome for outcome in self.faults if outcome.fired is None]
+
+    @property
+    def passed(self) -> bool:
+        return (
+            self.unfinished is None
+            and not self.unfired
+            and self.comparison is not None
+            and self.comparison.equal
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config": self.config,
+            "output": self.output,
+            "seed": self.seed,
+            "num_ranks": self.num_ranks,
+            "kinds": list(self.kinds),
+            "notes": list(self.notes),
+            "idle_timeout_s": self.idle_timeout_s,
+            "faults": [_outcome_json(outcome) for outcome in self.faults],
+            "attempts": [record.to_json() for record in self.attempts],
+            "goodput": {
+                "faulted": _goodput_json(self.faulted),
+                "straight": _goodput_json(self.reference),
+            },
+            "unfinished": self.unfinished,
+            "comparison": None if self.comparison is None else _comparison_json(self.comparison),
+            "passed": self.passed,
+        }
+
+
+def write_report(path: Path, report: Report) -> None:
+    write_json(path, report.to_json())
+
+
+def _outcome_json(outcome: FaultOutcome) -> dict[str, Any]:
+    fields = dataclasses.asdict(outcome)
+    fault, fired = fields.pop("fault"), fields.pop("fired")
+    return {**fault, "fired_step": fired["step"] if fired else None, **fields}
+
+
+def _goodput_json(goodput: Goodput) -> dict[str, Any]:
+    return {**dataclasses.asdict(goodput), "goodput": goodput.goodput}
+
+
+def _comparison_json(comparison: Comparison) -> dict[str, Any]:
+    return {
+        "equal": comparison.equal,
+        "first_difference": comparison.first_difference,
+        **{part: getattr(comparison, part) for part in PARTS},
+    }
+
+
+def format_report(report: Report) -> str:
+    """The report as a person reads it: the faults, the attempts, goodput, the verdict."""
+    lines = [
+        f"chaos: {report.config}, {len(report.faults)} fault(s) of {', '.join(report.kinds)}, "
+        f"seed {report.seed}, {report.num_ranks} rank(s); report in {report.output}",
+        *(f"  note: {note}" for note in report.notes),
+        "",
+        *_fault_table(report.faults),
+        "",
+        *_attempt_table(report.attempts),
+        "",
+        *_goodput_lines(report.faulted, report.reference),
+        "",
+        *_verdict_lines(report),
+    ]
+    return "\n".join(lines)
+
+
+def _fault_table(faults: Sequence[FaultOutcome]) -> list[str]:
+    header = (
+        "id", "kind", "rank", "step", "fired", "at", "attempt", "detection", "backoff",
+        "start-up", "load", "1st step", "lost", "recovery",
+    )  # fmt: skip
+    rows = [header]
+    for outcome in faults:
+        fault, fired = outcome.fault, outcome.fired
+        rows.append(
+            (
+                str(fault.id),
+                fault.kind,
+                str(fault.rank),
+                str(fault.step),
+                f"step {fired.step}" if fired else "NEVER",
+                _seconds(outcome.at_s),
+                _count(outcome.attempt),
+                _seconds(outcome.detection_s),
+                _seconds(outcome.backoff_s),
+                _seconds(outcome.startup_s),
+                _seconds(outcome.load_s),
+                _seconds(outcome.first_step_s),
+                _count(outcome.steps_lost),
+                _seconds(outcome.recovery_s),
+            )
+        )
+    return ["faults (times in seconds; recovery = fault -> first step back)", *_columns(rows)]
+
+
+def _attempt_table(attempts: Sequence[AttemptRecord]) -> list[str]:
+    rows = [("attempt", "class", "exit", "steps", "gained", "wait", "evidence / reason")]
+    for record in attempts:
+        steps = f"{record.first_step}-{record.last_step}" if record.first_step else "-"
+        why = "; ".join(item.said.splitlines()[-1][:80] for item in record.evidence)
+        rows.append(
+            (
+                str(record.attempt),
+                record.class_,
+                str(record.exit_code),
+                steps,
+                str(record.steps_gained),
+                _seconds(record.wait_s),
+                "; ".join(filter(None, (why, record.reason))),
+            )
+        )
+    return ["attempts (the faulted run's attempts.jsonl)", *_columns(rows)]
+
+
+def _goodput_lines(faulted: Goodput, reference: Goodput) -> list[str]:
+    rest = ", ".join(f"{name} {getattr(faulted, key):.2f} s" for key, name in BREAKDOWN)
+    return [
+        f"goodput {faulted.goodput:.3f} (straight run {reference.goodput:.3f}): "
+        f"{faulted.productive_s:.2f} s of {faulted.num_steps} steps in {faulted.wall_s:.2f} s "
+        f"(straight run {reference.wall_s:.2f} s); {faulted.num_step_runs - faulted.num_steps} "
+        "step(s) run again",
+        f"  the rest: {rest}",
+    ]
+
+
+def _verdict_lines(report: Report) -> list[str]:
+    lines = []
+    if report.unfinished is not None:
+        lines.append(f"FAILED: {report.unfinished}")
+    for outcome in report.unfired:
+        fault = outcome.fault
+        lines.append(
+            f"FAILED: fault {fault.id} ({fault.kind} at step {fault.step} on rank {fault.rank}) "
+            "never fired: the campaign did not test it"
+        )
+    comparison = report.comparison
+    if comparison is not None and comparison.equal:
+        lines.append(
+            "final state against the straight run: bitwise equal (losses of every step run, "
+            "weights, optimizer state, RNG state of every rank, train state)"
+        )
+    elif comparison is not None:
+        lines.append("FAILED: final state against the straight run: DIFFERENT")
+        for part in PARTS:
+            difference = getattr(comparison, part)
+            lines.append(f"  {part}: {'equal' if difference is None else difference}")
+    return lines
+
+
+def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  "
+        + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)

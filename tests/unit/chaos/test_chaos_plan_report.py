@@ -1,0 +1,321 @@
+"""The parts of a chaos campaign that need no faulted run: the plan drawn from a seed, the goodput
+accounting of a hand-made run (attempts, metrics, fired records, resume lines written as the
+launcher and the trainer write them), the strict readers, and the bitwise comparison of real
+tiny training runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import torch
+
+from goodput import rundir
+from goodput.chaos import accounting, compare, plan, records
+from goodput.chaos.faults import IN_SAVE, KINDS, Fault, load_plan
+from goodput.config import to_toml
+from goodput.errors import GoodputError
+from goodput.launch.history import AttemptRecord, read_attempts, timestamp
+from goodput.testing.jobs import outside_any_job
+from goodput.testing.tiny import tiny_run_config
+
+# --- the plan -------------------------------------------------------------------------------
+
+
+def draw(seed: int, num_faults: int = 8, kinds=KINDS, steps: int = 300, interval: int = 10):
+    dealt = plan.deal_kinds(num_faults, kinds, seed)
+    return plan.draw_faults(dealt, num_steps=steps, interval_steps=interval, num_ranks=4, seed=seed)
+
+
+def test_the_same_seed_draws_the_same_plan_and_another_seed_another():
+    assert draw(7) == draw(7)
+    assert len({tuple(draw(seed)) for seed in range(20)}) == 20
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_plan_keeps_its_bounds(seed):
+    steps, interval = 97, 9
+    faults = draw(seed, num_faults=10, steps=steps, interval=interval)
+    assert [fault.id for fault in faults] == list(range(10))
+    assert [fault.step for fault in faults] == sorted({fault.step for fault in faults})  # distinct
+    assert all(1 <= fault.step < steps and 0 <= fault.rank < 4 for fault in faults)
+    # A save fault sits on a periodic save before the last step, one fault per save.
+    save_steps = [fault.step for fault in faults if fault.kind in IN_SAVE]
+    assert all(step % interval == 0 for step in save_steps)
+    counts = Counter(fault.kind for fault in faults)
+    assert set(counts) == set(KINDS) and max(counts.values()) - min(counts.values()) <= 1
+
+
+def test_kinds_are_dealt_evenly_and_only_from_those_asked():
+    faults = draw(3, num_faults=7, kinds=("kill", "nan"))
+    assert sorted(Counter(f.kind for f in faults).values()) == [3, 4]
+
+
+def test_the_written_plan_is_one_the_trainer_reads(tmp_path):
+    faults = draw(5)
+    plan.write_plan(tmp_path / "plan.json", faults, tmp_path / "fired")
+    loaded = load_plan({"GOODPUT_FAULTS": str(tmp_path / "plan.json")})
+    assert loaded is not None and loaded.faults == faults
+    assert loaded.fired_dir == tmp_path / "fired"
+
+
+def test_the_interval_is_set_only_when_the_config_saves_too_rarely():
+    assert plan.interval_needed(300, 2, 100) is None  # saves at 100 and 200: enough
+    assert plan.interval_needed(300, 3, 100) == 30  # three save faults need three saves
+    assert plan.interval_needed(300, 0, 0) == 30  # never saving: no final checkpoint
+    assert plan.interval_needed(40, 5, 0) == 4
+    assert plan.interval_needed(8, 7, 0) == 1
+
+
+def test_a_plan_that_cannot_fit_is_a_usage_error_naming_faults():
+    with pytest.raises(GoodputError) as refused:
+        draw(0, num_faults=12, kinds=("kill",), steps=10)
+    assert refused.value.where == "--faults" and refused.value.code == 2
+    with pytest.raises(GoodputError, match="checkpoint faults need"):
+        draw(0, num_faults=3, kinds=("save-fail",), steps=30, interval=10)  # saves 10 and 20
+
+
+# --- the accounting -------------------------------------------------------------------------
+
+T0 = 1_700_000_000.0
+
+
+def at(offset: float) -> str:
+    return timestamp(datetime.fromtimestamp(T0 + offset, UTC))
+
+
+def attempt(number, started, ended, first, last, *, success, wait_s=None):
+    return AttemptRecord(
+        attempt=number,
+        of=None,
+        job=None,
+        class_="success" if success else "error",
+        exit_code=0 if success else 137,
+        timed_out=False,
+        first_failure_label=None if success else "rank1",
+        started=at(started),
+        first_step_at=at(started + 1),
+        ended=at(ended),
+        steps_seen=last - first + 1,
+        first_step=first,
+        last_step=last,
+        steps_gained=last - first + 1,
+        hosts=("localhost",),
+        evidence=(),
+        replaced={},
+        spares_left=(),
+        decision="stop" if success else "retry",
+        reason="done" if success else None,
+        wait_s=wait_s,
+    )
+
+
+def step_line(step: int, end: float, step_time_s: float = 1.0) -> str:
+    record = {"step": step, "loss": 4.0 - step / 10, "step_time_s": step_time_s, "time": T0 + end}
+    return json.dumps({**record, "grad_norm": 1.0, "mfu": None}) + "\n"
+
+
+@pytest.fixture
+def killed_once(tmp_path) -> Path:
+    """Attempt 1: 2 s start-up, steps 1-5 of 1 s, a kill at 7.25 s (checkpoint at step 4), ended
+    at 7.5 s; wait 0.5 s, 0.25 s of classifying. Attempt 2 from 8.25 s: resumes from step 4 with
+    a 0.5 s load, starts step 5 at 9.75 s, steps 5-8, a failed save at 11.8 s, ends at 14.25 s.
+    Written as the launcher, the trainer and the fault hooks write them."""
+    history = [
+        attempt(1, 0.0, 7.5, 1, 5, success=False, wait_s=0.5),
+        attempt(2, 8.25, 14.25, 5, 8, success=True),
+    ]
+    (tmp_path / rundir.ATTEMPTS).write_text(
+        "".join(json.dumps(r.to_json()) + "\n" for r in history)
+    )
+    ends = [3, 4, 5, 6, 7, 10.75, 11.75, 12.75, 13.75]
+    steps = [1, 2, 3, 4, 5, 5, 6, 7, 8]
+    (tmp_path / rundir.METRICS).write_text("".join(map(step_line, steps, ends)))
+    (tmp_path / "launch.log").write_text(
+        "[rank0] blend: ...\n"
+        "[rank0] resume: from /run/checkpoints/step-00000004 (step 4) loaded in 0.50 s; "
+        "checksums of 0.00 GB checked in 0.01 s\n"
+        "[rank0] step=5 loss=3.5\n"
+    )
+    fired = tmp_path / "fired"
+    fired.mkdir()
+    for fault_id, kind, step, when in ((0, "kill", 5, 7.25), (1, "save-fail", 6, 11.8)):
+        record = {"id": fault_id, "kind": kind, "step": step, "rank": 1, "time": T0 + when}
+        (fired / f"{fault_id}.json").write_text(json.dumps(record))
+    (fired / ".2.json.abc.tmp").write_text("{")  # an atomic write's temp file: not a record
+    return tmp_path
+
+
+def read_run(run_dir: Path):
+    attempts = read_attempts(run_dir / rundir.ATTEMPTS)
+    steps = records.read_step_records(run_dir / rundir.METRICS)
+    loads = records.read_resume_loads(run_dir / "launch.log")
+    fired = records.read_fired(run_dir / "fired")
+    return accounting.spans(attempts, steps, loads), fired
+
+
+def test_goodput_and_every_part_of_the_rest_from_what_the_run_recorded(killed_once):
+    spans, fired = read_run(killed_once)
+    assert [span.load_s for span in spans] == [0.0, 0.5]
+    result = accounting.account(spans, fired)
+    expected = {
+        "wall_s": 14.25,
+        "productive_s": 8.0,  # steps 1-4 of attempt 1, 5-8 of attempt 2
+        "recomputed_s": 1.0,  # step 5 of attempt 1
+        "detection_s": 0.5,  # kill at 7.25 -> end at 7.5, + 0.25 s between attempts
+        "backoff_s": 0.5,
+        "load_s": 0.5,
+        "startup_s": 3.0,  # 2.0 + (9.75 - 8.25 - 0.5)
+        "other_s": 0.75,  # step 5's end -> the kill (0.25), the final exit (0.5)
+    }
+    for key, value in expected.items():
+        assert getattr(result, key) == pytest.approx(value, abs=2e-3), key
+    assert result.goodput == pytest.approx(8.0 / 14.25, abs=1e-3)
+    assert (result.num_steps, result.num_step_runs) == (8, 9)
+
+
+def test_each_fault_gets_its_detection_loss_and_recovery(killed_once):
+    spans, fired = read_run(killed_once)
+    planned = [
+        Fault(0, "kill", 5, 1),
+        Fault(1, "save-fail", 6, 1),
+        Fault(2, "hang", 7, 0),  # never fired
+    ]
+    kill, save_fail, hang = accounting.fault_outcomes(planned, fired, spans)
+    assert kill.attempt == 1 and kill.steps_lost == 1  # ran to 5, resumed from 4
+    figures = {
+        "at_s": 7.25,
+        "detection_s": 0.5,
+        "backoff_s": 0.5,
+        "startup_s": 1.0,
+        "load_s": 0.5,
+        "first_step_s": 1.0,
+        "recovery_s": 3.5,  # the fault at 7.25 -> step 5 back at 10.75
+    }
+    for key, value in figures.items():
+        assert getattr(kill, key) == pytest.approx(value, abs=2e-3), key
+    assert save_fail.attempt == 2 and save_fail.fired.step == 6
+    assert save_fail.recovery_s is None and save_fail.steps_lost is None  # the run went on
+    assert hang.fired is None and hang.attempt is None
+
+
+def test_a_straight_run_is_start_up_steps_and_its_exit(tmp_path):
+    (tmp_path / rundir.ATTEMPTS).write_text(
+        json.dumps(attempt(1, 0.0, 6.5, 1, 3, success=True).to_json()) + "\n"
+    )
+    (tmp_path / rundir.METRICS).write_text("".join(map(step_line, [1, 2, 3], [3, 4.5, 6])))
+    spans, _ = read_run(tmp_path)
+    result = accounting.account(spans, [])
+    assert result.productive_s == pytest.approx(3.0)
+    assert result.startup_s == pytest.approx(2.0, abs=2e-3)
+    assert result.other_s == pytest.approx(1.5, abs=2e-3)  # 0.5 s between steps twice, exit
+    assert result.detection_s == result.backoff_s == result.recomputed_s == 0
+
+
+# --- the readers ----------------------------------------------------------------------------
+
+
+def test_a_metrics_line_that_is_not_a_step_record_is_refused_by_file_and_line(tmp_path):
+    path = tmp_path / rundir.METRICS
+    path.write_text(step_line(1, 1) + '{"step": 2, "loss": 1.0, "time": 5}\n')
+    with pytest.raises(GoodputError) as refused:
+        records.read_step_records(path)
+    assert refused.value.where == f"{path}:2" and "step_time_s" in refused.value.what
+
+
+def test_a_fired_record_must_be_what_the_hooks_write(tmp_path):
+    (tmp_path / "3.json").write_text(
+        json.dumps({"id": 4, "kind": "kill", "step": 1, "rank": 0, "time": 1.0})
+    )
+    with pytest.raises(GoodputError, match="another fault's id"):
+        records.read_fired(tmp_path)
+    (tmp_path / "3.json").write_text(json.dumps({"id": 3, "kind": "kill", "step": 1}))
+    with pytest.raises(GoodputError, match="exactly"):
+        records.read_fired(tmp_path)
+    assert records.read_fired(tmp_path / "absent") == []
+
+
+# --- the comparison -------------------------------------------------------------------------
+
+
+def test_tensors_are_compared_bit_for_bit():
+    nan = torch.tensor([1.0, float("nan")])
+    assert compare.tensor_difference(nan, nan.clone()) is None
+    assert "element (0,)" in compare.tensor_difference(torch.zeros(2), -torch.zeros(2))
+    found = compare.tensor_difference(
+        torch.ones(2, 3), torch.ones(2, 3).index_fill(1, torch.tensor([2]), 2)
+    )
+    assert found == "element (0, 2): 2.0 against the reference's 1.0"
+    assert "float64" in compare.tensor_difference(torch.ones(2), torch.ones(2, dtype=torch.float64))
+
+
+@pytest.fixture(scope="module")
+def three_runs(tmp_path_factory) -> dict[str, Path]:
+    """The tiny config trained three times as one process: twice alike, once with another
+    model seed."""
+    base = tmp_path_factory.mktemp("runs")
+    cfg = tiny_run_config(base)
+    cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, interval_steps=4))
+    config = base / "run.toml"
+    config.write_text(to_toml(cfg))
+    runs = {}
+    for name, extra in (("a", []), ("b", []), ("seed", ["train.seed=1"])):
+        run_dir = base / name
+        argv = [sys.executable, "-m", "goodput", "train", str(config), f"train.run_dir={run_dir}"]
+        result = subprocess.run(
+            [*argv, *extra], env=outside_any_job(), capture_output=True, text=True, timeout=240
+        )
+        assert result.returncode == 0, result.stderr
+        runs[name] = run_dir
+    return runs
+
+
+def compare_runs(reference: Path, other: Path) -> compare.Comparison:
+    parts = compare.compare_checkpoints(
+        compare.final_checkpoint(reference, 8), compare.final_checkpoint(other, 8)
+    )
+    losses = compare.compare_losses(
+        records.read_step_records(reference / rundir.METRICS),
+        records.read_step_records(other / rundir.METRICS),
+        8,
+    )
+    return compare.Comparison(losses=losses, **parts)
+
+
+def test_two_runs_of_one_config_are_bitwise_equal(three_runs):
+    found = compare_runs(three_runs["a"], three_runs["b"])
+    assert found.equal and found.first_difference is None
+
+
+def test_another_seed_differs_from_its_first_step_and_in_every_part(three_runs):
+    found = compare_runs(three_runs["a"], three_runs["seed"])
+    assert not found.equal
+    assert found.first_difference.startswith("losses: step 1: ")
+    assert found.weights.startswith("model.embedding.weight: element (0, 0): ")
+    assert found.optimizer is not None
+    assert found.rng is not None  # the seed seeds the generators too
+    assert found.train_state is None  # same data, same optimizer settings
+
+
+def test_a_repeated_step_must_repeat_its_loss(three_runs):
+    reference = records.read_step_records(three_runs["a"] / rundir.METRICS)
+    resumed = [*reference[:5], *reference[3:]]  # steps 4 and 5 run again, as after a resume
+    assert compare.compare_losses(reference, resumed, 8) is None
+    changed = replace(resumed[4], loss=resumed[4].loss + 1e-7)  # step 5's first run
+    found = compare.compare_losses(reference, [*resumed[:4], changed, *resumed[5:]], 8)
+    assert found.startswith("step 5: ")
+    assert (
+        compare.compare_losses(reference, reference[:7], 8)
+        == "the faulted run has no loss of step 8"
+    )
+
+
+def test_a_run_without_its_final_checkpoint_is_refused(three_runs, tmp_path):
+    with pytest.raises(GoodputError, match="did not save its last step"):
+        compare.final_checkpoint(three_runs["a"], 9)
