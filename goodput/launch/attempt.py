@@ -2,7 +2,8 @@
 
 Every process starts in its own session, so a signal to its process group also reaches what it
 spawned (data-loader workers, compiler daemons). The attempt ends when every process has exited,
-or is cut short — SIGTERM to each group, SIGKILL to whatever is left ``grace_s`` later — when:
+or is cut short — SIGTERM (and SIGCONT, which wakes a stopped process to act on it) to each
+group, SIGKILL to whatever is left ``grace_s`` later — when:
   - no process printed anything for ``idle_timeout_s`` (the idle watchdog, exit 124): a hung
     collective keeps every rank alive by ``kill -0`` but quiets its output;
   - one process failed while others still run, since the others would wait on the dead rank
@@ -177,6 +178,10 @@ class _Attempt:
         Groups whose leader already exited are signalled too: what they left behind goes."""
         num_signals = len(received)
         self._signal_groups(signal.SIGTERM)
+        # A stopped process (SIGSTOP, a debugger) acts on its SIGTERM only once it runs again;
+        # woken, a stopped rank rejoins its peers' collective and they can all save and exit
+        # at once instead of waiting out the grace.
+        self._signal_groups(signal.SIGCONT)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and len(received) == num_signals:
             if all(p.poll() is not None for _, p in self.running) and not any(

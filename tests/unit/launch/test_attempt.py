@@ -145,6 +145,23 @@ def test_a_process_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
     assert eventually_dead(pids_of(tmp_path))
 
 
+def test_a_stopped_process_is_woken_to_act_on_its_sigterm(tmp_path):
+    # A rank stopped by SIGSTOP (goodput chaos's "hang") would sit out the whole grace period;
+    # woken by SIGCONT it handles SIGTERM (here: exits at once) and the attempt ends early.
+    body = """
+        import os, pathlib, signal, sys
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        pathlib.Path(__file__).with_name("pids").write_text(str(os.getpid()))
+        print("ready", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    """
+    spec = child(tmp_path, body)
+    result = run_attempt([spec], idle_timeout_s=0.5, grace_s=30, out=io.BytesIO())
+    assert (result.exit_code, result.timed_out) == (124, True)
+    assert result.duration_s < 0.5 + SLACK_S  # not 30 s of grace
+    assert eventually_dead(pids_of(tmp_path))
+
+
 def test_one_crash_stops_the_other_ranks(tmp_path):
     hanging = child(tmp_path, HANG_WITH_GRANDCHILD, label="0")
     # Crashes once rank 0 is up, so that there is something to stop.
