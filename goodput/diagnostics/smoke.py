@@ -64,7 +64,10 @@ from goodput.train.config import RunConfig
 from goodput.train.device import detect_device_type, device_name
 
 DEVICE_TOLERANCE = 1e-3  # relative, loss and grad_norm off CPU: a wrong reduction is far above it
-PEAK_MEMORY_TOLERANCE = 0.2  # relative; CPU RSS moved by up to 7% between two runs
+# Relative. CPU RSS moved by up to 7% between two runs in one venv and by 17-22% between a fresh
+# venv (a CI clone) and the one the demo baseline was recorded in: a gross leak or a doubled
+# activation footprint is what this can catch, not a few percent.
+PEAK_MEMORY_TOLERANCE = 0.5
 NOT_COMPARED = "(a path on the recording machine: not compared)"
 # Whatever would make the child a rank of some job rather than a single process.
 PLACEMENT_VARIABLES = frozenset(name for source in RANK_SOURCES for name in source[1:]) | frozenset(

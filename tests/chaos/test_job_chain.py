@@ -157,7 +157,10 @@ def test_a_two_rank_training_chain_finishes_across_walltime_kills(tmp_path):
     # queued successor, if it had one.
     last = max(i for i, state in enumerate(states) if state != "CANCELLED")
     assert last >= 1, f"one job finished {steps} steps: raise TRAIN_S ({states})"
-    assert states[:last] == ["TIMEOUT"] * last and states[last] == "COMPLETED"
+    # Slurm enforces time limits every 30 s, so the job that wrote done as its minute ran out may
+    # still read TIMEOUT; done, its log and its attempt record below say it finished the run.
+    assert states[:last] == ["TIMEOUT"] * last and states[last] in ("COMPLETED", "TIMEOUT")
+    assert "the run is complete" in _job_log(run_dir, jobs[last][0])
     assert states[last + 1 :] in ([], ["CANCELLED"])
     assert (run_dir / "done").exists()
 

@@ -102,7 +102,7 @@ def test_a_rerun_matches_its_record_even_inside_a_job(recorded):
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == (
         f"smoke: OK: {NUM_STEPS} steps match {record} (loss and grad_norm bit for bit, peak "
-        f"memory within 20%; environment: no differences seen)"
+        f"memory within 50%; environment: no differences seen)"
     )
 
 
