@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
 import sys
@@ -359,7 +360,8 @@ def _idle_timeout_s(spans: list[accounting.Span]) -> float:
     (span,) = spans  # the straight run: one attempt
     startup_s = span.steps[0].time - span.started if span.steps else span.ended - span.started
     slowest_s = max((step.step_time_s for step in span.steps), default=0.0)
-    return max(MIN_IDLE_TIMEOUT_S, IDLE_TIMEOUT_FACTOR * max(startup_s, slowest_s))
+    derived = max(MIN_IDLE_TIMEOUT_S, IDLE_TIMEOUT_FACTOR * max(startup_s, slowest_s))
+    return math.ceil(derived * 10) / 10  # to 0.1 s up, as the launcher and the report print it
 
 
 def _or(value: float | None, default: float) -> float:
