@@ -76,11 +76,12 @@ def register(groups: Subparsers) -> None:
 
 def _submit(args: argparse.Namespace) -> ExitCode:
     from goodput.launch import submit
+    from goodput.launch.run import named_run_dir
 
     launch_line = after_dashes(args.cmd)
     submit.check_launch_line(launch_line)
     options, profile = _check_launch_options(launch_line[2:])
-    launch_run_dir = options.run_dir or (options.log.parent if options.log else None)
+    launch_run_dir = named_run_dir(options)
     chain = submit.Chain(
         scheduler=args.scheduler or submit.detect_scheduler(),
         run_dir=args.run_dir.absolute(),

@@ -60,16 +60,24 @@ def load_profile(options: LaunchOptions) -> launchers.ProfileConfig:
     )
 
 
+def named_run_dir(options: LaunchOptions) -> Path | None:
+    """The run folder the options name: ``--run-dir``, else the ``--log``'s folder."""
+    return options.run_dir or (options.log.parent if options.log else None)
+
+
+def default_run_dir(job_id: str | None) -> Path:
+    """The run folder when the options name none: ``launch-JOBID`` in the working folder."""
+    return Path(f"launch-{job_id or 'local'}")
+
+
 def run(options: LaunchOptions, *, dry_run: bool = False) -> ExitCode:
     """Launch ``options.command``; the exit code of ``goodput launch``: the last attempt's when
     ``ExitCode`` names it, else 1 (a death by signal: ``attempts.jsonl`` keeps the number).
     ``dry_run`` prints the command line(s) and writes nothing."""
     profile = load_profile(options)
     placement = current_placement()
-    run_dir = (
-        options.run_dir
-        or (options.log.parent if options.log else Path(f"launch-{placement.job_id or 'local'}"))
-    ).absolute()  # the printed command works from any directory
+    # Absolute: the printed command works from any directory.
+    run_dir = (named_run_dir(options) or default_run_dir(placement.job_id)).absolute()
     plan = launchers.plan_launch(
         placement,
         profile,

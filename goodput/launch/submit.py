@@ -52,6 +52,7 @@ from goodput.io import read_text, write_text
 from goodput.launch.env import JOB_ID, MAX_HOSTS
 from goodput.launch.history import read_attempts
 from goodput.launch.launchers import MAX_PPN, ProfileConfig, rank_counts
+from goodput.launch.run import default_run_dir
 
 if TYPE_CHECKING:
     from goodput.launch.run import LaunchOptions
@@ -405,7 +406,7 @@ def check_progress(jobs: Sequence[str], launch_run_dir: Path | None) -> None:
     ``launch_run_dir``'s, else ``launch-JOB`` here, as ``goodput launch`` picks it."""
     if len(jobs) < MAX_STEPLESS_JOBS:
         return
-    accounts = [_account(job, launch_run_dir or Path(f"launch-{job}")) for job in jobs]
+    accounts = [_account(job, launch_run_dir or default_run_dir(job)) for job in jobs]
     if any(gained for gained, _ in accounts):
         return
     raise GoodputError(
