@@ -28,13 +28,9 @@ from torch import nn
 from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import ReadItem
-from torch.distributed.checkpoint.state_dict import (
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
 
 from goodput.checkpoint.metadata import MetadataReader, files_and_sizes, read_metadata
+from goodput.checkpoint.parts import load_into
 from goodput.checkpoint.state import set_rng_state
 from goodput.errors import GoodputError
 from goodput.io import is_complete, read_json, read_text
@@ -108,29 +104,25 @@ def checkpoint_problem(directory: Path) -> str | None:
 
 def load_checkpoint(
     directory: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    parts: list[nn.Module],
+    optimizers: list[torch.optim.Optimizer],
     train_state: dict[str, Any],
     device: torch.device,
 ) -> None:
-    """Load ``directory`` into ``model`` and ``optimizer`` (only the model for a model-only
-    checkpoint, as ``goodput ckpt import-hf`` writes), and this rank's RNG state when the world
-    size is the one it was saved at."""
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    if train_state.get("model_only"):
-        state: dict[str, Any] = {"model": model_state}
-        load_tensors(state, directory)
-        set_model_state_dict(model, state["model"])
-        return
-    state = {"model": model_state, "optim": optimizer_state["state"]}
-    load_tensors(state, directory)
-    optimizer_state = {
-        "state": state["optim"],
-        "param_groups": train_state["optimizer_param_groups"],
-    }
-    set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=optimizer_state
+    """Load ``directory`` into this rank's model ``parts`` and their ``optimizers`` (only the
+    model for a model-only checkpoint, as ``goodput ckpt import-hf`` writes), and this rank's
+    RNG state when the world size is the one it was saved at."""
+    model_only = bool(train_state.get("model_only"))
+    saved_groups = None if model_only else train_state["optimizer_param_groups"]
+    load_into(
+        parts,
+        optimizers,
+        lambda state: load_tensors(state, directory),
+        saved_groups,
+        directory / TRAIN_STATE,
     )
+    if model_only:
+        return
     rank_file = rng_file(directory, dist.get_rank())
     if train_state.get("world_size") == dist.get_world_size() and rank_file.is_file():
         set_rng_state(read_json(rank_file), device, rank_file)

@@ -52,12 +52,12 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.checkpoint.storage import WriteResult
 
 from goodput.chaos.faults import FaultPlan
 from goodput.checkpoint.checksums import file_digests, write_checksums
 from goodput.checkpoint.config import CheckpointConfig
+from goodput.checkpoint.parts import gather
 from goodput.checkpoint.state import rng_state
 from goodput.io import write_json, write_marker, write_text
 from goodput.rundir import (
@@ -198,14 +198,16 @@ class Checkpointer:
     def save(
         self,
         step: int,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
+        parts: list[nn.Module],
+        optimizers: list[torch.optim.Optimizer],
         train_state: dict[str, Any],
         config_toml: str,
         *,
         blocking: bool = False,
     ) -> float:
-        """Save ``step``; return the seconds the caller was held (wait + snapshot)."""
+        """Save ``step`` of this rank's model ``parts`` (one per pipeline stage it runs, else
+        the whole model) and their ``optimizers``; return the seconds the caller was held (wait
+        + snapshot)."""
         start = time.perf_counter()
         self.wait()
         directory = step_dir(self.root, step)
@@ -216,8 +218,8 @@ class Checkpointer:
             except OSError as exc:
                 error = _reason(exc, directory)
         dist.barrier(group=self.group)
-        model_state, optimizer_state = get_state_dict(model, optimizer)
-        train_state = {**train_state, "optimizer_param_groups": optimizer_state["param_groups"]}
+        model_state, optimizer_state, param_groups = gather(parts, optimizers)
+        train_state = {**train_state, "optimizer_param_groups": param_groups}
         if not self._write_small_files(directory, step, train_state, config_toml, error):
             return time.perf_counter() - start
         own_files = [str(rng_file(directory, self.rank).relative_to(directory))]
@@ -231,7 +233,7 @@ class Checkpointer:
         )
         # Tensors only: DCP would pickle anything else (the optimizer's param groups), and
         # reading a pickle back runs code. The param groups went to train_state.json instead.
-        state = {"model": model_state, "optim": optimizer_state["state"]}
+        state = {"model": model_state, "optim": optimizer_state}
         if self.cfg.async_save and not blocking:
             # DCP stages a host copy before returning; the flush runs on its own thread, and so
             # does the finishing (marker, latest, pruning) the moment the flush is through.

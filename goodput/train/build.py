@@ -51,7 +51,9 @@ from goodput.rundir import checkpoints_dir
 from goodput.train.config import BatchPlan, RunConfig
 from goodput.train.mesh import ParallelMesh
 from goodput.train.model import Transformer
+from goodput.train.optim import Optimizers
 from goodput.train.parallelize import parallelize
+from goodput.train.pipeline import Pipeline, build_pipeline, pipeline_microbatches
 
 RECORDED_PACKAGES = ("torch", "numpy", "sentencepiece", "tokenizers", "tensorboard")
 # What goodput launch and goodput submit put into a run directory before its trainer first
@@ -139,8 +141,8 @@ def build_loader(cfg: RunConfig, plan: BatchPlan, mesh: ParallelMesh) -> DataLoa
 def resume(
     cfg: RunConfig,
     choice: CheckpointChoice,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    parts: list[nn.Module],
+    optimizers: Optimizers,
     loader: DataLoader,
     device: torch.device,
 ) -> dict[str, Any] | None:
@@ -149,7 +151,7 @@ def resume(
     chosen = choice.finish()
     if chosen is None:
         if choice.found:  # the model was built empty for a checkpoint that was then refused
-            init_like_fresh(model, cfg, device)
+            init_like_fresh(parts, cfg, device)
         return None
     directory, copies = chosen
     saved, train_state = read_checkpoint(directory)
@@ -163,7 +165,7 @@ def resume(
             train_state["loader"], allow_data_change=cfg.checkpoint.allow_data_change
         )
     start = time.perf_counter()
-    load_checkpoint(directory, model, optimizer, train_state, device)
+    load_checkpoint(directory, parts, optimizers.optimizers, train_state, device)
     if dist.get_rank() == 0:
         print(
             f"resume: from {directory} (step {train_state['step']}) loaded in "
@@ -259,10 +261,18 @@ def _path_or_none(path: Path | None) -> str | None:
 
 
 def build_model(
-    cfg: RunConfig, device: torch.device, mesh: ParallelMesh, *, empty: bool
-) -> nn.Module:
-    """The model on ``device``, laid out on ``mesh``; ``empty``: allocated, not initialised
-    (every parameter is about to be loaded)."""
+    cfg: RunConfig, device: torch.device, mesh: ParallelMesh, plan: BatchPlan, *, empty: bool
+) -> nn.Module | Pipeline:
+    """The model on ``device``, laid out on ``mesh`` — this rank's pipeline stages and their
+    schedule when ``pp`` > 1; ``empty``: allocated, not initialised (every parameter is about
+    to be loaded)."""
+    if mesh.degrees.pp > 1:
+        microbatches = pipeline_microbatches(
+            cfg.parallel, plan.local_batch_size, default=plan.grad_accumulation
+        )
+        return build_pipeline(
+            cfg.model, cfg.parallel, mesh, device, num_microbatches=microbatches, empty=empty
+        )
     with torch.device("meta" if empty else device):
         transformer = Transformer(cfg.model)
     model = parallelize(transformer, cfg.parallel, mesh)  # in place: the same module
@@ -271,14 +281,16 @@ def build_model(
     return model
 
 
-def init_like_fresh(model: nn.Module, cfg: RunConfig, device: torch.device) -> None:
-    """Give an empty-built ``model`` the values a fresh build gives it: drawn from the same
-    seed by a whole model, then copied in (sharded where ``model`` is)."""
+def init_like_fresh(parts: list[nn.Module], cfg: RunConfig, device: torch.device) -> None:
+    """Give empty-built model ``parts`` the values a fresh build gives them: drawn from the
+    same seed by a whole model, then copied in (sharded where the parts are)."""
     torch.manual_seed(cfg.train.seed)
     with torch.device(device):
-        fresh = Transformer(cfg.model)
+        fresh = Transformer(cfg.model).state_dict()
     options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, fresh.state_dict(), options=options)
+    for part in parts:
+        own = {name: fresh[name] for name in part.state_dict()}
+        set_model_state_dict(part, own, options=options)
 
 
 def write_run_record(

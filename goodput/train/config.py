@@ -116,6 +116,7 @@ class RunConfig:
                 f"seq_len {self.train.seq_len} exceeds model.max_seq_len {self.model.max_seq_len}",
                 "lower train.seq_len or raise model.max_seq_len",
             )
+        self.parallel.check_model(self.model, self.train.seq_len)
 
     def _move_deprecated_keys(self) -> None:
         moved = {

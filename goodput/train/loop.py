@@ -38,8 +38,9 @@ from goodput.train.config import RunConfig, plan_batches
 from goodput.train.flops import flops_per_token
 from goodput.train.mesh import build_mesh
 from goodput.train.metrics import Metrics, peak_flops
-from goodput.train.optim import build_optimizer
+from goodput.train.optim import Optimizers
 from goodput.train.parallelize import compute_dtype
+from goodput.train.pipeline import model_parts
 from goodput.train.schedule import learning_rate
 from goodput.train.setup import setup_torch
 from goodput.train.step import SkippedSteps, train_step
@@ -53,18 +54,21 @@ def train(cfg: RunConfig) -> list[float]:
     runtime = setup_torch(seed=cfg.train.seed)
     rank, device = runtime.rank, runtime.device
     try:
-        mesh = build_mesh(cfg.parallel, device)
+        mesh = build_mesh(cfg.parallel, device, runtime.ranks_per_host)
         plan = plan_batches(cfg.train, dp_size=mesh.dp_size)
         run_dir = Path(cfg.train.run_dir)
         decided_by_rank_zero(lambda: require_run_dir(run_dir))  # before anything is written
         loader = build_loader(cfg, plan, mesh)
         # Chosen before the model is built, so its checksums are hashed meanwhile.
         checkpoint_choice = CheckpointChoice(cfg.checkpoint, checkpoint_root(cfg))
-        model = build_model(cfg, device, mesh, empty=checkpoint_choice.found)
-        optimizer = build_optimizer(model, cfg.optim, cfg.schedule.lr)
+        # The whole model, or this rank's pipeline stages and their schedule; parts: the
+        # modules this rank holds (one per stage).
+        model = build_model(cfg, device, mesh, plan, empty=checkpoint_choice.found)
+        parts = model_parts(model)
+        optimizer = Optimizers(parts, cfg.optim, cfg.schedule.lr)
         checkpointer = Checkpointer(cfg.checkpoint, checkpoint_root(cfg), device, faults)
         # Before anything is written: a refused resume must leave the run directory as it was.
-        resumed = resume(cfg, checkpoint_choice, model, optimizer, loader, device)
+        resumed = resume(cfg, checkpoint_choice, parts, optimizer, loader, device)
         start_step = resumed["step"] if resumed else 0
         skips = SkippedSteps.resumed(cfg.train.max_skipped_steps, resumed)
         peak, peak_source = peak_flops(device, compute_dtype(cfg.parallel), cfg.train.peak_tflops)
@@ -147,7 +151,12 @@ def train(cfg: RunConfig) -> list[float]:
                         **skips.state_dict(),
                     }
                     checkpointer.save(
-                        step, model, optimizer, train_state, config_toml, blocking=decision.stops
+                        step,
+                        parts,
+                        optimizer.optimizers,
+                        train_state,
+                        config_toml,
+                        blocking=decision.stops,
                     )
                 if decision.stops:
                     checkpointer.close()

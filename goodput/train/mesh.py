@@ -1,22 +1,32 @@
 """The parallel layout: how the world's ranks split into parallel dimensions, and nowhere else.
 
 ``build_mesh`` reads the degrees of ``[parallel]`` — data parallelism as ``dp_replicate``
-replicas of ``dp_shard`` ranks that shard one replica (FSDP), then ``tp``, ``pp``, ``cp``; ``ep``
-borrows data-parallel ranks and is no factor — fills in the unset data-parallel degree with
-what the world size leaves, checks that the product is the world size, builds the
-``DeviceMesh`` (dimensions ``dp_replicate`` x ``dp_shard``, and their flattening ``dp``) and
-hands out, by name, what each part needs:
+replicas of ``dp_shard`` ranks that shard one replica (FSDP), then ``tp`` and ``pp``; ``cp``
+and ``ep`` are refused as "not yet" when the config is read (``ParallelConfig``) — fills in the
+unset data-parallel degree with what the world size leaves, checks that the product is the world
+size, builds the ``DeviceMesh`` and hands out, by name, what each part needs:
 
 - ``dp_rank``/``dp_size``: which share of the global batch this rank reads (the batch plan,
-  the loader);
+  the loader); every rank of one tensor-parallel group and of one pipeline reads the same share;
 - ``dp_group``: the ranks whose shares together make the global batch: the step counts tokens,
-  sums the loss and, where FSDP does not, the gradients over it;
+  sums the loss and, where FSDP does not, the gradients over it — never over ``tp``, whose
+  ranks hold the same loss (summing over it multiplies the loss by ``tp``; leaving out ``dp``
+  divides it by ``dp``: the seed's "loss 1/12 too low");
 - ``fsdp_mesh``: what ``parallelize`` shards over (``dp_shard``), and replicates over
-  (``dp_replicate``) when there is more than one replica.
+  (``dp_replicate``) when there is more than one replica;
+- ``tp_mesh``: the ranks that split each weight matrix; ``pp_group``/``pp_rank``: the stages of
+  one pipeline.
+
+Rank order. The mesh is ``pp x dp_replicate x dp_shard x tp`` in row-major order: ``tp`` varies
+fastest, so a tensor-parallel group is ``tp`` consecutive ranks. Every launcher goodput drives
+numbers ranks host by host (``srun``'s block distribution, Hydra's ``-ppn``, ``goodput launch``
+locally), so when ``tp`` divides the ranks per host each TP group — an all-reduce inside every
+layer — stays inside one host, and the pipeline's point-to-point sends cross hosts instead.
+``build_mesh`` refuses a ``tp`` that does not divide the ranks per host of a multi-host
+placement.
 
 Invariants: every rank builds the same mesh from the same config; the product of the degrees
-is the world size. Only data parallelism may be > 1 today: the others are refused, as "not
-yet", when the config is read (``ParallelConfig``).
+is the world size.
 """
 
 from __future__ import annotations
@@ -95,8 +105,8 @@ class ParallelMesh:
     """The mesh of one run, and its named parts (see the module docstring)."""
 
     degrees: Degrees
-    device_mesh: DeviceMesh  # dimensions dp_replicate x dp_shard
-    dp_mesh: DeviceMesh  # their flattening: every data-parallel rank
+    device_mesh: DeviceMesh  # dimensions pp x dp_replicate x dp_shard x tp
+    dp_mesh: DeviceMesh  # dp_replicate x dp_shard flattened: every data-parallel rank
 
     @property
     def dp_rank(self) -> int:
@@ -114,16 +124,45 @@ class ParallelMesh:
     def fsdp_mesh(self) -> DeviceMesh:
         """One dimension (shard) for FSDP; two (replicate, shard: HSDP) with replicas."""
         if self.degrees.dp_replicate > 1:
-            return self.device_mesh
+            return self.device_mesh["dp_replicate", "dp_shard"]
         return self.device_mesh["dp_shard"]
 
+    @property
+    def tp_mesh(self) -> DeviceMesh:
+        return self.device_mesh["tp"]
 
-def build_mesh(cfg: ParallelConfig, device: torch.device) -> ParallelMesh:
-    """Collective: the mesh of every rank of the default process group, on ``device``'s type."""
-    degrees = resolve_degrees(cfg, dist.get_world_size())
+    @property
+    def pp_group(self) -> dist.ProcessGroup:
+        return self.device_mesh.get_group("pp")
+
+    @property
+    def pp_rank(self) -> int:
+        return self.device_mesh.get_local_rank("pp")
+
+
+def build_mesh(cfg: ParallelConfig, device: torch.device, ranks_per_host: int) -> ParallelMesh:
+    """Collective: the mesh of every rank of the default process group, on ``device``'s type;
+    ``ranks_per_host``: the placement's (``Runtime.ranks_per_host``)."""
+    world_size = dist.get_world_size()
+    degrees = resolve_degrees(cfg, world_size)
+    check_tp_within_hosts(degrees.tp, world_size, ranks_per_host)
     device_mesh = init_device_mesh(
         device.type,
-        (degrees.dp_replicate, degrees.dp_shard),
-        mesh_dim_names=("dp_replicate", "dp_shard"),
+        (degrees.pp, degrees.dp_replicate, degrees.dp_shard, degrees.tp),
+        mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"),
     )
-    return ParallelMesh(degrees, device_mesh, device_mesh._flatten("dp"))
+    dp_mesh = device_mesh["dp_replicate", "dp_shard"]._flatten("dp")
+    return ParallelMesh(degrees, device_mesh, dp_mesh)
+
+
+def check_tp_within_hosts(tp: int, world_size: int, ranks_per_host: int) -> None:
+    """Refuse a tensor-parallel group that the rank order would split across hosts."""
+    if tp == 1 or world_size <= ranks_per_host or ranks_per_host % tp == 0:
+        return
+    raise GoodputError.usage(
+        "[parallel]",
+        f"tp = {tp} does not divide the {ranks_per_host} ranks per host: a tensor-parallel "
+        "group would span hosts, with an all-reduce inside every layer over the network",
+        f"choose tp dividing {ranks_per_host} (e.g. tp = {math.gcd(tp, ranks_per_host)}) and "
+        "split the rest with pp or dp",
+    )

@@ -151,6 +151,8 @@ def apply_rope(x_bthe: torch.Tensor, cos_te: torch.Tensor, sin_te: torch.Tensor)
 
 
 class Attention(nn.Module):
+    inv_freq: torch.Tensor
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -158,21 +160,30 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.dim, bias=False)
+        # Each attention holds the rotary frequencies (no checkpoint does): a pipeline stage is
+        # any run of blocks, and with sequence parallelism only here is the whole sequence seen.
+        self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2), persistent=False)
+        self.init_buffers()
 
-    def forward(
-        self, x_btd: torch.Tensor, cos_te: torch.Tensor, sin_te: torch.Tensor
-    ) -> torch.Tensor:
+    def init_buffers(self) -> None:
+        with torch.device(self.inv_freq.device):
+            self.inv_freq.copy_(rope_frequencies(self.cfg))
+
+    def forward(self, x_btd: torch.Tensor) -> torch.Tensor:
         b, t, _ = x_btd.shape
-        cfg = self.cfg
-        q_bthe = apply_rope(self.wq(x_btd).view(b, t, cfg.num_heads, cfg.head_dim), cos_te, sin_te)
-        k_btke = apply_rope(self.wk(x_btd).view(b, t, cfg.kv_heads, cfg.head_dim), cos_te, sin_te)
-        v_btke = self.wv(x_btd).view(b, t, cfg.kv_heads, cfg.head_dim)
+        head_dim = self.cfg.head_dim
+        angles_te = torch.arange(t, device=x_btd.device)[:, None].float() * self.inv_freq[None, :]
+        cos_te, sin_te = angles_te.cos(), angles_te.sin()
+        # -1 heads: under tensor parallelism this rank holds heads / tp of them.
+        q_bthe = apply_rope(self.wq(x_btd).view(b, t, -1, head_dim), cos_te, sin_te)
+        k_btke = apply_rope(self.wk(x_btd).view(b, t, -1, head_dim), cos_te, sin_te)
+        v_btke = self.wv(x_btd).view(b, t, -1, head_dim)
         out_bhte = F.scaled_dot_product_attention(
             q_bthe.transpose(1, 2),
             k_btke.transpose(1, 2),
             v_btke.transpose(1, 2),
             is_causal=True,
-            enable_gqa=cfg.kv_heads != cfg.num_heads,
+            enable_gqa=self.cfg.kv_heads != self.cfg.num_heads,
         )
         return self.wo(out_bhte.transpose(1, 2).reshape(b, t, -1))
 
@@ -256,40 +267,39 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.mlp: nn.Module = MoE(cfg.dim, cfg.moe) if cfg.moe else SwiGLU(cfg.dim, cfg.mlp_dim)
 
-    def forward(
-        self, x_btd: torch.Tensor, cos_te: torch.Tensor, sin_te: torch.Tensor
-    ) -> torch.Tensor:
-        x_btd = x_btd + self.attention(self.attention_norm(x_btd), cos_te, sin_te)
+    def forward(self, x_btd: torch.Tensor) -> torch.Tensor:
+        x_btd = x_btd + self.attention(self.attention_norm(x_btd))
         return x_btd + self.mlp(self.mlp_norm(x_btd))
 
 
 class Transformer(nn.Module):
-    inv_freq: torch.Tensor
+    """The whole model, or one pipeline stage of it (``goodput.train.pipeline`` cuts one from a
+    whole model): ``embedding`` only on the first stage, ``norm`` and ``output`` only on the
+    last, and ``blocks`` keyed by their layer number, so every parameter keeps the name it has
+    in the whole model (checkpoints load across layouts by name)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.embedding = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.embedding: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.blocks = nn.ModuleDict({str(layer): Block(cfg) for layer in range(cfg.num_layers)})
+        self.norm: RMSNorm | None = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.embedding.weight
-        self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2), persistent=False)
-        self.init_buffers()
         self.reset_parameters()
 
     def init_buffers(self) -> None:
         """Compute the buffers no checkpoint holds (the rotary frequencies), on their device."""
-        with torch.device(self.inv_freq.device):
-            self.inv_freq.copy_(rope_frequencies(self.cfg))
+        for block in self.blocks.values():
+            block.attention.init_buffers()  # type: ignore[operator]
 
     def allocate(self, device: torch.device) -> None:
         """Allocate a model built on the meta device, uninitialised, on ``device``: for a load
         that fills every parameter. Allocation gives every parameter name its own tensor, so a
         tied output head is tied again; the buffers no checkpoint holds are computed."""
         self.to_empty(device=device)
-        if self.cfg.tie_embeddings and self.output.weight is not self.embedding.weight:
+        if self.cfg.tie_embeddings and self.embedding is not None and self.output is not None:
             self.output.weight = self.embedding.weight
         self.init_buffers()
 
@@ -303,14 +313,14 @@ class Transformer(nn.Module):
             else:
                 nn.init.normal_(parameter, std=std)
 
-    def forward(self, input_ids_bt: torch.Tensor) -> torch.Tensor:
-        """Logits ``[b, t, v]`` for every position."""
-        positions_t = torch.arange(input_ids_bt.shape[1], device=input_ids_bt.device)
-        angles_te = positions_t[:, None].float() * self.inv_freq[None, :]
-        cos_te, sin_te = angles_te.cos(), angles_te.sin()
-        x_btd = self.embedding(input_ids_bt)
-        for block in self.blocks:
-            x_btd = block(x_btd, cos_te, sin_te)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids ``[b, t]`` -> logits ``[b, t, v]``; a stage without the embedding takes the
+        previous stage's hidden states instead, and one without the head returns its own."""
+        x_btd = self.embedding(x) if self.embedding is not None else x
+        for block in self.blocks.values():
+            x_btd = block(x_btd)
+        if self.norm is None or self.output is None:
+            return x_btd
         return self.output(self.norm(x_btd))
 
     def moe_layers(self) -> list[MoE]:

@@ -3,6 +3,9 @@
 ``adamw``: decoupled weight decay on matrices only — norm gains (1-D) are left undecayed, since
 decay would pull them toward zero and shrink the residual stream. Fused kernels where the device
 has them (CUDA, XPU), the multi-tensor ``foreach`` path elsewhere.
+
+``Optimizers``: one optimizer per model part — the whole model, or each pipeline stage this rank
+runs — since a checkpoint names optimizer state by the parameter names of one module.
 """
 
 from __future__ import annotations
@@ -50,5 +53,22 @@ KINDS: dict[str, Callable[[nn.Module, OptimConfig, float], torch.optim.Optimizer
 }
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float) -> torch.optim.Optimizer:
-    return KINDS[cfg.kind](model, cfg, lr)
+class Optimizers:
+    """The optimizers of a rank's model parts, stepped together as one."""
+
+    def __init__(self, parts: list[nn.Module], cfg: OptimConfig, lr: float) -> None:
+        self.parts = parts
+        self.optimizers = [KINDS[cfg.kind](part, cfg, lr) for part in parts]
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """Every part's groups: setting the LR in each sets it everywhere."""
+        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
+
+    def step(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=set_to_none)

@@ -30,6 +30,7 @@ class Runtime:
     rank: int  # in the default process group
     world_size: int
     device: torch.device  # this rank's, already made current
+    ranks_per_host: int  # the placement's; where the mesh keeps tensor-parallel groups
 
 
 def setup_torch(seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> Runtime:
@@ -62,5 +63,9 @@ def setup_torch(seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> Runtime:
                 timeout=timeout,
                 device_id=device_id,
             )
-    # Already initialised by the caller (a test harness, a notebook): its group is the truth.
-    return Runtime(dist.get_rank(), dist.get_world_size(), device)
+    # Already initialised by the caller (a test harness, a notebook): its group is the truth,
+    # and with no launcher's placement to say otherwise, its ranks share one host.
+    world_size = dist.get_world_size()
+    known = placement.world_size == world_size
+    ranks_per_host = placement.local_world_size if known else world_size
+    return Runtime(dist.get_rank(), world_size, device, ranks_per_host)

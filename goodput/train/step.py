@@ -10,7 +10,15 @@ data-parallel group for the same reason: by FSDP, whose mesh ``parallelize`` too
 group, or, when the model is not FSDP-sharded, here.
 
 A step is ``forward_backward`` (the gradients of the global loss, complete on every rank when
-it returns; pipeline parallelism will replace it with a schedule) then ``clip_and_step``.
+it returns; under pipeline parallelism ``Pipeline.forward_backward`` runs the schedule instead,
+with the same objective) then ``clip_and_step``.
+
+Every layout logs the same number. The loss is summed over the data-parallel group only:
+tensor-parallel ranks hold the same loss (with ``loss_parallel`` a replicated DTensor, read
+through its local value), so summing over them would multiply it by ``tp``, and reading a
+DTensor's value without the data-parallel sum would divide it by ``dp`` — the seed's bug. The
+gradient norm is over the whole model: DTensor norms are completed over their shards, then
+pipeline stages' squared norms are summed.
 During gradient accumulation FSDP reduces the gradients once, after the last micro-batch, unless
 ``sync_every_micro_batch`` (the memory trade-off is in ``ParallelConfig``).
 
@@ -33,9 +41,10 @@ Reused as-is by diagnostics, and ``token_loss_sum`` by evaluation (under ``no_gr
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -43,9 +52,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 from goodput.errors import GoodputError
 from goodput.train.model import Transformer
+
+if TYPE_CHECKING:
+    from goodput.train.optim import Optimizers
+    from goodput.train.pipeline import Pipeline
 
 IGNORE_INDEX = -100
 
@@ -108,9 +122,15 @@ def num_targets(labels_bt: torch.Tensor) -> int:
     return int((labels_bt != IGNORE_INDEX).sum())
 
 
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``tensor``: a DTensor's local shard (the whole value when it is
+    replicated), a plain tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 def train_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    model: nn.Module | Pipeline,
+    optimizer: torch.optim.Optimizer | Optimizers,
     micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
     *,
     max_grad_norm: float | None = 1.0,
@@ -118,18 +138,43 @@ def train_step(
     sync_every_micro_batch: bool = False,
     inject_nan: bool = False,
 ) -> StepResult:
-    """Forward/backward every micro-batch of this rank, then clip and step (or skip, on a
-    non-finite gradient norm). ``dp_group``: the data-parallel ranks (``ParallelMesh.dp_group``;
-    None: the default group). ``inject_nan``: an injected fault (``goodput.chaos.faults``)."""
-    loss_sum, num_tokens = forward_backward(
-        model,
-        micro_batches,
-        dp_group=dp_group,
-        sync_every_micro_batch=sync_every_micro_batch,
-        inject_nan=inject_nan,
-    )
-    grad_norm = clip_and_step(model, optimizer, max_grad_norm)
+    """Forward/backward every micro-batch of this rank (through the pipeline's schedule when
+    ``model`` is a ``Pipeline``), then clip and step (or skip, on a non-finite gradient norm).
+    ``dp_group``: the data-parallel ranks (``ParallelMesh.dp_group``; None: the default group).
+    ``inject_nan``: an injected fault (``goodput.chaos.faults``)."""
+    if isinstance(model, nn.Module):
+        loss_sum, num_tokens = forward_backward(
+            model,
+            micro_batches,
+            dp_group=dp_group,
+            sync_every_micro_batch=sync_every_micro_batch,
+            inject_nan=inject_nan,
+        )
+        grad_norm = clip_and_step([model], optimizer, max_grad_norm)
+    else:
+        loss_sum, num_tokens = pipeline_forward_backward(
+            model, micro_batches, dp_group=dp_group, inject_nan=inject_nan
+        )
+        grad_norm = clip_and_step(
+            model.parts, optimizer, max_grad_norm, model.pp_group, model.tied_copy
+        )
     return StepResult(loss_sum / num_tokens, grad_norm, num_tokens, not math.isfinite(grad_norm))
+
+
+def _global_tokens(
+    micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    dp_group: dist.ProcessGroup | None,
+) -> int:
+    """Target tokens of the whole global batch, counted before the first forward."""
+    # Collectives need tensors on the backend's device (NCCL: the GPU); int64 keeps token
+    # counts exact past float32's 2^24.
+    counts = torch.tensor(
+        [sum(num_targets(labels) for _, labels in micro_batches)], dtype=torch.int64, device=device
+    )
+    if dist.is_initialized() and dist.get_world_size(dp_group) > 1:
+        dist.all_reduce(counts, group=dp_group)
+    return max(int(counts.item()), 1)
 
 
 def forward_backward(
@@ -145,15 +190,8 @@ def forward_backward(
     into this rank's gradients before they are summed over the ranks, where a real one would
     come from."""
     distributed = dist.is_initialized() and dist.get_world_size(dp_group) > 1
-    # Collectives need tensors on the backend's device (NCCL: the GPU); int64 keeps token
-    # counts exact past float32's 2^24.
     device = next(model.parameters()).device
-    counts = torch.tensor(
-        [sum(num_targets(labels) for _, labels in micro_batches)], dtype=torch.int64, device=device
-    )
-    if distributed:
-        dist.all_reduce(counts, group=dp_group)
-    global_tokens = max(int(counts.item()), 1)
+    global_tokens = _global_tokens(micro_batches, device, dp_group)
     moe_layers = model.moe_layers() if isinstance(model, Transformer) else []
     num_contributions = len(micro_batches) * (dist.get_world_size(dp_group) if distributed else 1)
     expert_loads = [torch.zeros_like(layer.tokens_per_expert) for layer in moe_layers]
@@ -164,21 +202,26 @@ def forward_backward(
             model.set_requires_gradient_sync(  # type: ignore[operator]
                 sync_every_micro_batch or index == len(micro_batches) - 1
             )
-        micro_loss_sum = token_loss_sum(model(input_ids), labels)
-        objective = micro_loss_sum / global_tokens
-        if moe_layers:
-            objective = objective + model.aux_loss() / num_contributions  # type: ignore[operator]
-            for load, layer in zip(expert_loads, moe_layers, strict=True):
-                load += layer.tokens_per_expert
-        objective.backward()
-        loss_sum += micro_loss_sum.detach()
+        logits = model(input_ids)
+        # Tensor-parallel logits left as vocabulary shards: the loss and its backward run on
+        # the shards.
+        vocab_sharded = isinstance(logits, DTensor)
+        with loss_parallel() if vocab_sharded else contextlib.nullcontext():
+            micro_loss_sum = token_loss_sum(logits, labels)
+            objective = micro_loss_sum / global_tokens
+            if moe_layers:
+                objective = objective + model.aux_loss() / num_contributions  # type: ignore[operator]
+                for load, layer in zip(expert_loads, moe_layers, strict=True):
+                    load += layer.tokens_per_expert
+            objective.backward()
+        loss_sum += local_tensor(micro_loss_sum.detach())
     if inject_nan:
         _put_nan(model)
     if distributed:
         if not sharded:  # FSDP's reduce-scatter has summed over the same group
             for parameter in model.parameters():
                 if parameter.grad is not None:
-                    dist.all_reduce(parameter.grad, group=dp_group)
+                    dist.all_reduce(local_tensor(parameter.grad), group=dp_group)
         dist.all_reduce(loss_sum, group=dp_group)
         for load in expert_loads:
             dist.all_reduce(load, group=dp_group)
@@ -187,16 +230,50 @@ def forward_backward(
     return loss_sum.item(), global_tokens
 
 
+def pipeline_forward_backward(
+    pipeline: Pipeline,
+    micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    dp_group: dist.ProcessGroup | None = None,
+    inject_nan: bool = False,
+) -> tuple[float, int]:
+    """``forward_backward``'s contract, through the pipeline's schedule: this rank's
+    micro-batches go in as one local batch, which the schedule cuts into its own."""
+    input_ids = torch.cat([ids for ids, _ in micro_batches])
+    labels = torch.cat([labels for _, labels in micro_batches])
+    global_tokens = _global_tokens(micro_batches, labels.device, dp_group)
+    loss_sum = pipeline.forward_backward(input_ids, labels, global_tokens)
+    if inject_nan:
+        _put_nan(pipeline.parts[0])
+    if dist.get_world_size(dp_group) > 1:
+        dist.all_reduce(loss_sum, group=dp_group)
+    return loss_sum.item(), global_tokens
+
+
 def clip_and_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float | None
+    parts: list[nn.Module],
+    optimizer: torch.optim.Optimizer | Optimizers,
+    max_grad_norm: float | None,
+    pp_group: dist.ProcessGroup | None = None,
+    uncounted: nn.Parameter | None = None,
 ) -> float:
-    """Clip the gradients to ``max_grad_norm`` (None: not at all), step unless their norm is
-    not finite, zero them; return the gradient norm before clipping."""
-    grad_norm = float(
-        torch.nn.utils.clip_grad_norm_(
-            model.parameters(), max_grad_norm if max_grad_norm is not None else float("inf")
-        )
-    )
+    """Clip the gradients of ``parts`` to ``max_grad_norm`` (None: not at all), step unless
+    their norm is not finite, zero them; return the gradient norm before clipping. The norm is
+    the whole model's: over every shard, and every pipeline stage of ``pp_group``, leaving out
+    ``uncounted`` (a pipeline's copy of a tied weight, counted where the original is)."""
+    parameters = [p for part in parts for p in part.parameters() if p.grad is not None]
+    counted = [p.grad for p in parameters if p is not uncounted]
+    norm = torch.nn.utils.get_total_norm(counted, 2.0)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    if pp_group is not None and dist.get_world_size(pp_group) > 1:
+        squared = norm.float() ** 2
+        dist.all_reduce(squared, group=pp_group)
+        norm = squared.sqrt()
+    grad_norm = float(norm)
+    clips = max_grad_norm is not None and math.isfinite(max_grad_norm)
+    if clips and math.isfinite(grad_norm):
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_grad_norm, norm)
     if math.isfinite(grad_norm):  # else skipped: weights and optimizer state stay as they were
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -34,7 +34,7 @@ def save_once(rank, world_size, root, max_writers):
     optimizer = torch.optim.AdamW(model.parameters())
     cfg = CheckpointConfig(max_concurrent_writers=max_writers)
     checkpointer = Checkpointer(cfg, root, torch.device("cpu"))
-    checkpointer.save(1, model, optimizer, {"world_size": world_size}, "", blocking=True)
+    checkpointer.save(1, [model], [optimizer], {"world_size": world_size}, "", blocking=True)
     checkpointer.close()
     return intervals[0]
 

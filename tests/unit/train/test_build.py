@@ -11,6 +11,7 @@ from torch.distributed.tensor import DTensor
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import tiny_run_config
 from goodput.train.build import build_model, init_like_fresh
+from goodput.train.config import plan_batches
 from goodput.train.mesh import build_mesh
 
 
@@ -23,14 +24,17 @@ def full_state(model):
 
 def build_empty_then_fresh(rank, world_size, cfg):
     device = torch.device("cpu")
-    mesh = build_mesh(cfg.parallel, device)
+    mesh = build_mesh(cfg.parallel, device, ranks_per_host=world_size)
+    plan = plan_batches(cfg.train, mesh.dp_size)
     torch.manual_seed(cfg.train.seed)
-    fresh = build_model(cfg, device, mesh, empty=False)
-    empty = build_model(cfg, device, mesh, empty=True)
+    fresh = build_model(cfg, device, mesh, plan, empty=False)
+    empty = build_model(cfg, device, mesh, plan, empty=True)
     allocated = all(p.device == device for p in [*empty.parameters(), *empty.buffers()])
     tied = (empty.output.weight is empty.embedding.weight) == cfg.model.tie_embeddings
-    same_buffers = tied and torch.equal(empty.inv_freq, fresh.inv_freq)
-    init_like_fresh(empty, cfg, device)
+    same_buffers = tied and torch.equal(
+        empty.blocks["0"].attention.inv_freq, fresh.blocks["0"].attention.inv_freq
+    )
+    init_like_fresh([empty], cfg, device)
     fresh_state, filled_state = full_state(fresh), full_state(empty)
     same = fresh_state.keys() == filled_state.keys() and all(
         torch.equal(fresh_state[name], filled_state[name]) for name in fresh_state

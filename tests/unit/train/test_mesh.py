@@ -13,7 +13,7 @@ from goodput.errors import GoodputError
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL, rank_micro_batches, uneven_global_batch
 from goodput.train.config import RunConfig
-from goodput.train.mesh import build_mesh, resolve_degrees
+from goodput.train.mesh import build_mesh, check_tp_within_hosts, resolve_degrees
 from goodput.train.model import Transformer
 from goodput.train.parallelize import ParallelConfig, parallelize
 from goodput.train.step import train_step
@@ -59,8 +59,6 @@ def test_a_product_that_is_not_the_world_size_suggests_a_split_that_is(
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("parallel.tp=2", "tp = 2: tensor parallelism is not supported yet; set tp = 1"),
-        ("parallel.pp=4", "pp = 4: pipeline parallelism is not supported yet"),
         ("parallel.cp=2", "cp = 2: context parallelism is not supported yet"),
         ("parallel.ep=8", "ep = 8: expert parallelism is not supported yet"),
     ],
@@ -79,7 +77,7 @@ def test_replicate_shards_nothing():
 
 def hsdp_step(rank, world_size, dp_replicate):
     cfg = ParallelConfig(precision="fp32", dp_replicate=dp_replicate)
-    mesh = build_mesh(cfg, torch.device("cpu"))
+    mesh = build_mesh(cfg, torch.device("cpu"), ranks_per_host=world_size)
     torch.manual_seed(0)
     model = parallelize(Transformer(TINY_MODEL), cfg, mesh)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -101,3 +99,66 @@ def test_replicas_of_sharded_groups_train_like_one_process():
         assert loss == pytest.approx(reference.loss, rel=1e-5)
         assert grad_norm == pytest.approx(reference.grad_norm, rel=1e-4)
         assert torch.allclose(rank_weights, weights, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["parallel.tp=3"], "tp = 3 does not divide model.num_heads = 4"),
+        (["parallel.tp=4"], "tp = 4 does not divide model.num_kv_heads = 2"),
+        (["parallel.tp=2", "train.seq_len=127", "train.tokens_per_step=4064"], "train.seq_len"),
+        (["parallel.pp=8"], "8 pipeline stages for 4 layers"),
+        (["parallel.pp=2", "parallel.pp_layers_per_stage=[1, 2]"], "sums to 3 layers"),
+        (["parallel.pp=2", "parallel.pp_layers_per_stage=[4]"], "lists 1 stages, but pp 2"),
+        (["parallel.pp_schedule=interleaved_1f1b", "parallel.pp_stages_per_rank=1"], ">= 2"),
+        (["parallel.pp_stages_per_rank=2"], "needs pp_schedule 'interleaved_1f1b'"),
+    ],
+)
+def test_a_layout_that_cannot_split_the_model_is_refused_by_name(overrides, message):
+    with pytest.raises(GoodputError) as error:
+        load_config(RunConfig, CONFIGS / "tiny-cpu.toml", overrides)
+    assert message in error.value.render() and "\n" not in error.value.render()
+    assert error.value.code == 2
+
+
+@pytest.mark.parametrize("degree", ["tp", "pp"])
+def test_tensor_parallelism_and_pipelines_of_a_moe_model_are_refused_as_not_yet(degree):
+    moe = ["model.moe.num_experts=4", "model.moe.top_k=2"]
+    with pytest.raises(GoodputError, match="mixture-of-experts model: not supported yet"):
+        load_config(RunConfig, CONFIGS / "tiny-cpu.toml", [*moe, f"parallel.{degree}=2"])
+
+
+@pytest.mark.parametrize(
+    ("tp", "world_size", "ranks_per_host", "refused"),
+    [
+        (4, 8, 4, False),  # each TP group is one host
+        (2, 24, 12, False),  # six groups per Aurora-like host
+        (8, 16, 4, True),  # a group spans two hosts
+        (4, 24, 6, True),  # groups straddle host boundaries
+        (8, 8, 8, False),  # one host: nothing to cross
+        (3, 3, 1, True),  # one rank per host: every TP collective on the network
+    ],
+)
+def test_a_tensor_parallel_group_split_across_hosts_is_refused(
+    tp, world_size, ranks_per_host, refused
+):
+    if not refused:
+        check_tp_within_hosts(tp, world_size, ranks_per_host)
+        return
+    with pytest.raises(GoodputError, match=f"tp = {tp} does not divide the {ranks_per_host}"):
+        check_tp_within_hosts(tp, world_size, ranks_per_host)
+
+
+def mesh_groups(rank, world_size, overrides):
+    mesh = build_mesh(ParallelConfig(precision="fp32", **overrides), torch.device("cpu"), 4)
+    tp_ranks = mesh.tp_mesh.mesh.flatten().tolist()
+    pp_ranks = torch.distributed.get_process_group_ranks(mesh.pp_group)
+    return tp_ranks, pp_ranks, mesh.dp_rank, mesh.dp_size
+
+
+def test_tensor_parallel_groups_are_consecutive_ranks_and_pipelines_span_them():
+    results = run_distributed(mesh_groups, 4, {"tp": 2, "pp": 2}, timeout_s=120)
+    assert [r[0] for r in results] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [r[1] for r in results] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    # One data-parallel share for all: TP and PP ranks read the same batch.
+    assert {(r[2], r[3]) for r in results} == {(0, 1)}

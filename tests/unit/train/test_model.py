@@ -96,7 +96,8 @@ def test_rmsnorm_and_tied_embeddings_and_depth_scaled_init():
     tied = Transformer(tiny(tie_embeddings=True))
     assert tied.output.weight is tied.embedding.weight
     model = Transformer(tiny(num_layers=8, dim=256, num_heads=4, num_kv_heads=4, ffn_dim=512))
-    ratio = model.blocks[0].attention.wo.weight.std() / model.blocks[0].attention.wq.weight.std()
+    attention = model.blocks["0"].attention
+    ratio = attention.wo.weight.std() / attention.wq.weight.std()
     assert abs(ratio.item() - 1 / 4) < 0.02  # 1/sqrt(2 * 8 layers)
 
 

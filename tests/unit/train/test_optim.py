@@ -5,12 +5,12 @@ from goodput.config import load_config
 from goodput.errors import GoodputError
 from goodput.testing.tiny import TINY_MODEL
 from goodput.train.model import Transformer
-from goodput.train.optim import OptimConfig, build_optimizer
+from goodput.train.optim import OptimConfig, Optimizers
 
 
 def test_norm_gains_are_not_decayed_and_a_step_moves_weights():
     model = Transformer(TINY_MODEL)
-    optimizer = build_optimizer(model, OptimConfig(weight_decay=0.1), lr=1e-2)
+    optimizer = Optimizers([model], OptimConfig(weight_decay=0.1), lr=1e-2)
     decayed, undecayed = optimizer.param_groups
     assert decayed["weight_decay"] == 0.1 and undecayed["weight_decay"] == 0.0
     assert all(p.ndim == 1 for p in undecayed["params"]) and len(undecayed["params"]) == 5
@@ -27,3 +27,19 @@ def test_optimizer_config_from_toml(tmp_path):
     path.write_text('kind = "sgd"\n')
     with pytest.raises(GoodputError, match="'kind' = 'sgd' is not allowed; use one of 'adamw'"):
         load_config(OptimConfig, path)
+
+
+def test_one_optimizer_per_part_stepped_and_its_lr_set_together():
+    parts = [Transformer(TINY_MODEL), Transformer(TINY_MODEL)]
+    optimizers = Optimizers(parts, OptimConfig(), lr=1e-2)
+    assert len(optimizers.optimizers) == 2 and len(optimizers.param_groups) == 4
+    for group in optimizers.param_groups:
+        group["lr"] = 0.5
+    assert all(g["lr"] == 0.5 for o in optimizers.optimizers for g in o.param_groups)
+    before = [part.output.weight.detach().clone() for part in parts]
+    for part in parts:
+        part(torch.randint(0, 61, (2, 8))).sum().backward()
+    optimizers.step()
+    optimizers.zero_grad()
+    for part, weight in zip(parts, before, strict=True):
+        assert not torch.equal(weight, part.output.weight) and part.output.weight.grad is None

@@ -73,7 +73,7 @@ def test_a_batch_that_does_not_divide_names_the_numbers_and_a_value_that_works()
         ("model.num_heads=3", "dim 128 is not divisible by num_heads 3"),
         ("parallel.data_parallel=replicate", "precision 'fp32-master' needs data_parallel"),
         ("optim.kind=sgd", "'optim.kind' = 'sgd' is not allowed"),
-        ("parallel.tp=2", "tp = 2: tensor parallelism is not supported yet"),
+        ("parallel.tp=3", "tp = 3 does not divide model.num_heads = 4"),
         # Found at start, once the world size is known:
         ("train.micro_batch_size=3", "does not split into micro-batches of 3"),
         ("parallel.dp_shard=2", "= 2 ranks, but the world has 1; e.g. dp_replicate = 1, dp_sh"),
