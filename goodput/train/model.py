@@ -292,7 +292,8 @@ class Transformer(nn.Module):
     def init_buffers(self) -> None:
         """Compute the buffers no checkpoint holds (the rotary frequencies), on their device."""
         for block in self.blocks.values():
-            block.attention.init_buffers()  # type: ignore[operator]
+            assert isinstance(block.attention, Attention)
+            block.attention.init_buffers()
 
     def allocate(self, device: torch.device) -> None:
         """Allocate a model built on the meta device, uninitialised, on ``device``: for a load

@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -58,7 +57,7 @@ from torch.distributed.tensor.parallel import (
 
 from goodput.config import limits
 from goodput.errors import GoodputError
-from goodput.train.model import ModelConfig
+from goodput.train.model import ModelConfig, Transformer
 
 if TYPE_CHECKING:
     from goodput.train.mesh import ParallelMesh
@@ -120,6 +119,15 @@ class ParallelConfig:
             refuse(
                 f"dp_shard = {self.dp_shard}, but data_parallel = 'replicate' shards nothing",
                 "leave dp_shard unset, or use data_parallel = 'fsdp'",
+            )
+        if self.compile and self.tp > 1:
+            # Checked on CPU: a compiled block under tensor parallelism ran, with fp32-master,
+            # to a gradient norm of 0.65 where every other layout gives 0.85 (and in fp32 did not
+            # finish its first step in 5 minutes).
+            refuse(
+                f"compile = true with tp = {self.tp}: a compiled tensor-parallel block computes "
+                "wrong gradients on torch 2.13",
+                "set compile = false for tensor-parallel runs (compile works with dp and pp)",
             )
         interleaved = self.pp_schedule == "interleaved_1f1b"
         if interleaved and self.stages_per_rank < 2:
@@ -195,8 +203,8 @@ class ParallelConfig:
 
 
 def parallelize(
-    model: nn.Module, cfg: ParallelConfig, mesh: ParallelMesh | None = None
-) -> nn.Module:
+    model: Transformer, cfg: ParallelConfig, mesh: ParallelMesh | None = None
+) -> Transformer:
     """Apply ``cfg``'s layouts to ``model`` (a whole model or one pipeline stage) in place, in
     the order of the module docstring; return it. ``mesh`` None: every rank of the default
     group is a data-parallel shard."""
@@ -204,7 +212,7 @@ def parallelize(
         model.to(torch.bfloat16)
     if mesh is not None and mesh.degrees.tp > 1:
         _tensor_parallel(model, mesh.tp_mesh, loss_parallel=cfg.loss_parallel)
-    blocks: nn.ModuleDict = model.blocks  # type: ignore[assignment]
+    blocks = model.blocks
     if cfg.activation_checkpointing:
         for key, block in blocks.items():
             # Checkpoints leave the wrapper out of their names: resumable either way.
@@ -217,7 +225,7 @@ def parallelize(
     return model
 
 
-def _tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bool) -> None:
+def _tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: bool) -> None:
     """Split ``model``'s matmuls over ``tp_mesh`` (the module docstring's plan). Between blocks
     the residual stream is this rank's slice of the sequence, as a plain tensor."""
     outer: dict[str, object] = {}
@@ -239,7 +247,7 @@ def _tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bo
     gather_sequence = PrepareModuleInput(
         input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
     )
-    for block in model.blocks.values():  # type: ignore[operator]
+    for block in model.blocks.values():
         plan = {
             "attention_norm": SequenceParallel(),
             "attention": gather_sequence,
@@ -256,7 +264,7 @@ def _tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bo
         parallelize_module(block, tp_mesh, plan)  # type: ignore[arg-type]
 
 
-def _fully_shard(model: nn.Module, cfg: ParallelConfig, mesh: ParallelMesh | None) -> None:
+def _fully_shard(model: Transformer, cfg: ParallelConfig, mesh: ParallelMesh | None) -> None:
     num_ranks = mesh.dp_size if mesh is not None else dist.get_world_size()
     # FSDP on one rank shards nothing, yet its hooks cost ~12% of a CPU step (bench_train);
     # only fp32-master needs it there, for its bf16 compute policy.
@@ -271,7 +279,7 @@ def _fully_shard(model: nn.Module, cfg: ParallelConfig, mesh: ParallelMesh | Non
     # A pipeline stage runs forward once per micro-batch: resharding after each would gather
     # its weights again for every one.
     reshard = cfg.reshard_after_forward and (mesh is None or mesh.degrees.pp == 1)
-    for block in model.blocks.values():  # type: ignore[operator]
+    for block in model.blocks.values():
         fully_shard(block, mesh=fsdp_mesh, reshard_after_forward=reshard, mp_policy=policy)
     fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=reshard, mp_policy=policy)
     for module in model.modules():

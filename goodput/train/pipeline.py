@@ -51,7 +51,10 @@ from goodput.train.model import ModelConfig, Transformer
 from goodput.train.parallelize import ParallelConfig, parallelize
 from goodput.train.step import local_tensor, token_loss_sum
 
-SINGLE_STAGE_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+SINGLE_STAGE_SCHEDULES: dict[str, type[ScheduleGPipe | Schedule1F1B]] = {
+    "gpipe": ScheduleGPipe,
+    "1f1b": Schedule1F1B,
+}
 
 
 def layers_per_stage(cfg: ParallelConfig, num_layers: int) -> list[int]:
@@ -108,7 +111,7 @@ class Pipeline:
     num_microbatches: int
 
     @property
-    def tied_copy(self) -> nn.Parameter | None:
+    def tied_copy(self) -> torch.Tensor | None:
         """The last stage's copy of a tied weight, which the gradient norm leaves out."""
         last = self.parts[-1]
         if self.has_last and last.cfg.tie_embeddings and last.embedding is None:

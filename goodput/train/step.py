@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -251,18 +252,18 @@ def pipeline_forward_backward(
 
 
 def clip_and_step(
-    parts: list[nn.Module],
+    parts: Sequence[nn.Module],
     optimizer: torch.optim.Optimizer | Optimizers,
     max_grad_norm: float | None,
     pp_group: dist.ProcessGroup | None = None,
-    uncounted: nn.Parameter | None = None,
+    uncounted: torch.Tensor | None = None,
 ) -> float:
     """Clip the gradients of ``parts`` to ``max_grad_norm`` (None: not at all), step unless
     their norm is not finite, zero them; return the gradient norm before clipping. The norm is
     the whole model's: over every shard, and every pipeline stage of ``pp_group``, leaving out
     ``uncounted`` (a pipeline's copy of a tied weight, counted where the original is)."""
     parameters = [p for part in parts for p in part.parameters() if p.grad is not None]
-    counted = [p.grad for p in parameters if p is not uncounted]
+    counted = [p.grad for p in parameters if p.grad is not None and p is not uncounted]
     norm = torch.nn.utils.get_total_norm(counted, 2.0)
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
@@ -271,8 +272,7 @@ def clip_and_step(
         dist.all_reduce(squared, group=pp_group)
         norm = squared.sqrt()
     grad_norm = float(norm)
-    clips = max_grad_norm is not None and math.isfinite(max_grad_norm)
-    if clips and math.isfinite(grad_norm):
+    if max_grad_norm is not None and math.isfinite(max_grad_norm) and math.isfinite(grad_norm):
         torch.nn.utils.clip_grads_with_norm_(parameters, max_grad_norm, norm)
     if math.isfinite(grad_norm):  # else skipped: weights and optimizer state stay as they were
         optimizer.step()

@@ -163,3 +163,52 @@ def test_verify_names_a_changed_tokenizer(demo):
         assert f"{tokenizer}: tokenizer file changed since it was pinned" in result.stderr
     finally:
         tokenizer.write_bytes(original)
+
+
+# The demo model (tied embeddings, fp32) in every layout of issue 13 on 4 ranks, each launched
+# as the docs tell a user to: `goodput launch --nproc 4 -- goodput train CONFIG parallel.*=...`.
+LAYOUTS = {
+    "dp_shard=4": [],
+    "dp_replicate=2 x dp_shard=2": ["parallel.dp_replicate=2"],
+    "tp=2 x dp_shard=2": ["parallel.tp=2"],
+    "pp=2 x dp_shard=2, interleaved_1f1b": [
+        "parallel.pp=2",
+        "parallel.pp_schedule=interleaved_1f1b",
+    ],
+    "tp=2 x pp=2, gpipe": ["parallel.tp=2", "parallel.pp=2", "parallel.pp_schedule=gpipe"],
+}
+
+
+@pytest.mark.timeout(900)
+def test_every_layout_trains_the_demo_model_through_goodput_launch_alike(demo, tmp_path):
+    out, _ = demo
+    curves = {}
+    for name, overrides in LAYOUTS.items():
+        run_dir = tmp_path / name.replace(" ", "").replace(",", "-")
+        goodput(
+            "launch",
+            "--nproc",
+            4,
+            "--run-dir",
+            run_dir,
+            "--",
+            sys.executable,
+            "-m",
+            "goodput.cli",
+            "train",
+            CONFIGS / "tiny-cpu.toml",
+            "train.steps=3",
+            f"train.run_dir={run_dir}",
+            f"data.file_list={out / 'file_list.txt'}",
+            f"data.cache={out / 'cache'}",
+            "checkpoint.interval_steps=1000",
+            *overrides,
+        )
+        metrics = [
+            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        ]
+        curves[name] = [m[key] for m in metrics for key in ("loss", "grad_norm")]
+    reference = curves.pop("dp_shard=4")
+    assert len(reference) == 6 and abs(reference[0] - math.log(4096)) < 0.3
+    for name, curve in curves.items():  # fp32: equal but for the order of the sums
+        assert curve == pytest.approx(reference, rel=1e-4), name

@@ -112,6 +112,7 @@ def test_replicas_of_sharded_groups_train_like_one_process():
         (["parallel.pp=2", "parallel.pp_layers_per_stage=[4]"], "lists 1 stages, but pp 2"),
         (["parallel.pp_schedule=interleaved_1f1b", "parallel.pp_stages_per_rank=1"], ">= 2"),
         (["parallel.pp_stages_per_rank=2"], "needs pp_schedule 'interleaved_1f1b'"),
+        (["parallel.tp=2", "parallel.compile=true"], "compile = true with tp = 2"),
     ],
 )
 def test_a_layout_that_cannot_split_the_model_is_refused_by_name(overrides, message):
