@@ -84,6 +84,7 @@ def train(cfg: RunConfig) -> list[float]:
                 f"{plan.dp_size} data-parallel",
                 flush=True,
             )
+            print(f"train: layout {mesh.degrees.describe()}", flush=True)
             peak_text = f"{peak / 1e12:.3f} TFLOP/s" if peak else "unknown"
             print(f"train: peak per device for MFU {peak_text} ({peak_source})", flush=True)
         metrics = Metrics(

@@ -55,6 +55,13 @@ class Degrees:
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
 
+    def describe(self) -> str:
+        """The degrees as the mesh orders them, e.g. ``pp 2 x dp_replicate 1 x dp_shard 2 x
+        tp 1``."""
+        return " x ".join(
+            f"{name} {getattr(self, name)}" for name in ("pp", "dp_replicate", "dp_shard", "tp")
+        )
+
     def product(self) -> int:
         """The number of ranks this layout needs (``ep`` borrows its ranks)."""
         return self.dp * self.tp * self.pp * self.cp

@@ -163,3 +163,8 @@ def test_tensor_parallel_groups_are_consecutive_ranks_and_pipelines_span_them():
     assert [r[1] for r in results] == [[0, 2], [1, 3], [0, 2], [1, 3]]
     # One data-parallel share for all: TP and PP ranks read the same batch.
     assert {(r[2], r[3]) for r in results} == {(0, 1)}
+
+
+def test_the_layout_line_names_the_degrees_in_mesh_order():
+    degrees = resolve_degrees(ParallelConfig(precision="fp32", tp=2, pp=2), 8)
+    assert degrees.describe() == "pp 2 x dp_replicate 1 x dp_shard 2 x tp 2"
