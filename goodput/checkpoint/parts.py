@@ -67,8 +67,9 @@ def gather(
             names = [renames.get(name, name) for name in group["params"]]
             if index == len(groups):
                 groups.append({**group, "params": names})
-            else:
-                groups[index]["params"] = groups[index]["params"] + names
+            else:  # a tied weight's copy is already there under its whole-model name
+                known = set(groups[index]["params"])
+                groups[index]["params"] += [name for name in names if name not in known]
     return model, optim, groups
 
 
