@@ -46,7 +46,7 @@ from pathlib import Path
 
 from goodput import __version__, rundir
 from goodput.checkpoint.load import config_diff
-from goodput.config import load_config, to_toml
+from goodput.config import from_table, load_config, to_toml
 from goodput.data.manifest import git_sha
 from goodput.diagnostics.smoke_record import (
     ENVIRONMENT_LABELS,
@@ -254,6 +254,9 @@ def _read_steps(metrics_file: Path, num_steps: int) -> tuple[StepValues, ...]:
 
 
 def _require_same_config(path: Path, recorded: str, now: str) -> None:
+    # Read through today's RunConfig: a key goodput gained since the recording takes its
+    # default on both sides, and only a value that was set differently counts.
+    recorded = to_toml(from_table(RunConfig, tomllib.loads(recorded), str(path)))
     differences = config_diff(tomllib.loads(recorded), tomllib.loads(now))
     if differences:
         more = f" and {len(differences) - 3} more" if len(differences) > 3 else ""

@@ -254,3 +254,16 @@ def test_a_hostile_baseline_through_the_cli_is_one_line_and_exit_2(recorded, tmp
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1
     assert result.stderr.startswith(f"goodput: error: {baseline}: steps[0].loss is nan, not a")
+
+
+def test_a_key_goodput_gained_since_the_recording_counts_as_its_default(recorded, tmp_path):
+    config, record = recorded
+
+    def drop_new_keys(raw):  # as a record made before [parallel] had them reads
+        new = ("loss_parallel = ", "pp_schedule = ")
+        kept = [line for line in raw["config"] if not line.startswith(new)]
+        assert len(kept) == len(raw["config"]) - 2
+        raw["config"] = kept
+
+    result = smoke(config, "--baseline", edited(record, tmp_path, drop_new_keys))
+    assert result.returncode == 0, result.stderr
