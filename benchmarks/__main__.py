@@ -1,9 +1,9 @@
 """``make bench``: every benchmark, each ours against its named baseline in one run.
 
 ``python -m benchmarks NAME ...`` runs only the named ones (``tokenize``, ``blend``, ``train``,
-``checkpoint``, ``launch``, ``chaos``); no names: all. Figures are printed and also written to
-``bench-out/results.json`` for the README; a run of some benchmarks replaces only their entries
-there, keeping the others'.
+``checkpoint``, ``launch``, ``chaos``, ``layouts``); no names: all. Figures are printed and also
+written to ``bench-out/results.json`` for the README; a run of some benchmarks replaces only
+their entries there, keeping the others'.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from benchmarks import (
     bench_chaos,
     bench_checkpoint,
     bench_launch,
+    bench_layouts,
     bench_tokenize,
     bench_train,
 )
@@ -33,6 +34,7 @@ BENCHMARKS: dict[str, Callable[[], Any]] = {
     "checkpoint": bench_checkpoint.main,
     "launch": bench_launch.main,
     "chaos": bench_chaos.main,
+    "layouts": bench_layouts.main,
 }
 RESULTS = Path("bench-out/results.json")
 

@@ -1,0 +1,201 @@
+"""Parallel layouts on CPU: the whole ``goodput train`` on 4 gloo ranks, each layout against
+``dp_shard=4`` (plain FSDP) on the same model and the same global batch.
+
+Layouts: ``dp_shard=4`` (the baseline), HSDP ``dp_replicate=2,dp_shard=2``, tensor parallelism
+``dp_shard=2,tp=2`` (sequence parallelism, loss-parallel), pipeline parallelism
+``pp=2,dp_shard=2`` with the 1F1B and the interleaved 1F1B schedules (two stages a rank), and
+``tp=2,pp=2``. Model: a 6.8M-parameter Llama shape (vocab 4,096, dim 256, 6 layers, 8 heads, 4
+KV heads, ffn 768; the four interleaved stages hold 2, 2, 1 and 1 layers, so each rank holds
+three, with the embedding on one and the output head on the other), fp32, seq_len 128; each step
+is 16 samples in micro-batches of 2, however the layout splits them (pure DP: 2 micro-batches a
+rank; pp=2: 4 a pipeline; tp=2,pp=2: 8).
+
+Target: none to meet. Four ranks share this machine's two cores (one thread each), so a layout's
+collectives and its pipeline bubble cost far more than on GPUs, where they overlap with compute
+over fast links: these figures only say that no layout is gratuitously slow. GPU figures come
+from ``benchmarks/gpu_layouts.py``.
+
+Method: ``REPEATS`` repeats; each is one set of 4 spawned ranks that runs every layout's
+``train(RunConfig)`` in turn, the order rotated by one layout per repeat so that this shared
+machine's drift and any warm-up of the process hit each layout alike. Each run is ``STEPS``
+steps; the first ``WARMUP_STEPS`` are dropped and the run's figure is the median of the rest of
+``step_time_s`` in rank 0's ``metrics.jsonl`` (the whole iteration: data, step, logging).
+Tokens/s: tokens per step over the median of a layout's run figures; ratio: the median over
+repeats of (baseline step time / layout step time) within each repeat, so > 1 is faster than
+``dp_shard=4``. All layouts must log the same losses (to ``LOSS_TOLERANCE``), or the benchmark
+fails: a layout that trains differently is not measured. No MFU (``train.peak_tflops`` is set,
+so no run spends time on its CPU matmul probe) and no memory figure: the ranks live on across
+layouts, so a process's peak resident memory is the largest layout's so far.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from goodput import rundir
+from goodput.data.shards import ShardWriter
+from goodput.testing.dist import run_distributed
+from goodput.train.config import DataConfig, RunConfig, TrainConfig
+from goodput.train.flops import model_size
+from goodput.train.loop import train
+from goodput.train.model import ModelConfig
+from goodput.train.parallelize import ParallelConfig
+
+MODEL = ModelConfig(
+    vocab_size=4096, dim=256, num_layers=6, num_heads=8, num_kv_heads=4, max_seq_len=128
+)
+SEQ_LEN = 128
+BATCH = 16  # samples per step, all ranks together
+MICRO_BATCH = 2
+STEPS = 4
+WARMUP_STEPS = 1
+REPEATS = 3
+RANKS = 4
+SEED = 0
+BASELINE = "dp_shard=4"
+LAYOUTS = {
+    BASELINE: ParallelConfig(precision="fp32", dp_shard=4),
+    "dp_replicate=2,dp_shard=2": ParallelConfig(precision="fp32", dp_replicate=2, dp_shard=2),
+    "dp_shard=2,tp=2": ParallelConfig(precision="fp32", dp_shard=2, tp=2),
+    "pp=2,dp_shard=2 1f1b": ParallelConfig(precision="fp32", pp=2, dp_shard=2),
+    "pp=2,dp_shard=2 interleaved_1f1b": ParallelConfig(
+        precision="fp32", pp=2, dp_shard=2, pp_schedule="interleaved_1f1b"
+    ),
+    "tp=2,pp=2": ParallelConfig(precision="fp32", dp_shard=1, tp=2, pp=2),
+}
+LOSS_TOLERANCE = 1e-4  # fp32, reductions in a different order per layout
+
+
+def _write_corpus(directory: Path) -> Path:
+    """Random documents (content does not change the compute) and their file list."""
+    rng = np.random.default_rng(SEED)
+    lengths = rng.integers(20, 400, 200)
+    tokens = rng.integers(1, MODEL.vocab_size, int(lengths.sum())).astype(np.uint16)
+    tokens[np.cumsum(lengths) - 1] = 0  # each document ends with the EOD token
+    writer = ShardWriter(directory / "random", np.dtype(np.uint16))
+    writer.add_documents(tokens, lengths)
+    writer.finish()
+    file_list = directory / "file_list.txt"
+    file_list.write_text(f"1.0 {directory / 'random'} random\n")
+    return file_list
+
+
+def _run_config(tmp: Path, file_list: Path, parallel: ParallelConfig, run_dir: Path) -> RunConfig:
+    return RunConfig(
+        model=MODEL,
+        train=TrainConfig(
+            steps=STEPS,
+            tokens_per_step=BATCH * SEQ_LEN,
+            seq_len=SEQ_LEN,
+            micro_batch_size=MICRO_BATCH,
+            run_dir=str(run_dir),
+            seed=SEED,
+            peak_tflops=1.0,  # no MFU here: skips the CPU matmul probe each run would make
+        ),
+        data=DataConfig(file_list=str(file_list), cache=str(tmp / "cache")),
+        parallel=parallel,
+    )
+
+
+def _train_each(rank: int, world_size: int, configs: list[RunConfig]) -> None:
+    """One rank of one repeat: every layout's ``goodput train`` in turn, on one core, output to
+    a log file beside each run."""
+    torch.set_num_threads(1)
+    for cfg in configs:
+        gc.collect()
+        dist.barrier()  # no run starts while a rank still tears down the previous one
+        run_dir = Path(cfg.train.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(run_dir / f"train-rank{rank}.log", "w") as log:
+            # At the descriptors, not sys.stdout: torch's warnings (its logging handlers hold
+            # the stderr of import time) and gloo's C++ lines go there too. This process is
+            # the rank's own, spawned for this repeat.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(log.fileno(), sys.stdout.fileno())
+            os.dup2(log.fileno(), sys.stderr.fileno())
+            train(cfg)
+            sys.stdout.flush()
+            sys.stderr.flush()
+
+
+def _rotated(names: list[str], repeat: int) -> list[str]:
+    shift = repeat % len(names)
+    return names[shift:] + names[:shift]
+
+
+def main() -> dict[str, Any]:
+    names = list(LAYOUTS)
+    step_s: dict[str, list[float]] = {name: [] for name in names}
+    losses: dict[str, list[float]] = {}
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        file_list = _write_corpus(tmp)
+        for repeat in range(REPEATS):
+            order = _rotated(names, repeat)
+            run_dirs = {
+                name: tmp / f"repeat{repeat}" / f"layout{names.index(name)}" for name in order
+            }
+            configs = [_run_config(tmp, file_list, LAYOUTS[name], run_dirs[name]) for name in order]
+            run_distributed(_train_each, RANKS, configs, timeout_s=600)
+            for name in order:
+                lines = (run_dirs[name] / rundir.METRICS).read_text().splitlines()
+                records = [json.loads(line) for line in lines]
+                step_s[name].append(
+                    statistics.median(r["step_time_s"] for r in records[WARMUP_STEPS:])
+                )
+                losses.setdefault(name, [r["loss"] for r in records])
+    tokens_per_step = BATCH * SEQ_LEN
+    ratios = {
+        name: [b / s for b, s in zip(step_s[BASELINE], step_s[name], strict=True)] for name in names
+    }
+    figures: dict[str, Any] = {
+        "model_parameters": model_size(MODEL).total,
+        "tokens_per_step": tokens_per_step,
+        "step_seconds_each": step_s,
+        "tokens_per_s": {name: tokens_per_step / statistics.median(step_s[name]) for name in names},
+        "ratio": {name: statistics.median(ratios[name]) for name in names},
+        "ratio_each": ratios,
+        "max_loss_difference": max(
+            abs(a - b)
+            for name in names
+            for a, b in zip(losses[BASELINE], losses[name], strict=True)
+        ),
+        "seconds": time.perf_counter() - start,
+    }
+    if figures["max_loss_difference"] > LOSS_TOLERANCE:
+        raise RuntimeError(f"layouts logged different losses: {losses}")
+    _print_summary(figures)
+    return figures
+
+
+def _print_summary(figures: dict[str, Any]) -> None:
+    print(
+        f"layouts: {figures['model_parameters'] / 1e6:.1f}M-parameter model, fp32, {BATCH} x "
+        f"{SEQ_LEN} tokens a step, {RANKS} gloo ranks on {len(os.sched_getaffinity(0))} "
+        f"cores; {REPEATS} repeats, each the median of steps {WARMUP_STEPS + 1}-{STEPS}"
+    )
+    for name in LAYOUTS:
+        each = figures["ratio_each"][name]
+        label = f"{name} (baseline)" if name == BASELINE else name
+        print(
+            f"  {label:<34}: {figures['tokens_per_s'][name]:7.1f} tokens/s  "
+            f"{figures['ratio'][name]:.3f}x {BASELINE} (repeats {min(each):.2f}-{max(each):.2f})"
+        )
+    print(
+        f"  losses equal across layouts to {figures['max_loss_difference']:.1e}; "
+        f"{figures['seconds']:.0f} s in all"
+    )

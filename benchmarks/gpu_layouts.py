@@ -1,0 +1,405 @@
+"""Parallel layouts on one GPU node: tokens/s, MFU and peak memory of a ~1B Llama per layout.
+
+``python benchmarks/gpu_layouts.py`` (or ``python -m benchmarks.gpu_layouts``) finds the node's
+accelerators, picks every layout below that fits them, and runs each as a short real
+``goodput launch --nproc N -- goodput train CONFIG overrides...`` on a synthetic corpus. It
+prints a Markdown table, one line per layout with the exact command that produced it, and
+writes the same as JSON to ``bench-out/gpu_layouts.json``. With no accelerator it refuses in
+one line (exit 2); ``--dry-run --devices N`` prints the layouts and commands for N devices
+anywhere, and ``--tiny`` runs the same code path with a tiny shape (on CPU gloo ranks when
+there is no accelerator), which is how it is tested off GPUs.
+
+Layouts (a degree that does not divide the device count drops the layout; the data-parallel
+degree takes what tp x pp leave): FSDP ``dp_shard=N``; HSDP ``dp_replicate=2``; ``tp=2``,
+``tp=4``, ``tp=8`` (tensor parallelism within the node, sequence parallelism, loss-parallel);
+``pp=2`` with 1F1B and with interleaved 1F1B (two stages a rank); ``tp=2,pp=2``. On one device
+only ``dp_shard=1`` is left.
+
+Shape (``FULL``): a 1.07B-parameter Llama (vocab 32,000, dim 2,048, 20 layers, 16 heads, 8 KV
+heads, ffn 5,632: tp up to 8 divides every split), seq_len 2,048, precision ``fp32-master``
+(bf16 compute), activation checkpointing on. The global batch is the same for every layout on a
+node: 4 samples per device (8,192 tokens), in micro-batches of 2.
+
+Figures, from rank 0's ``metrics.jsonl``: each run is 25 steps (``--steps``); the first 5
+(allocator, communicators, kernel choice) are dropped and each figure is the median of the
+rest. Tokens/s is the whole job's; MFU is goodput's own (PaLM FLOPs per token, no recompute
+counted, against the device's datasheet bf16 peak), so activation checkpointing's extra forward
+is not credited; peak memory is rank 0's peak allocated device memory (under pipeline
+parallelism rank 0 holds the first stage, and other ranks may peak higher). Each row keeps its
+losses too: same seed, same batches, so the layouts' curves should agree to bf16 rounding. One
+run per layout, no repeats: a GPU node is quiet, and the budget is ten minutes. ``--tiny``
+figures measure nothing (CPU ranks sharing cores, a CPU probe for MFU): it shows the runs work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from goodput import argtypes, rundir
+from goodput.config import to_toml
+from goodput.data.shards import ShardWriter
+from goodput.errors import GoodputError
+from goodput.io import write_json
+from goodput.train.config import DataConfig, RunConfig, TrainConfig
+from goodput.train.device import backend_for, detect_device_type, device_name
+from goodput.train.flops import model_size
+from goodput.train.model import ModelConfig
+from goodput.train.parallelize import ParallelConfig
+
+USAGE_ERROR = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shape:
+    model: ModelConfig
+    seq_len: int
+    samples_per_device: int  # the global batch is this times the device count
+    micro_batch_size: int
+    steps: int
+    warmup_steps: int
+    corpus_tokens: int  # the synthetic corpus; the blend repeats it when a run reads more
+
+
+FULL = Shape(
+    model=ModelConfig(
+        vocab_size=32000,
+        dim=2048,
+        num_layers=20,
+        num_heads=16,
+        num_kv_heads=8,
+        ffn_dim=5632,
+        max_seq_len=2048,
+    ),
+    seq_len=2048,
+    samples_per_device=4,
+    micro_batch_size=2,
+    steps=25,
+    warmup_steps=5,
+    corpus_tokens=8_000_000,
+)
+# The same code path at a size a CPU runs in seconds: four layers, so that interleaved 1F1B
+# still has one layer per stage, and heads, KV heads, ffn and vocabulary that tp = 8 divides.
+TINY = Shape(
+    model=ModelConfig(
+        vocab_size=512,
+        dim=128,
+        num_layers=4,
+        num_heads=16,
+        num_kv_heads=8,
+        ffn_dim=256,
+        max_seq_len=64,
+    ),
+    seq_len=64,
+    samples_per_device=4,
+    micro_batch_size=2,
+    steps=4,
+    warmup_steps=1,
+    corpus_tokens=100_000,
+)
+PARALLEL = ParallelConfig(precision="fp32-master", activation_checkpointing=True)
+LAUNCH_IDLE_TIMEOUT_S = 300  # a hung layout stops here rather than eat the node's budget
+RUN_TIMEOUT_S = 480
+CPU_RANKS = 2  # --tiny with no accelerator and no --devices
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    tp: int = 1
+    pp: int = 1
+    dp_replicate: int = 1
+    interleaved: bool = False
+
+    def dp_shard(self, devices: int) -> int | None:
+        """The sharded data-parallel degree on ``devices``; None: the layout does not fit."""
+        model_parallel = self.tp * self.pp * self.dp_replicate
+        if devices % model_parallel:
+            return None
+        shard = devices // model_parallel
+        # HSDP with nothing to shard is plain replication: not the layout this row is about.
+        return None if self.dp_replicate > 1 and shard < 2 else shard
+
+    def name(self, devices: int) -> str:
+        degrees = [f"dp_replicate={self.dp_replicate}"] if self.dp_replicate > 1 else []
+        degrees.append(f"dp_shard={self.dp_shard(devices)}")
+        degrees += [
+            f"{key}={value}" for key, value in (("tp", self.tp), ("pp", self.pp)) if value > 1
+        ]
+        schedule = " interleaved_1f1b" if self.interleaved else (" 1f1b" if self.pp > 1 else "")
+        return ",".join(degrees) + schedule
+
+    def parallel(self, devices: int) -> dict[str, Any]:
+        """This layout's ``[parallel]`` keys on ``devices``, over the shared config's."""
+        values: dict[str, Any] = {
+            "dp_replicate": self.dp_replicate,
+            "dp_shard": self.dp_shard(devices),
+            "tp": self.tp,
+            "pp": self.pp,
+        }
+        if self.interleaved:
+            values["pp_schedule"] = "interleaved_1f1b"
+        return values
+
+
+LAYOUTS = (
+    Layout(),
+    Layout(dp_replicate=2),
+    Layout(tp=2),
+    Layout(tp=4),
+    Layout(tp=8),
+    Layout(pp=2),
+    Layout(pp=2, interleaved=True),
+    Layout(tp=2, pp=2),
+)
+
+
+def accelerator() -> tuple[str, int]:
+    """(device type, how many) as goodput's trainer would find them; 0 devices on a machine
+    whose device type has no accelerator backend (CPU, and MPS: one device, gloo)."""
+    device_type = detect_device_type()
+    if backend_for(device_type) == "gloo":
+        return device_type, 0
+    return device_type, int(getattr(torch, device_type).device_count())
+
+
+def write_corpus(directory: Path, shape: Shape) -> Path:
+    """Random documents (content does not change the compute) and their file list."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(64, 4 * shape.seq_len, shape.corpus_tokens // (2 * shape.seq_len))
+    tokens = rng.integers(1, shape.model.vocab_size, int(lengths.sum())).astype(np.uint16)
+    tokens[np.cumsum(lengths) - 1] = 0  # each document ends with the EOD token
+    writer = ShardWriter(directory / "random", np.dtype(np.uint16))
+    writer.add_documents(tokens, lengths)
+    writer.finish()
+    file_list = directory / "file_list.txt"
+    file_list.write_text(f"1.0 {directory / 'random'} random\n")
+    return file_list
+
+
+def write_config(directory: Path, shape: Shape, devices: int, file_list: Path) -> Path:
+    """The run config every layout shares; each layout overrides ``[parallel]`` and
+    ``train.run_dir``."""
+    cfg = RunConfig(
+        model=shape.model,
+        train=TrainConfig(
+            steps=shape.steps,
+            tokens_per_step=shape.samples_per_device * devices * shape.seq_len,
+            seq_len=shape.seq_len,
+            micro_batch_size=shape.micro_batch_size,
+            run_dir=str(directory / "run"),
+            tensorboard=False,
+        ),
+        data=DataConfig(file_list=str(file_list), cache=str(directory / "blend-cache")),
+        parallel=PARALLEL,
+    )
+    path = directory / "config.toml"
+    path.write_text(to_toml(cfg))
+    return path
+
+
+def command(layout: Layout, devices: int, config: Path, run_dir: Path) -> list[str]:
+    goodput = [sys.executable, "-m", "goodput"]
+    launch = ["launch", "--nproc", str(devices), "--timeout", str(LAUNCH_IDLE_TIMEOUT_S)]
+    launch += ["--log", str(run_dir / "launch.log")]
+    overrides = [f"parallel.{key}={value}" for key, value in layout.parallel(devices).items()]
+    train = ["train", str(config), *overrides, f"train.run_dir={run_dir}"]
+    return [*goodput, *launch, "--", *goodput, *train]
+
+
+def run_layout(argv: list[str], run_dir: Path, shape: Shape) -> dict[str, Any]:
+    """One layout's run and its figures, or its failure in one line."""
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"status": f"no result within {RUN_TIMEOUT_S} s"}
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        lines = (done.stdout + done.stderr).strip().splitlines() or ["(no output)"]
+        # The trainer's one-line error (rank, host, cause) over the launcher's summary after it.
+        errors = [line for line in lines if "error:" in line]
+        return {"status": f"exit {done.returncode}: {(errors or lines)[-1]}", "seconds": seconds}
+    records = [json.loads(line) for line in (run_dir / rundir.METRICS).read_text().splitlines()]
+    steady = records[shape.warmup_steps :]
+    mfu = [r["mfu"] for r in steady if r["mfu"] is not None]
+    return {
+        "status": "ok",
+        "seconds": seconds,
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
+        "tokens_per_s_per_device": statistics.median(r["tokens_per_s_per_device"] for r in steady),
+        "mfu": statistics.median(mfu) if mfu else None,
+        "peak_memory_gib": max(r["peak_memory_gib"] for r in records),
+        "step_time_s": statistics.median(r["step_time_s"] for r in steady),
+        "losses": [r["loss"] for r in records],
+    }
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| layout | tokens/s | tokens/s/device | MFU | peak memory, rank 0 | step | command |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        cmd = f"`{row['command']}`"
+        if row["status"] != "ok":
+            lines.append(f"| {row['layout']} | {row['status']} | | | | | {cmd} |")
+            continue
+        mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "n/a"
+        lines.append(
+            f"| {row['layout']} | {row['tokens_per_s']:,.0f} | "
+            f"{row['tokens_per_s_per_device']:,.0f} | {mfu} | {row['peak_memory_gib']:.1f} GiB | "
+            f"{row['step_time_s']:.3f} s | {cmd} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="gpu_layouts", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    parser.add_argument(
+        "--devices",
+        type=argtypes.positive_int,
+        help=f"devices to use (default: all found; with none found, {CPU_RANKS} CPU ranks)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the layouts and commands, run nothing"
+    )
+    parser.add_argument(
+        "--tiny", action="store_true", help="a tiny shape, on CPU gloo ranks if no accelerator"
+    )
+    parser.add_argument(
+        "--layout",
+        action="append",
+        dest="layouts",
+        metavar="NAME",
+        help="run this layout, as --dry-run names it (repeatable; default: every one that fits)",
+    )
+    parser.add_argument(
+        "--steps", type=argtypes.positive_int, help="steps per run (default: the shape's)"
+    )
+    parser.add_argument(
+        "--work-dir", type=Path, default=Path("bench-out/gpu_layouts"), help="corpus and runs"
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench-out/gpu_layouts.json"))
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    device_type, found = accelerator()
+    if found == 0 and not (args.dry_run or args.tiny):
+        return refuse(
+            f"no accelerator found (device type {device_type}); run it on a GPU node, or see "
+            "the plan with --dry-run --devices N, or run --tiny on CPU"
+        )
+    devices = args.devices or found or CPU_RANKS
+    if found and devices > found and not args.dry_run:
+        return refuse(f"--devices {devices}, but {found} found")
+    shape = TINY if args.tiny else FULL
+    if args.steps is not None:
+        shape = replace(shape, steps=args.steps)
+    if shape.steps <= shape.warmup_steps:
+        return refuse(f"--steps {shape.steps}: the first {shape.warmup_steps} are warm-up")
+    layouts = chosen_layouts(devices, args.layouts, shape)
+    if layouts is None:
+        return USAGE_ERROR
+    # A fresh folder per invocation: a run directory left by an earlier one would be resumed,
+    # and its metrics.jsonl appended to.
+    work = args.work_dir.resolve() / time.strftime("%Y%m%d-%H%M%S")
+    run_dirs = {
+        layout.name(devices): work / f"{index}-{slug(layout.name(devices))}"
+        for index, layout in enumerate(layouts)
+    }
+    commands = {
+        name: command(layout, devices, work / "config.toml", run_dirs[name])
+        for name, layout in zip(run_dirs, layouts, strict=True)
+    }
+    if args.dry_run:
+        print(f"gpu_layouts: {len(commands)} layout(s) on {devices} device(s):")
+        for name, argv_ in commands.items():
+            print(f"  {name}: {shlex.join(argv_)}")
+        return 0
+    work.mkdir(parents=True)
+    write_config(work, shape, devices, write_corpus(work, shape))
+    rows = []
+    for name, argv_ in commands.items():
+        print(f"gpu_layouts: {name} ...", flush=True)
+        row = {"layout": name, "command": shlex.join(argv_)}
+        rows.append(row | run_layout(argv_, run_dirs[name], shape))
+    device = torch.device(device_type, 0) if found else torch.device("cpu")
+    report(args.out, device_name(device), devices, shape, rows)
+    return 0 if all(row["status"] == "ok" for row in rows) else 1
+
+
+def report(out: Path, device: str, devices: int, shape: Shape, rows: list[dict[str, Any]]) -> None:
+    """The JSON file and the printed table."""
+    parameters = model_size(shape.model).total
+    tokens_per_step = shape.samples_per_device * devices * shape.seq_len
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(
+        out,
+        {
+            "device": device,
+            "devices": devices,
+            "model_parameters": parameters,
+            "seq_len": shape.seq_len,
+            "tokens_per_step": tokens_per_step,
+            "steps": shape.steps,
+            "warmup_steps": shape.warmup_steps,
+            "rows": rows,
+        },
+    )
+    print(
+        f"{device} x {devices}, {parameters / 1e6:,.1f}M parameters, {tokens_per_step:,} tokens "
+        f"a step; median of steps {shape.warmup_steps + 1}-{shape.steps}; JSON in {out}"
+    )
+    print(markdown(rows))
+
+
+def refuse(reason: str) -> int:
+    print(f"gpu_layouts: {reason}", file=sys.stderr)
+    return USAGE_ERROR
+
+
+def chosen_layouts(devices: int, names: list[str] | None, shape: Shape) -> list[Layout] | None:
+    """The layouts that fit, or those of them named; None (after saying why) for a name that
+    is not one of them, or a layout that cannot split the shape's model."""
+    fitting = {
+        layout.name(devices): layout for layout in LAYOUTS if layout.dp_shard(devices) is not None
+    }
+    unknown = [name for name in names or () if name not in fitting]
+    if unknown:
+        refuse(f"unknown layout(s) {unknown}; on {devices} device(s): {'; '.join(fitting)}")
+        return None
+    chosen = [fitting[name] for name in names] if names else list(fitting.values())
+    # Checked here as the trainer will check it, so that a shape a layout cannot split fails
+    # before any run (and in a dry run), not after minutes of others.
+    for layout in chosen:
+        try:
+            replace(PARALLEL, **layout.parallel(devices)).check_model(shape.model, shape.seq_len)
+        except GoodputError as error:
+            refuse(f"{layout.name(devices)}: {error}")
+            return None
+    return chosen
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
