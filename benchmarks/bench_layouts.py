@@ -40,13 +40,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from goodput import rundir
-from goodput.data.shards import ShardWriter
 from goodput.testing.dist import run_distributed
+from goodput.testing.tiny import write_random_corpus
 from goodput.train.config import DataConfig, RunConfig, TrainConfig
 from goodput.train.flops import model_size
 from goodput.train.loop import train
@@ -79,17 +78,9 @@ LOSS_TOLERANCE = 1e-4  # fp32, reductions in a different order per layout
 
 
 def _write_corpus(directory: Path) -> Path:
-    """Random documents (content does not change the compute) and their file list."""
-    rng = np.random.default_rng(SEED)
-    lengths = rng.integers(20, 400, 200)
-    tokens = rng.integers(1, MODEL.vocab_size, int(lengths.sum())).astype(np.uint16)
-    tokens[np.cumsum(lengths) - 1] = 0  # each document ends with the EOD token
-    writer = ShardWriter(directory / "random", np.dtype(np.uint16))
-    writer.add_documents(tokens, lengths)
-    writer.finish()
-    file_list = directory / "file_list.txt"
-    file_list.write_text(f"1.0 {directory / 'random'} random\n")
-    return file_list
+    return write_random_corpus(
+        directory, vocab_size=MODEL.vocab_size, num_docs=200, lengths=(20, 400), seed=SEED
+    )
 
 
 def _run_config(tmp: Path, file_list: Path, parallel: ParallelConfig, run_dir: Path) -> RunConfig:

@@ -56,15 +56,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from goodput import rundir
 from goodput.data.blend import BlendSpec, build_blend
 from goodput.data.loader import DataLoader
-from goodput.data.shards import ShardWriter
 from goodput.testing.dist import run_distributed
+from goodput.testing.tiny import write_random_corpus
 from goodput.train.config import DataConfig, RunConfig, TrainConfig
 from goodput.train.flops import flops_per_token, model_size
 from goodput.train.loop import train
@@ -130,17 +129,9 @@ def _bare_loop(
 
 
 def _write_corpus(directory: Path) -> Path:
-    """Random documents (content does not change the compute) and their file list."""
-    rng = np.random.default_rng(SEED)
-    lengths = rng.integers(20, 1000, 200)
-    tokens = rng.integers(1, MODEL.vocab_size, int(lengths.sum())).astype(np.uint16)
-    tokens[np.cumsum(lengths) - 1] = 0  # each document ends with the EOD token
-    writer = ShardWriter(directory / "random", np.dtype(np.uint16))
-    writer.add_documents(tokens, lengths)
-    writer.finish()
-    file_list = directory / "file_list.txt"
-    file_list.write_text(f"1.0 {directory / 'random'} random\n")
-    return file_list
+    return write_random_corpus(
+        directory, vocab_size=MODEL.vocab_size, num_docs=200, lengths=(20, 1000), seed=SEED
+    )
 
 
 def _run_config(

@@ -46,14 +46,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from goodput import argtypes, rundir
 from goodput.config import to_toml
-from goodput.data.shards import ShardWriter
 from goodput.errors import GoodputError
 from goodput.io import write_json
+from goodput.testing.tiny import write_random_corpus
 from goodput.train.config import DataConfig, RunConfig, TrainConfig
 from goodput.train.device import backend_for, detect_device_type, device_name
 from goodput.train.flops import model_size
@@ -176,17 +175,12 @@ def accelerator() -> tuple[str, int]:
 
 
 def write_corpus(directory: Path, shape: Shape) -> Path:
-    """Random documents (content does not change the compute) and their file list."""
-    rng = np.random.default_rng(0)
-    lengths = rng.integers(64, 4 * shape.seq_len, shape.corpus_tokens // (2 * shape.seq_len))
-    tokens = rng.integers(1, shape.model.vocab_size, int(lengths.sum())).astype(np.uint16)
-    tokens[np.cumsum(lengths) - 1] = 0  # each document ends with the EOD token
-    writer = ShardWriter(directory / "random", np.dtype(np.uint16))
-    writer.add_documents(tokens, lengths)
-    writer.finish()
-    file_list = directory / "file_list.txt"
-    file_list.write_text(f"1.0 {directory / 'random'} random\n")
-    return file_list
+    return write_random_corpus(
+        directory,
+        vocab_size=shape.model.vocab_size,
+        num_docs=shape.corpus_tokens // (2 * shape.seq_len),
+        lengths=(64, 4 * shape.seq_len),
+    )
 
 
 def write_config(directory: Path, shape: Shape, devices: int, file_list: Path) -> Path:

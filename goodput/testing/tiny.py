@@ -63,6 +63,23 @@ def write_counting_corpus(prefix: Path, num_docs: int = 200, vocab: int = 61) ->
     writer.finish()
 
 
+def write_random_corpus(
+    directory: Path, *, vocab_size: int, num_docs: int, lengths: tuple[int, int], seed: int = 0
+) -> Path:
+    """Random documents of ``lengths`` [low, high) tokens (content does not change the compute:
+    benchmarks) as one shard set, and the file list naming it; return the file list."""
+    rng = np.random.default_rng(seed)
+    doc_lengths = rng.integers(*lengths, num_docs)
+    tokens = rng.integers(1, vocab_size, int(doc_lengths.sum())).astype(np.uint16)
+    tokens[np.cumsum(doc_lengths) - 1] = 0  # each document ends with the EOD token
+    writer = ShardWriter(directory / "random", np.dtype(np.uint16))
+    writer.add_documents(tokens, doc_lengths)
+    writer.finish()
+    file_list = directory / "file_list.txt"
+    file_list.write_text(f"1.0 {directory / 'random'} random\n")
+    return file_list
+
+
 def tiny_run_config(directory: Path) -> RunConfig:
     """A complete tiny run under ``directory``: 8 steps of 8 samples x 16 tokens, fp32 so that
     ranks compare exactly; the run directory is ``directory/run``."""
