@@ -41,6 +41,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from goodput.errors import GoodputError
 from goodput.train.parallelize import ParallelConfig
 
+# The mesh's dimensions, outermost first: tp varies fastest (see Rank order above).
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+
 
 @dataclass(frozen=True, slots=True)
 class Degrees:
@@ -58,9 +61,7 @@ class Degrees:
     def describe(self) -> str:
         """The degrees as the mesh orders them, e.g. ``pp 2 x dp_replicate 1 x dp_shard 2 x
         tp 1``."""
-        return " x ".join(
-            f"{name} {getattr(self, name)}" for name in ("pp", "dp_replicate", "dp_shard", "tp")
-        )
+        return " x ".join(f"{name} {getattr(self, name)}" for name in MESH_DIMS)
 
     def product(self) -> int:
         """The number of ranks this layout needs (``ep`` borrows its ranks)."""
@@ -155,8 +156,8 @@ def build_mesh(cfg: ParallelConfig, device: torch.device, ranks_per_host: int) -
     check_tp_within_hosts(degrees.tp, world_size, ranks_per_host)
     device_mesh = init_device_mesh(
         device.type,
-        (degrees.pp, degrees.dp_replicate, degrees.dp_shard, degrees.tp),
-        mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"),
+        tuple(getattr(degrees, name) for name in MESH_DIMS),
+        mesh_dim_names=MESH_DIMS,
     )
     dp_mesh = device_mesh["dp_replicate", "dp_shard"]._flatten("dp")
     return ParallelMesh(degrees, device_mesh, dp_mesh)
