@@ -3,6 +3,7 @@ that suggest a split that works, and HSDP (replicas of sharded groups) training 
 process."""
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from goodput.train.config import RunConfig
 from goodput.train.mesh import build_mesh, check_tp_within_hosts, resolve_degrees
 from goodput.train.model import Transformer
 from goodput.train.parallelize import ParallelConfig, parallelize
+from goodput.train.pipeline import pipeline_microbatches
 from goodput.train.step import train_step
 
 CONFIGS = Path(__file__).parents[3] / "configs"
@@ -168,3 +170,12 @@ def test_tensor_parallel_groups_are_consecutive_ranks_and_pipelines_span_them():
 def test_the_layout_line_names_the_degrees_in_mesh_order():
     degrees = resolve_degrees(ParallelConfig(precision="fp32", tp=2, pp=2), 8)
     assert degrees.describe() == "pp 2 x dp_replicate 1 x dp_shard 2 x tp 2"
+
+
+def test_pipeline_microbatches_that_do_not_divide_the_pipelines_batch_are_refused():
+    cfg = ParallelConfig(precision="fp32", pp=2, pp_microbatches=3)
+    with pytest.raises(GoodputError) as error:
+        pipeline_microbatches(cfg, local_batch_size=8, default=4)
+    assert "pp_microbatches = 3 does not divide the 8 samples" in error.value.render()
+    assert error.value.code == 2
+    assert pipeline_microbatches(replace(cfg, pp_microbatches=None), 8, default=4) == 4
