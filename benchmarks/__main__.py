@@ -1,9 +1,9 @@
 """``make bench``: every benchmark, each ours against its named baseline in one run.
 
 ``python -m benchmarks NAME ...`` runs only the named ones (``tokenize``, ``blend``, ``train``,
-``checkpoint``, ``launch``, ``chaos``, ``layouts``); no names: all. Figures are printed and also
-written to ``bench-out/results.json`` for the README; a run of some benchmarks replaces only
-their entries there, keeping the others'.
+``checkpoint``, ``launch``, ``chaos``, ``layouts``, ``ring``, ``moe``); no names: all. Figures are
+printed and also written to ``bench-out/results.json`` for the README; a run of some benchmarks
+replaces only their entries there, keeping the others'.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from benchmarks import (
     bench_checkpoint,
     bench_launch,
     bench_layouts,
+    bench_moe,
+    bench_ring,
     bench_tokenize,
     bench_train,
 )
@@ -35,6 +37,8 @@ BENCHMARKS: dict[str, Callable[[], Any]] = {
     "launch": bench_launch.main,
     "chaos": bench_chaos.main,
     "layouts": bench_layouts.main,
+    "ring": bench_ring.main,
+    "moe": bench_moe.main,
 }
 RESULTS = Path("bench-out/results.json")
 

@@ -10,10 +10,13 @@ anywhere, and ``--tiny`` runs the same code path with a tiny shape (on CPU gloo 
 there is no accelerator), which is how it is tested off GPUs.
 
 Layouts (a degree that does not divide the device count drops the layout; the data-parallel
-degree takes what tp x pp leave): FSDP ``dp_shard=N``; HSDP ``dp_replicate=2``; ``tp=2``,
+degree takes what tp x pp x cp leave): FSDP ``dp_shard=N``; HSDP ``dp_replicate=2``; ``tp=2``,
 ``tp=4``, ``tp=8`` (tensor parallelism within the node, sequence parallelism, loss-parallel);
-``pp=2`` with 1F1B and with interleaved 1F1B (two stages a rank); ``tp=2,pp=2``. On one device
-only ``dp_shard=1`` is left.
+``pp=2`` with 1F1B and with interleaved 1F1B (two stages a rank); ``tp=2,pp=2``; context
+parallelism (ring attention, the device's fused attention kernel per block) ``cp=2``, ``cp=4``,
+``cp=2,tp=2``; and the MoE variant of the shape (each MLP 8 experts of a quarter of its ffn,
+top-2) under FSDP and expert parallelism ``ep=2``, ``ep=4``, ``ep=8``. On one device only
+``dp_shard=1`` (dense and MoE) is left.
 
 Shape (``FULL``): a 1.07B-parameter Llama (vocab 32,000, dim 2,048, 20 layers, 16 heads, 8 KV
 heads, ffn 5,632: tp up to 8 divides every split), seq_len 2,048, precision ``fp32-master``
@@ -56,7 +59,7 @@ from goodput.testing.tiny import write_random_corpus
 from goodput.train.config import DataConfig, RunConfig, TrainConfig
 from goodput.train.device import backend_for, detect_device_type, device_name
 from goodput.train.flops import model_size
-from goodput.train.model import ModelConfig
+from goodput.train.model import ModelConfig, MoEConfig
 from goodput.train.parallelize import ParallelConfig
 
 USAGE_ERROR = 2
@@ -115,19 +118,30 @@ RUN_TIMEOUT_S = 480
 CPU_RANKS = 2  # --tiny with no accelerator and no --devices
 
 
+# The MoE rows' model: the shape's, each MLP 8 experts of a quarter of its ffn, top-2 (about the
+# dense model's active FLOPs per token), as [model.moe] overrides.
+MOE_OVERRIDES = {"num_experts": 8, "top_k": 2}
+MOE_FFN_FRACTION = 4
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Layout:
     tp: int = 1
     pp: int = 1
+    cp: int = 1
+    ep: int = 1
     dp_replicate: int = 1
     interleaved: bool = False
+    moe: bool = False  # the MoE variant of the shape's model
 
     def dp_shard(self, devices: int) -> int | None:
         """The sharded data-parallel degree on ``devices``; None: the layout does not fit."""
-        model_parallel = self.tp * self.pp * self.dp_replicate
+        model_parallel = self.tp * self.pp * self.cp * self.dp_replicate
         if devices % model_parallel:
             return None
         shard = devices // model_parallel
+        if shard % self.ep:  # expert parallelism borrows ranks of dp_shard
+            return None
         # HSDP with nothing to shard is plain replication: not the layout this row is about.
         return None if self.dp_replicate > 1 and shard < 2 else shard
 
@@ -135,10 +149,12 @@ class Layout:
         degrees = [f"dp_replicate={self.dp_replicate}"] if self.dp_replicate > 1 else []
         degrees.append(f"dp_shard={self.dp_shard(devices)}")
         degrees += [
-            f"{key}={value}" for key, value in (("tp", self.tp), ("pp", self.pp)) if value > 1
+            f"{key}={value}"
+            for key, value in (("tp", self.tp), ("pp", self.pp), ("cp", self.cp), ("ep", self.ep))
+            if value > 1
         ]
         schedule = " interleaved_1f1b" if self.interleaved else (" 1f1b" if self.pp > 1 else "")
-        return ",".join(degrees) + schedule
+        return ("moe " if self.moe else "") + ",".join(degrees) + schedule
 
     def parallel(self, devices: int) -> dict[str, Any]:
         """This layout's ``[parallel]`` keys on ``devices``, over the shared config's."""
@@ -147,10 +163,25 @@ class Layout:
             "dp_shard": self.dp_shard(devices),
             "tp": self.tp,
             "pp": self.pp,
+            "cp": self.cp,
+            "ep": self.ep,
         }
         if self.interleaved:
             values["pp_schedule"] = "interleaved_1f1b"
         return values
+
+    def model(self, shape: Shape) -> ModelConfig:
+        if not self.moe:
+            return shape.model
+        ffn = shape.model.mlp_dim // MOE_FFN_FRACTION
+        return replace(shape.model, moe=MoEConfig(**MOE_OVERRIDES, expert_ffn_dim=ffn))
+
+    def model_overrides(self, shape: Shape) -> list[str]:
+        moe = self.model(shape).moe
+        if moe is None:
+            return []
+        keys = {**MOE_OVERRIDES, "expert_ffn_dim": moe.expert_ffn_dim}
+        return [f"model.moe.{key}={value}" for key, value in keys.items()]
 
 
 LAYOUTS = (
@@ -162,6 +193,13 @@ LAYOUTS = (
     Layout(pp=2),
     Layout(pp=2, interleaved=True),
     Layout(tp=2, pp=2),
+    Layout(cp=2),
+    Layout(cp=4),
+    Layout(cp=2, tp=2),
+    Layout(moe=True),
+    Layout(moe=True, ep=2),
+    Layout(moe=True, ep=4),
+    Layout(moe=True, ep=8),
 )
 
 
@@ -204,11 +242,12 @@ def write_config(directory: Path, shape: Shape, devices: int, file_list: Path) -
     return path
 
 
-def command(layout: Layout, devices: int, config: Path, run_dir: Path) -> list[str]:
+def command(layout: Layout, devices: int, config: Path, run_dir: Path, shape: Shape) -> list[str]:
     goodput = [sys.executable, "-m", "goodput"]
     launch = ["launch", "--nproc", str(devices), "--timeout", str(LAUNCH_IDLE_TIMEOUT_S)]
     launch += ["--log", str(run_dir / "launch.log")]
-    overrides = [f"parallel.{key}={value}" for key, value in layout.parallel(devices).items()]
+    overrides = layout.model_overrides(shape)
+    overrides += [f"parallel.{key}={value}" for key, value in layout.parallel(devices).items()]
     train = ["train", str(config), *overrides, f"train.run_dir={run_dir}"]
     return [*goodput, *launch, "--", *goodput, *train]
 
@@ -319,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for index, layout in enumerate(layouts)
     }
     commands = {
-        name: command(layout, devices, work / "config.toml", run_dirs[name])
+        name: command(layout, devices, work / "config.toml", run_dirs[name], shape)
         for name, layout in zip(run_dirs, layouts, strict=True)
     }
     if args.dry_run:
@@ -384,7 +423,8 @@ def chosen_layouts(devices: int, names: list[str] | None, shape: Shape) -> list[
     # before any run (and in a dry run), not after minutes of others.
     for layout in chosen:
         try:
-            replace(PARALLEL, **layout.parallel(devices)).check_model(shape.model, shape.seq_len)
+            parallel = replace(PARALLEL, **layout.parallel(devices))
+            parallel.check_model(layout.model(shape), shape.seq_len)
         except GoodputError as error:
             refuse(f"{layout.name(devices)}: {error}")
             return None

@@ -16,16 +16,27 @@ import signal
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 from goodput import __version__
 from goodput.errors import ExitCode, from_exception
 
 # In the order `goodput --help` lists them; each names its module in goodput.commands.
-GROUPS = ("data", "model", "train", "ckpt", "launch", "broadcast", "submit", "chaos", "diagnose")
+GROUPS = tuple("data model plan train ckpt launch broadcast submit chaos diagnose".split())
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse's usage errors as one ``goodput: error:`` line (exit 2), like every other
+    error; every group's and command's parser is one (subparsers take their parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        line = f"goodput: error: {self.prog}: {message}; see {self.prog} --help"
+        print(" ".join(line.split()), file=sys.stderr)
+        sys.exit(int(ExitCode.USAGE))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="goodput", description="Pre-train LLMs on supercomputers and keep the run alive."
     )
     parser.add_argument("--version", action="version", version=f"goodput {__version__}")

@@ -40,7 +40,24 @@ from goodput.rundir import CONFIG, TRAIN_STATE, list_checkpoints, rng_file
 class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
     """DCP's planner, minus unpickling: DCP stores non-tensor values as pickles and would load
     them with ``weights_only=False``, i.e. run whatever a checkpoint file says. goodput never
-    writes such values, so one found in a checkpoint is refused."""
+    writes such values, so one found in a checkpoint is refused. A tensor the model has and the
+    checkpoint lacks (a model whose parameters were renamed since) is refused by name."""
+
+    def create_local_plan(self) -> Any:
+        assert self.metadata is not None
+        missing = [
+            name for name in self.state_dict if name not in self.metadata.state_dict_metadata
+        ]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise GoodputError(
+                missing[0],
+                f"this model's tensor is not in the checkpoint{more}: it was saved by a model "
+                "with other parameter names (e.g. MoE experts before they were grouped)",
+                "resume from a checkpoint of this model, or start fresh (checkpoint.resume = "
+                "'never', or another run directory)",
+            )
+        return super().create_local_plan()
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         raise GoodputError(

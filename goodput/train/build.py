@@ -54,6 +54,7 @@ from goodput.train.model import Transformer
 from goodput.train.optim import Optimizers
 from goodput.train.parallelize import parallelize
 from goodput.train.pipeline import Pipeline, build_pipeline, pipeline_microbatches
+from goodput.train.ring_attention import ContextLayout
 
 RECORDED_PACKAGES = ("torch", "numpy", "sentencepiece", "tokenizers", "tensorboard")
 # What goodput launch and goodput submit put into a run directory before its trainer first
@@ -275,10 +276,18 @@ def build_model(
         )
     with torch.device("meta" if empty else device):
         transformer = Transformer(cfg.model)
-    model = parallelize(transformer, cfg.parallel, mesh)  # in place: the same module
+    # In place: the same module.
+    model = parallelize(transformer, cfg.parallel, mesh, context=context_layout(cfg, mesh))
     if empty:
         transformer.allocate(device)
     return model
+
+
+def context_layout(cfg: RunConfig, mesh: ParallelMesh) -> ContextLayout | None:
+    """How context parallelism splits each training sequence; None without it."""
+    if mesh.degrees.cp == 1:
+        return None
+    return ContextLayout(cfg.train.seq_len, mesh.degrees.cp)
 
 
 def init_like_fresh(parts: list[nn.Module], cfg: RunConfig, device: torch.device) -> None:

@@ -10,13 +10,16 @@ halved for causality).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from goodput.train.model import ModelConfig
+if TYPE_CHECKING:  # only a type here: torch-free callers (goodput.plan) import this module
+    from goodput.train.model import ModelConfig
 
 # Bytes held per parameter during training, by precision policy. fp32-master: fp32 weights,
 # fp32 gradients, fp32 Adam moments (bf16 working copies of the weights are transient);
-# pure-bf16: weights, gradients and moments all in bf16.
-BYTES_PER_PARAMETER = {"fp32-master": 16, "pure-bf16": 8}
+# pure-bf16: weights, gradients and moments all in bf16; fp32: as fp32-master, without the
+# bf16 copies.
+BYTES_PER_PARAMETER = {"fp32-master": 16, "pure-bf16": 8, "fp32": 16}
 
 
 @dataclass(frozen=True, slots=True)

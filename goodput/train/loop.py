@@ -2,7 +2,8 @@
 
 Setup (process group, mesh, batch plan, data, model, optimizer, metrics) comes from small
 builders; everything after that is here, in the order it happens. Each step, in labelled
-blocks: LR; batch (this rank's slice of the global batch, cut into micro-batches); step
+blocks: LR; batch (this rank's slice of the global batch — under context parallelism its chunks
+of each sequence — cut into micro-batches); step
 (``train_step``, which skips the optimizer step on a non-finite gradient norm); metrics (and the
 step-1 loss of a fresh model against ln(vocab)); the non-finite guard (``train.max_skipped_steps``
 skips in a row stop the run); checkpoint/terminate (``Checkpointer.decide``, the same on every
@@ -28,6 +29,7 @@ from goodput.train.build import (
     build_loader,
     build_model,
     checkpoint_root,
+    context_layout,
     decided_by_rank_zero,
     fresh_loss_warning,
     require_run_dir,
@@ -98,6 +100,8 @@ def train(cfg: RunConfig) -> list[float]:
             tensorboard=cfg.train.tensorboard,
         )
         config_toml = to_toml(cfg)
+        context = context_layout(cfg, mesh)
+        positions_t = context.positions(mesh.cp_rank).to(device) if context else None
         losses = []
         batches = iter(loader)
         last_step_end = time.perf_counter()
@@ -107,8 +111,13 @@ def train(cfg: RunConfig) -> list[float]:
                 lr = learning_rate(cfg.schedule, step - 1, cfg.train.steps)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                # Batch: this rank's share of the global batch, in micro-batches.
+                # Batch: this rank's share of the global batch (under cp, its chunks of each
+                # sequence), in micro-batches.
                 input_ids, labels = next(batches)
+                if context is not None:
+                    input_ids, labels = (
+                        context.split(t, mesh.cp_rank) for t in (input_ids, labels)
+                    )
                 micro_batches = list(
                     zip(
                         input_ids.to(device).split(plan.micro_batch_size),
@@ -122,7 +131,8 @@ def train(cfg: RunConfig) -> list[float]:
                     optimizer,
                     micro_batches,
                     max_grad_norm=cfg.train.max_grad_norm,
-                    dp_group=mesh.dp_group,
+                    token_group=mesh.token_group,
+                    positions_t=positions_t,
                     sync_every_micro_batch=cfg.parallel.sync_every_micro_batch,
                     inject_nan=faults is not None and faults.nan_at(step, rank),
                 )

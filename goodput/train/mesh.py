@@ -1,24 +1,33 @@
 """The parallel layout: how the world's ranks split into parallel dimensions, and nowhere else.
 
 ``build_mesh`` reads the degrees of ``[parallel]`` — data parallelism as ``dp_replicate``
-replicas of ``dp_shard`` ranks that shard one replica (FSDP), then ``tp`` and ``pp``; ``cp``
-and ``ep`` are refused as "not yet" when the config is read (``ParallelConfig``) — fills in the
-unset data-parallel degree with what the world size leaves, checks that the product is the world
-size, builds the ``DeviceMesh`` and hands out, by name, what each part needs:
+replicas of ``dp_shard`` ranks that shard one replica (FSDP), then ``cp``, ``tp`` and ``pp``,
+and ``ep``, which borrows its ranks from ``dp_shard`` — fills in the unset data-parallel degree
+with what the world size leaves, checks that the product is the world size, builds the
+``DeviceMesh`` and hands out, by name, what each part needs:
 
 - ``dp_rank``/``dp_size``: which share of the global batch this rank reads (the batch plan,
-  the loader); every rank of one tensor-parallel group and of one pipeline reads the same share;
-- ``dp_group``: the ranks whose shares together make the global batch: the step counts tokens,
-  sums the loss and, where FSDP does not, the gradients over it — never over ``tp``, whose
-  ranks hold the same loss (summing over it multiplies the loss by ``tp``; leaving out ``dp``
-  divides it by ``dp``: the seed's "loss 1/12 too low");
-- ``fsdp_mesh``: what ``parallelize`` shards over (``dp_shard``), and replicates over
-  (``dp_replicate``) when there is more than one replica;
+  the loader); every rank of one tensor-parallel group, of one context-parallel group and of
+  one pipeline reads the same share;
+- ``token_group``: the ranks whose tokens together make the global batch (data parallel x
+  context parallel): the step counts tokens, sums the loss and, where FSDP does not, the
+  gradients over it — never over ``tp``, whose ranks hold the same loss (summing over it
+  multiplies the loss by ``tp``; leaving out ``dp`` divides it by ``dp``: the seed's "loss
+  1/12 too low"); context-parallel ranks hold different tokens of the same sequences, so they
+  are in it;
+- ``fsdp_mesh``: what ``parallelize`` shards the model over (``dp_shard`` x ``cp``: the ranks of
+  one context-parallel group hold the same weights), and replicates over (``dp_replicate``)
+  when there is more than one replica;
+- ``ep_mesh``: the ranks that split one MoE layer's experts (``ep`` consecutive ranks of
+  ``dp_shard``); ``expert_fsdp_mesh``: the ranks holding the same experts, which shard them
+  (``dp_shard / ep``, and replicate over ``dp_replicate``);
+- ``cp_group``/``cp_rank``: the ranks that split each sequence (ring attention);
 - ``tp_mesh``: the ranks that split each weight matrix; ``pp_group``/``pp_rank``: the stages of
   one pipeline.
 
-Rank order. The mesh is ``pp x dp_replicate x dp_shard x tp`` in row-major order: ``tp`` varies
-fastest, so a tensor-parallel group is ``tp`` consecutive ranks. Every launcher goodput drives
+Rank order. The mesh is ``pp x dp_replicate x dp_shard x cp x tp`` in row-major order, with
+``dp_shard`` split into ``dp_shard / ep`` x ``ep``: ``tp`` varies fastest, so a tensor-parallel
+group is ``tp`` consecutive ranks, then ``cp``, then ``ep``. Every launcher goodput drives
 numbers ranks host by host (``srun``'s block distribution, Hydra's ``-ppn``, ``goodput launch``
 locally), so when ``tp`` divides the ranks per host each TP group — an all-reduce inside every
 layer — stays inside one host, and the pipeline's point-to-point sends cross hosts instead.
@@ -26,12 +35,13 @@ layer — stays inside one host, and the pipeline's point-to-point sends cross h
 placement.
 
 Invariants: every rank builds the same mesh from the same config; the product of the degrees
-is the world size.
+is the world size; ``ep`` divides ``dp_shard``.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -41,8 +51,11 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from goodput.errors import GoodputError
 from goodput.train.parallelize import ParallelConfig
 
-# The mesh's dimensions, outermost first: tp varies fastest (see Rank order above).
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+# The layout's dimensions, outermost first: tp varies fastest (see Rank order above).
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+# The device mesh's: dp_shard split into the ranks holding the same experts and the ep ranks
+# that split them (both 1-sized dimensions cost nothing for a dense model).
+DEVICE_MESH_DIMS = ("pp", "dp_replicate", "expert_shard", "ep", "cp", "tp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +71,16 @@ class Degrees:
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
 
+    @property
+    def expert_shard(self) -> int:
+        """The ``dp_shard`` ranks holding the same experts (``ep`` splits the rest)."""
+        return self.dp_shard // self.ep
+
     def describe(self) -> str:
         """The degrees as the mesh orders them, e.g. ``pp 2 x dp_replicate 1 x dp_shard 2 x
-        tp 1``."""
-        return " x ".join(f"{name} {getattr(self, name)}" for name in MESH_DIMS)
+        cp 1 x tp 1``, and ``ep`` when it splits ``dp_shard``."""
+        line = " x ".join(f"{name} {getattr(self, name)}" for name in MESH_DIMS)
+        return line + (f" (ep {self.ep} within dp_shard)" if self.ep > 1 else "")
 
     def product(self) -> int:
         """The number of ranks this layout needs (``ep`` borrows its ranks)."""
@@ -93,6 +112,14 @@ def resolve_degrees(cfg: ParallelConfig, world_size: int) -> Degrees:
             f"{world_size}",
             _suggest(cfg, world_size, fixed, rest),
         )
+    if degrees.dp_shard % cfg.ep:
+        raise GoodputError.usage(
+            "[parallel]",
+            f"ep = {cfg.ep} does not divide dp_shard = {degrees.dp_shard}: expert parallelism "
+            "splits the experts over ranks that shard one replica",
+            f"choose ep dividing {degrees.dp_shard} (e.g. ep = "
+            f"{math.gcd(cfg.ep, degrees.dp_shard)}), or raise dp_shard",
+        )
     return degrees
 
 
@@ -113,8 +140,10 @@ class ParallelMesh:
     """The mesh of one run, and its named parts (see the module docstring)."""
 
     degrees: Degrees
-    device_mesh: DeviceMesh  # dimensions pp x dp_replicate x dp_shard x tp
+    device_mesh: DeviceMesh  # dimensions DEVICE_MESH_DIMS
     dp_mesh: DeviceMesh  # dp_replicate x dp_shard flattened: every data-parallel rank
+    token_mesh: DeviceMesh  # dp_replicate x dp_shard x cp flattened
+    fsdp_mesh: DeviceMesh  # dp_shard x cp, after dp_replicate when there are replicas
 
     @property
     def dp_rank(self) -> int:
@@ -125,15 +154,26 @@ class ParallelMesh:
         return self.degrees.dp
 
     @property
-    def dp_group(self) -> dist.ProcessGroup:
-        return self.dp_mesh.get_group()
+    def token_group(self) -> dist.ProcessGroup:
+        return self.token_mesh.get_group()
 
     @property
-    def fsdp_mesh(self) -> DeviceMesh:
-        """One dimension (shard) for FSDP; two (replicate, shard: HSDP) with replicas."""
+    def expert_fsdp_mesh(self) -> DeviceMesh:
         if self.degrees.dp_replicate > 1:
-            return self.device_mesh["dp_replicate", "dp_shard"]
-        return self.device_mesh["dp_shard"]
+            return self.device_mesh["dp_replicate", "expert_shard"]
+        return self.device_mesh["expert_shard"]
+
+    @property
+    def ep_mesh(self) -> DeviceMesh:
+        return self.device_mesh["ep"]
+
+    @property
+    def cp_group(self) -> dist.ProcessGroup:
+        return self.device_mesh.get_group("cp")
+
+    @property
+    def cp_rank(self) -> int:
+        return self.device_mesh.get_local_rank("cp")
 
     @property
     def tp_mesh(self) -> DeviceMesh:
@@ -156,11 +196,21 @@ def build_mesh(cfg: ParallelConfig, device: torch.device, ranks_per_host: int) -
     check_tp_within_hosts(degrees.tp, world_size, ranks_per_host)
     device_mesh = init_device_mesh(
         device.type,
-        tuple(getattr(degrees, name) for name in MESH_DIMS),
-        mesh_dim_names=MESH_DIMS,
+        tuple(getattr(degrees, name) for name in DEVICE_MESH_DIMS),
+        mesh_dim_names=DEVICE_MESH_DIMS,
     )
-    dp_mesh = device_mesh["dp_replicate", "dp_shard"]._flatten("dp")
-    return ParallelMesh(degrees, device_mesh, dp_mesh)
+    data = ("dp_replicate", "expert_shard", "ep")
+    dp_mesh = device_mesh[data]._flatten("dp")
+    token_mesh = device_mesh[(*data, "cp")]._flatten("dp_cp")
+    shard_mesh = device_mesh["expert_shard", "ep", "cp"]._flatten("dp_shard_cp")
+    fsdp_mesh = shard_mesh
+    if degrees.dp_replicate > 1:
+        with warnings.catch_warnings():
+            # torch 2.13 still slices a flattened dimension together with a root one (the HSDP
+            # mesh FSDP needs); the pinned torch makes the deprecation moot.
+            warnings.filterwarnings("ignore", message="Slicing a flattened dim")
+            fsdp_mesh = device_mesh["dp_replicate", "dp_shard_cp"]
+    return ParallelMesh(degrees, device_mesh, dp_mesh, token_mesh, fsdp_mesh)
 
 
 def check_tp_within_hosts(tp: int, world_size: int, ranks_per_host: int) -> None:

@@ -11,6 +11,8 @@ signal) and replaces the ``heartbeat`` file (step and time); neither is fsync'd 
 they are not records. ``metrics.jsonl`` is appended and flushed per step, strict JSON: a loss or
 gradient norm that is not finite is written as null (the step line shows inf or nan). A step the
 non-finite guard skipped says so in both (``skipped``, and the run's ``skipped_steps`` so far).
+A mixture-of-experts model adds the step's expert load imbalance (the most loaded expert's
+tokens over the mean, worst layer) and the token-to-expert assignments its capacity dropped.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ class Metrics:
         """The record of ``step``, written on rank 0; ``skipped_steps``: the run's so far."""
         tokens_per_s = self.tokens_per_step / step_time_s
         per_device = tokens_per_s / self.world_size
-        record = {
+        record: dict[str, Any] = {
             "step": step,
             "loss": result.loss,
             "grad_norm": result.grad_norm,
@@ -127,6 +129,9 @@ class Metrics:
             "skipped_steps": skipped_steps,
             "time": time.time(),
         }
+        if result.expert_load is not None:
+            record["expert_load_imbalance"] = result.expert_load.imbalance
+            record["dropped_tokens"] = result.expert_load.dropped_tokens
         if self.enabled:
             self._write(record)
         return record
@@ -161,6 +166,12 @@ def step_line(record: dict[str, Any]) -> str:
         f"lr={record['lr']:.3g} tokens/s={record['tokens_per_s']:,.0f} "
         f"tokens/s/device={record['tokens_per_s_per_device']:,.0f} mfu={mfu} "
         f"mem={record['peak_memory_gib']:.2f}GiB step_time={record['step_time_s']:.3f}s"
+        + (
+            f" expert_load={record['expert_load_imbalance']:.2f}x"
+            f" dropped={record['dropped_tokens']}"
+            if "expert_load_imbalance" in record
+            else ""
+        )
         + (
             f" SKIPPED: gradient norm not finite, no optimizer step "
             f"({record['skipped_steps']} skipped in all)"

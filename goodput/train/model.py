@@ -11,7 +11,14 @@ scaled by ``aux_loss_coef``) and/or the aux-loss-free scheme — a per-expert bi
 logits for *selection only*, nudged after each step toward equal load (``update_router_bias``).
 Token dropping: with ``capacity_factor`` set, each expert takes at most
 ceil(factor · tokens · k / E) tokens in token order; the rest of its assignments are dropped
-(those tokens keep their residual); without it, nothing is dropped.
+(those tokens keep their residual); without it, nothing is dropped. The experts are grouped
+weights, ``[experts, ...]`` per projection (``goodput.train.experts``), which expert parallelism
+splits by expert.
+
+Positions. ``forward`` takes each token's position in its sequence (default: 0..t-1): under
+context parallelism a rank holds two chunks of every sequence, and rotary embeddings need
+their global positions; its attention then runs ring attention over the context-parallel
+group (``goodput.train.ring_attention``), set by ``parallelize``.
 
 Shape suffixes: b batch, t sequence, d model dim, h heads, k kv heads, e head dim, f ffn dim,
 v vocab, n tokens (b·t), x experts.
@@ -24,11 +31,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from goodput.config import limits
 from goodput.errors import GoodputError
+from goodput.train.experts import GroupedExperts
+from goodput.train.ring_attention import ContextLayout, ring_attention
 
 # Upper limits far above any real model (today's largest: dim 16-25k, ~126 layers, 256k vocab,
 # 10M context), so that a typo or a hostile config.json cannot ask for an absurd allocation.
@@ -150,6 +160,14 @@ def apply_rope(x_bthe: torch.Tensor, cos_te: torch.Tensor, sin_te: torch.Tensor)
     return rotated.flatten(-2).type_as(x_bthe)
 
 
+@dataclass(frozen=True, slots=True)
+class ContextParallel:
+    """What an attention needs to run over a sequence split across ranks."""
+
+    layout: ContextLayout
+    group: dist.ProcessGroup
+
+
 class Attention(nn.Module):
     inv_freq: torch.Tensor
 
@@ -164,27 +182,35 @@ class Attention(nn.Module):
         # any run of blocks, and with sequence parallelism only here is the whole sequence seen.
         self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2), persistent=False)
         self.init_buffers()
+        self.context: ContextParallel | None = None  # set by parallelize under cp > 1
 
     def init_buffers(self) -> None:
         with torch.device(self.inv_freq.device):
             self.inv_freq.copy_(rope_frequencies(self.cfg))
 
-    def forward(self, x_btd: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_btd: torch.Tensor, positions_t: torch.Tensor | None) -> torch.Tensor:
         b, t, _ = x_btd.shape
         head_dim = self.cfg.head_dim
-        angles_te = torch.arange(t, device=x_btd.device)[:, None].float() * self.inv_freq[None, :]
+        if positions_t is None:  # here, not before: sequence parallelism gathered t just now
+            positions_t = torch.arange(t, device=x_btd.device)
+        angles_te = positions_t[:, None].float() * self.inv_freq[None, :]
         cos_te, sin_te = angles_te.cos(), angles_te.sin()
         # -1 heads: under tensor parallelism this rank holds heads / tp of them.
-        q_bthe = apply_rope(self.wq(x_btd).view(b, t, -1, head_dim), cos_te, sin_te)
-        k_btke = apply_rope(self.wk(x_btd).view(b, t, -1, head_dim), cos_te, sin_te)
-        v_btke = self.wv(x_btd).view(b, t, -1, head_dim)
-        out_bhte = F.scaled_dot_product_attention(
-            q_bthe.transpose(1, 2),
-            k_btke.transpose(1, 2),
-            v_btke.transpose(1, 2),
-            is_causal=True,
-            enable_gqa=self.cfg.kv_heads != self.cfg.num_heads,
-        )
+        q_bhte = apply_rope(self.wq(x_btd).view(b, t, -1, head_dim), cos_te, sin_te).transpose(1, 2)
+        k_bkte = apply_rope(self.wk(x_btd).view(b, t, -1, head_dim), cos_te, sin_te).transpose(1, 2)
+        v_bkte = self.wv(x_btd).view(b, t, -1, head_dim).transpose(1, 2)
+        if self.context is None:
+            out_bhte = F.scaled_dot_product_attention(
+                q_bhte,
+                k_bkte,
+                v_bkte,
+                is_causal=True,
+                enable_gqa=self.cfg.kv_heads != self.cfg.num_heads,
+            )
+        else:
+            out_bhte = ring_attention(
+                q_bhte, k_bkte, v_bkte, layout=self.context.layout, group=self.context.group
+            )
         return self.wo(out_bhte.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -209,23 +235,21 @@ class MoE(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.router = nn.Linear(dim, cfg.num_experts, bias=False)
-        self.experts = nn.ModuleList(
-            SwiGLU(dim, cfg.expert_ffn_dim) for _ in range(cfg.num_experts)
-        )
+        self.experts = GroupedExperts(dim, cfg.expert_ffn_dim, cfg.num_experts)
         self.shared = SwiGLU(dim, cfg.expert_ffn_dim) if cfg.shared_expert else None
         self.register_buffer("selection_bias", torch.zeros(cfg.num_experts), persistent=True)
         self.register_buffer("tokens_per_expert", torch.zeros(cfg.num_experts), persistent=False)
         self.aux_loss = torch.zeros(())
-        self.num_dropped = 0
+        self.num_dropped = torch.zeros((), dtype=torch.int64)
 
     def forward(self, x_btd: torch.Tensor) -> torch.Tensor:
         x_nd = x_btd.reshape(-1, x_btd.shape[-1])
         logits_nx = self.router(x_nd).float()
         chosen_nk = torch.topk(logits_nx + self.selection_bias, self.cfg.top_k, dim=-1).indices
         gates_nk = torch.softmax(logits_nx.gather(1, chosen_nk), dim=-1).type_as(x_nd)
-        load_x = torch.bincount(chosen_nk.flatten(), minlength=self.cfg.num_experts).float()
-        self.tokens_per_expert = load_x.detach()
-        fraction_x = load_x / chosen_nk.numel()
+        counts_x = torch.bincount(chosen_nk.flatten(), minlength=self.cfg.num_experts)
+        self.tokens_per_expert = counts_x.detach().float()
+        fraction_x = counts_x.float() / chosen_nk.numel()
         probability_x = torch.softmax(logits_nx, dim=-1).mean(0)
         self.aux_loss = (
             self.cfg.aux_loss_coef * self.cfg.num_experts * (fraction_x * probability_x).sum()
@@ -235,16 +259,18 @@ class MoE(nn.Module):
             if self.cfg.capacity_factor
             else chosen_nk.numel()
         )
-        out_nd = torch.zeros_like(x_nd)
-        self.num_dropped = 0
-        for expert_id, expert in enumerate(self.experts):
-            token_n, slot_n = torch.nonzero(chosen_nk == expert_id, as_tuple=True)
-            self.num_dropped += max(len(token_n) - capacity, 0)
-            token_n, slot_n = token_n[:capacity], slot_n[:capacity]  # token order: first come
-            if len(token_n):
-                out_nd.index_add_(
-                    0, token_n, expert(x_nd[token_n]) * gates_nk[token_n, slot_n, None]
-                )
+        # Assignments a = token * k + slot, grouped by expert in token order (a stable sort):
+        # each expert keeps its first ``capacity`` (first come), the rest are dropped.
+        expert_a = chosen_nk.flatten()
+        order_a = torch.argsort(expert_a, stable=True)
+        starts_x = counts_x.cumsum(0) - counts_x
+        place_a = torch.arange(len(order_a), device=x_nd.device) - starts_x[expert_a[order_a]]
+        kept_a = order_a[place_a < capacity]
+        self.num_dropped = (counts_x - counts_x.clamp(max=capacity)).sum().detach()
+        token_a = kept_a // self.cfg.top_k
+        computed = self.experts(x_nd[token_a], counts_x.clamp(max=capacity))
+        weighted = computed * gates_nk.flatten()[kept_a, None]
+        out_nd = torch.zeros_like(x_nd).index_add(0, token_a, weighted)
         if self.shared is not None:
             out_nd = out_nd + self.shared(x_nd)
         return out_nd.view_as(x_btd)
@@ -267,8 +293,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.mlp: nn.Module = MoE(cfg.dim, cfg.moe) if cfg.moe else SwiGLU(cfg.dim, cfg.mlp_dim)
 
-    def forward(self, x_btd: torch.Tensor) -> torch.Tensor:
-        x_btd = x_btd + self.attention(self.attention_norm(x_btd))
+    def forward(self, x_btd: torch.Tensor, positions_t: torch.Tensor | None) -> torch.Tensor:
+        x_btd = x_btd + self.attention(self.attention_norm(x_btd), positions_t)
         return x_btd + self.mlp(self.mlp_norm(x_btd))
 
 
@@ -309,17 +335,18 @@ class Transformer(nn.Module):
         for name, parameter in self.named_parameters():
             if name.endswith("norm.weight"):
                 nn.init.ones_(parameter)
-            elif name.endswith(("wo.weight", "w2.weight")):
+            elif name.endswith(("wo.weight", "w2.weight", "experts.w2")):
                 nn.init.normal_(parameter, std=depth_std)
             else:
                 nn.init.normal_(parameter, std=std)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions_t: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids ``[b, t]`` -> logits ``[b, t, v]``; a stage without the embedding takes the
-        previous stage's hidden states instead, and one without the head returns its own."""
+        previous stage's hidden states instead, and one without the head returns its own.
+        ``positions_t``: each token's position in its sequence (None: 0..t-1)."""
         x_btd = self.embedding(x) if self.embedding is not None else x
         for block in self.blocks.values():
-            x_btd = block(x_btd)
+            x_btd = block(x_btd, positions_t)
         if self.norm is None or self.output is None:
             return x_btd
         return self.output(self.norm(x_btd))

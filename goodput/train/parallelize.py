@@ -1,9 +1,10 @@
 """The ``[parallel]`` table and ``parallelize``: the one place that composes a model's layouts.
 
 ``parallelize(model, cfg, mesh)`` applies, in this order (each must wrap what the next one
-sees): tensor parallelism → activation checkpointing (each block recomputed in backward) →
-``torch.compile`` (each block, the checkpointing inside it) → FSDP2 ``fully_shard`` (each block,
-then the root: embedding, final norm, output head — tied weights stay in one unit). The
+sees): tensor parallelism → expert parallelism → context parallelism → activation checkpointing
+(each block recomputed in backward) → ``torch.compile`` (each block, the checkpointing inside
+it) → FSDP2 ``fully_shard`` (each block, its split experts a unit of their own, then the root:
+embedding, final norm, output head — tied weights stay in one unit). The
 precision policy comes first of all: pure-bf16 casts the whole model. Pipeline parallelism comes
 before all of them: ``goodput.train.pipeline`` cuts the model into stages and parallelizes each
 stage as a model of its own.
@@ -23,6 +24,16 @@ activations outside the matmuls are 1/tp per rank. The embedding is split by voc
 the output head by vocabulary columns, and with ``loss_parallel`` the logits stay split and the
 cross-entropy is computed on the shards (``torch.distributed.tensor.parallel.loss_parallel``):
 the ``[tokens, vocab]`` logits are never gathered.
+
+Expert parallelism (``ep``, MoE models): each MoE layer's grouped expert weights are split by
+expert over ``ep`` ranks borrowed from ``dp_shard``, tokens reach their experts by all-to-all
+(``goodput.train.experts``); FSDP then shards the experts, as a unit of their own, over the
+``dp_shard / ep`` ranks holding the same ones (and replicates them over ``dp_replicate``).
+
+Context parallelism (``cp``): each rank holds two mirrored chunks of every sequence and its
+attention runs ring attention over the ``cp`` ranks (``goodput.train.ring_attention``); the
+weights are the same on those ranks, so FSDP shards over ``dp_shard x cp`` and sums their
+gradients, as the step sums their losses and token counts.
 
 Precision policies:
 - ``fp32-master`` (default): fp32 weights and optimizer state, bf16 compute, fp32 gradient
@@ -57,14 +68,14 @@ from torch.distributed.tensor.parallel import (
 
 from goodput.config import limits
 from goodput.errors import GoodputError
-from goodput.train.model import ModelConfig, Transformer
+from goodput.train.experts import GroupedExperts, shard_experts
+from goodput.train.model import Attention, ContextParallel, ModelConfig, Transformer
+from goodput.train.ring_attention import ContextLayout
 
 if TYPE_CHECKING:
     from goodput.train.mesh import ParallelMesh
 
 DEGREE = limits(at_least=1, at_most=2**20)
-# The degrees goodput does not split yet, with what each is; both must be 1 for now.
-NOT_YET = {"cp": "context parallelism", "ep": "expert parallelism"}
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
@@ -102,12 +113,24 @@ class ParallelConfig:
         def refuse(what: str, fix: str) -> None:
             raise GoodputError.usage("[parallel]", what, fix)
 
-        for name, kind in NOT_YET.items():
-            if getattr(self, name) > 1:
-                refuse(
-                    f"{name} = {getattr(self, name)}: {kind} is not supported yet",
-                    f"set {name} = 1: data parallelism, tp and pp are today",
-                )
+        if self.ep > 1 and self.data_parallel == "replicate":
+            # The ranks holding the same experts sum their gradients through FSDP.
+            refuse(
+                f"ep = {self.ep} needs data_parallel = 'fsdp'",
+                "use data_parallel = 'fsdp' (the default) with expert parallelism",
+            )
+        if self.cp > 1 and self.pp > 1:
+            refuse(
+                f"cp = {self.cp} with pp = {self.pp}: context parallelism inside pipeline stages "
+                "is not supported yet",
+                "set pp = 1 with cp, or cp = 1 with pp",
+            )
+        if self.cp > 1 and self.compile:
+            refuse(
+                f"compile = true with cp = {self.cp}: ring attention's point-to-point exchanges "
+                "are not compiled",
+                "set compile = false for context-parallel runs",
+            )
         # fp32-master's bf16 compute comes from FSDP's mixed-precision policy; a replicated model
         # has no such hook and would silently train in fp32.
         if self.data_parallel == "replicate" and self.precision == "fp32-master":
@@ -166,21 +189,35 @@ class ParallelConfig:
         def refuse(what: str, fix: str) -> None:
             raise GoodputError.usage("[parallel]", what, fix)
 
-        if model.moe is not None and (self.tp > 1 or self.pp > 1):
+        if model.moe is not None and (self.tp > 1 or self.pp > 1 or self.cp > 1):
             refuse(
-                f"tp = {self.tp}, pp = {self.pp} with a mixture-of-experts model: not supported "
-                "yet",
-                "set tp = 1 and pp = 1 and shard the MoE model with FSDP (dp_shard)",
+                f"tp = {self.tp}, pp = {self.pp}, cp = {self.cp} with a mixture-of-experts model: "
+                "not supported yet",
+                "set tp, pp and cp to 1 and split the MoE model with ep and FSDP (dp_shard)",
             )
+        if self.ep > 1:
+            if model.moe is None:
+                refuse(
+                    f"ep = {self.ep} needs a mixture-of-experts model (a [model.moe] table)",
+                    "set ep = 1 for a dense model",
+                )
+            elif model.moe.num_experts % self.ep:
+                refuse(
+                    f"ep = {self.ep} does not divide model.moe.num_experts = "
+                    f"{model.moe.num_experts}",
+                    "choose ep dividing the number of experts",
+                )
+        if self.cp > 1:
+            self._check_context(seq_len)
         if self.tp > 1:
             split = {
                 "model.num_heads": model.num_heads,
                 "model.num_kv_heads": model.kv_heads,
                 "model.ffn_dim": model.mlp_dim,
                 "model.vocab_size": model.vocab_size,
-                # Sequence parallelism splits each micro-batch's sequence.
-                "train.seq_len": seq_len,
             }
+            if self.cp == 1:  # sequence parallelism splits each micro-batch's sequence
+                split["train.seq_len"] = seq_len
             for name, value in split.items():
                 if value % self.tp:
                     refuse(
@@ -201,17 +238,50 @@ class ParallelConfig:
                     "lower pp or pp_stages_per_rank to at most model.num_layers stages",
                 )
 
+    def _check_context(self, seq_len: int) -> None:
+        """Each rank's two chunks of a sequence must be non-empty and, under tensor
+        parallelism, split evenly over the tp ranks (sequence parallelism)."""
+        fix = f"use a train.seq_len that is a multiple of 2 x cp x tp = {2 * self.cp * self.tp}"
+        if seq_len < 2 * self.cp:
+            raise GoodputError.usage(
+                "[parallel]",
+                f"cp = {self.cp} splits each sequence into {2 * self.cp} chunks, more than "
+                f"train.seq_len = {seq_len} tokens",
+                fix,
+            )
+        layout = ContextLayout(seq_len, self.cp)
+        lengths = {layout.local_length(rank) for rank in range(self.cp)}
+        if self.tp > 1 and any(length % self.tp for length in lengths):
+            raise GoodputError.usage(
+                "[parallel]",
+                f"tp = {self.tp} does not divide the {sorted(lengths)} tokens a context-parallel "
+                f"rank holds of train.seq_len = {seq_len}",
+                fix,
+            )
+
 
 def parallelize(
-    model: Transformer, cfg: ParallelConfig, mesh: ParallelMesh | None = None
+    model: Transformer,
+    cfg: ParallelConfig,
+    mesh: ParallelMesh | None = None,
+    *,
+    context: ContextLayout | None = None,
 ) -> Transformer:
     """Apply ``cfg``'s layouts to ``model`` (a whole model or one pipeline stage) in place, in
     the order of the module docstring; return it. ``mesh`` None: every rank of the default
-    group is a data-parallel shard."""
+    group is a data-parallel shard. ``context``: how context parallelism splits the training
+    sequences (``build.context_layout``; needed when ``cp`` > 1)."""
     if cfg.precision == "pure-bf16":
         model.to(torch.bfloat16)
     if mesh is not None and mesh.degrees.tp > 1:
         _tensor_parallel(model, mesh.tp_mesh, loss_parallel=cfg.loss_parallel)
+    if mesh is not None and mesh.degrees.ep > 1:
+        shard_experts(model, mesh.ep_mesh)
+    if mesh is not None and mesh.degrees.cp > 1:
+        assert context is not None, "context parallelism splits the training sequences"
+        for module in model.modules():
+            if isinstance(module, Attention):
+                module.context = ContextParallel(context, mesh.cp_group)
     blocks = model.blocks
     if cfg.activation_checkpointing:
         for key, block in blocks.items():
@@ -247,10 +317,16 @@ def _tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: 
     gather_sequence = PrepareModuleInput(
         input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
     )
+    # The positions beside the hidden states are every rank's alike: left as they are.
+    gather_attention_input = PrepareModuleInput(
+        input_layouts=(Shard(1), None),
+        desired_input_layouts=(Replicate(), None),
+        use_local_output=True,
+    )
     for block in model.blocks.values():
         plan = {
             "attention_norm": SequenceParallel(),
-            "attention": gather_sequence,
+            "attention": gather_attention_input,
             "attention.wq": ColwiseParallel(),
             "attention.wk": ColwiseParallel(),
             "attention.wv": ColwiseParallel(),
@@ -265,7 +341,7 @@ def _tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: 
 
 
 def _fully_shard(model: Transformer, cfg: ParallelConfig, mesh: ParallelMesh | None) -> None:
-    num_ranks = mesh.dp_size if mesh is not None else dist.get_world_size()
+    num_ranks = mesh.fsdp_mesh.size() if mesh is not None else dist.get_world_size()
     # FSDP on one rank shards nothing, yet its hooks cost ~12% of a CPU step (bench_train);
     # only fp32-master needs it there, for its bf16 compute policy.
     if num_ranks == 1 and cfg.precision != "fp32-master":
@@ -280,6 +356,17 @@ def _fully_shard(model: Transformer, cfg: ParallelConfig, mesh: ParallelMesh | N
     # its weights again for every one.
     reshard = cfg.reshard_after_forward and (mesh is None or mesh.degrees.pp == 1)
     for block in model.blocks.values():
+        if mesh is not None and mesh.degrees.ep > 1:
+            # Split experts are one FSDP unit of their own, sharded over the ranks holding the
+            # same experts (the block's other weights shard over all of dp_shard x cp).
+            for experts in block.modules():
+                if isinstance(experts, GroupedExperts):
+                    fully_shard(
+                        experts,
+                        mesh=mesh.expert_fsdp_mesh,
+                        reshard_after_forward=reshard,
+                        mp_policy=policy,
+                    )
         fully_shard(block, mesh=fsdp_mesh, reshard_after_forward=reshard, mp_policy=policy)
     fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=reshard, mp_policy=policy)
     for module in model.modules():

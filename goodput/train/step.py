@@ -5,15 +5,16 @@ The loss is the *global token-weighted mean*: every micro-batch's summed token l
 micro-batches, all data-parallel ranks, masked labels excluded), counted before the first
 forward. Gradients are therefore the gradient of that one number whatever the DP size or the
 grad-accumulation split — the per-micro-batch mean, which silently over-weights short or heavily
-masked micro-batches, is never used. Data-parallel gradients are summed (not averaged) over the
-data-parallel group for the same reason: by FSDP, whose mesh ``parallelize`` took from that same
-group, or, when the model is not FSDP-sharded, here.
+masked micro-batches, is never used. The sums run over the *token group*: the data-parallel
+ranks, times the context-parallel ranks that each hold other tokens of the same sequences.
+Gradients are summed (not averaged) over it for the same reason: by FSDP, whose mesh
+``parallelize`` took from that same group, or, when the model is not FSDP-sharded, here.
 
 A step is ``forward_backward`` (the gradients of the global loss, complete on every rank when
 it returns; under pipeline parallelism ``Pipeline.forward_backward`` runs the schedule instead,
 with the same objective) then ``clip_and_step``.
 
-Every layout logs the same number. The loss is summed over the data-parallel group only:
+Every layout logs the same number. The loss is summed over the token group only:
 tensor-parallel ranks hold the same loss (with ``loss_parallel`` a replicated DTensor, read
 through its local value), so summing over them would multiply it by ``tp``, and reading a
 DTensor's value without the data-parallel sum would divide it by ``dp`` — the seed's bug. The
@@ -33,7 +34,10 @@ row; its count is part of every checkpoint, so a resumed run skips and stops as 
 
 MoE models add their balancing loss to the objective (averaged over micro-batches and ranks) but
 never to the reported loss, which stays the language-model loss; the aux-loss-free router bias
-moves once per step on the expert load summed over every micro-batch and rank.
+moves once per step on the expert load summed over every micro-batch and rank. That load, and
+the assignments the capacity factor dropped, are the step's ``ExpertLoad`` (metrics).
+Split experts (``ep``) are DTensors on a mesh of their own, so the gradient norm is taken per
+mesh and the squares summed.
 
 Reused as-is by diagnostics, and ``token_loss_sum`` by evaluation (under ``no_grad``); the loop
 (``loop.py``) owns everything periodic.
@@ -56,6 +60,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from goodput.errors import GoodputError
+from goodput.train.dtensors import local_tensor
 from goodput.train.model import Transformer
 
 if TYPE_CHECKING:
@@ -66,11 +71,27 @@ IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True, slots=True)
+class ExpertLoad:
+    """How a step's tokens spread over the experts, every micro-batch and rank together."""
+
+    imbalance: float  # the most loaded expert's tokens over the mean, worst MoE layer
+    dropped_tokens: int  # token-to-expert assignments over capacity, all layers
+
+
+@dataclass(frozen=True, slots=True)
+class BackwardResult:
+    loss_sum: float  # summed token loss over the global batch
+    num_tokens: int  # target tokens in the global batch
+    expert_load: ExpertLoad | None = None  # MoE models only
+
+
+@dataclass(frozen=True, slots=True)
 class StepResult:
     loss: float  # global token-weighted mean over the whole global batch
     grad_norm: float  # before clipping; inf or NaN when the step was skipped
     num_tokens: int  # target tokens in the global batch
     skipped: bool = False  # the gradient norm was not finite: the optimizer did not step
+    expert_load: ExpertLoad | None = None  # MoE models only
 
 
 @dataclass(slots=True)
@@ -123,49 +144,53 @@ def num_targets(labels_bt: torch.Tensor) -> int:
     return int((labels_bt != IGNORE_INDEX).sum())
 
 
-def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's part of ``tensor``: a DTensor's local shard (the whole value when it is
-    replicated), a plain tensor itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
 def train_step(
     model: nn.Module | Pipeline,
     optimizer: torch.optim.Optimizer | Optimizers,
     micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
     *,
     max_grad_norm: float | None = 1.0,
-    dp_group: dist.ProcessGroup | None = None,
+    token_group: dist.ProcessGroup | None = None,
+    positions_t: torch.Tensor | None = None,
     sync_every_micro_batch: bool = False,
     inject_nan: bool = False,
 ) -> StepResult:
     """Forward/backward every micro-batch of this rank (through the pipeline's schedule when
     ``model`` is a ``Pipeline``), then clip and step (or skip, on a non-finite gradient norm).
-    ``dp_group``: the data-parallel ranks (``ParallelMesh.dp_group``; None: the default group).
-    ``inject_nan``: an injected fault (``goodput.chaos.faults``)."""
+    ``token_group``: the ranks whose tokens make up the global batch
+    (``ParallelMesh.token_group``: data x context parallel; None: the default group).
+    ``positions_t``: the positions of this rank's tokens in their sequences (context
+    parallelism; None: 0..t-1). ``inject_nan``: an injected fault (``goodput.chaos.faults``)."""
     if isinstance(model, nn.Module):
-        loss_sum, num_tokens = forward_backward(
+        result = forward_backward(
             model,
             micro_batches,
-            dp_group=dp_group,
+            token_group=token_group,
+            positions_t=positions_t,
             sync_every_micro_batch=sync_every_micro_batch,
             inject_nan=inject_nan,
         )
         grad_norm = clip_and_step([model], optimizer, max_grad_norm)
     else:
-        loss_sum, num_tokens = pipeline_forward_backward(
-            model, micro_batches, dp_group=dp_group, inject_nan=inject_nan
+        result = pipeline_forward_backward(
+            model, micro_batches, token_group=token_group, inject_nan=inject_nan
         )
         grad_norm = clip_and_step(
             model.parts, optimizer, max_grad_norm, model.pp_group, model.tied_copy
         )
-    return StepResult(loss_sum / num_tokens, grad_norm, num_tokens, not math.isfinite(grad_norm))
+    return StepResult(
+        result.loss_sum / result.num_tokens,
+        grad_norm,
+        result.num_tokens,
+        not math.isfinite(grad_norm),
+        result.expert_load,
+    )
 
 
 def _global_tokens(
     micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
     device: torch.device,
-    dp_group: dist.ProcessGroup | None,
+    token_group: dist.ProcessGroup | None,
 ) -> int:
     """Target tokens of the whole global batch, counted before the first forward."""
     # Collectives need tensors on the backend's device (NCCL: the GPU); int64 keeps token
@@ -173,8 +198,8 @@ def _global_tokens(
     counts = torch.tensor(
         [sum(num_targets(labels) for _, labels in micro_batches)], dtype=torch.int64, device=device
     )
-    if dist.is_initialized() and dist.get_world_size(dp_group) > 1:
-        dist.all_reduce(counts, group=dp_group)
+    if dist.is_initialized() and dist.get_world_size(token_group) > 1:
+        dist.all_reduce(counts, group=token_group)
     return max(int(counts.item()), 1)
 
 
@@ -182,20 +207,24 @@ def forward_backward(
     model: nn.Module,
     micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
     *,
-    dp_group: dist.ProcessGroup | None = None,
+    token_group: dist.ProcessGroup | None = None,
+    positions_t: torch.Tensor | None = None,
     sync_every_micro_batch: bool = False,
     inject_nan: bool = False,
-) -> tuple[float, int]:
-    """(summed token loss, target tokens), both over the global batch; on return every rank
-    holds the gradients of their quotient, summed over ``dp_group``. ``inject_nan`` puts a NaN
-    into this rank's gradients before they are summed over the ranks, where a real one would
-    come from."""
-    distributed = dist.is_initialized() and dist.get_world_size(dp_group) > 1
+) -> BackwardResult:
+    """The summed token loss and the target tokens, both over the global batch; on return every
+    rank holds the gradients of their quotient, summed over ``token_group``. ``inject_nan`` puts
+    a NaN into this rank's gradients before they are summed over the ranks, where a real one
+    would come from."""
+    distributed = dist.is_initialized() and dist.get_world_size(token_group) > 1
     device = next(model.parameters()).device
-    global_tokens = _global_tokens(micro_batches, device, dp_group)
+    global_tokens = _global_tokens(micro_batches, device, token_group)
     moe_layers = model.moe_layers() if isinstance(model, Transformer) else []
-    num_contributions = len(micro_batches) * (dist.get_world_size(dp_group) if distributed else 1)
+    num_contributions = len(micro_batches) * (
+        dist.get_world_size(token_group) if distributed else 1
+    )
     expert_loads = [torch.zeros_like(layer.tokens_per_expert) for layer in moe_layers]
+    dropped = torch.zeros((), dtype=torch.int64, device=device)
     sharded = isinstance(model, FSDPModule)
     loss_sum = torch.zeros((), device=device)
     for index, (input_ids, labels) in enumerate(micro_batches):
@@ -203,7 +232,7 @@ def forward_backward(
             model.set_requires_gradient_sync(  # type: ignore[operator]
                 sync_every_micro_batch or index == len(micro_batches) - 1
             )
-        logits = model(input_ids)
+        logits = model(input_ids, positions_t)
         # Tensor-parallel logits left as vocabulary shards: the loss and its backward run on
         # the shards.
         vocab_sharded = isinstance(logits, DTensor)
@@ -214,6 +243,7 @@ def forward_backward(
                 objective = objective + model.aux_loss() / num_contributions  # type: ignore[operator]
                 for load, layer in zip(expert_loads, moe_layers, strict=True):
                     load += layer.tokens_per_expert
+                    dropped += layer.num_dropped
             objective.backward()
         loss_sum += local_tensor(micro_loss_sum.detach())
     if inject_nan:
@@ -222,33 +252,40 @@ def forward_backward(
         if not sharded:  # FSDP's reduce-scatter has summed over the same group
             for parameter in model.parameters():
                 if parameter.grad is not None:
-                    dist.all_reduce(local_tensor(parameter.grad), group=dp_group)
-        dist.all_reduce(loss_sum, group=dp_group)
-        for load in expert_loads:
-            dist.all_reduce(load, group=dp_group)
+                    dist.all_reduce(local_tensor(parameter.grad), group=token_group)
+        dist.all_reduce(loss_sum, group=token_group)
+        for load in [*expert_loads, dropped] if moe_layers else []:
+            dist.all_reduce(load, group=token_group)
     for load, layer in zip(expert_loads, moe_layers, strict=True):
         layer.update_router_bias(load)
-    return loss_sum.item(), global_tokens
+    return BackwardResult(
+        loss_sum.item(), global_tokens, _expert_load(expert_loads, dropped) if moe_layers else None
+    )
+
+
+def _expert_load(loads: list[torch.Tensor], dropped: torch.Tensor) -> ExpertLoad:
+    imbalance = max(float(load.max() / load.mean().clamp(min=1e-12)) for load in loads)
+    return ExpertLoad(imbalance, int(dropped))
 
 
 def pipeline_forward_backward(
     pipeline: Pipeline,
     micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
     *,
-    dp_group: dist.ProcessGroup | None = None,
+    token_group: dist.ProcessGroup | None = None,
     inject_nan: bool = False,
-) -> tuple[float, int]:
+) -> BackwardResult:
     """``forward_backward``'s contract, through the pipeline's schedule: this rank's
     micro-batches go in as one local batch, which the schedule cuts into its own."""
     input_ids = torch.cat([ids for ids, _ in micro_batches])
     labels = torch.cat([labels for _, labels in micro_batches])
-    global_tokens = _global_tokens(micro_batches, labels.device, dp_group)
+    global_tokens = _global_tokens(micro_batches, labels.device, token_group)
     loss_sum = pipeline.forward_backward(input_ids, labels, global_tokens)
     if inject_nan:
         _put_nan(pipeline.parts[0])
-    if dist.get_world_size(dp_group) > 1:
-        dist.all_reduce(loss_sum, group=dp_group)
-    return loss_sum.item(), global_tokens
+    if dist.get_world_size(token_group) > 1:
+        dist.all_reduce(loss_sum, group=token_group)
+    return BackwardResult(loss_sum.item(), global_tokens)
 
 
 def clip_and_step(
@@ -264,20 +301,41 @@ def clip_and_step(
     ``uncounted`` (a pipeline's copy of a tied weight, counted where the original is)."""
     parameters = [p for part in parts for p in part.parameters() if p.grad is not None]
     counted = [p.grad for p in parameters if p.grad is not None and p is not uncounted]
-    norm = torch.nn.utils.get_total_norm(counted, 2.0)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
+    norm = _total_norm(counted)
     if pp_group is not None and dist.get_world_size(pp_group) > 1:
         squared = norm.float() ** 2
         dist.all_reduce(squared, group=pp_group)
         norm = squared.sqrt()
     grad_norm = float(norm)
     if max_grad_norm is not None and math.isfinite(max_grad_norm) and math.isfinite(grad_norm):
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_grad_norm, norm)
+        for group in _by_mesh(parameters):
+            torch.nn.utils.clip_grads_with_norm_(group, max_grad_norm, norm)
     if math.isfinite(grad_norm):  # else skipped: weights and optimizer state stay as they were
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm
+
+
+def _by_mesh(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``tensors`` grouped by the mesh of each DTensor (plain tensors together): DTensors on
+    different meshes (split experts beside the other sharded weights) cannot meet in one op."""
+    groups: dict[object, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        mesh = tensor.device_mesh if isinstance(tensor, DTensor) else None
+        groups.setdefault(mesh, []).append(tensor)
+    return list(groups.values())
+
+
+def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of all of ``grads``, as a plain tensor: each mesh's gradients normed apart
+    (``_by_mesh``), completed over their shards, and the squares summed."""
+    norms = []
+    for group in _by_mesh(grads) or [[]]:
+        norm = torch.nn.utils.get_total_norm(group, 2.0)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if len(norms) == 1:  # as it was before experts split: the same bits
+        return norms[0]
+    return torch.stack([norm.float() ** 2 for norm in norms]).sum().sqrt()
 
 
 def _put_nan(model: nn.Module) -> None:

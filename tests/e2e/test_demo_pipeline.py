@@ -165,8 +165,10 @@ def test_verify_names_a_changed_tokenizer(demo):
         tokenizer.write_bytes(original)
 
 
-# The demo model (tied embeddings, fp32) in every layout of issue 13 on 4 ranks, each launched
-# as the docs tell a user to: `goodput launch --nproc 4 -- goodput train CONFIG parallel.*=...`.
+# The demo model (tied embeddings, fp32) in every layout on 4 ranks, each launched as the docs
+# tell a user to: `goodput launch --nproc 4 -- goodput train CONFIG parallel.*=...`; its
+# mixture-of-experts variant (model.moe.*) under FSDP and expert parallelism.
+MOE = ["model.moe.num_experts=4", "model.moe.top_k=2"]
 LAYOUTS = {
     "dp_shard=4": [],
     "dp_replicate=2 x dp_shard=2": ["parallel.dp_replicate=2"],
@@ -176,6 +178,11 @@ LAYOUTS = {
         "parallel.pp_schedule=interleaved_1f1b",
     ],
     "tp=2 x pp=2, gpipe": ["parallel.tp=2", "parallel.pp=2", "parallel.pp_schedule=gpipe"],
+    "cp=2 x dp_shard=2": ["parallel.cp=2"],
+    "cp=2 x tp=2": ["parallel.cp=2", "parallel.tp=2"],
+    "moe dp_shard=4": MOE,
+    "moe ep=2 x dp_shard=4": [*MOE, "parallel.ep=2"],
+    "moe ep=2 x dp_shard=2 x dp_replicate=2": [*MOE, "parallel.ep=2", "parallel.dp_replicate=2"],
 }
 
 
@@ -208,7 +215,9 @@ def test_every_layout_trains_the_demo_model_through_goodput_launch_alike(demo, t
             json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
         ]
         curves[name] = [m[key] for m in metrics for key in ("loss", "grad_norm")]
-    reference = curves.pop("dp_shard=4")
-    assert len(reference) == 6 and abs(reference[0] - math.log(4096)) < 0.3
+    references = {"dense": curves.pop("dp_shard=4"), "moe": curves.pop("moe dp_shard=4")}
+    for reference in references.values():
+        assert len(reference) == 6 and abs(reference[0] - math.log(4096)) < 0.3
     for name, curve in curves.items():  # fp32: equal but for the order of the sums
+        reference = references["moe" if name.startswith("moe") else "dense"]
         assert curve == pytest.approx(reference, rel=1e-4), name

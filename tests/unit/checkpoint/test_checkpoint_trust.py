@@ -264,3 +264,15 @@ def test_ckpt_list_shows_a_broken_latest_file_instead_of_failing(run, capsys):
     assert main(["ckpt", "list", str(run_dir(run))]) == 0
     out = capsys.readouterr().out
     assert "latest names nothing readable (is not valid UTF-8 text" in out
+
+
+def test_a_checkpoint_lacking_a_tensor_of_the_model_is_refused_by_name(run, capsys):
+    # As a checkpoint of a model whose parameters were renamed since (MoE experts before they
+    # became grouped weights) looks: the same config, one tensor name missing.
+    metadata = read_metadata(step(run, 8))
+    del metadata.state_dict_metadata["model.norm.weight"]
+    (step(run, 8) / ".metadata").write_bytes(pickle.dumps(metadata))
+    err = one_line_error(
+        capsys, "train", run, "checkpoint.verify_checksums=false", "--resume", step(run, 8)
+    )
+    assert f"{step(run, 8)}: model.norm.weight: this model's tensor is not in the checkpoint" in err

@@ -29,6 +29,7 @@ from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import tiny_run_config
 from goodput.train.config import RunConfig
 from goodput.train.loop import train
+from goodput.train.model import MoEConfig
 
 pytestmark = pytest.mark.timeout(900)  # the module's runs, paid by its first test
 
@@ -43,36 +44,51 @@ LOSS_TOLERANCE = 1e-5
 WEIGHT_TOLERANCE = 1e-4
 STEPS, SAVED_AT = 6, 3
 
-# (save layout, load layout) as [parallel] overrides, and whether embeddings are tied; None:
-# one rank, in this process. Tied, a pipeline's last stage keeps its own copy of the embedding
-# whose optimizer state is stored under the whole model's name: saved by a pipeline, loaded
-# into one, and the other way round.
+# (save layout, load layout) as [parallel] overrides, and the model: tied or untied embeddings,
+# or a mixture of experts (tied); None: one rank, in this process. Tied, a pipeline's last
+# stage keeps its own copy of the embedding whose optimizer state is stored under the whole
+# model's name: saved by a pipeline, loaded into one, and the other way round. Split experts
+# are saved whole under one name each (DTensors split by expert), and context parallelism
+# changes nothing a checkpoint holds: both load into layouts without them, and back.
 Layout = dict[str, Any] | None
-PAIRS: dict[str, tuple[Layout, Layout, bool]] = {
-    "fsdp-to-tp": ({"dp_shard": 4}, {"tp": 2, "dp_shard": 2}, True),
-    "tp-pp-to-fsdp": ({"tp": 2, "pp": 2}, {"dp_shard": 4}, False),
-    "pp-to-one-rank": ({"pp": 2, "dp_shard": 2}, None, True),
+PAIRS: dict[str, tuple[Layout, Layout, str]] = {
+    "fsdp-to-tp": ({"dp_shard": 4}, {"tp": 2, "dp_shard": 2}, "tied"),
+    "tp-pp-to-fsdp": ({"tp": 2, "pp": 2}, {"dp_shard": 4}, "untied"),
+    "pp-to-one-rank": ({"pp": 2, "dp_shard": 2}, None, "tied"),
     "interleaved-to-1f1b": (
         {"pp": 2, "pp_schedule": "interleaved_1f1b"},
         {"pp": 2, "pp_schedule": "1f1b"},
-        True,
+        "tied",
     ),
-    "one-rank-to-tp-pp": (None, {"tp": 2, "pp": 2}, True),
+    "one-rank-to-tp-pp": (None, {"tp": 2, "pp": 2}, "tied"),
+    "cp2-to-one-rank": ({"cp": 2, "dp_shard": 2}, None, "tied"),
+    "one-rank-to-cp2": (None, {"cp": 2, "tp": 2}, "untied"),
+    "ep2-to-one-rank": ({"ep": 2}, None, "moe"),
+    "one-rank-to-ep2": (None, {"ep": 2, "dp_shard": 2, "dp_replicate": 2}, "moe"),
+    "ep4-to-ep2": ({"ep": 4}, {"ep": 2}, "moe"),
 }
+MOE = MoEConfig(num_experts=4, top_k=2, expert_ffn_dim=16, bias_update_rate=0.01)
 # pp=2 on 4 ranks: the mesh is pp x dp_shard, pp outermost (goodput.train.mesh), so ranks 2
 # and 3 hold the last stage and nothing else.
 LAST_STAGE_RANKS = (2, 3)
 
 
 def layout_config(
-    base: RunConfig, run_dir: Path, steps: int, tie: bool, parallel: Layout
+    base: RunConfig, run_dir: Path, steps: int, variant: str, parallel: Layout
 ) -> RunConfig:
     """The tiny run with a model that tp=2 splits (vocab 64) and pp=2 x 2 stages cut (4
     layers); a flat LR after warmup, so a run's length changes no step's LR and the short run
     trains exactly as the straight run's first steps."""
+    model = replace(
+        base.model,
+        vocab_size=64,
+        num_layers=4,
+        tie_embeddings=variant != "untied",
+        moe=MOE if variant == "moe" else None,
+    )
     return replace(
         base,
-        model=replace(base.model, vocab_size=64, num_layers=4, tie_embeddings=tie),
+        model=model,
         parallel=replace(base.parallel, **(parallel or {})),
         train=replace(base.train, steps=steps, run_dir=str(run_dir), tensorboard=False),
         schedule=replace(base.schedule, kind="wsd", decay_fraction=0.0),
@@ -140,14 +156,17 @@ def base(run_dirs) -> RunConfig:
     return tiny_run_config(run_dirs)
 
 
+VARIANTS = ("tied", "untied", "moe")
+
+
 @pytest.fixture(scope="module")
-def references(base, run_dirs) -> dict[bool, Path]:
-    """Run directories of straight 6-step runs on one rank, tied and untied, by ``tie``: the
-    losses every layout is held to, and (untied) the one-rank checkpoint of step 3."""
+def references(base, run_dirs) -> dict[str, Path]:
+    """Run directories of straight 6-step runs on one rank, by model variant: the losses every
+    layout is held to, and (untied) the one-rank checkpoint of step 3."""
     directories = {}
-    for tie in (True, False):
-        directories[tie] = run_dirs / f"straight-{'tied' if tie else 'untied'}"
-        train(layout_config(base, directories[tie], STEPS, tie, None))
+    for variant in VARIANTS:
+        directories[variant] = run_dirs / f"straight-{variant}"
+        train(layout_config(base, directories[variant], STEPS, variant, None))
     return directories
 
 
@@ -160,9 +179,9 @@ def layout_runs(base, run_dirs) -> dict[str, Outcome]:
     here_first: dict[str, RunConfig] = {}
     group: dict[str, tuple[RunConfig, str | None]] = {}
     here_last: dict[str, RunConfig] = {}
-    for name, (save_layout, load_layout, tie) in PAIRS.items():
-        saved = layout_config(base, run_dirs / name, SAVED_AT, tie, save_layout)
-        resumed = layout_config(base, run_dirs / name, STEPS, tie, load_layout)
+    for name, (save_layout, load_layout, variant) in PAIRS.items():
+        saved = layout_config(base, run_dirs / name, SAVED_AT, variant, save_layout)
+        resumed = layout_config(base, run_dirs / name, STEPS, variant, load_layout)
         if save_layout is None:
             here_first[f"{name}/saved"] = saved
         else:
@@ -171,7 +190,7 @@ def layout_runs(base, run_dirs) -> dict[str, Outcome]:
             here_last[f"{name}/resumed"] = resumed
         else:
             group[f"{name}/resumed"] = (resumed, None)
-    failing = layout_config(base, run_dirs / "failing-save", 2, True, {"pp": 2})
+    failing = layout_config(base, run_dirs / "failing-save", 2, "tied", {"pp": 2})
     failing = replace(failing, checkpoint=replace(failing.checkpoint, interval_steps=1))
     plan = run_dirs / "faults.json"
     faults = [
@@ -191,13 +210,13 @@ def layout_runs(base, run_dirs) -> dict[str, Outcome]:
 def test_a_checkpoint_resumes_in_another_layout_as_a_straight_run_goes_on(
     name, run_dirs, references, layout_runs
 ):
-    tie = PAIRS[name][2]
+    variant = PAIRS[name][2]
     run_dir = run_dirs / name
     saved, resumed = layout_runs[f"{name}/saved"], layout_runs[f"{name}/resumed"]
     assert saved.checkpoints == [(SAVED_AT, True)]
     assert f"resume: from {step_dir(checkpoints_dir(run_dir), SAVED_AT)} (step 3)" in resumed.out
     assert len(resumed.losses) == STEPS - SAVED_AT
-    straight, recorded = recorded_losses(references[tie]), recorded_losses(run_dir)
+    straight, recorded = recorded_losses(references[variant]), recorded_losses(run_dir)
     assert list(recorded) == list(straight) == list(range(1, STEPS + 1))
     assert [recorded[step] for step in range(1, SAVED_AT + 1)] == saved.losses
     assert [recorded[step] for step in range(SAVED_AT + 1, STEPS + 1)] == resumed.losses
@@ -226,10 +245,10 @@ def test_a_save_failing_on_the_last_stage_only_is_not_complete(run_dirs, layout_
 def test_the_hf_export_of_a_tp_pp_checkpoint_equals_one_rank_s(
     run_dirs, references, layout_runs, tmp_path
 ):
-    assert not PAIRS["tp-pp-to-fsdp"][2]  # untied: the exported lm_head is the last stage's
+    assert PAIRS["tp-pp-to-fsdp"][2] == "untied"  # the exported lm_head is the last stage's
     saved = {
         "tp-pp": step_dir(checkpoints_dir(run_dirs / "tp-pp-to-fsdp"), SAVED_AT),
-        "one-rank": step_dir(checkpoints_dir(references[False]), SAVED_AT),
+        "one-rank": step_dir(checkpoints_dir(references["untied"]), SAVED_AT),
     }
     assert len(list(saved["tp-pp"].glob("*.distcp"))) == 4  # a shard from every rank
     exported = {}

@@ -56,3 +56,15 @@ def test_checkpoint_imports_neither_train_nor_launch():
 def test_data_imports_neither_train_nor_launch():
     found = _import_all("goodput.data")
     assert not [m for m in found["goodput"] if m.startswith(("goodput.train", "goodput.launch"))]
+
+
+def test_plan_imports_no_torch():
+    # `goodput plan` estimates on login nodes: its modules are arithmetic on a config.
+    found = _import_all("goodput.plan")
+    assert {"goodput.plan.memory", "goodput.plan.ladder", "goodput.plan.report"} <= set(
+        found["modules"]
+    )
+    assert found["torch"] == []
+    assert [m for m in found["goodput"] if m.startswith("goodput.train.")] == [
+        "goodput.train.flops"
+    ]

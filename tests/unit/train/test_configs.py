@@ -54,7 +54,8 @@ def test_moe_active_count_and_untied_count_match_modules():
     model = Transformer(cfg)
     size = model_size(cfg)
     assert size.total == sum(p.numel() for p in model.parameters())
-    expert = sum(p.numel() for p in model.moe_layers()[0].experts[0].parameters())
+    experts = model.moe_layers()[0].experts  # grouped weights: [experts, in, out] each
+    expert = sum(p[0].numel() for p in experts.parameters())
     assert size.total - size.active == cfg.num_layers * (8 - 2) * expert
 
 

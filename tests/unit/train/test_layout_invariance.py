@@ -3,9 +3,12 @@
 Same seed, data and model (vocab 64, 4 layers, fp32), the real ``train()`` on 4 gloo ranks: the
 loss and gradient norm that rank 0 writes to ``metrics.jsonl`` for the first 3 steps equal those
 of a single process, for data parallelism (FSDP, HSDP), tensor parallelism (with and without
-``loss_parallel``), pipeline parallelism under each schedule, and TP x PP; with and without tied
-embeddings (a tied weight spans the first and last pipeline stage: a special case in
-``pipeline.py``).
+``loss_parallel``), pipeline parallelism under each schedule, TP x PP, and context parallelism
+(ring attention) with FSDP and with TP; with and without tied embeddings (a tied weight spans
+the first and last pipeline stage: a special case in ``pipeline.py``). A mixture-of-experts
+model (capacity-limited, bias-balanced, with a shared expert) does the same with its experts
+split by expert parallelism, alone, with FSDP sharding the experts further, and with HSDP; its
+expert load and dropped tokens are the one process's too.
 
 Tolerance: relative 1e-5, not zero, because the layouts add the same numbers in a different
 order: FSDP's reduce-scatter and the DTensor all-reduces sum the shards' contributions in
@@ -40,17 +43,19 @@ from goodput.testing.tiny import tiny_run_config
 from goodput.train.build import fresh_loss_warning
 from goodput.train.config import RunConfig
 from goodput.train.loop import train
+from goodput.train.model import MoEConfig
 
 # The whole file (a single-process reference per tie setting, then 17 four-rank runs in one
 # spawn) takes about 1.5 minutes on 2 idle cores; several times that on busy ones.
 pytestmark = pytest.mark.timeout(900)
 
 REL_TOLERANCE = 1e-5
+COMPARED = ("loss", "grad_norm", "expert_load_imbalance", "dropped_tokens")
 NUM_STEPS = 3
 VOCAB_SIZE = 64  # divisible by tp = 2 (TINY_MODEL's 61 is not)
 WORLD_SIZE = 4
 
-LAYOUTS: dict[str, dict[str, Any]] = {
+DENSE_LAYOUTS: dict[str, dict[str, Any]] = {
     "dp_shard=4": dict(dp_shard=4),
     "dp_replicate=2,dp_shard=2": dict(dp_replicate=2, dp_shard=2),
     "dp_shard=2,tp=2": dict(dp_shard=2, tp=2),
@@ -59,20 +64,45 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "pp=2,dp_shard=2,1f1b": dict(pp=2, dp_shard=2, pp_schedule="1f1b"),
     "pp=2,dp_shard=2,interleaved_1f1b": dict(pp=2, dp_shard=2, pp_schedule="interleaved_1f1b"),
     "tp=2,pp=2": dict(tp=2, pp=2),
+    "cp=2,dp_shard=2": dict(cp=2, dp_shard=2),
+    "cp=2,tp=2": dict(cp=2, tp=2),
+    "cp=4": dict(cp=4),
 }
-CASES = [(name, tied) for tied in (False, True) for name in LAYOUTS]
+MOE_LAYOUTS: dict[str, dict[str, Any]] = {
+    "dp_shard=4": dict(dp_shard=4),
+    "ep=2,dp_shard=4": dict(ep=2),  # each expert pair sharded over 2 more ranks by FSDP
+    "ep=4,dp_shard=4": dict(ep=4),
+    "ep=2,dp_shard=2,dp_replicate=2": dict(ep=2, dp_shard=2, dp_replicate=2),
+}
+VARIANTS = {"untied": DENSE_LAYOUTS, "tied": DENSE_LAYOUTS, "moe": MOE_LAYOUTS}
+CASES = [(name, variant) for variant, layouts in VARIANTS.items() for name in layouts]
 BROKEN = "dp_shard=2,tp=2,loss_sum_not_reduced"  # untied
+MOE = MoEConfig(
+    num_experts=4,
+    top_k=2,
+    expert_ffn_dim=16,
+    shared_expert=True,
+    capacity_factor=1.25,
+    bias_update_rate=0.01,
+)
 
 
-def case_id(case: tuple[str, bool]) -> str:
-    name, tied = case
-    return f"{name}-{'tied' if tied else 'untied'}"
+def case_id(case: tuple[str, str]) -> str:
+    name, variant = case
+    return f"{name}-{variant}"
 
 
-def layout_config(base: RunConfig, run_dir: Path, tied: bool, **parallel: Any) -> RunConfig:
+def layout_config(base: RunConfig, run_dir: Path, variant: str, **parallel: Any) -> RunConfig:
+    model = replace(
+        base.model,
+        vocab_size=VOCAB_SIZE,
+        num_layers=4,
+        tie_embeddings=variant != "untied",
+        moe=MOE if variant == "moe" else None,
+    )
     return replace(
         base,
-        model=replace(base.model, vocab_size=VOCAB_SIZE, num_layers=4, tie_embeddings=tied),
+        model=model,
         train=replace(base.train, steps=NUM_STEPS, run_dir=str(run_dir), tensorboard=False),
         parallel=replace(base.parallel, **parallel),
     )
@@ -89,10 +119,11 @@ def relative_differences(
     """The largest relative difference over the steps of each compared number."""
     return {
         key: max(
-            abs(step[key] - expected[key]) / abs(expected[key])
+            abs(step[key] - expected[key]) / max(abs(expected[key]), 1e-12)
             for step, expected in zip(metrics, reference, strict=True)
         )
-        for key in ("loss", "grad_norm")
+        for key in COMPARED
+        if key in reference[0]
     }
 
 
@@ -139,20 +170,20 @@ def train_each(
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Logged steps of the single-process references (by ``tied``), of every case, and of the
+    """Logged steps of the single-process references (by variant), of every case, and of the
     broken run, plus each rank's losses of the broken run."""
     root = tmp_path_factory.mktemp("layouts")
     base = tiny_run_config(root)  # the corpus, and the blend cache every run shares
     references = {}
-    for tied in (False, True):
-        cfg = layout_config(base, root / f"one-process-{tied}", tied)
+    for variant in VARIANTS:
+        cfg = layout_config(base, root / f"one-process-{variant}", variant)
         train(cfg)
-        references[tied] = logged_steps(cfg)
+        references[variant] = logged_steps(cfg)
     configs = {
-        case: layout_config(base, root / case_id(case), case[1], **LAYOUTS[case[0]])
+        case: layout_config(base, root / case_id(case), case[1], **VARIANTS[case[1]][case[0]])
         for case in CASES
     }
-    broken = layout_config(base, root / BROKEN, False, dp_shard=2, tp=2)
+    broken = layout_config(base, root / BROKEN, "untied", dp_shard=2, tp=2)
     spawned = [(case_id(case), cfg, False) for case, cfg in configs.items()]
     per_rank = run_distributed(
         train_each, WORLD_SIZE, [*spawned, (BROKEN, broken, True)], timeout_s=800
@@ -181,7 +212,7 @@ def test_every_first_step_is_a_fresh_models_loss(runs):
 
 
 def test_the_comparison_rejects_a_loss_not_summed_over_data_parallel_ranks(runs):
-    reference, broken = runs["references"][False], runs["broken"]
+    reference, broken = runs["references"]["untied"], runs["broken"]
     assert [step["step"] for step in broken] == list(range(1, NUM_STEPS + 1))
     assert not matches_reference(broken, reference)
     # Only the logged loss is wrong: the gradients (FSDP's, over the global token count) and so

@@ -58,18 +58,42 @@ def test_a_product_that_is_not_the_world_size_suggests_a_split_that_is(
     assert dp_split(world_size, **{**degrees, **hint})  # the suggestion works
 
 
+MOE = ["model.moe.num_experts=4", "model.moe.top_k=2"]
+
+
 @pytest.mark.parametrize(
-    ("override", "message"),
+    ("overrides", "message"),
     [
-        ("parallel.cp=2", "cp = 2: context parallelism is not supported yet"),
-        ("parallel.ep=8", "ep = 8: expert parallelism is not supported yet"),
+        (["parallel.ep=2"], "ep = 2 needs a mixture-of-experts model"),
+        ([*MOE, "parallel.ep=8"], "ep = 8 does not divide model.moe.num_experts = 4"),
+        (
+            [*MOE, "parallel.ep=2", "parallel.data_parallel=replicate", "parallel.precision=fp32"],
+            "ep = 2 needs data_parallel = 'fsdp'",
+        ),
+        (["parallel.cp=2", "parallel.pp=2"], "context parallelism inside pipeline stages"),
+        (["parallel.cp=2", "parallel.compile=true"], "compile = true with cp = 2"),
+        (["parallel.cp=128"], "cp = 128 splits each sequence into 256 chunks, more than"),
+        (["parallel.cp=3", "parallel.tp=2"], "tp = 2 does not divide the [42, 43] tokens"),
+        ([*MOE, "parallel.cp=2"], "cp = 2 with a mixture-of-experts model: not supported"),
     ],
 )
-def test_other_parallelisms_are_refused_as_not_yet_in_one_line(override, message):
+def test_context_and_expert_layouts_that_cannot_work_are_refused_in_one_line(overrides, message):
     with pytest.raises(GoodputError) as error:
-        load_config(RunConfig, CONFIGS / "tiny-cpu.toml", [override])
+        load_config(RunConfig, CONFIGS / "tiny-cpu.toml", overrides)
     assert message in error.value.render() and "\n" not in error.value.render()
     assert error.value.code == 2
+
+
+def test_expert_parallelism_borrows_ranks_of_dp_shard():
+    degrees = resolve_degrees(ParallelConfig(ep=2), 4)
+    assert (degrees.dp_shard, degrees.ep, degrees.expert_shard, degrees.product()) == (4, 2, 2, 4)
+    assert (
+        degrees.describe()
+        == "pp 1 x dp_replicate 1 x dp_shard 4 x cp 1 x tp 1 (ep 2 within dp_shard)"
+    )
+    with pytest.raises(GoodputError, match="ep = 4 does not divide dp_shard = 2") as error:
+        resolve_degrees(ParallelConfig(ep=4, dp_replicate=2), 4)
+    assert "ep = 2" in error.value.render()  # a divisor that works
 
 
 def test_replicate_shards_nothing():
@@ -84,7 +108,7 @@ def hsdp_step(rank, world_size, dp_replicate):
     model = parallelize(Transformer(TINY_MODEL), cfg, mesh)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     micro = rank_micro_batches(*uneven_global_batch(), mesh.dp_rank, mesh.dp_size, 2)
-    result = train_step(model, optimizer, micro, max_grad_norm=None, dp_group=mesh.dp_group)
+    result = train_step(model, optimizer, micro, max_grad_norm=None, token_group=mesh.token_group)
     weights = model.output.weight.full_tensor()[:3, :3].detach().clone()
     return mesh.dp_rank, mesh.dp_size, result.loss, result.grad_norm, weights
 
@@ -126,9 +150,8 @@ def test_a_layout_that_cannot_split_the_model_is_refused_by_name(overrides, mess
 
 @pytest.mark.parametrize("degree", ["tp", "pp"])
 def test_tensor_parallelism_and_pipelines_of_a_moe_model_are_refused_as_not_yet(degree):
-    moe = ["model.moe.num_experts=4", "model.moe.top_k=2"]
     with pytest.raises(GoodputError, match="mixture-of-experts model: not supported yet"):
-        load_config(RunConfig, CONFIGS / "tiny-cpu.toml", [*moe, f"parallel.{degree}=2"])
+        load_config(RunConfig, CONFIGS / "tiny-cpu.toml", [*MOE, f"parallel.{degree}=2"])
 
 
 @pytest.mark.parametrize(
@@ -169,7 +192,7 @@ def test_tensor_parallel_groups_are_consecutive_ranks_and_pipelines_span_them():
 
 def test_the_layout_line_names_the_degrees_in_mesh_order():
     degrees = resolve_degrees(ParallelConfig(precision="fp32", tp=2, pp=2), 8)
-    assert degrees.describe() == "pp 2 x dp_replicate 1 x dp_shard 2 x tp 2"
+    assert degrees.describe() == "pp 2 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 2"
 
 
 def test_pipeline_microbatches_that_do_not_divide_the_pipelines_batch_are_refused():

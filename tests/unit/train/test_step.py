@@ -65,9 +65,10 @@ def test_the_loss_alone_is_the_step_loss_and_the_step_is_its_two_halves(referenc
     assert loss == reference[0]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     micro = rank_micro_batches(inputs, labels, 0, 1, accumulation=2)
-    loss_sum, num_tokens = forward_backward(model, micro)
+    result = forward_backward(model, micro)
     grad_norm = clip_and_step([model], optimizer, max_grad_norm=None)
-    assert (loss_sum / num_tokens, num_tokens) == (pytest.approx(reference[0], rel=1e-6), 36)
+    assert result.loss_sum / result.num_tokens == pytest.approx(reference[0], rel=1e-6)
+    assert (result.num_tokens, result.expert_load) == (36, None)  # a dense model
     assert grad_norm == pytest.approx(reference[1], rel=1e-5)
     assert all(p.grad is None for p in model.parameters())  # zeroed for the next step
 

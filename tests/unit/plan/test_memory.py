@@ -1,0 +1,139 @@
+"""The memory model's terms against what the real modules hold: parameter counts against
+``flops.model_size`` and real modules, the activation count against the bytes autograd saves
+for one block, the checkpointed block's against its inputs, and the worst-stage shortcut
+against every stage."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+from goodput.plan.layout import Layout
+from goodput.plan.memory import (
+    COMPUTE_BYTES,
+    GRADIENT_BYTES,
+    PRECISIONS,
+    Parameters,
+    Workload,
+    _stage,
+    estimate,
+    layer_activation_bytes,
+    stage_layers,
+)
+from goodput.train.flops import BYTES_PER_PARAMETER, model_size
+from goodput.train.model import Block, ModelConfig, MoEConfig, Transformer
+
+DENSE = ModelConfig(
+    vocab_size=1000, dim=256, num_layers=3, num_heads=8, num_kv_heads=4, ffn_dim=768
+)
+MOE = replace(DENSE, moe=MoEConfig(num_experts=8, top_k=2, expert_ffn_dim=384, shared_expert=True))
+
+
+def saved_for_backward(module: torch.nn.Module, *inputs: torch.Tensor) -> int:
+    """Bytes of the distinct tensors autograd saves in ``module``'s forward, its own parameters
+    and buffers left out (they are the state, not activations)."""
+    own = {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()]}
+    seen: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in own:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        module(*inputs)
+    return sum(seen.values())
+
+
+def test_the_precisions_are_the_trainers():
+    import typing
+
+    from goodput.commands import plan
+    from goodput.train.parallelize import ParallelConfig
+
+    assert BYTES_PER_PARAMETER == {"fp32-master": 16, "pure-bf16": 8, "fp32": 16}
+    trainer = typing.get_args(typing.get_type_hints(ParallelConfig)["precision"])
+    assert PRECISIONS == plan.PRECISIONS == trainer == tuple(BYTES_PER_PARAMETER)
+    assert tuple(COMPUTE_BYTES) == tuple(GRADIENT_BYTES) == PRECISIONS
+
+
+@pytest.mark.parametrize("model", [DENSE, MOE, replace(DENSE, tie_embeddings=True)])
+def test_the_parameter_split_adds_up_to_the_model(model):
+    params = Parameters.of(model)
+    block = params.block_split + params.block_whole + params.block_experts
+    head = 0 if params.tied else params.head
+    total = model.num_layers * block + params.embedding + head + params.final_norm
+    assert total == model_size(model).total
+    real = Transformer(model)
+    assert total == sum(p.numel() for p in real.parameters())
+    experts = sum(p.numel() for n, p in real.named_parameters() if ".experts." in n)
+    assert experts == model.num_layers * params.block_experts
+
+
+@pytest.mark.parametrize(
+    ("model", "dtype"),
+    [(DENSE, torch.float32), (DENSE, torch.bfloat16), (MOE, torch.bfloat16), (MOE, torch.float32)],
+    ids=["dense-fp32", "dense-bf16", "moe-bf16", "moe-fp32"],
+)
+def test_a_blocks_activations_are_what_autograd_saves(model, dtype):
+    tokens = 256
+    block = Block(model).to(dtype)
+    x = torch.randn(1, tokens, model.dim, dtype=dtype, requires_grad=True)
+    measured = saved_for_backward(block, x, torch.arange(tokens))
+    compute_bytes = 4 if dtype == torch.float32 else 2
+    estimated = tokens * layer_activation_bytes(model, compute_bytes, tp=1)
+    # Dense: exact. MoE: within 0.1% (per-expert count vectors, a few bytes a layer).
+    assert measured == pytest.approx(estimated, rel=1e-3)
+
+
+def test_a_checkpointed_block_keeps_only_its_input():
+    tokens = 256
+    block = checkpoint_wrapper(Block(DENSE))
+    x = torch.randn(1, tokens, DENSE.dim, requires_grad=True)
+    measured = saved_for_backward(block, x, torch.arange(tokens))
+    # The block input, fp32, plus the positions (int64, one tensor that every layer shares).
+    assert measured == tokens * DENSE.dim * 4 + tokens * 8
+
+
+def test_tp_splits_all_but_the_gathered_matmul_inputs_and_the_rotary_tables():
+    one, four = (layer_activation_bytes(DENSE, 2, tp) for tp in (1, 4))
+    whole = 2 * 2 * DENSE.dim + 4 * DENSE.head_dim
+    assert four == pytest.approx((one - whole) / 4 + whole)
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4, 5, 7])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_worst_stage_is_found_among_three(pp, checkpointing):
+    model = replace(DENSE, num_layers=11, tie_embeddings=True)
+    work = Workload(
+        seq_len=64,
+        micro_batch_size=1,
+        global_batch_samples=16,
+        activation_checkpointing=checkpointing,
+    )
+    layout = Layout(pp=pp, dp_shard=2)
+    every = [
+        _stage(model, layout, work, 2**30, stage, layers).total
+        for stage, layers in enumerate(stage_layers(11, pp))
+    ]
+    assert estimate(model, layout, work, 2**30).total == max(every)
+
+
+def test_stage_layers_is_the_trainers_split():
+    from goodput.train.parallelize import ParallelConfig
+    from goodput.train.pipeline import layers_per_stage
+
+    for pp in range(1, 9):
+        assert stage_layers(13, pp) == layers_per_stage(ParallelConfig(pp=pp), 13)
+
+
+def test_compute_bytes_follow_the_trainers_compute_dtype():
+    from goodput.train.parallelize import ParallelConfig, compute_dtype
+
+    for precision, size in COMPUTE_BYTES.items():
+        dtype = compute_dtype(ParallelConfig(precision=precision))  # type: ignore[arg-type]
+        assert dtype.itemsize == size
