@@ -1,6 +1,7 @@
 """Progress reporting for long work: a live bar on a terminal, plain periodic lines otherwise.
 
-Writes to stderr so stdout stays machine-readable. Rates are computed from the counters the
+Writes to stderr so stdout stays machine-readable; ``print_line`` is for the lines that are
+stdout's (step lines, checkpoint reports), written whole. Rates are computed from the counters the
 caller passes; nothing here knows what is being counted.
 """
 
@@ -9,6 +10,14 @@ from __future__ import annotations
 import sys
 import time
 from typing import TextIO
+
+
+def print_line(text: str) -> None:
+    """``text`` and its newline to stdout in one write, flushed: ``print`` writes the two apart,
+    so a line printed from another thread (the checkpoint flush) could land between them and
+    splice two lines into one, which the launcher's ``step=`` reading then misses."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 class Progress:

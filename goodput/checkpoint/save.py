@@ -60,6 +60,7 @@ from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.parts import gather
 from goodput.checkpoint.state import rng_state
 from goodput.io import write_json, write_marker, write_text
+from goodput.progress import print_line
 from goodput.rundir import (
     CONFIG,
     LATEST,
@@ -255,7 +256,7 @@ class Checkpointer:
         held = time.perf_counter() - start
         if self.rank == 0:
             how = "flushing in the background" if self.in_flight else "written synchronously"
-            print(f"checkpoint: {directory} held training {held:.3f} s ({how})", flush=True)
+            print_line(f"checkpoint: {directory} held training {held:.3f} s ({how})")
         return held
 
     def _write_small_files(
@@ -338,7 +339,7 @@ class Checkpointer:
             # Older complete ones beyond keep_last, and leftovers of killed or failed attempts.
             if old.step < step and old.step not in kept:
                 shutil.rmtree(old.path, ignore_errors=True)
-        print(f"checkpoint: {directory} complete", flush=True)
+        print_line(f"checkpoint: {directory} complete")
 
     def _report_failure(self, step: int, reasons_by_rank: dict[int, str]) -> None:
         directory = step_dir(self.root, step)
@@ -350,7 +351,7 @@ class Checkpointer:
         )
         if self.rank == 0:
             shutil.rmtree(directory, ignore_errors=True)
-            print(report, flush=True)
+            print_line(report)
 
 
 def _any_rank(flags: list[bool], group: dist.ProcessGroup) -> list[bool]:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from goodput import rundir
+from goodput.progress import print_line
 from goodput.train.device import device_name, peak_memory_bytes
 from goodput.train.step import StepResult
 
@@ -145,7 +146,7 @@ class Metrics:
             for key, value in finite.items():
                 if key not in ("step", "time") and value is not None:
                     self.tensorboard.add_scalar(f"train/{key}", value, record["step"])
-        print(step_line(record), flush=True)
+        print_line(step_line(record))
         beat = json.dumps({"step": record["step"], "time": record["time"]})
         for heartbeat in self.heartbeats:  # the run's, and goodput launch's when it is another
             tmp = heartbeat.with_name(f".heartbeat.{os.getpid()}.tmp")
