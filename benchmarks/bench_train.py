@@ -68,9 +68,11 @@ from goodput.train.config import DataConfig, RunConfig, TrainConfig
 from goodput.train.flops import flops_per_token, model_size
 from goodput.train.loop import train
 from goodput.train.metrics import measure_matmul_flops
-from goodput.train.model import ModelConfig, Transformer
-from goodput.train.optim import OptimConfig, parameter_groups
-from goodput.train.parallelize import ParallelConfig
+from goodput.train.model import Transformer
+from goodput.train.model_config import ModelConfig
+from goodput.train.optim import parameter_groups
+from goodput.train.optim_config import OptimConfig
+from goodput.train.parallel_config import ParallelConfig
 from goodput.train.schedule import ScheduleConfig, learning_rate
 
 MODEL = ModelConfig(vocab_size=8192, dim=384, num_layers=8, num_heads=6, max_seq_len=256)

@@ -59,8 +59,8 @@ from goodput.testing.tiny import write_random_corpus
 from goodput.train.config import DataConfig, RunConfig, TrainConfig
 from goodput.train.device import backend_for, detect_device_type, device_name
 from goodput.train.flops import model_size
-from goodput.train.model import ModelConfig, MoEConfig
-from goodput.train.parallelize import ParallelConfig
+from goodput.train.model_config import ModelConfig, MoEConfig
+from goodput.train.parallel_config import ParallelConfig
 
 USAGE_ERROR = 2
 

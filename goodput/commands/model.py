@@ -36,7 +36,7 @@ def register(groups: Subparsers) -> None:
 def _info(args: argparse.Namespace) -> ExitCode:
     from goodput.config import load_section
     from goodput.train.info import describe, format_description
-    from goodput.train.model import ModelConfig
+    from goodput.train.model_config import ModelConfig
 
     cfg = load_section(ModelConfig, args.config, "model", args.overrides)
     info = describe(cfg, args.seq_len or cfg.max_seq_len)

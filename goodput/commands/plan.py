@@ -23,7 +23,7 @@ from goodput.errors import ExitCode, GoodputError
 
 if TYPE_CHECKING:
     from goodput.plan.memory import Workload
-    from goodput.train.model import ModelConfig
+    from goodput.train.model_config import ModelConfig
 
 PRECISIONS = ("fp32-master", "pure-bf16", "fp32")
 MAX_NODES = 2**17  # above the largest machines (Aurora: 10,624 nodes)
@@ -112,8 +112,8 @@ def _read_config(path: Path) -> tuple[ModelConfig, dict[str, Any], dict[str, Any
     trainer checks it."""
     from goodput.config import from_table, read_toml
     from goodput.train.config import TrainConfig
-    from goodput.train.model import ModelConfig
-    from goodput.train.parallelize import ParallelConfig
+    from goodput.train.model_config import ModelConfig
+    from goodput.train.parallel_config import ParallelConfig
 
     raw = read_toml(path)
     if not isinstance(raw.get("model"), dict):

@@ -15,13 +15,9 @@ For a mixture of experts N counts the active parameters, a rougher guess still.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from goodput.plan.layout import Layout
 from goodput.train.flops import model_size
-
-if TYPE_CHECKING:
-    from goodput.train.model import ModelConfig
+from goodput.train.model_config import ModelConfig
 
 KAPLAN_N_C = 8.8e13  # non-embedding parameters
 KAPLAN_ALPHA_N = 0.076

@@ -29,15 +29,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from goodput.plan.batch import batch_problem, critical_batch_warning
 from goodput.plan.layout import Layout, problems, tp_across_hosts
 from goodput.plan.memory import GIB, Breakdown, Parameters, Workload, estimate
 from goodput.train.flops import model_size
-
-if TYPE_CHECKING:
-    from goodput.train.model import ModelConfig
+from goodput.train.model_config import ModelConfig
 
 RUNGS = ("DP", "FSDP", "EP", "TP", "PP", "CP")
 EXPERTS_DOMINATE = 0.5  # the routed experts' share of the parameters above which EP is tried

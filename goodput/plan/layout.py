@@ -2,10 +2,9 @@
 
 ``Layout`` holds the degrees as ``[parallel]`` names them. The world it needs is pp x
 dp_replicate x dp_shard x cp x tp; ``ep`` borrows its ranks from ``dp_shard`` and adds none.
-``problems`` says why the trainer would refuse a layout for a model: the rules of
-``ParallelConfig.check_model`` and ``mesh.resolve_degrees``, restated here without torch (a test
-holds both to the same answers). ``tp_across_hosts`` is the warning for a tensor-parallel group
-that spans hosts.
+``problems`` says why the trainer would refuse a layout for a model: the trainer's own rules
+(``goodput.train.parallel_config``, torch-free). ``tp_across_hosts`` is the warning for a
+tensor-parallel group that spans hosts.
 
 Invariants: degrees are whole numbers >= 1. Does not: read configs or build a mesh.
 """
@@ -13,10 +12,10 @@ Invariants: degrees are whole numbers >= 1. Does not: read configs or build a me
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from goodput.train.model import ModelConfig
+from goodput.errors import GoodputError
+from goodput.train.model_config import ModelConfig
+from goodput.train.parallel_config import ParallelConfig, check_tp_within_hosts, resolve_degrees
 
 # In the order of the pasteable overrides; the mesh's own order is MESH_ORDER.
 DEGREES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
@@ -66,67 +65,31 @@ class Layout:
         return line + (f" (ep {self.ep} within dp_shard)" if self.ep > 1 else "")
 
 
-def context_lengths(seq_len: int, cp: int) -> list[int]:
-    """The tokens each context-parallel rank holds of one sequence: the sequence is cut into
-    2cp near-even chunks (the first seq_len % 2cp one token longer) and rank r holds chunks r
-    and 2cp-1-r (the trainer's causally balanced layout)."""
-    base, longer = divmod(seq_len, 2 * cp)
-    chunk = [base + (index < longer) for index in range(2 * cp)]
-    return [chunk[rank] + chunk[2 * cp - 1 - rank] for rank in range(cp)]
-
-
 def problems(model: ModelConfig, layout: Layout, seq_len: int) -> list[str]:
-    """Why goodput's trainer would refuse ``layout`` for ``model`` at ``seq_len``; empty if it
-    takes it."""
-    found = []
-    if model.moe is not None and max(layout.tp, layout.pp, layout.cp) > 1:
-        found.append("goodput refuses tp, pp and cp with a mixture-of-experts model today")
-    if layout.ep > 1:
-        if model.moe is None:
-            found.append(f"ep {layout.ep} needs a mixture-of-experts model")
-        elif model.moe.num_experts % layout.ep:
-            found.append(
-                f"ep {layout.ep} does not divide model.moe.num_experts = {model.moe.num_experts}"
-            )
-        if layout.dp_shard % layout.ep:
-            found.append(f"ep {layout.ep} does not divide dp_shard {layout.dp_shard}")
-    if layout.cp > 1:
-        if layout.pp > 1:
-            found.append("goodput refuses cp inside pipeline stages (pp > 1) today")
-        if seq_len < 2 * layout.cp:
-            found.append(f"cp {layout.cp} needs seq_len >= {2 * layout.cp}, not {seq_len}")
-        elif layout.tp > 1 and any(n % layout.tp for n in context_lengths(seq_len, layout.cp)):
-            found.append(
-                f"tp {layout.tp} does not divide the tokens a cp rank holds of seq_len {seq_len}"
-            )
-    if layout.tp > 1:
-        split = {
-            "model.num_heads": model.num_heads,
-            "model.num_kv_heads": model.kv_heads,
-            "model.ffn_dim": model.mlp_dim,
-            "model.vocab_size": model.vocab_size,
-        }
-        if layout.cp == 1:  # sequence parallelism splits each micro-batch's sequence
-            split["seq_len"] = seq_len
-        found += [
-            f"tp {layout.tp} does not divide {name} = {value}"
-            for name, value in split.items()
-            if value % layout.tp
-        ]
-    if layout.pp > model.num_layers:
-        found.append(f"pp {layout.pp} is more stages than model.num_layers = {model.num_layers}")
-    return found
+    """Why goodput's trainer would refuse ``layout`` for ``model`` at ``seq_len`` (its own
+    checks, ``ParallelConfig`` and ``resolve_degrees``, and their reason); empty if it takes
+    it."""
+    try:
+        cfg = ParallelConfig(
+            dp_replicate=layout.dp_replicate,
+            dp_shard=layout.dp_shard,
+            tp=layout.tp,
+            pp=layout.pp,
+            cp=layout.cp,
+            ep=layout.ep,
+        )
+        cfg.check_model(model, seq_len)
+        resolve_degrees(cfg, layout.world)
+    except GoodputError as error:
+        return [error.what]
+    return []
 
 
 def tp_across_hosts(layout: Layout, nodes: int, gpus_per_node: int) -> str | None:
-    """The warning for a layout whose tensor-parallel groups span hosts (ranks are numbered
-    host by host and tp varies fastest, so a group stays on one host only when tp divides the
-    devices per host); None when they do not."""
-    if nodes == 1 or gpus_per_node % layout.tp == 0:
-        return None
-    return (
-        f"tp {layout.tp} does not divide the {gpus_per_node} devices per node: each "
-        "tensor-parallel group would span hosts, with an all-reduce inside every layer over the "
-        f"network (goodput's trainer refuses it); choose tp dividing {gpus_per_node} and split "
-        "the rest with pp or data parallelism"
-    )
+    """The warning for a layout whose tensor-parallel groups span hosts (the trainer's refusal,
+    ``check_tp_within_hosts``); None when they do not."""
+    try:
+        check_tp_within_hosts(layout.tp, nodes * gpus_per_node, gpus_per_node)
+    except GoodputError as error:
+        return f"{error.what}; {error.fix} (goodput's trainer refuses it)"
+    return None

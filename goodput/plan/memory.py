@@ -56,13 +56,11 @@ processes, or the start-up of a fresh run (which builds the whole model on every
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
 
-from goodput.plan.layout import Layout, context_lengths
+from goodput.plan.layout import Layout
 from goodput.train.flops import BYTES_PER_PARAMETER, model_size
-
-if TYPE_CHECKING:
-    from goodput.train.model import ModelConfig
+from goodput.train.model_config import ModelConfig
+from goodput.train.parallel_config import context_local_lengths
 
 GIB = 2**30
 PRECISIONS = ("fp32-master", "pure-bf16", "fp32")
@@ -215,7 +213,7 @@ def _stage(
         if accumulation > 1 and not work.sync_every_micro_batch:
             held = GRADIENT_BYTES[work.precision] * (dense + experts - sharded)
 
-    tokens = work.micro_batch_size * max(context_lengths(work.seq_len, layout.cp))
+    tokens = work.micro_batch_size * max(context_local_lengths(work.seq_len, layout.cp))
     per_layer = layer_activation_bytes(model, a, tp)
     in_flight = min(layout.pp - stage, accumulation)
     if work.activation_checkpointing:

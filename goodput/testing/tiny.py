@@ -11,8 +11,8 @@ import torch
 
 from goodput.data.shards import ShardWriter
 from goodput.train.config import DataConfig, RunConfig, TrainConfig
-from goodput.train.model import ModelConfig
-from goodput.train.parallelize import ParallelConfig
+from goodput.train.model_config import ModelConfig
+from goodput.train.parallel_config import ParallelConfig
 from goodput.train.schedule import ScheduleConfig
 from goodput.train.step import IGNORE_INDEX
 

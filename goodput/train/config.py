@@ -22,9 +22,9 @@ from typing import Literal
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.config import NON_EMPTY, limits
 from goodput.errors import GoodputError
-from goodput.train.model import ModelConfig
-from goodput.train.optim import OptimConfig
-from goodput.train.parallelize import ParallelConfig
+from goodput.train.model_config import ModelConfig
+from goodput.train.optim_config import OptimConfig
+from goodput.train.parallel_config import ParallelConfig
 from goodput.train.schedule import ScheduleConfig
 
 POSITIVE = limits(at_least=1)

@@ -57,7 +57,8 @@ from goodput.io import (
 )
 from goodput.rundir import CONFIG, LATEST, TRAIN_STATE, checkpoints_dir, step_dir
 from goodput.train import hf
-from goodput.train.model import ModelConfig, Transformer
+from goodput.train.model import Transformer
+from goodput.train.model_config import ModelConfig
 
 MODEL = "model"  # the key of the model state inside a checkpoint's DCP state
 HF_CONFIG = "config.json"

@@ -10,10 +10,8 @@ halved for causality).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # only a type here: torch-free callers (goodput.plan) import this module
-    from goodput.train.model import ModelConfig
+from goodput.train.model_config import ModelConfig
 
 # Bytes held per parameter during training, by precision policy. fp32-master: fp32 weights,
 # fp32 gradients, fp32 Adam moments (bf16 working copies of the weights are transient);

@@ -27,7 +27,7 @@ import torch
 
 from goodput.config import coerce_field
 from goodput.errors import GoodputError
-from goodput.train.model import ModelConfig
+from goodput.train.model_config import ModelConfig
 
 # goodput's llama3 RoPE scaling hard-codes these two (train/model.py, rope_frequencies).
 LLAMA3_LOW_FREQ_FACTOR = 1.0

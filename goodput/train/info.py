@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from goodput.train.flops import BYTES_PER_PARAMETER, flops_per_token, model_size
-from goodput.train.model import ModelConfig
+from goodput.train.model_config import ModelConfig
 
 
 def describe(cfg: ModelConfig, seq_len: int) -> dict[str, object]:

@@ -40,7 +40,6 @@ is the world size; ``ep`` divides ``dp_shard``.
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 
@@ -48,91 +47,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from goodput.errors import GoodputError
-from goodput.train.parallelize import ParallelConfig
+from goodput.train.parallel_config import (
+    Degrees,
+    ParallelConfig,
+    check_tp_within_hosts,
+    resolve_degrees,
+)
 
-# The layout's dimensions, outermost first: tp varies fastest (see Rank order above).
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-# The device mesh's: dp_shard split into the ranks holding the same experts and the ep ranks
-# that split them (both 1-sized dimensions cost nothing for a dense model).
+# The device mesh's dimensions, outermost first: the layout's (MESH_DIMS), with dp_shard split
+# into the ranks holding the same experts and the ep ranks that split them (both 1-sized
+# dimensions cost nothing for a dense model).
 DEVICE_MESH_DIMS = ("pp", "dp_replicate", "expert_shard", "ep", "cp", "tp")
-
-
-@dataclass(frozen=True, slots=True)
-class Degrees:
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-
-    @property
-    def dp(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def expert_shard(self) -> int:
-        """The ``dp_shard`` ranks holding the same experts (``ep`` splits the rest)."""
-        return self.dp_shard // self.ep
-
-    def describe(self) -> str:
-        """The degrees as the mesh orders them, e.g. ``pp 2 x dp_replicate 1 x dp_shard 2 x
-        cp 1 x tp 1``, and ``ep`` when it splits ``dp_shard``."""
-        line = " x ".join(f"{name} {getattr(self, name)}" for name in MESH_DIMS)
-        return line + (f" (ep {self.ep} within dp_shard)" if self.ep > 1 else "")
-
-    def product(self) -> int:
-        """The number of ranks this layout needs (``ep`` borrows its ranks)."""
-        return self.dp * self.tp * self.pp * self.cp
-
-
-def resolve_degrees(cfg: ParallelConfig, world_size: int) -> Degrees:
-    """``cfg``'s degrees with the unset ones filled in; a usage error, suggesting a split that
-    works, when they do not multiply to ``world_size``."""
-    others = cfg.tp * cfg.pp * cfg.cp
-    # The kind of data parallelism chosen takes what is left; the other data-parallel degree
-    # defaults to 1.
-    rest = "dp_shard" if cfg.data_parallel == "fsdp" else "dp_replicate"
-    fixed = "dp_replicate" if rest == "dp_shard" else "dp_shard"
-    fixed_degree = getattr(cfg, fixed) or 1
-    rest_degree = getattr(cfg, rest) or world_size // (fixed_degree * others) or 1
-    degrees = Degrees(
-        **{fixed: fixed_degree, rest: rest_degree},
-        tp=cfg.tp,
-        pp=cfg.pp,
-        cp=cfg.cp,
-        ep=cfg.ep,
-    )
-    if degrees.product() != world_size:
-        raise GoodputError.usage(
-            "[parallel]",
-            f"dp_replicate {degrees.dp_replicate} x dp_shard {degrees.dp_shard} x tp {cfg.tp} "
-            f"x pp {cfg.pp} x cp {cfg.cp} = {degrees.product()} ranks, but the world has "
-            f"{world_size}",
-            _suggest(cfg, world_size, fixed, rest),
-        )
-    if degrees.dp_shard % cfg.ep:
-        raise GoodputError.usage(
-            "[parallel]",
-            f"ep = {cfg.ep} does not divide dp_shard = {degrees.dp_shard}: expert parallelism "
-            "splits the experts over ranks that shard one replica",
-            f"choose ep dividing {degrees.dp_shard} (e.g. ep = "
-            f"{math.gcd(cfg.ep, degrees.dp_shard)}), or raise dp_shard",
-        )
-    return degrees
-
-
-def _suggest(cfg: ParallelConfig, world_size: int, fixed: str, rest: str) -> str:
-    others = cfg.tp * cfg.pp * cfg.cp
-    if world_size % others:
-        return f"launch a multiple of tp x pp x cp = {others} ranks"
-    data_parallel = world_size // others
-    fixed_degree = math.gcd(getattr(cfg, fixed) or 1, data_parallel)
-    return (
-        f"e.g. {fixed} = {fixed_degree}, {rest} = {data_parallel // fixed_degree} (or leave "
-        f"{rest} unset: it takes what the world size leaves)"
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,16 +136,3 @@ def build_mesh(cfg: ParallelConfig, device: torch.device, ranks_per_host: int) -
             warnings.filterwarnings("ignore", message="Slicing a flattened dim")
             fsdp_mesh = device_mesh["dp_replicate", "dp_shard_cp"]
     return ParallelMesh(degrees, device_mesh, dp_mesh, token_mesh, fsdp_mesh)
-
-
-def check_tp_within_hosts(tp: int, world_size: int, ranks_per_host: int) -> None:
-    """Refuse a tensor-parallel group that the rank order would split across hosts."""
-    if tp == 1 or world_size <= ranks_per_host or ranks_per_host % tp == 0:
-        return
-    raise GoodputError.usage(
-        "[parallel]",
-        f"tp = {tp} does not divide the {ranks_per_host} ranks per host: a tensor-parallel "
-        "group would span hosts, with an all-reduce inside every layer over the network",
-        f"choose tp dividing {ranks_per_host} (e.g. tp = {math.gcd(tp, ranks_per_host)}) and "
-        "split the rest with pp or dp",
-    )

@@ -11,21 +11,11 @@ runs — since a checkpoint names optimizer state by the parameter names of one 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from torch import nn
 
-from goodput.config import limits
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OptimConfig:
-    kind: Literal["adamw"] = "adamw"
-    betas: tuple[float, float] = field(default=(0.9, 0.95), metadata=limits(below=1))
-    eps: float = field(default=1e-8, metadata=limits(above=0))
-    weight_decay: float = 0.1
+from goodput.train.optim_config import OptimConfig
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -1,4 +1,5 @@
-"""The ``[parallel]`` table and ``parallelize``: the one place that composes a model's layouts.
+"""``parallelize``: the one place that composes a model's layouts (``[parallel]`` itself, and
+the rules a layout must meet, are ``parallel_config.py``'s).
 
 ``parallelize(model, cfg, mesh)`` applies, in this order (each must wrap what the next one
 sees): tensor parallelism → expert parallelism → context parallelism → activation checkpointing
@@ -49,8 +50,7 @@ the only form gloo accepts (it rejects the pre-multiplied sum FSDP would otherwi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -66,198 +66,13 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from goodput.config import limits
-from goodput.errors import GoodputError
 from goodput.train.experts import GroupedExperts, shard_experts
-from goodput.train.model import Attention, ContextParallel, ModelConfig, Transformer
+from goodput.train.model import Attention, ContextParallel, Transformer
+from goodput.train.parallel_config import ParallelConfig
 from goodput.train.ring_attention import ContextLayout
 
 if TYPE_CHECKING:
     from goodput.train.mesh import ParallelMesh
-
-DEGREE = limits(at_least=1, at_most=2**20)
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ParallelConfig:
-    data_parallel: Literal["fsdp", "replicate"] = "fsdp"
-    # Data-parallel degrees; unset: 1, or for the kind of data parallelism chosen (fsdp:
-    # dp_shard, replicate: dp_replicate) whatever the world size leaves (mesh.py).
-    dp_replicate: int | None = field(default=None, metadata=DEGREE)
-    dp_shard: int | None = field(default=None, metadata=DEGREE)
-    tp: int = field(default=1, metadata=DEGREE)
-    pp: int = field(default=1, metadata=DEGREE)
-    cp: int = field(default=1, metadata=DEGREE)
-    ep: int = field(default=1, metadata=DEGREE)  # borrows data-parallel ranks: no factor
-    # Tensor parallelism: cross-entropy on the vocabulary shards, never gathering the logits.
-    loss_parallel: bool = True
-    # Pipeline parallelism (pipeline.py): the schedule; micro-batches per step on each pipeline
-    # (None: the batch plan's micro-batches per rank); stages per rank (None: 1, and 2 for
-    # interleaved_1f1b); layers per stage in stage order (None: an even split, the first
-    # stages taking one more when they do not divide).
-    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
-    pp_microbatches: int | None = field(default=None, metadata=DEGREE)
-    pp_stages_per_rank: int | None = field(default=None, metadata=DEGREE)
-    pp_layers_per_stage: tuple[int, ...] | None = field(default=None, metadata=DEGREE)
-    reshard_after_forward: bool = True
-    precision: Literal["fp32-master", "pure-bf16", "fp32"] = "fp32-master"
-    activation_checkpointing: bool = False  # recompute each block in backward
-    compile: bool = False  # torch.compile each block
-    # FSDP: reduce-scatter gradients after every micro-batch, keeping only sharded gradients;
-    # false: once per step, holding unsharded gradients across the accumulation (memory for
-    # communication, bench_train).
-    sync_every_micro_batch: bool = False
-
-    def __post_init__(self) -> None:
-        def refuse(what: str, fix: str) -> None:
-            raise GoodputError.usage("[parallel]", what, fix)
-
-        if self.ep > 1 and self.data_parallel == "replicate":
-            # The ranks holding the same experts sum their gradients through FSDP.
-            refuse(
-                f"ep = {self.ep} needs data_parallel = 'fsdp'",
-                "use data_parallel = 'fsdp' (the default) with expert parallelism",
-            )
-        if self.cp > 1 and self.pp > 1:
-            refuse(
-                f"cp = {self.cp} with pp = {self.pp}: context parallelism inside pipeline stages "
-                "is not supported yet",
-                "set pp = 1 with cp, or cp = 1 with pp",
-            )
-        if self.cp > 1 and self.compile:
-            refuse(
-                f"compile = true with cp = {self.cp}: ring attention's point-to-point exchanges "
-                "are not compiled",
-                "set compile = false for context-parallel runs",
-            )
-        # fp32-master's bf16 compute comes from FSDP's mixed-precision policy; a replicated model
-        # has no such hook and would silently train in fp32.
-        if self.data_parallel == "replicate" and self.precision == "fp32-master":
-            refuse(
-                "precision 'fp32-master' needs data_parallel = 'fsdp'",
-                "use data_parallel = 'fsdp', or precision 'fp32' or 'pure-bf16' with 'replicate'",
-            )
-        if self.data_parallel == "replicate" and (self.dp_shard or 1) > 1:
-            refuse(
-                f"dp_shard = {self.dp_shard}, but data_parallel = 'replicate' shards nothing",
-                "leave dp_shard unset, or use data_parallel = 'fsdp'",
-            )
-        if self.compile and self.tp > 1:
-            # Checked on CPU: a compiled block under tensor parallelism ran, with fp32-master,
-            # to a gradient norm of 0.65 where every other layout gives 0.85 (and in fp32 did not
-            # finish its first step in 5 minutes).
-            refuse(
-                f"compile = true with tp = {self.tp}: a compiled tensor-parallel block computes "
-                "wrong gradients on torch 2.13",
-                "set compile = false for tensor-parallel runs (compile works with dp and pp)",
-            )
-        interleaved = self.pp_schedule == "interleaved_1f1b"
-        if interleaved and self.stages_per_rank < 2:
-            refuse(
-                "pp_schedule 'interleaved_1f1b' needs pp_stages_per_rank >= 2",
-                "raise pp_stages_per_rank, or use pp_schedule '1f1b' or 'gpipe'",
-            )
-        if not interleaved and self.stages_per_rank != 1:
-            refuse(
-                f"pp_stages_per_rank = {self.stages_per_rank} needs pp_schedule 'interleaved_1f1b'",
-                f"set pp_schedule = 'interleaved_1f1b', or pp_stages_per_rank = 1 with "
-                f"'{self.pp_schedule}'",
-            )
-        if self.pp_layers_per_stage is not None and len(self.pp_layers_per_stage) != (
-            self.num_stages
-        ):
-            refuse(
-                f"pp_layers_per_stage lists {len(self.pp_layers_per_stage)} stages, but pp "
-                f"{self.pp} x pp_stages_per_rank {self.stages_per_rank} = {self.num_stages}",
-                f"list {self.num_stages} layer counts, or leave it unset for an even split",
-            )
-
-    @property
-    def stages_per_rank(self) -> int:
-        if self.pp_stages_per_rank is not None:
-            return self.pp_stages_per_rank
-        return 2 if self.pp_schedule == "interleaved_1f1b" else 1
-
-    @property
-    def num_stages(self) -> int:
-        return self.pp * self.stages_per_rank
-
-    def check_model(self, model: ModelConfig, seq_len: int) -> None:
-        """Refuse a layout that cannot split ``model`` (a usage error naming what to change)."""
-
-        def refuse(what: str, fix: str) -> None:
-            raise GoodputError.usage("[parallel]", what, fix)
-
-        if model.moe is not None and (self.tp > 1 or self.pp > 1 or self.cp > 1):
-            refuse(
-                f"tp = {self.tp}, pp = {self.pp}, cp = {self.cp} with a mixture-of-experts model: "
-                "not supported yet",
-                "set tp, pp and cp to 1 and split the MoE model with ep and FSDP (dp_shard)",
-            )
-        if self.ep > 1:
-            if model.moe is None:
-                refuse(
-                    f"ep = {self.ep} needs a mixture-of-experts model (a [model.moe] table)",
-                    "set ep = 1 for a dense model",
-                )
-            elif model.moe.num_experts % self.ep:
-                refuse(
-                    f"ep = {self.ep} does not divide model.moe.num_experts = "
-                    f"{model.moe.num_experts}",
-                    "choose ep dividing the number of experts",
-                )
-        if self.cp > 1:
-            self._check_context(seq_len)
-        if self.tp > 1:
-            split = {
-                "model.num_heads": model.num_heads,
-                "model.num_kv_heads": model.kv_heads,
-                "model.ffn_dim": model.mlp_dim,
-                "model.vocab_size": model.vocab_size,
-            }
-            if self.cp == 1:  # sequence parallelism splits each micro-batch's sequence
-                split["train.seq_len"] = seq_len
-            for name, value in split.items():
-                if value % self.tp:
-                    refuse(
-                        f"tp = {self.tp} does not divide {name} = {value}",
-                        f"choose tp dividing {name}, or change {name}",
-                    )
-        if self.pp > 1:
-            layers = self.pp_layers_per_stage
-            if layers is not None and sum(layers) != model.num_layers:
-                refuse(
-                    f"pp_layers_per_stage sums to {sum(layers)} layers, but model.num_layers = "
-                    f"{model.num_layers}",
-                    "make the counts add up to model.num_layers",
-                )
-            if layers is None and self.num_stages > model.num_layers:
-                refuse(
-                    f"{self.num_stages} pipeline stages for {model.num_layers} layers",
-                    "lower pp or pp_stages_per_rank to at most model.num_layers stages",
-                )
-
-    def _check_context(self, seq_len: int) -> None:
-        """Each rank's two chunks of a sequence must be non-empty and, under tensor
-        parallelism, split evenly over the tp ranks (sequence parallelism)."""
-        fix = f"use a train.seq_len that is a multiple of 2 x cp x tp = {2 * self.cp * self.tp}"
-        if seq_len < 2 * self.cp:
-            raise GoodputError.usage(
-                "[parallel]",
-                f"cp = {self.cp} splits each sequence into {2 * self.cp} chunks, more than "
-                f"train.seq_len = {seq_len} tokens",
-                fix,
-            )
-        layout = ContextLayout(seq_len, self.cp)
-        lengths = {layout.local_length(rank) for rank in range(self.cp)}
-        if self.tp > 1 and any(length % self.tp for length in lengths):
-            raise GoodputError.usage(
-                "[parallel]",
-                f"tp = {self.tp} does not divide the {sorted(lengths)} tokens a context-parallel "
-                f"rank holds of train.seq_len = {seq_len}",
-                fix,
-            )
 
 
 def parallelize(

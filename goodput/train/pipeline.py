@@ -48,8 +48,10 @@ from torch.distributed.tensor.parallel import loss_parallel
 from goodput.errors import GoodputError
 from goodput.train.dtensors import local_tensor
 from goodput.train.mesh import ParallelMesh
-from goodput.train.model import ModelConfig, Transformer
-from goodput.train.parallelize import ParallelConfig, parallelize
+from goodput.train.model import Transformer
+from goodput.train.model_config import ModelConfig
+from goodput.train.parallel_config import ParallelConfig
+from goodput.train.parallelize import parallelize
 from goodput.train.step import token_loss_sum
 
 SINGLE_STAGE_SCHEDULES: dict[str, type[ScheduleGPipe | Schedule1F1B]] = {

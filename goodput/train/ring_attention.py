@@ -39,6 +39,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from goodput.train.parallel_config import context_chunk_bounds
+
 KERNELS = ("auto", "math", "fused")
 # Distinct tags: a K/V block and a dK/dV accumulator can be in flight between the same two
 # ranks at once, and gloo matches messages by (peer, tag).
@@ -65,9 +67,7 @@ class ContextLayout:
 
     def chunk_bounds(self) -> list[tuple[int, int]]:
         """[start, end) of each of the 2cp chunks, in sequence order."""
-        base, longer = divmod(self.seq_len, 2 * self.cp)
-        ends = [(i + 1) * base + min(i + 1, longer) for i in range(2 * self.cp)]
-        return list(zip([0, *ends[:-1]], ends, strict=True))
+        return context_chunk_bounds(self.seq_len, self.cp)
 
     def rank_chunks(self, rank: int) -> tuple[int, int]:
         if not 0 <= rank < self.cp:

@@ -21,7 +21,8 @@ from safetensors.torch import save
 from goodput.errors import GoodputError
 from goodput.testing.tiny import TINY_MODEL
 from goodput.train import convert, hf
-from goodput.train.model import ModelConfig, Transformer
+from goodput.train.model import Transformer
+from goodput.train.model_config import ModelConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

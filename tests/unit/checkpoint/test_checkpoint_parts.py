@@ -11,7 +11,8 @@ from goodput.checkpoint.parts import gather, load_into
 from goodput.errors import GoodputError
 from goodput.testing.tiny import TINY_MODEL
 from goodput.train.model import Transformer
-from goodput.train.optim import OptimConfig, Optimizers
+from goodput.train.optim import Optimizers
+from goodput.train.optim_config import OptimConfig
 from goodput.train.pipeline import cut_stage
 
 TIED = replace(TINY_MODEL, tie_embeddings=True, num_layers=4)

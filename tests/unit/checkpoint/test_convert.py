@@ -21,8 +21,10 @@ from goodput.rundir import CONFIG, LATEST, TRAIN_STATE, checkpoints_dir, step_di
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL
 from goodput.train import convert, hf
-from goodput.train.model import ModelConfig, MoEConfig, Transformer
-from goodput.train.parallelize import ParallelConfig, parallelize
+from goodput.train.model import Transformer
+from goodput.train.model_config import ModelConfig, MoEConfig
+from goodput.train.parallel_config import ParallelConfig
+from goodput.train.parallelize import parallelize
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

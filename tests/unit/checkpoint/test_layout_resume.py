@@ -29,7 +29,7 @@ from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import tiny_run_config
 from goodput.train.config import RunConfig
 from goodput.train.loop import train
-from goodput.train.model import MoEConfig
+from goodput.train.model_config import MoEConfig
 
 pytestmark = pytest.mark.timeout(900)  # the module's runs, paid by its first test
 

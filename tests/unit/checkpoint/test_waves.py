@@ -12,7 +12,8 @@ from goodput.rundir import list_checkpoints
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL
 from goodput.train.model import Transformer
-from goodput.train.parallelize import ParallelConfig, parallelize
+from goodput.train.parallel_config import ParallelConfig
+from goodput.train.parallelize import parallelize
 
 WRITE_SECONDS = 0.3
 

@@ -59,12 +59,25 @@ def test_data_imports_neither_train_nor_launch():
 
 
 def test_plan_imports_no_torch():
-    # `goodput plan` estimates on login nodes: its modules are arithmetic on a config.
+    # `goodput plan` estimates on login nodes: its modules are arithmetic on a config, and the
+    # trainer's layout rules it asks are torch-free too.
     found = _import_all("goodput.plan")
     assert {"goodput.plan.memory", "goodput.plan.ladder", "goodput.plan.report"} <= set(
         found["modules"]
     )
     assert found["torch"] == []
-    assert [m for m in found["goodput"] if m.startswith("goodput.train.")] == [
-        "goodput.train.flops"
-    ]
+    assert {m for m in found["goodput"] if m.startswith("goodput.train.")} == {
+        "goodput.train.flops",
+        "goodput.train.model_config",
+        "goodput.train.parallel_config",
+    }
+
+
+def test_the_run_config_imports_no_torch():
+    # What reads a config without training (goodput plan, goodput model info) stays quick.
+    code = "import sys, goodput.train.config, goodput.train.info; print('torch' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=outside_any_job(), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"

@@ -106,7 +106,7 @@ def test_train_and_parallel_tables_fill_what_the_options_leave(capsys, tmp_path)
     code, out, _ = run(capsys, config, *MACHINE, *BATCH)
     assert code == 0
     assert out.splitlines()[-1].startswith(
-        "warning: the config's [parallel]: tp 16 does not divide the 12 devices per node"
+        "warning: the config's [parallel]: tp = 16 does not divide the 12 ranks per host"
     )
 
 

@@ -24,7 +24,8 @@ from goodput.plan.memory import (
     stage_layers,
 )
 from goodput.train.flops import BYTES_PER_PARAMETER, model_size
-from goodput.train.model import Block, ModelConfig, MoEConfig, Transformer
+from goodput.train.model import Block, Transformer
+from goodput.train.model_config import ModelConfig, MoEConfig
 
 DENSE = ModelConfig(
     vocab_size=1000, dim=256, num_layers=3, num_heads=8, num_kv_heads=4, ffn_dim=768
@@ -53,7 +54,7 @@ def test_the_precisions_are_the_trainers():
     import typing
 
     from goodput.commands import plan
-    from goodput.train.parallelize import ParallelConfig
+    from goodput.train.parallel_config import ParallelConfig
 
     assert BYTES_PER_PARAMETER == {"fp32-master": 16, "pure-bf16": 8, "fp32": 16}
     trainer = typing.get_args(typing.get_type_hints(ParallelConfig)["precision"])
@@ -124,7 +125,7 @@ def test_the_worst_stage_is_found_among_three(pp, checkpointing):
 
 
 def test_stage_layers_is_the_trainers_split():
-    from goodput.train.parallelize import ParallelConfig
+    from goodput.train.parallel_config import ParallelConfig
     from goodput.train.pipeline import layers_per_stage
 
     for pp in range(1, 9):
@@ -132,7 +133,8 @@ def test_stage_layers_is_the_trainers_split():
 
 
 def test_compute_bytes_follow_the_trainers_compute_dtype():
-    from goodput.train.parallelize import ParallelConfig, compute_dtype
+    from goodput.train.parallel_config import ParallelConfig
+    from goodput.train.parallelize import compute_dtype
 
     for precision, size in COMPUTE_BYTES.items():
         dtype = compute_dtype(ParallelConfig(precision=precision))  # type: ignore[arg-type]

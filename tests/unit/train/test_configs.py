@@ -10,7 +10,8 @@ from goodput import cli
 from goodput.config import load_section
 from goodput.errors import GoodputError
 from goodput.train.flops import flops_per_token, model_size
-from goodput.train.model import ModelConfig, Transformer
+from goodput.train.model import Transformer
+from goodput.train.model_config import ModelConfig
 
 CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.toml"))
 

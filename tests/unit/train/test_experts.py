@@ -18,7 +18,8 @@ from goodput.train.experts import (
     grouped_matmul,
     shard_experts,
 )
-from goodput.train.model import MoE, MoEConfig
+from goodput.train.model import MoE
+from goodput.train.model_config import MoEConfig
 
 
 def per_group(x, w, counts):

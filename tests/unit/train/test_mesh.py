@@ -14,9 +14,10 @@ from goodput.errors import GoodputError
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL, rank_micro_batches, uneven_global_batch
 from goodput.train.config import RunConfig
-from goodput.train.mesh import build_mesh, check_tp_within_hosts, resolve_degrees
+from goodput.train.mesh import build_mesh
 from goodput.train.model import Transformer
-from goodput.train.parallelize import ParallelConfig, parallelize
+from goodput.train.parallel_config import ParallelConfig, check_tp_within_hosts, resolve_degrees
+from goodput.train.parallelize import parallelize
 from goodput.train.pipeline import pipeline_microbatches
 from goodput.train.step import train_step
 
@@ -72,6 +73,7 @@ MOE = ["model.moe.num_experts=4", "model.moe.top_k=2"]
         ),
         (["parallel.cp=2", "parallel.pp=2"], "context parallelism inside pipeline stages"),
         (["parallel.cp=2", "parallel.compile=true"], "compile = true with cp = 2"),
+        ([*MOE, "parallel.ep=2", "parallel.compile=true"], "compile = true with ep = 2"),
         (["parallel.cp=128"], "cp = 128 splits each sequence into 256 chunks, more than"),
         (["parallel.cp=3", "parallel.tp=2"], "tp = 2 does not divide the [42, 43] tokens"),
         ([*MOE, "parallel.cp=2"], "cp = 2 with a mixture-of-experts model: not supported"),

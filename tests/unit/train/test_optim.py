@@ -5,7 +5,8 @@ from goodput.config import load_config
 from goodput.errors import GoodputError
 from goodput.testing.tiny import TINY_MODEL
 from goodput.train.model import Transformer
-from goodput.train.optim import OptimConfig, Optimizers
+from goodput.train.optim import Optimizers
+from goodput.train.optim_config import OptimConfig
 
 
 def test_norm_gains_are_not_decayed_and_a_step_moves_weights():

@@ -10,7 +10,8 @@ from torch.distributed.tensor import DTensor
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL, rank_micro_batches, uneven_global_batch
 from goodput.train.model import Transformer
-from goodput.train.parallelize import ParallelConfig, parallelize
+from goodput.train.parallel_config import ParallelConfig
+from goodput.train.parallelize import parallelize
 from goodput.train.step import train_step
 
 

@@ -14,8 +14,8 @@ from goodput.config import from_table, load_config, load_section, to_toml
 from goodput.errors import GoodputError
 from goodput.train.build import require_run_dir
 from goodput.train.config import RunConfig, TrainConfig, plan_batches
-from goodput.train.model import ModelConfig
-from goodput.train.parallelize import ParallelConfig
+from goodput.train.model_config import ModelConfig
+from goodput.train.parallel_config import ParallelConfig
 
 CONFIGS = Path(__file__).parents[3] / "configs"
 

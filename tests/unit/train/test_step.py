@@ -9,7 +9,8 @@ import torch
 
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL, rank_micro_batches, uneven_global_batch
-from goodput.train.model import MoEConfig, Transformer
+from goodput.train.model import Transformer
+from goodput.train.model_config import MoEConfig
 from goodput.train.schedule import ScheduleConfig, learning_rate
 from goodput.train.step import (
     IGNORE_INDEX,
