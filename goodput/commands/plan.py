@@ -1,6 +1,6 @@
 """``goodput plan``: plan a run before it starts. ``layout``: the parallel layout a model needs
 on a machine, climbing DP -> FSDP -> TP -> PP -> CP until one fits (``goodput.plan``); it
-allocates nothing.
+allocates nothing. ``reliability``: the failure budget of a job (``goodput.plan.reliability``).
 
 The config is a run TOML: ``[model]`` is required; of ``[train]`` and ``[parallel]`` the planner
 reads what is there (seq_len, micro_batch_size, tokens_per_step; precision,
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,12 +29,13 @@ if TYPE_CHECKING:
 PRECISIONS = ("fp32-master", "pure-bf16", "fp32")
 MAX_NODES = 2**17  # above the largest machines (Aurora: 10,624 nodes)
 MAX_GPUS_PER_NODE = 2**10
+MAX_SURVIVAL = 0.999999  # closer to 1 asks the spare pool for a certainty floats cannot tell
 
 
 def register(groups: Subparsers) -> None:
     plan = groups.add_parser(
         "plan",
-        help="plan a run: the parallel layout a model needs",
+        help="plan a run: the parallel layout a model needs, and its failure budget",
         description="Plan a run before it starts. Allocates nothing.",
     )
     commands = plan.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -81,6 +83,58 @@ def register(groups: Subparsers) -> None:
     layout.add_argument("--json", action="store_true", help="print one JSON object")
     layout.set_defaults(handler=_layout)
 
+    reliability = commands.add_parser(
+        "reliability",
+        help="the failure budget: failures a day, the optimal checkpoint interval, the goodput "
+        "to expect and the spare nodes a walltime needs",
+        description="Expected failures a day, the Young/Daly optimal checkpoint interval, the "
+        "expected goodput at it and at the configured one, and the spare-node pool that keeps "
+        "a job alive for its walltime with a stated probability. See docs/plan.md.",
+    )
+    reliability.add_argument(
+        "--nodes", type=argtypes.positive_int, required=True, help="nodes in the job"
+    )
+    reliability.add_argument(
+        "--node-mtbf-days",
+        type=argtypes.positive_float,
+        required=True,
+        help="mean time between failures of one node, in days (365: one a node-year)",
+    )
+    reliability.add_argument(
+        "--save-stall-s",
+        type=argtypes.positive_float,
+        required=True,
+        help="seconds a checkpoint holds training (an async save's snapshot, not its flush)",
+    )
+    reliability.add_argument(
+        "--restart-s",
+        type=argtypes.non_negative_float,
+        required=True,
+        help="seconds from a failure to training again (detection, restart, load)",
+    )
+    reliability.add_argument(
+        "--step-s", type=argtypes.positive_float, help="seconds a step takes (intervals in steps)"
+    )
+    reliability.add_argument(
+        "--interval-steps",
+        type=argtypes.positive_int,
+        help="the configured checkpoint.interval_steps, to compare (needs --step-s)",
+    )
+    reliability.add_argument(
+        "--walltime-h",
+        type=argtypes.positive_float,
+        default=24.0,
+        help="the job's walltime in hours, for the spare pool (default 24)",
+    )
+    reliability.add_argument(
+        "--survival",
+        type=argtypes.positive_float,
+        default=0.99,
+        help="the probability that the spare pool lasts the walltime (default 0.99)",
+    )
+    reliability.add_argument("--json", action="store_true", help="print one JSON object")
+    reliability.set_defaults(handler=_reliability)
+
 
 def _layout(args: argparse.Namespace) -> ExitCode:
     from goodput.plan.ladder import Machine, plan_layout
@@ -104,6 +158,43 @@ def _layout(args: argparse.Namespace) -> ExitCode:
         what, fix = plan.failure()
         raise GoodputError(args.config, what, fix)
     print(to_json(plan) if args.json else format_text(plan, str(args.config)))
+    return ExitCode.OK
+
+
+def _reliability(args: argparse.Namespace) -> ExitCode:
+    from goodput.plan.reliability import DAY_S, Budget, format_text, plan_reliability
+
+    if args.interval_steps is not None and args.step_s is None:
+        raise GoodputError.usage(
+            "--interval-steps", "needs --step-s to become seconds", "pass --step-s T as well"
+        )
+    if args.nodes > MAX_NODES:
+        raise GoodputError.usage(
+            "--nodes", f"{args.nodes} nodes is beyond any machine", f"give at most {MAX_NODES}"
+        )
+    if not args.survival < 1 or args.survival > MAX_SURVIVAL:
+        raise GoodputError.usage(
+            "--survival",
+            f"{args.survival:g} is not a probability below 1 (at most {MAX_SURVIVAL})",
+            "give e.g. 0.99",
+        )
+    budget = Budget(
+        nodes=args.nodes,
+        node_mtbf_s=args.node_mtbf_days * DAY_S,
+        save_stall_s=args.save_stall_s,
+        restart_s=args.restart_s,
+        walltime_s=args.walltime_h * 3600,
+        survival=args.survival,
+        step_s=args.step_s,
+        interval_steps=args.interval_steps,
+    )
+    try:
+        report = plan_reliability(budget)
+    except ValueError as exc:
+        raise GoodputError.usage(
+            "--node-mtbf-days", str(exc), "check the node MTBF (days) and the walltime (hours)"
+        ) from None
+    print(json.dumps(report.as_dict(), indent=2) if args.json else format_text(report))
     return ExitCode.OK
 
 

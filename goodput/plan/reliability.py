@@ -1,0 +1,198 @@
+"""The failure budget of a job (``goodput plan reliability``): how often it fails, how often to
+checkpoint, what goodput to expect, and how many spare nodes keep it alive to the end.
+
+The model (independent node failures at a constant rate, exponential times between them):
+- The job fails when any node does: cluster MTBF M = node MTBF / nodes (the seed: 16,000 nodes
+  at one failure a node-year is about 44 failures a day).
+- Each checkpoint stalls training for δ seconds (the save's blocking part; an async save's
+  flush does not count). The optimal compute between checkpoints is Young's (1974) first-order
+  √(2δM), refined by Daly (2006, "A higher order estimate of the optimum checkpoint interval
+  for restart dumps", FGCS 22): τ = √(2δM)·[1 + ⅓√(δ/2M) + ⅑(δ/2M)] − δ for δ < 2M, else M.
+- Expected goodput at interval τ with restart time R (Daly's exponential model, in which a
+  failure may strike during a save or a restart too): useful time / wall time =
+  τ / (M · e^(R/M) · (e^((τ+δ)/M) − 1)).
+- Spares: failures during a walltime W are Poisson with mean λ = nodes · W / node MTBF; each
+  takes one spare (no node comes back within the job), so the pool is the smallest k with
+  P(failures ≤ k) at least the stated probability.
+
+Torch-free and pure arithmetic; ``goodput.commands.plan`` reads the options.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DAY_S = 86400.0
+# More expected failures in one walltime than this is a typo in the MTBF, not a machine; it
+# also bounds the Poisson sum below.
+MAX_EXPECTED_FAILURES = 1e6
+MAX_EXPONENT = 700.0  # e^700 is near float's limit; the goodput there is 0 to any print
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Budget:
+    nodes: int
+    node_mtbf_s: float
+    save_stall_s: float  # δ: training held per checkpoint
+    restart_s: float  # R: failure to training again
+    walltime_s: float
+    survival: float  # the probability that the spare pool lasts the walltime
+    step_s: float | None = None
+    interval_steps: int | None = None  # the configured checkpoint interval, with step_s
+
+
+def cluster_mtbf_s(nodes: int, node_mtbf_s: float) -> float:
+    return node_mtbf_s / nodes
+
+
+def young_interval_s(save_stall_s: float, mtbf_s: float) -> float:
+    return math.sqrt(2 * save_stall_s * mtbf_s)
+
+
+def daly_interval_s(save_stall_s: float, mtbf_s: float) -> float:
+    """Daly's higher-order optimum of the compute time between checkpoints."""
+    if save_stall_s >= 2 * mtbf_s:
+        return mtbf_s
+    ratio = save_stall_s / (2 * mtbf_s)
+    young = young_interval_s(save_stall_s, mtbf_s)
+    return young * (1 + math.sqrt(ratio) / 3 + ratio / 9) - save_stall_s
+
+
+def expected_goodput(
+    interval_s: float, save_stall_s: float, restart_s: float, mtbf_s: float
+) -> float:
+    """Useful compute over wall time, checkpointing every ``interval_s`` of compute."""
+    exponent = (interval_s + save_stall_s) / mtbf_s
+    if exponent + restart_s / mtbf_s > MAX_EXPONENT:  # a job that almost never gets through
+        return 0.0
+    growth = math.expm1(exponent)
+    return interval_s / (mtbf_s * math.exp(restart_s / mtbf_s) * growth)
+
+
+def spares_needed(expected_failures: float, survival: float) -> tuple[int, float]:
+    """(the smallest k with P(Poisson(expected_failures) <= k) >= survival, that probability)."""
+    if expected_failures == 0:
+        return 0, 1.0
+    # In log space, with a running log-sum-exp: e^-λ underflows long before λ is large. The
+    # tail past λ + 50√λ + 100 holds nothing a float can see, so the loop stops there at worst.
+    log_term = log_cdf = -expected_failures  # log P(X = 0)
+    log_rate = math.log(expected_failures)
+    last = expected_failures + 50 * math.sqrt(expected_failures) + 100
+    k = 0
+    while math.exp(log_cdf) < survival and k < last:
+        k += 1
+        log_term += log_rate - math.log(k)
+        log_cdf = _log_add(log_cdf, log_term)
+    return k, min(math.exp(log_cdf), 1.0)
+
+
+def _log_add(a: float, b: float) -> float:
+    high, low = max(a, b), min(a, b)
+    return high + math.log1p(math.exp(low - high))
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    budget: Budget
+    cluster_mtbf_s: float
+    failures_per_day: float
+    young_interval_s: float
+    optimal_interval_s: float
+    expected_goodput: float  # at the optimal interval
+    configured_interval_s: float | None
+    configured_goodput: float | None
+    expected_failures: float  # in one walltime
+    spares: int
+    spares_survival: float  # P(the pool lasts) with that many spares
+
+    def as_dict(self) -> dict[str, object]:
+        budget = self.budget
+        return {
+            "nodes": budget.nodes,
+            "node_mtbf_s": budget.node_mtbf_s,
+            "save_stall_s": budget.save_stall_s,
+            "restart_s": budget.restart_s,
+            "cluster_mtbf_s": self.cluster_mtbf_s,
+            "failures_per_day": self.failures_per_day,
+            "young_interval_s": self.young_interval_s,
+            "optimal_interval_s": self.optimal_interval_s,
+            "optimal_interval_steps": (
+                self.optimal_interval_s / budget.step_s if budget.step_s else None
+            ),
+            "expected_goodput": self.expected_goodput,
+            "configured_interval_s": self.configured_interval_s,
+            "configured_goodput": self.configured_goodput,
+            "walltime_s": budget.walltime_s,
+            "expected_failures_in_walltime": self.expected_failures,
+            "survival": budget.survival,
+            "spare_nodes": self.spares,
+            "spare_nodes_survival": self.spares_survival,
+        }
+
+
+def plan_reliability(budget: Budget) -> Report:
+    """The report of ``budget``; a ValueError naming the option when it cannot hold."""
+    mtbf = cluster_mtbf_s(budget.nodes, budget.node_mtbf_s)
+    expected_failures = budget.nodes * budget.walltime_s / budget.node_mtbf_s
+    if expected_failures > MAX_EXPECTED_FAILURES:
+        raise ValueError(
+            f"{expected_failures:.3g} failures expected in one walltime: more than "
+            f"{MAX_EXPECTED_FAILURES:.0e}"
+        )
+    optimal = daly_interval_s(budget.save_stall_s, mtbf)
+    configured = None
+    if budget.interval_steps is not None and budget.step_s is not None:
+        configured = budget.interval_steps * budget.step_s
+    spares, survival = spares_needed(expected_failures, budget.survival)
+    return Report(
+        budget=budget,
+        cluster_mtbf_s=mtbf,
+        failures_per_day=DAY_S / mtbf,
+        young_interval_s=young_interval_s(budget.save_stall_s, mtbf),
+        optimal_interval_s=optimal,
+        expected_goodput=expected_goodput(optimal, budget.save_stall_s, budget.restart_s, mtbf),
+        configured_interval_s=configured,
+        configured_goodput=(
+            expected_goodput(configured, budget.save_stall_s, budget.restart_s, mtbf)
+            if configured is not None
+            else None
+        ),
+        expected_failures=expected_failures,
+        spares=spares,
+        spares_survival=survival,
+    )
+
+
+def format_text(report: Report) -> str:
+    """The terminal view: the failure rate, the intervals and their goodput, the spares."""
+    budget = report.budget
+    steps = (
+        f" = {report.optimal_interval_s / budget.step_s:,.0f} steps of {budget.step_s:g} s"
+        if budget.step_s
+        else ""
+    )
+    lines = [
+        f"reliability: {budget.nodes:,} nodes at a node MTBF of {budget.node_mtbf_s / DAY_S:g} "
+        f"days: cluster MTBF {report.cluster_mtbf_s:,.0f} s ({report.cluster_mtbf_s / 3600:.2f} "
+        f"h), {report.failures_per_day:,.1f} failures a day",
+        f"checkpoint: {budget.save_stall_s:g} s of training held per save, "
+        f"{budget.restart_s:g} s from a failure to training again",
+        f"  optimal interval (Daly): {report.optimal_interval_s:,.0f} s of compute{steps} "
+        f"(Young: {report.young_interval_s:,.0f} s): expected goodput "
+        f"{100 * report.expected_goodput:.1f}%",
+    ]
+    if report.configured_interval_s is not None and report.configured_goodput is not None:
+        lines.append(
+            f"  configured: every {budget.interval_steps:,} steps = "
+            f"{report.configured_interval_s:,.0f} s: expected goodput "
+            f"{100 * report.configured_goodput:.1f}% "
+            f"({100 * (report.expected_goodput - report.configured_goodput):.1f} points below "
+            "the optimum)"
+        )
+    lines.append(
+        f"spares: {report.expected_failures:,.1f} node failures expected in a "
+        f"{budget.walltime_s / 3600:g} h walltime; {report.spares:,} spare nodes last it with "
+        f"probability {100 * report.spares_survival:.2f}% (asked: {100 * budget.survival:g}%)"
+    )
+    return "\n".join(lines)
