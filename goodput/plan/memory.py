@@ -60,7 +60,11 @@ from dataclasses import dataclass, fields
 from goodput.plan.layout import Layout
 from goodput.train.flops import BYTES_PER_PARAMETER, model_size
 from goodput.train.model_config import ModelConfig
-from goodput.train.parallel_config import context_local_lengths
+from goodput.train.parallel_config import (
+    context_local_lengths,
+    even_layer_split,
+    fsdp_shards,
+)
 
 GIB = 2**30
 PRECISIONS = ("fp32-master", "pure-bf16", "fp32")
@@ -140,18 +144,6 @@ class Breakdown:
         return {f.name: getattr(self, f.name) / GIB for f in fields(self) if f.name != "stage"}
 
 
-def stage_layers(num_layers: int, pp: int) -> list[int]:
-    """Layers per stage, the trainer's even split: the first num_layers % pp stages one more."""
-    base, extra = divmod(num_layers, pp)
-    return [base + (stage < extra) for stage in range(pp)]
-
-
-def fsdp_applies(layout: Layout, precision: str) -> bool:
-    """goodput shards with FSDP on more than one data-parallel rank, and on one for
-    fp32-master, whose bf16 compute comes from FSDP's policy."""
-    return layout.dp > 1 or precision == "fp32-master"
-
-
 def layer_activation_bytes(model: ModelConfig, compute_bytes: int, tp: int) -> float:
     """Bytes one block saves for backward per token (the module docstring's count)."""
     a, d, h, e = compute_bytes, model.dim, model.num_heads, model.head_dim
@@ -171,7 +163,7 @@ def layer_activation_bytes(model: ModelConfig, compute_bytes: int, tp: int) -> f
 
 def estimate(model: ModelConfig, layout: Layout, work: Workload, device_bytes: float) -> Breakdown:
     """The per-device memory of ``layout``: the largest over its pipeline stages."""
-    layers = stage_layers(model.num_layers, layout.pp)
+    layers = even_layer_split(model.num_layers, layout.pp)
     # Only three stages can be the largest: the first (embedding, the most layers and
     # micro-batches in flight), the first of those with one layer less, and the last (the
     # head and logits); any other stage has no more layers and fewer micro-batches in flight
@@ -205,7 +197,7 @@ def _stage(
     state = BYTES_PER_PARAMETER[work.precision] * sharded
     gathered = held = 0.0
     accumulation = work.accumulation(layout)
-    if fsdp_applies(layout, work.precision):
+    if fsdp_shards(layout.dp_replicate * layout.shard, work.precision):
         if layout.pp > 1:
             gathered = a * (dense + experts)
         else:

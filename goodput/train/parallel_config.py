@@ -4,7 +4,8 @@
 what cannot work: alone (``__post_init__``) and for a model and sequence length
 (``check_model``). ``resolve_degrees`` fills the unset data-parallel degree from the world size
 and checks the product; ``check_tp_within_hosts`` keeps tensor-parallel groups on one host;
-``context_chunk_bounds`` is the context-parallel split of a sequence. They are the trainer's
+``context_chunk_bounds`` is the context-parallel split of a sequence, ``even_layer_split`` the
+pipeline's default split of the layers, ``fsdp_shards`` when FSDP is applied. They are the trainer's
 rules (``mesh.py`` and ``parallelize.py`` apply them) and the planner's (``goodput.plan``, which
 runs on login nodes: nothing here imports torch).
 """
@@ -312,3 +313,17 @@ def context_local_lengths(seq_len: int, cp: int) -> list[int]:
     """The tokens each context-parallel rank holds of one sequence, by rank."""
     lengths = [end - start for start, end in context_chunk_bounds(seq_len, cp)]
     return [lengths[rank] + lengths[2 * cp - 1 - rank] for rank in range(cp)]
+
+
+def even_layer_split(num_layers: int, num_stages: int) -> list[int]:
+    """Layers per pipeline stage when ``pp_layers_per_stage`` is unset: an even split, the
+    first ``num_layers % num_stages`` stages taking one more."""
+    base, extra = divmod(num_layers, num_stages)
+    return [base + (stage < extra) for stage in range(num_stages)]
+
+
+def fsdp_shards(num_ranks: int, precision: str) -> bool:
+    """Whether goodput applies FSDP over ``num_ranks`` ranks (dp_replicate x dp_shard x cp):
+    on one rank it shards nothing, yet its hooks cost ~12% of a CPU step (bench_train), so only
+    fp32-master, whose bf16 compute comes from FSDP's policy, takes it there."""
+    return num_ranks > 1 or precision == "fp32-master"

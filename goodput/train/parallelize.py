@@ -68,7 +68,7 @@ from torch.distributed.tensor.parallel import (
 
 from goodput.train.experts import GroupedExperts, shard_experts
 from goodput.train.model import Attention, ContextParallel, Transformer
-from goodput.train.parallel_config import ParallelConfig
+from goodput.train.parallel_config import ParallelConfig, fsdp_shards
 from goodput.train.ring_attention import ContextLayout
 
 if TYPE_CHECKING:
@@ -157,9 +157,7 @@ def _tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: 
 
 def _fully_shard(model: Transformer, cfg: ParallelConfig, mesh: ParallelMesh | None) -> None:
     num_ranks = mesh.fsdp_mesh.size() if mesh is not None else dist.get_world_size()
-    # FSDP on one rank shards nothing, yet its hooks cost ~12% of a CPU step (bench_train);
-    # only fp32-master needs it there, for its bf16 compute policy.
-    if num_ranks == 1 and cfg.precision != "fp32-master":
+    if not fsdp_shards(num_ranks, cfg.precision):
         return
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

@@ -50,7 +50,7 @@ from goodput.train.dtensors import local_tensor
 from goodput.train.mesh import ParallelMesh
 from goodput.train.model import Transformer
 from goodput.train.model_config import ModelConfig
-from goodput.train.parallel_config import ParallelConfig
+from goodput.train.parallel_config import ParallelConfig, even_layer_split
 from goodput.train.parallelize import parallelize
 from goodput.train.step import token_loss_sum
 
@@ -64,8 +64,7 @@ def layers_per_stage(cfg: ParallelConfig, num_layers: int) -> list[int]:
     """How many layers each stage runs, in stage order."""
     if cfg.pp_layers_per_stage is not None:
         return list(cfg.pp_layers_per_stage)
-    base, extra = divmod(num_layers, cfg.num_stages)
-    return [base + (stage < extra) for stage in range(cfg.num_stages)]
+    return even_layer_split(num_layers, cfg.num_stages)
 
 
 def cut_stage(whole: Transformer, layers: range, *, last: bool) -> Transformer:

@@ -21,11 +21,11 @@ from goodput.plan.memory import (
     _stage,
     estimate,
     layer_activation_bytes,
-    stage_layers,
 )
 from goodput.train.flops import BYTES_PER_PARAMETER, model_size
 from goodput.train.model import Block, Transformer
 from goodput.train.model_config import ModelConfig, MoEConfig
+from goodput.train.parallel_config import even_layer_split
 
 DENSE = ModelConfig(
     vocab_size=1000, dim=256, num_layers=3, num_heads=8, num_kv_heads=4, ffn_dim=768
@@ -119,17 +119,20 @@ def test_the_worst_stage_is_found_among_three(pp, checkpointing):
     layout = Layout(pp=pp, dp_shard=2)
     every = [
         _stage(model, layout, work, 2**30, stage, layers).total
-        for stage, layers in enumerate(stage_layers(11, pp))
+        for stage, layers in enumerate(even_layer_split(11, pp))
     ]
     assert estimate(model, layout, work, 2**30).total == max(every)
 
 
-def test_stage_layers_is_the_trainers_split():
+def test_the_trainers_layer_split_is_even_with_the_first_stages_one_more():
     from goodput.train.parallel_config import ParallelConfig
     from goodput.train.pipeline import layers_per_stage
 
+    assert even_layer_split(13, 4) == [4, 3, 3, 3] and even_layer_split(8, 2) == [4, 4]
     for pp in range(1, 9):
-        assert stage_layers(13, pp) == layers_per_stage(ParallelConfig(pp=pp), 13)
+        split = layers_per_stage(ParallelConfig(pp=pp), 13)  # what the pipeline cuts
+        assert split == even_layer_split(13, pp) and sum(split) == 13
+        assert max(split) - min(split) <= 1 and split == sorted(split, reverse=True)
 
 
 def test_compute_bytes_follow_the_trainers_compute_dtype():
@@ -139,3 +142,11 @@ def test_compute_bytes_follow_the_trainers_compute_dtype():
     for precision, size in COMPUTE_BYTES.items():
         dtype = compute_dtype(ParallelConfig(precision=precision))  # type: ignore[arg-type]
         assert dtype.itemsize == size
+
+
+def test_fsdp_shards_over_context_parallel_ranks_as_the_trainer_does():
+    # dp 1 x cp 2 in fp32: the trainer's FSDP mesh is dp_shard x cp = 2 ranks, so FSDP is on
+    # (weights gathered); one rank in fp32 has no FSDP at all.
+    work = Workload(seq_len=64, micro_batch_size=1, global_batch_samples=1, precision="fp32")
+    assert estimate(DENSE, Layout(cp=2), work, 2**30).gathered > 0
+    assert estimate(DENSE, Layout(), work, 2**30).gathered == 0
