@@ -172,7 +172,7 @@ def _reliability(args: argparse.Namespace) -> ExitCode:
         raise GoodputError.usage(
             "--nodes", f"{args.nodes} nodes is beyond any machine", f"give at most {MAX_NODES}"
         )
-    if not args.survival < 1 or args.survival > MAX_SURVIVAL:
+    if args.survival > MAX_SURVIVAL:
         raise GoodputError.usage(
             "--survival",
             f"{args.survival:g} is not a probability below 1 (at most {MAX_SURVIVAL})",

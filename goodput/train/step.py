@@ -254,8 +254,9 @@ def forward_backward(
                 if parameter.grad is not None:
                     dist.all_reduce(local_tensor(parameter.grad), group=token_group)
         dist.all_reduce(loss_sum, group=token_group)
-        for load in [*expert_loads, dropped] if moe_layers else []:
-            dist.all_reduce(load, group=token_group)
+        if moe_layers:
+            for count in [*expert_loads, dropped]:
+                dist.all_reduce(count, group=token_group)
     for load, layer in zip(expert_loads, moe_layers, strict=True):
         layer.update_router_bias(load)
     return BackwardResult(
