@@ -50,9 +50,12 @@ ATTEMPTS = "attempts.jsonl"
 CHAIN_SCRIPTS = {"slurm": "chain.sbatch", "pbs": "chain.pbs"}
 HOSTFILE_PREFIX = "hostfile-"
 DONE = "done"
-# What goodput launch and submit may put in a run directory before the trainer first starts.
+LR_FIND = "lr_find.json"  # goodput diagnose lr-find's curve, for the run's report
+# What goodput launch, submit and diagnose lr-find may put in a run directory before the
+# trainer first starts.
 LAUNCHER_FILES = re.compile(
     r"chain\.(sbatch|pbs)|.+-[0-9]+\.out|.+\.log|hostfile-[0-9a-f]{12}|attempts\.jsonl"
+    r"|lr_find\.json"
 )
 
 CHECKPOINTS = "checkpoints"

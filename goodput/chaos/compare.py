@@ -9,8 +9,9 @@ first (a damaged one is an error, not a difference), its tensors read through go
 allow-listing metadata reader into plain CPU tensors, model and optimizer one after the other to
 halve the peak memory; two tensors are equal when they have the same name, dtype, shape and
 bytes. RNG states are each rank's JSON file; the train state is ``train_state.json`` (step,
-loader position, skipped steps, optimizer hyper-parameters). The config is not compared: the
-run directories differ by design.
+loader position, skipped steps, optimizer hyper-parameters, the LR reference and the loop's
+diagnostics, which a resumed run must carry on exactly). The config is not compared: the run
+directories differ by design.
 
 Each part reports its first difference in one line (the tensor and element with both values,
 the step with both losses, the generator with its rank), or None when it is equal.

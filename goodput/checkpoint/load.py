@@ -179,6 +179,11 @@ def check_train_state(state: Any, path: Path) -> dict[str, Any]:
     groups = state.get("optimizer_param_groups")
     if not isinstance(groups, list) or not all(_is_param_group(g) for g in groups):
         raise _damaged(path, "optimizer_param_groups is not a list of hyper-parameter tables")
+    # The loop's LR reference (train.watch; its diagnostics' states are checked there); absent
+    # before it existed.
+    reference = state.get("lr_reference_tokens", 1)
+    if not _is_count(reference) or reference < 1:
+        raise _damaged(path, "lr_reference_tokens is not a positive count of tokens")
     return state
 
 

@@ -1,10 +1,13 @@
-"""``goodput diagnose``: questions answered by running the real trainer. ``smoke`` records a
-config's per-step numbers, or compares them bit for bit with a baseline (``goodput.diagnostics``
-does the work)."""
+"""``goodput diagnose``: questions answered by running the real trainer or reading its run.
+``smoke`` records a config's per-step numbers, or compares them bit for bit with a baseline;
+``lr-find`` runs the LR range test on a fresh model of a config; ``batch-size`` reads a run's
+gradient noise scale against its global batch (``goodput.diagnostics`` does the work)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
 from pathlib import Path
 
@@ -13,14 +16,18 @@ from goodput.commands import Subparsers, add_command
 from goodput.errors import ExitCode
 
 DEFAULT_STEPS = 50  # with --record; a baseline knows its own count
+LR_FIND_STEPS = 200  # Adam's second moment lags ~1/(1 - beta2) steps: a ramp needs many more
+LR_FIND_MIN_LR = 1e-7  # fastai's range
+LR_FIND_MAX_LR = 10.0
 
 
 def register(groups: Subparsers) -> None:
     diagnose = groups.add_parser(
         "diagnose",
-        help="check what the trainer does with a config: the bit-exact smoke gate",
-        description="Run the real trainer on a config to answer one question about it and the "
-        "software under it.",
+        help="check what the trainer does with a config: the bit-exact smoke gate, the LR range "
+        "test (lr-find), a run's gradient noise scale against its batch (batch-size)",
+        description="Run the real trainer on a config, or read a run it wrote, to answer one "
+        "question about it and the software under it.",
     )
     commands = diagnose.add_subparsers(dest="command", required=True, metavar="COMMAND")
     smoke = add_command(
@@ -46,6 +53,62 @@ def register(groups: Subparsers) -> None:
         help=f"steps to run (default: {DEFAULT_STEPS} with --record, the baseline's with "
         "--baseline)",
     )
+    _register_lr_find(commands)
+    _register_batch_size(commands)
+
+
+def _register_lr_find(commands: Subparsers) -> None:
+    lr_find = add_command(
+        commands,
+        "lr-find",
+        _lr_find,
+        "the LR range test: train a fresh model of a config while the LR ramps exponentially "
+        "from --min-lr to --max-lr, stop at the cliff, and name the plateau, basin and cliff "
+        "regions and a suggested LR; writes <train.run_dir>/lr_find.json",
+    )
+    lr_find.add_argument("config", type=Path, help="the run config (TOML)")
+    lr_find.add_argument(
+        "overrides", nargs="*", help="section.key=value overrides, e.g. train.run_dir=..."
+    )
+    lr_find.add_argument(
+        "--steps",
+        type=argtypes.positive_int,
+        default=LR_FIND_STEPS,
+        help=f"steps of the ramp, at least 10 (default: {LR_FIND_STEPS})",
+    )
+    lr_find.add_argument(
+        "--min-lr",
+        type=argtypes.positive_float,
+        default=LR_FIND_MIN_LR,
+        help=f"the first step's LR (default: {LR_FIND_MIN_LR:g})",
+    )
+    lr_find.add_argument(
+        "--max-lr",
+        type=argtypes.positive_float,
+        default=LR_FIND_MAX_LR,
+        help=f"the last step's LR (default: {LR_FIND_MAX_LR:g})",
+    )
+    lr_find.add_argument(
+        "--json", action="store_true", help="print the result as one JSON object, nothing else"
+    )
+    lr_find.add_argument(
+        "--plot", type=Path, metavar="FILE.png", help="also draw the curve and regions to a PNG"
+    )
+
+
+def _register_batch_size(commands: Subparsers) -> None:
+    batch_size = add_command(
+        commands,
+        "batch-size",
+        _batch_size,
+        "read a run's gradient noise scale (the gns of its metrics.jsonl) and say what it "
+        "implies for its global batch: the steps and data it costs against their minima, and "
+        "the recommended range",
+    )
+    batch_size.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory")
+    batch_size.add_argument(
+        "--json", action="store_true", help="print the report as one JSON object"
+    )
 
 
 def _smoke(args: argparse.Namespace) -> ExitCode:
@@ -58,3 +121,59 @@ def _smoke(args: argparse.Namespace) -> ExitCode:
     code, line = smoke.check(args.config, args.overrides, args.steps, args.baseline)
     print(line, file=sys.stdout if code == ExitCode.OK else sys.stderr, flush=True)
     return code
+
+
+def _lr_find(args: argparse.Namespace) -> ExitCode:
+    from goodput.config import load_config
+    from goodput.diagnostics.lr_find import RampSettings, lr_find
+    from goodput.train.config import RunConfig
+
+    settings = RampSettings(num_steps=args.steps, min_lr=args.min_lr, max_lr=args.max_lr)
+    if args.plot is not None:
+        _require_plot_path(args.plot)
+    cfg = load_config(RunConfig, args.config, args.overrides)
+    if args.json:  # stdout holds the one JSON object: the builders' lines go to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            result = lr_find(cfg, settings)
+    else:
+        result = lr_find(cfg, settings, lambda line: print(line, flush=True))
+    if result is None:  # not rank 0
+        return ExitCode.OK
+    if args.plot is not None:
+        from goodput.diagnostics.plots import lr_find_plot
+
+        lr_find_plot(result, args.plot)
+    if args.json:
+        print(json.dumps(result.as_json()), flush=True)
+    else:
+        for line in result.summary():
+            print(line, flush=True)
+        if args.plot is not None:
+            print(f"lr-find: plot in {args.plot}", flush=True)
+    return ExitCode.OK
+
+
+def _require_plot_path(path: Path) -> None:
+    """Before anything runs: a plot that could not be written would waste the whole ramp."""
+    from goodput.errors import GoodputError
+
+    if path.suffix.lower() != ".png":
+        raise GoodputError.usage("--plot", f"{path} is not a .png file", "name a FILE.png")
+    if not path.parent.is_dir():
+        raise GoodputError.usage(
+            "--plot", f"the folder of {path} does not exist", "create it, or name another file"
+        )
+    if path.is_dir():
+        raise GoodputError.usage("--plot", f"{path} is a folder", "name a FILE.png in it")
+
+
+def _batch_size(args: argparse.Namespace) -> ExitCode:
+    from goodput.diagnostics.batch_size import report
+
+    found = report(args.run_dir)
+    if args.json:
+        print(json.dumps(found.as_json()), flush=True)
+    else:
+        for line in found.lines():
+            print(line, flush=True)
+    return ExitCode.OK

@@ -49,12 +49,14 @@ from goodput.errors import GoodputError, from_exception
 from goodput.io import write_json, write_text
 from goodput.rundir import checkpoints_dir
 from goodput.train.config import BatchPlan, RunConfig
+from goodput.train.grad_tally import GradientTally
 from goodput.train.mesh import ParallelMesh
 from goodput.train.model import Transformer
 from goodput.train.optim import Optimizers
 from goodput.train.parallelize import parallelize
 from goodput.train.pipeline import Pipeline, build_pipeline, pipeline_microbatches
 from goodput.train.ring_attention import ContextLayout
+from goodput.train.watch import Watch
 
 RECORDED_PACKAGES = ("torch", "numpy", "sentencepiece", "tokenizers", "tensorboard")
 # What goodput launch and goodput submit put into a run directory before its trainer first
@@ -156,6 +158,7 @@ def resume(
         return None
     directory, copies = chosen
     saved, train_state = read_checkpoint(directory)
+    Watch.check_state(train_state, directory / rundir.TRAIN_STATE)
     current = tomllib.loads(to_toml(cfg))
     check_model_shape(directory, saved, current)
     if "loader" in train_state:
@@ -262,11 +265,17 @@ def _path_or_none(path: Path | None) -> str | None:
 
 
 def build_model(
-    cfg: RunConfig, device: torch.device, mesh: ParallelMesh, plan: BatchPlan, *, empty: bool
+    cfg: RunConfig,
+    device: torch.device,
+    mesh: ParallelMesh,
+    plan: BatchPlan,
+    *,
+    empty: bool,
+    tally: GradientTally | None = None,
 ) -> nn.Module | Pipeline:
     """The model on ``device``, laid out on ``mesh`` — this rank's pipeline stages and their
     schedule when ``pp`` > 1; ``empty``: allocated, not initialised (every parameter is about
-    to be loaded)."""
+    to be loaded). ``tally``: where FSDP's reduce-scatters add up each rank's own gradient."""
     if mesh.degrees.pp > 1:
         microbatches = pipeline_microbatches(
             cfg.parallel, plan.local_batch_size, default=plan.grad_accumulation
@@ -277,7 +286,9 @@ def build_model(
     with torch.device("meta" if empty else device):
         transformer = Transformer(cfg.model)
     # In place: the same module.
-    model = parallelize(transformer, cfg.parallel, mesh, context=context_layout(cfg, mesh))
+    model = parallelize(
+        transformer, cfg.parallel, mesh, context=context_layout(cfg, mesh), tally=tally
+    )
     if empty:
         transformer.allocate(device)
     return model

@@ -1,6 +1,7 @@
 """The run config: one TOML file, one table per component, and the batch plan derived from it.
 
-``[model]`` ``[train]`` ``[data]`` ``[optim]`` ``[schedule]`` ``[parallel]`` ``[checkpoint]``;
+``[model]`` ``[train]`` ``[data]`` ``[optim]`` ``[schedule]`` ``[parallel]`` ``[checkpoint]``
+``[diagnostics]``;
 each component is built from its own table only. What can be derived is derived, never
 configured twice: the global batch in samples is ``tokens_per_step / seq_len``, the
 data-parallel size comes from the mesh (``mesh.py``), and gradient accumulation is
@@ -99,6 +100,21 @@ class DataConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DiagnosticsConfig:
+    """The in-loop diagnostics (``watch.py``); each costs well under 1% of a step."""
+
+    # steps between bf16 freeze checks (updates that round to zero); 0: off
+    freeze_check_interval: int = field(default=100, metadata=limits(at_least=0))
+    # a tensor is frozen when more than this share of its entries' updates rounded away
+    freeze_threshold: float = field(default=0.5, metadata=limits(above=0, below=1))
+    # loss spikes: the robust z-score of the loss against this many previous steps
+    loss_spike_window: int = field(default=100, metadata=limits(at_least=5))
+    loss_spike_z: float = field(default=6.0, metadata=limits(above=0))
+    # the gradient noise scale's smoothing (an EMA of each of its two estimates)
+    gns_ema: float = field(default=0.99, metadata=limits(above=0, below=1))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
     model: ModelConfig
     train: TrainConfig
@@ -107,6 +123,7 @@ class RunConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
     def __post_init__(self) -> None:
         self._move_deprecated_keys()
@@ -115,6 +132,12 @@ class RunConfig:
                 "[train]",
                 f"seq_len {self.train.seq_len} exceeds model.max_seq_len {self.model.max_seq_len}",
                 "lower train.seq_len or raise model.max_seq_len",
+            )
+        if self.optim.qk_clip is not None and self.parallel.cp > 1:
+            raise _usage_error(
+                "[optim]",
+                "qk_clip needs every key of a sequence on one rank; parallel.cp splits them",
+                "drop optim.qk_clip or set parallel.cp = 1",
             )
         self.parallel.check_model(self.model, self.train.seq_len)
 

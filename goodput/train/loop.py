@@ -38,6 +38,7 @@ from goodput.train.build import (
 )
 from goodput.train.config import RunConfig, plan_batches
 from goodput.train.flops import flops_per_token
+from goodput.train.grad_tally import GradientTally
 from goodput.train.mesh import build_mesh
 from goodput.train.metrics import Metrics, peak_flops
 from goodput.train.optim import Optimizers
@@ -47,6 +48,13 @@ from goodput.train.schedule import learning_rate
 from goodput.train.setup import setup_torch
 from goodput.train.step import SkippedSteps, train_step
 from goodput.train.termination import SigtermFlag
+from goodput.train.watch import (
+    LrScale,
+    Watch,
+    label_generator,
+    measures_noise,
+    replica_group,
+)
 
 
 def train(cfg: RunConfig) -> list[float]:
@@ -63,16 +71,21 @@ def train(cfg: RunConfig) -> list[float]:
         loader = build_loader(cfg, plan, mesh)
         # Chosen before the model is built, so its checksums are hashed meanwhile.
         checkpoint_choice = CheckpointChoice(cfg.checkpoint, checkpoint_root(cfg))
+        # Where the layout allows it, each rank's own gradient is measured on its way to the
+        # data-parallel sum (the gradient noise scale's small batch).
+        tally = GradientTally() if measures_noise(cfg, mesh, plan) else None
         # The whole model, or this rank's pipeline stages and their schedule; parts: the
         # modules this rank holds (one per stage).
-        model = build_model(cfg, device, mesh, plan, empty=checkpoint_choice.found)
+        model = build_model(cfg, device, mesh, plan, empty=checkpoint_choice.found, tally=tally)
         parts = model_parts(model)
-        optimizer = Optimizers(parts, cfg.optim, cfg.schedule.lr)
+        optimizer = Optimizers(parts, cfg.optim, cfg.schedule.lr, replica_group(mesh))
         checkpointer = Checkpointer(cfg.checkpoint, checkpoint_root(cfg), device, faults)
         # Before anything is written: a refused resume must leave the run directory as it was.
         resumed = resume(cfg, checkpoint_choice, parts, optimizer, loader, device)
         start_step = resumed["step"] if resumed else 0
         skips = SkippedSteps.resumed(cfg.train.max_skipped_steps, resumed)
+        lr_scale = LrScale.resumed(cfg, resumed)
+        watch = Watch(cfg, parts, mesh, resumed, measures_noise=tally is not None)
         peak, peak_source = peak_flops(device, compute_dtype(cfg.parallel), cfg.train.peak_tflops)
         if rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -89,6 +102,9 @@ def train(cfg: RunConfig) -> list[float]:
             print(f"train: layout {mesh.degrees.describe()}", flush=True)
             peak_text = f"{peak / 1e12:.3f} TFLOP/s" if peak else "unknown"
             print(f"train: peak per device for MFU {peak_text} ({peak_source})", flush=True)
+            for line in [lr_scale.describe(), watch.describe()]:
+                if line:
+                    print(line, flush=True)
         metrics = Metrics(
             run_dir,
             rank=rank,
@@ -108,7 +124,7 @@ def train(cfg: RunConfig) -> list[float]:
         with SigtermFlag() as sigterm:
             for step in range(start_step + 1, cfg.train.steps + 1):
                 # LR
-                lr = learning_rate(cfg.schedule, step - 1, cfg.train.steps)
+                lr = lr_scale.factor * learning_rate(cfg.schedule, step - 1, cfg.train.steps)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 # Batch: this rank's share of the global batch (under cp, its chunks of each
@@ -134,13 +150,22 @@ def train(cfg: RunConfig) -> list[float]:
                     token_group=mesh.token_group,
                     positions_t=positions_t,
                     sync_every_micro_batch=cfg.parallel.sync_every_micro_batch,
+                    tally=tally,
+                    freeze=watch.freeze_check(step),
+                    hessian_labels=(
+                        label_generator(cfg.train.seed, step, mesh, device)
+                        if optimizer.wants_hessian(step)
+                        else None
+                    ),
                     inject_nan=faults is not None and faults.nan_at(step, rank),
                 )
+                watch.clip_logits()  # QK-clip, when on: heads whose logits grew past it
                 # Metrics: the whole iteration (data, step, logging, checkpoint stall) is the
-                # step time.
+                # step time; then the diagnostics and their warnings.
                 now = time.perf_counter()
                 too_many_skips = skips.count(step, result.skipped)
-                metrics.step(step, result, lr, now - last_step_end, skips.total)
+                diagnosed = watch.after_step(step, result, optimizer)
+                metrics.step(step, result, lr, now - last_step_end, skips.total, diagnosed)
                 last_step_end = now
                 losses.append(result.loss)
                 if step == 1 and rank == 0 and resumed is None:  # a fresh model
@@ -160,6 +185,8 @@ def train(cfg: RunConfig) -> list[float]:
                         "loader": loader.state_dict(),
                         "world_size": runtime.world_size,
                         **skips.state_dict(),
+                        **lr_scale.state_dict(),
+                        **watch.state_dict(),
                     }
                     checkpointer.save(
                         step,

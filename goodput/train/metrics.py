@@ -13,6 +13,8 @@ gradient norm that is not finite is written as null (the step line shows inf or 
 non-finite guard skipped says so in both (``skipped``, and the run's ``skipped_steps`` so far).
 A mixture-of-experts model adds the step's expert load imbalance (the most loaded expert's
 tokens over the mean, worst layer) and the token-to-expert assignments its capacity dropped.
+The in-loop diagnostics add theirs (``watch.py``: ``gns``, ``loss_z``, ``frozen_fraction``,
+``max_attention_logit``, ``sophia_unclipped``), each where it is measured.
 """
 
 from __future__ import annotations
@@ -111,9 +113,16 @@ class Metrics:
         self.heartbeats = rundir.heartbeat_files(run_dir, os.environ) if self.enabled else []
 
     def step(
-        self, step: int, result: StepResult, lr: float, step_time_s: float, skipped_steps: int
+        self,
+        step: int,
+        result: StepResult,
+        lr: float,
+        step_time_s: float,
+        skipped_steps: int,
+        diagnosed: dict[str, float | int | None] | None = None,
     ) -> dict[str, Any]:
-        """The record of ``step``, written on rank 0; ``skipped_steps``: the run's so far."""
+        """The record of ``step``, written on rank 0; ``skipped_steps``: the run's so far;
+        ``diagnosed``: the in-loop diagnostics' values (``watch.Watch.after_step``)."""
         tokens_per_s = self.tokens_per_step / step_time_s
         per_device = tokens_per_s / self.world_size
         record: dict[str, Any] = {
@@ -133,6 +142,7 @@ class Metrics:
         if result.expert_load is not None:
             record["expert_load_imbalance"] = result.expert_load.imbalance
             record["dropped_tokens"] = result.expert_load.dropped_tokens
+        record.update(diagnosed or {})
         if self.enabled:
             self._write(record)
         return record
@@ -171,6 +181,12 @@ def step_line(record: dict[str, Any]) -> str:
             f" expert_load={record['expert_load_imbalance']:.2f}x"
             f" dropped={record['dropped_tokens']}"
             if "expert_load_imbalance" in record
+            else ""
+        )
+        + (f" gns={record['gns']:,.0f}" if record.get("gns") is not None else "")
+        + (
+            f" max_logit={record['max_attention_logit']:.1f}"
+            if record.get("max_attention_logit") is not None
             else ""
         )
         + (

@@ -104,6 +104,9 @@ class Attention(nn.Module):
         self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2), persistent=False)
         self.init_buffers()
         self.context: ContextParallel | None = None  # set by parallelize under cp > 1
+        # Per head (this rank's heads), the largest attention logit since the last QK-clip;
+        # None: not tracked (``qk_clip.track_logits`` turns it on).
+        self.max_logit_h: torch.Tensor | None = None
 
     def init_buffers(self) -> None:
         with torch.device(self.inv_freq.device):
@@ -120,6 +123,10 @@ class Attention(nn.Module):
         q_bhte = apply_rope(self.wq(x_btd).view(b, t, -1, head_dim), cos_te, sin_te).transpose(1, 2)
         k_bkte = apply_rope(self.wk(x_btd).view(b, t, -1, head_dim), cos_te, sin_te).transpose(1, 2)
         v_bkte = self.wv(x_btd).view(b, t, -1, head_dim).transpose(1, 2)
+        if self.max_logit_h is not None:
+            step_h = max_logits(q_bhte, k_bkte)
+            seen = self.max_logit_h.numel() > 0
+            self.max_logit_h = torch.maximum(self.max_logit_h, step_h) if seen else step_h
         if self.context is None:
             out_bhte = F.scaled_dot_product_attention(
                 q_bhte,
@@ -133,6 +140,28 @@ class Attention(nn.Module):
                 q_bhte, k_bkte, v_bkte, layout=self.context.layout, group=self.context.group
             )
         return self.wo(out_bhte.transpose(1, 2).reshape(b, t, -1))
+
+
+def max_logits(q_bhte: torch.Tensor, k_bkte: torch.Tensor) -> torch.Tensor:
+    """The largest causal attention logit q.k / sqrt(e) of each query head, over the batch and
+    every (query, key) pair; the q.kT products are made a block of queries at a time so a long
+    sequence never holds its whole t x t matrix at once."""
+    with torch.no_grad():
+        _, h, t, e = q_bhte.shape
+        k_bhte = k_bkte.repeat_interleave(h // k_bkte.shape[1], dim=1).float()
+        rows = max(1, LOGIT_BLOCK_ELEMENTS // max(1, q_bhte.shape[0] * h * t))
+        best_h = torch.full((h,), -math.inf, device=q_bhte.device)
+        for start in range(0, t, rows):
+            q_block = q_bhte[:, :, start : start + rows].float()
+            logits = q_block @ k_bhte.transpose(-1, -2) / math.sqrt(e)
+            query_t = torch.arange(start, start + q_block.shape[2], device=q_bhte.device)
+            future = torch.arange(t, device=q_bhte.device)[None, :] > query_t[:, None]
+            logits = logits.masked_fill(future, -math.inf)
+            best_h = torch.maximum(best_h, logits.amax(dim=(0, 2, 3)))
+        return best_h
+
+
+LOGIT_BLOCK_ELEMENTS = 2**24  # q.kT entries made at once by max_logits
 
 
 class SwiGLU(nn.Module):

@@ -67,6 +67,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from goodput.train.experts import GroupedExperts, shard_experts
+from goodput.train.grad_tally import GradientTally, TallyingReduceScatter
 from goodput.train.model import Attention, ContextParallel, Transformer
 from goodput.train.parallel_config import ParallelConfig, fsdp_shards
 from goodput.train.ring_attention import ContextLayout
@@ -81,11 +82,13 @@ def parallelize(
     mesh: ParallelMesh | None = None,
     *,
     context: ContextLayout | None = None,
+    tally: GradientTally | None = None,
 ) -> Transformer:
     """Apply ``cfg``'s layouts to ``model`` (a whole model or one pipeline stage) in place, in
     the order of the module docstring; return it. ``mesh`` None: every rank of the default
     group is a data-parallel shard. ``context``: how context parallelism splits the training
-    sequences (``build.context_layout``; needed when ``cp`` > 1)."""
+    sequences (``build.context_layout``; needed when ``cp`` > 1). ``tally``: FSDP's
+    reduce-scatters add up the squares of each rank's own gradient there (``grad_tally``)."""
     if cfg.precision == "pure-bf16":
         model.to(torch.bfloat16)
     if mesh is not None and mesh.degrees.tp > 1:
@@ -106,7 +109,7 @@ def parallelize(
         for block in blocks.values():
             block.compile()
     if cfg.data_parallel == "fsdp":
-        _fully_shard(model, cfg, mesh)
+        _fully_shard(model, cfg, mesh, tally)
     return model
 
 
@@ -155,7 +158,9 @@ def _tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: 
         parallelize_module(block, tp_mesh, plan)  # type: ignore[arg-type]
 
 
-def _fully_shard(model: Transformer, cfg: ParallelConfig, mesh: ParallelMesh | None) -> None:
+def _fully_shard(
+    model: Transformer, cfg: ParallelConfig, mesh: ParallelMesh | None, tally: GradientTally | None
+) -> None:
     num_ranks = mesh.fsdp_mesh.size() if mesh is not None else dist.get_world_size()
     if not fsdp_shards(num_ranks, cfg.precision):
         return
@@ -186,6 +191,8 @@ def _fully_shard(model: Transformer, cfg: ParallelConfig, mesh: ParallelMesh | N
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
+            if tally is not None:
+                module.set_custom_reduce_scatter(TallyingReduceScatter(tally))
 
 
 def compute_dtype(cfg: ParallelConfig) -> torch.dtype:

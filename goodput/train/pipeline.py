@@ -52,7 +52,7 @@ from goodput.train.model import Transformer
 from goodput.train.model_config import ModelConfig
 from goodput.train.parallel_config import ParallelConfig, even_layer_split
 from goodput.train.parallelize import parallelize
-from goodput.train.step import token_loss_sum
+from goodput.train.step import labels_from_model, token_loss_sum
 
 SINGLE_STAGE_SCHEDULES: dict[str, type[ScheduleGPipe | Schedule1F1B]] = {
     "gpipe": ScheduleGPipe,
@@ -91,8 +91,11 @@ class StepLoss:
 
     global_tokens: int = 1
     micro_loss_sums: list[torch.Tensor] = field(default_factory=list)
+    sample_labels: torch.Generator | None = None  # step.forward_backward's, for this step
 
     def __call__(self, logits_btv: torch.Tensor, labels_bt: torch.Tensor) -> torch.Tensor:
+        if self.sample_labels is not None:
+            labels_bt = labels_from_model(logits_btv, labels_bt, self.sample_labels)
         micro_loss_sum = token_loss_sum(logits_btv, labels_bt)
         self.micro_loss_sums.append(local_tensor(micro_loss_sum.detach()))
         return micro_loss_sum / self.global_tokens
@@ -122,12 +125,18 @@ class Pipeline:
         return None
 
     def forward_backward(
-        self, input_ids: torch.Tensor, labels: torch.Tensor, global_tokens: int
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        global_tokens: int,
+        sample_labels: torch.Generator | None = None,
     ) -> torch.Tensor:
         """Run one step's schedule over this rank's local batch; return the summed token loss
-        of this rank's data-parallel share (0 off the last stage)."""
+        of this rank's data-parallel share (0 off the last stage). ``sample_labels``: as for
+        ``step.forward_backward``."""
         self.step_loss.global_tokens = global_tokens
         self.step_loss.micro_loss_sums = []
+        self.step_loss.sample_labels = sample_labels
         args = (input_ids,) if self.has_first else ()
         target = labels if self.has_last else None
         context = loss_parallel() if self.loss_parallel else contextlib.nullcontext()

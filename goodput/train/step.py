@@ -49,7 +49,7 @@ import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -61,6 +61,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from goodput.errors import GoodputError
 from goodput.train.dtensors import local_tensor
+from goodput.train.grad_tally import GradientTally
 from goodput.train.model import Transformer
 
 if TYPE_CHECKING:
@@ -78,11 +79,23 @@ class ExpertLoad:
     dropped_tokens: int  # token-to-expert assignments over capacity, all layers
 
 
+class UpdateObserver(Protocol):
+    """Looks at the weights just before and just after the optimizer updates them (the bf16
+    freeze check, ``watch.py``)."""
+
+    def before_step(self) -> None: ...
+
+    def after_step(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class BackwardResult:
     loss_sum: float  # summed token loss over the global batch
     num_tokens: int  # target tokens in the global batch
     expert_load: ExpertLoad | None = None  # MoE models only
+    # The mean over data-parallel ranks of |gradient of a rank's own mean loss|^2, measured where
+    # the layout lets a rank's gradient be its own tokens' (``GradientTally``); else None.
+    small_batch_sq_norm: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +105,7 @@ class StepResult:
     num_tokens: int  # target tokens in the global batch
     skipped: bool = False  # the gradient norm was not finite: the optimizer did not step
     expert_load: ExpertLoad | None = None  # MoE models only
+    small_batch_sq_norm: float | None = None  # BackwardResult's, for the gradient noise scale
 
 
 @dataclass(slots=True)
@@ -153,6 +167,9 @@ def train_step(
     token_group: dist.ProcessGroup | None = None,
     positions_t: torch.Tensor | None = None,
     sync_every_micro_batch: bool = False,
+    tally: GradientTally | None = None,
+    freeze: UpdateObserver | None = None,
+    hessian_labels: torch.Generator | None = None,
     inject_nan: bool = False,
 ) -> StepResult:
     """Forward/backward every micro-batch of this rank (through the pipeline's schedule when
@@ -160,7 +177,11 @@ def train_step(
     ``token_group``: the ranks whose tokens make up the global batch
     (``ParallelMesh.token_group``: data x context parallel; None: the default group).
     ``positions_t``: the positions of this rank's tokens in their sequences (context
-    parallelism; None: 0..t-1). ``inject_nan``: an injected fault (``goodput.chaos.faults``)."""
+    parallelism; None: 0..t-1). ``tally``: measure each rank's own gradient norm
+    (``grad_tally``). ``freeze``: check this step's update for entries that rounded away.
+    ``hessian_labels``: after the step, refresh SophiaG's Hessian estimate on labels drawn with
+    this generator (``refresh_hessian``). ``inject_nan``: an injected fault
+    (``goodput.chaos.faults``)."""
     if isinstance(model, nn.Module):
         result = forward_backward(
             model,
@@ -168,15 +189,26 @@ def train_step(
             token_group=token_group,
             positions_t=positions_t,
             sync_every_micro_batch=sync_every_micro_batch,
+            tally=tally,
             inject_nan=inject_nan,
         )
-        grad_norm = clip_and_step([model], optimizer, max_grad_norm)
+        grad_norm = clip_and_step([model], optimizer, max_grad_norm, freeze=freeze)
     else:
         result = pipeline_forward_backward(
             model, micro_batches, token_group=token_group, inject_nan=inject_nan
         )
         grad_norm = clip_and_step(
-            model.parts, optimizer, max_grad_norm, model.pp_group, model.tied_copy
+            model.parts, optimizer, max_grad_norm, model.pp_group, model.tied_copy, freeze
+        )
+    if hessian_labels is not None and math.isfinite(grad_norm):
+        assert not isinstance(optimizer, torch.optim.Optimizer), "SophiaG runs as Optimizers"
+        refresh_hessian(
+            model,
+            optimizer,
+            micro_batches,
+            hessian_labels,
+            token_group=token_group,
+            positions_t=positions_t,
         )
     return StepResult(
         result.loss_sum / result.num_tokens,
@@ -184,7 +216,40 @@ def train_step(
         result.num_tokens,
         not math.isfinite(grad_norm),
         result.expert_load,
+        result.small_batch_sq_norm,
     )
+
+
+def refresh_hessian(
+    model: nn.Module | Pipeline,
+    optimizer: Optimizers,
+    micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+    generator: torch.Generator,
+    *,
+    token_group: dist.ProcessGroup | None = None,
+    positions_t: torch.Tensor | None = None,
+) -> None:
+    """SophiaG's Gauss-Newton-Bartlett Hessian estimate: one more forward and backward of the
+    step's batch, on labels drawn from the model (``generator``), whose squared gradient the
+    optimizer folds into its Hessian average. A non-finite estimate is dropped."""
+    if isinstance(model, nn.Module):
+        result = forward_backward(
+            model,
+            micro_batches,
+            token_group=token_group,
+            positions_t=positions_t,
+            sample_labels=generator,
+        )
+        parts: Sequence[nn.Module] = [model]
+    else:
+        result = pipeline_forward_backward(
+            model, micro_batches, token_group=token_group, sample_labels=generator
+        )
+        parts = model.parts
+    grads = [p.grad for part in parts for p in part.parameters() if p.grad is not None]
+    if math.isfinite(float(_total_norm(grads))) and math.isfinite(result.loss_sum):
+        optimizer.update_hessian(result.num_tokens)
+    optimizer.zero_grad(set_to_none=True)
 
 
 def _global_tokens(
@@ -210,16 +275,25 @@ def forward_backward(
     token_group: dist.ProcessGroup | None = None,
     positions_t: torch.Tensor | None = None,
     sync_every_micro_batch: bool = False,
+    tally: GradientTally | None = None,
+    sample_labels: torch.Generator | None = None,
     inject_nan: bool = False,
 ) -> BackwardResult:
     """The summed token loss and the target tokens, both over the global batch; on return every
-    rank holds the gradients of their quotient, summed over ``token_group``. ``inject_nan`` puts
-    a NaN into this rank's gradients before they are summed over the ranks, where a real one
-    would come from."""
+    rank holds the gradients of their quotient, summed over ``token_group``. ``tally``: measure
+    this rank's own gradient on the way (``grad_tally``; its FSDP reduce-scatters feed it).
+    ``sample_labels``: train on labels drawn from the model's own predictions with this
+    generator instead (SophiaG's Hessian estimate: the LM loss only, no expert balancing, no
+    router-bias move). ``inject_nan`` puts a NaN into this rank's gradients before they are
+    summed over the ranks, where a real one would come from."""
     distributed = dist.is_initialized() and dist.get_world_size(token_group) > 1
     device = next(model.parameters()).device
+    if tally is not None:
+        tally.take()  # what a pass without it left there (SophiaG's Hessian estimate) is not ours
     global_tokens = _global_tokens(micro_batches, device, token_group)
-    moe_layers = model.moe_layers() if isinstance(model, Transformer) else []
+    moe_layers = (
+        model.moe_layers() if isinstance(model, Transformer) and sample_labels is None else []
+    )
     num_contributions = len(micro_batches) * (
         dist.get_world_size(token_group) if distributed else 1
     )
@@ -236,6 +310,8 @@ def forward_backward(
         # Tensor-parallel logits left as vocabulary shards: the loss and its backward run on
         # the shards.
         vocab_sharded = isinstance(logits, DTensor)
+        if sample_labels is not None:
+            labels = labels_from_model(logits, labels, sample_labels)
         with loss_parallel() if vocab_sharded else contextlib.nullcontext():
             micro_loss_sum = token_loss_sum(logits, labels)
             objective = micro_loss_sum / global_tokens
@@ -248,20 +324,51 @@ def forward_backward(
         loss_sum += local_tensor(micro_loss_sum.detach())
     if inject_nan:
         _put_nan(model)
+    # This rank's gradient of its own mean loss, squared: the gradient of the global mean,
+    # scaled by global over local tokens. Summed over the ranks with the loss, in one message.
+    own_squared = torch.full((), math.nan, device=device)
+    if tally is not None:
+        if not sharded:
+            for parameter in model.parameters():
+                if parameter.grad is not None:
+                    tally.add(parameter.grad)
+        squared = tally.take()
+        local_tokens = sum(num_targets(labels) for _, labels in micro_batches)
+        if squared is not None and local_tokens:
+            own_squared = squared * (global_tokens / local_tokens) ** 2
+    sums = torch.stack([loss_sum, own_squared.to(loss_sum.dtype)])
     if distributed:
         if not sharded:  # FSDP's reduce-scatter has summed over the same group
             for parameter in model.parameters():
                 if parameter.grad is not None:
                     dist.all_reduce(local_tensor(parameter.grad), group=token_group)
-        dist.all_reduce(loss_sum, group=token_group)
+        dist.all_reduce(sums, group=token_group)
         if moe_layers:
             for count in [*expert_loads, dropped]:
                 dist.all_reduce(count, group=token_group)
     for load, layer in zip(expert_loads, moe_layers, strict=True):
         layer.update_router_bias(load)
+    ranks = dist.get_world_size(token_group) if distributed else 1
+    mean_own_squared = float(sums[1]) / ranks
     return BackwardResult(
-        loss_sum.item(), global_tokens, _expert_load(expert_loads, dropped) if moe_layers else None
+        float(sums[0]),
+        global_tokens,
+        _expert_load(expert_loads, dropped) if moe_layers else None,
+        mean_own_squared if math.isfinite(mean_own_squared) else None,
     )
+
+
+def labels_from_model(
+    logits_btv: torch.Tensor, labels_bt: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """Labels drawn from the model's predictive distribution at every target position (masked
+    positions stay masked). Vocabulary-sharded logits are gathered first, so every
+    tensor-parallel rank, drawing with the same generator state, draws the same labels."""
+    if isinstance(logits_btv, DTensor):
+        logits_btv = logits_btv.full_tensor()
+    probabilities = logits_btv.detach().float().softmax(-1).flatten(0, 1)
+    drawn = torch.multinomial(probabilities, 1, generator=generator).view_as(labels_bt)
+    return torch.where(labels_bt == IGNORE_INDEX, labels_bt, drawn)
 
 
 def _expert_load(loads: list[torch.Tensor], dropped: torch.Tensor) -> ExpertLoad:
@@ -274,6 +381,7 @@ def pipeline_forward_backward(
     micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
     *,
     token_group: dist.ProcessGroup | None = None,
+    sample_labels: torch.Generator | None = None,
     inject_nan: bool = False,
 ) -> BackwardResult:
     """``forward_backward``'s contract, through the pipeline's schedule: this rank's
@@ -281,7 +389,7 @@ def pipeline_forward_backward(
     input_ids = torch.cat([ids for ids, _ in micro_batches])
     labels = torch.cat([labels for _, labels in micro_batches])
     global_tokens = _global_tokens(micro_batches, labels.device, token_group)
-    loss_sum = pipeline.forward_backward(input_ids, labels, global_tokens)
+    loss_sum = pipeline.forward_backward(input_ids, labels, global_tokens, sample_labels)
     if inject_nan:
         _put_nan(pipeline.parts[0])
     if dist.get_world_size(token_group) > 1:
@@ -295,11 +403,13 @@ def clip_and_step(
     max_grad_norm: float | None,
     pp_group: dist.ProcessGroup | None = None,
     uncounted: torch.Tensor | None = None,
+    freeze: UpdateObserver | None = None,
 ) -> float:
     """Clip the gradients of ``parts`` to ``max_grad_norm`` (None: not at all), step unless
     their norm is not finite, zero them; return the gradient norm before clipping. The norm is
     the whole model's: over every shard, and every pipeline stage of ``pp_group``, leaving out
-    ``uncounted`` (a pipeline's copy of a tied weight, counted where the original is)."""
+    ``uncounted`` (a pipeline's copy of a tied weight, counted where the original is).
+    ``freeze``: looks at the weights and gradients just before and after the update."""
     parameters = [p for part in parts for p in part.parameters() if p.grad is not None]
     counted = [p.grad for p in parameters if p.grad is not None and p is not uncounted]
     norm = _total_norm(counted)
@@ -312,7 +422,11 @@ def clip_and_step(
         for group in _by_mesh(parameters):
             torch.nn.utils.clip_grads_with_norm_(group, max_grad_norm, norm)
     if math.isfinite(grad_norm):  # else skipped: weights and optimizer state stay as they were
+        if freeze is not None:
+            freeze.before_step()
         optimizer.step()
+        if freeze is not None:
+            freeze.after_step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm
 

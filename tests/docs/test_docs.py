@@ -78,3 +78,13 @@ def test_the_readme_quick_starts_run_as_written(tmp_path):
     dry_run = next(out for line, out in outputs.items() if "--dry-run" in line)
     assert "goodput train configs/tiny-cpu.toml" in dry_run
     assert (tmp_path / "demo" / "run-2" / "attempts.jsonl").is_file()
+    # docs/optimizers.md's example, on the quick starts' data: another optimizer trains too.
+    lines = command_lines((REPO / "docs" / "optimizers.md").read_text())
+    (line,) = [line for line in lines if line.startswith("goodput ")]
+    result = subprocess.run(
+        ["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
+    metrics = (tmp_path / "demo" / "run-mano" / "metrics.jsonl").read_text().splitlines()
+    losses = [json.loads(record)["loss"] for record in metrics]
+    assert len(losses) == 40 and losses[-1] < losses[0] - 1

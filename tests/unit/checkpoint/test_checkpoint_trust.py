@@ -214,6 +214,25 @@ def test_a_broken_small_file_is_one_line_naming_it(run, capsys, name, content, p
     assert str(target) in err and phrase in err
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "phrase"),
+    [
+        ("noise_scale", {"steps": "8", "gradient_sq": 0.5, "trace": 1.0}, "'steps'"),
+        ("loss_spikes", {"losses": [1e999]}, "loss"),
+        ("lr_reference_tokens", -4, "lr_reference_tokens"),
+    ],
+)
+def test_a_broken_diagnostics_state_is_one_line_naming_it(run, capsys, key, value, phrase):
+    target = step(run, 8) / TRAIN_STATE
+    state = json.loads(target.read_text())
+    assert key in state  # the loop saved it
+    target.write_text(json.dumps({**state, key: value}))
+    err = one_line_error(
+        capsys, "train", run, "checkpoint.verify_checksums=false", "--resume", step(run, 8)
+    )
+    assert str(target) in err and phrase in err
+
+
 def test_auto_passes_over_a_checkpoint_with_a_broken_train_state(run, capsys):
     (step(run, 8) / TRAIN_STATE).write_text(json.dumps({"step": -1}))
     assert main(["train", str(run)]) == 0

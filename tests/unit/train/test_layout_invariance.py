@@ -138,15 +138,16 @@ def matches_reference(metrics: list[dict[str, Any]], reference: list[dict[str, A
 
 
 class LossSumNotReduced:
-    """``torch.distributed`` as ``step.py`` sees it, except that ``all_reduce`` leaves a 0-dim
-    float tensor alone: in a TP x FSDP step that is exactly the loss sum over the data-parallel
+    """``torch.distributed`` as ``step.py`` sees it, except that ``all_reduce`` leaves the
+    step's two float sums alone (the loss sum, and the noise scale's own-gradient sum that
+    travels with it): in a TP x FSDP step that is exactly the loss sum over the data-parallel
     group (the token count is int64, gradients are summed by FSDP). The seed's bug, for real."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.distributed, name)
 
     def all_reduce(self, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if tensor.dim() == 0 and tensor.is_floating_point():
+        if tensor.shape == (2,) and tensor.is_floating_point():
             return None
         return torch.distributed.all_reduce(tensor, *args, **kwargs)
 

@@ -1,0 +1,237 @@
+"""``goodput diagnose lr-find``: the LR range test, run by the trainer's own builders and step.
+
+A fresh model of the config, built exactly as ``goodput train`` builds it (``setup_torch``,
+``build_mesh``, ``plan_batches``, ``build_loader``, ``build_model``, ``Optimizers``), takes
+``train_step`` steps on the config's data while the LR ramps exponentially from ``min_lr`` to
+``max_lr``; every optimizer group gets the step's LR, as the trainer sets its schedule's. It
+stops at the cliff (``lr_regions``: ŝ past 4 x its best, or a loss or gradient norm that is not
+finite: ``train_step`` skips such a step). One process or every rank under a launcher; rank 0
+writes ``<run_dir>/lr_find.json`` (after the trainer's run-directory check) and nothing else
+there. No checkpoint is saved or resumed, no metrics or TensorBoard files are written. The
+curve analysis is ``lr_regions``'s, the plot ``plots``'.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from goodput import rundir
+from goodput.diagnostics.lr_regions import Regions, SmoothedLoss, find_regions, ramp
+from goodput.errors import GoodputError
+from goodput.io import write_json
+from goodput.train.build import (
+    build_loader,
+    build_model,
+    context_layout,
+    decided_by_rank_zero,
+    require_run_dir,
+)
+from goodput.train.config import BatchPlan, RunConfig, plan_batches
+from goodput.train.mesh import build_mesh
+from goodput.train.optim import Optimizers
+from goodput.train.pipeline import model_parts
+from goodput.train.ring_attention import ContextLayout
+from goodput.train.setup import setup_torch
+from goodput.train.step import train_step
+from goodput.train.watch import label_generator, replica_group
+
+MIN_STEPS = 10  # fewer points cannot show three regions
+MAX_STEPS = 100_000
+NUM_PROGRESS_LINES = 10
+
+
+@dataclass(frozen=True, slots=True)
+class RampSettings:
+    num_steps: int
+    min_lr: float
+    max_lr: float
+
+    def __post_init__(self) -> None:
+        if not MIN_STEPS <= self.num_steps <= MAX_STEPS:
+            raise GoodputError.usage(
+                "--steps",
+                f"{self.num_steps} is not in [{MIN_STEPS}, {MAX_STEPS:,}]",
+                "pass a count in that range (200 or more, so that Adam's moments keep up)",
+            )
+        for option, lr in (("--min-lr", self.min_lr), ("--max-lr", self.max_lr)):
+            if not (math.isfinite(lr) and lr > 0):
+                raise GoodputError.usage(option, f"{lr} is not a finite number > 0", "pass one")
+        if self.min_lr >= self.max_lr:
+            raise GoodputError.usage(
+                "--min-lr",
+                f"{self.min_lr:g} is not below --max-lr {self.max_lr:g}",
+                "pass a --min-lr below --max-lr (e.g. 1e-7 and 10)",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class CurvePoint:
+    step: int
+    lr: float
+    loss: float | None  # None: not finite
+    smoothed_loss: float | None  # None: the loss or the gradient norm was not finite
+    grad_norm: float | None  # before clipping; None: not finite
+
+
+@dataclass(frozen=True, slots=True)
+class LrFindResult:
+    settings: RampSettings
+    curve: tuple[CurvePoint, ...]
+    stopped_early: bool
+    regions: Regions
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "suggested_lr": self.regions.suggested_lr,
+            "regions": self.regions.as_json(),
+            "note": self.regions.note,
+            "steps_run": len(self.curve),
+            "stopped_early": self.stopped_early,
+            "curve": [
+                {
+                    "step": p.step,
+                    "lr": p.lr,
+                    "loss": p.loss,
+                    "smoothed_loss": p.smoothed_loss,
+                    "grad_norm": p.grad_norm,
+                }
+                for p in self.curve
+            ],
+        }
+
+    def summary(self) -> list[str]:
+        """The human lines."""
+
+        def interval(name: str, value: tuple[float, float] | None) -> str:
+            return f"{name} {'-' if value is None else f'{value[0]:.3g}..{value[1]:.3g}'}"
+
+        r = self.regions
+        stop = "stopped early at the cliff" if self.stopped_early else "ran the whole ramp"
+        lines = [
+            f"lr-find: {len(self.curve)}/{self.settings.num_steps} steps, {stop}",
+            "lr-find: regions: "
+            + ", ".join(
+                [
+                    interval("plateau", r.plateau),
+                    interval("basin", r.basin),
+                    interval("cliff", r.cliff),
+                ]
+            ),
+            f"lr-find: suggested lr {r.suggested_lr:.3g}",
+        ]
+        if r.note:
+            lines.append(f"lr-find: note: {r.note}")
+        return lines
+
+
+def lr_find(
+    cfg: RunConfig, settings: RampSettings, progress: Callable[[str], None] | None = None
+) -> LrFindResult | None:
+    """Run the ramp on this rank; the result on rank 0 (which wrote it to the run directory),
+    None on the others. ``progress``: called on rank 0 about every tenth of the steps."""
+    # The blend is sized by train.steps: exactly the ramp's.
+    cfg = replace(cfg, train=replace(cfg.train, steps=settings.num_steps))
+    owns_process_group = not dist.is_initialized()
+    runtime = setup_torch(seed=cfg.train.seed)
+    try:
+        mesh = build_mesh(cfg.parallel, runtime.device, runtime.ranks_per_host)
+        plan = plan_batches(cfg.train, dp_size=mesh.dp_size)
+        run_dir = Path(cfg.train.run_dir)
+        decided_by_rank_zero(lambda: require_run_dir(run_dir))  # before anything is written
+        loader = build_loader(cfg, plan, mesh)
+        model = build_model(cfg, runtime.device, mesh, plan, empty=False)
+        lrs = ramp(settings.min_lr, settings.max_lr, settings.num_steps)
+        optimizer = Optimizers(model_parts(model), cfg.optim, lrs[0], replica_group(mesh))
+        context = context_layout(cfg, mesh)
+        positions_t = context.positions(mesh.cp_rank).to(runtime.device) if context else None
+        loss_average = SmoothedLoss()
+        curve: list[CurvePoint] = []
+        batches = iter(loader)
+        every = max(1, settings.num_steps // NUM_PROGRESS_LINES)
+        stopped_early = False
+        for index, lr in enumerate(lrs):
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            result = train_step(
+                model,
+                optimizer,
+                _micro_batches(next(batches), context, mesh.cp_rank, plan, runtime.device),
+                max_grad_norm=cfg.train.max_grad_norm,
+                token_group=mesh.token_group,
+                positions_t=positions_t,
+                sync_every_micro_batch=cfg.parallel.sync_every_micro_batch,
+                hessian_labels=(
+                    label_generator(cfg.train.seed, index + 1, mesh, runtime.device)
+                    if optimizer.wants_hessian(index + 1)
+                    else None
+                ),
+            )
+            # The loss and norm are the same on every rank, so every rank stops at one step.
+            finite = math.isfinite(result.loss) and not result.skipped
+            smoothed = loss_average.add(result.loss) if finite else None
+            curve.append(
+                CurvePoint(index + 1, lr, _finite(result.loss), smoothed, _finite(result.grad_norm))
+            )
+            if progress is not None and runtime.rank == 0 and (index + 1) % every == 0:
+                progress(_progress_line(curve[-1], settings.num_steps))
+            if smoothed is None or loss_average.diverged(smoothed):
+                stopped_early = index + 1 < settings.num_steps
+                break
+        if runtime.rank != 0:
+            return None
+        regions = find_regions(
+            [p.lr for p in curve], [p.smoothed_loss for p in curve], stopped_early
+        )
+        found = LrFindResult(settings, tuple(curve), stopped_early, regions)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ramp_settings = {
+            "steps": settings.num_steps,
+            "min_lr": settings.min_lr,
+            "max_lr": settings.max_lr,
+        }
+        write_json(run_dir / rundir.LR_FIND, {**found.as_json(), "ramp": ramp_settings})
+        return found
+    finally:
+        if owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _micro_batches(
+    batch: tuple[torch.Tensor, torch.Tensor],
+    context: ContextLayout | None,
+    cp_rank: int,
+    plan: BatchPlan,
+    device: torch.device,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's share of the global batch (under context parallelism its chunks of each
+    sequence) in micro-batches, as the trainer's loop cuts it."""
+    input_ids, labels = batch
+    if context is not None:
+        input_ids, labels = (context.split(t, cp_rank) for t in (input_ids, labels))
+    return list(
+        zip(
+            input_ids.to(device).split(plan.micro_batch_size),
+            labels.to(device).split(plan.micro_batch_size),
+            strict=True,
+        )
+    )
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _progress_line(point: CurvePoint, num_steps: int) -> str:
+    loss = "not finite" if point.loss is None else f"{point.loss:.4f}"
+    smoothed = "-" if point.smoothed_loss is None else f"{point.smoothed_loss:.4f}"
+    return (
+        f"lr-find: step {point.step}/{num_steps} lr {point.lr:.3g} loss {loss} "
+        f"(smoothed {smoothed})"
+    )
