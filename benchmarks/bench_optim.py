@@ -2,7 +2,8 @@
 
 - ``step``: one optimizer step of every ``[optim] kind`` on the same model and gradients
   (dim 384, 4 layers, vocab 4,096: 9.4M parameters, fp32, one process, both cores), against
-  AdamW's (``foreach``). Ratio = kind / AdamW (< 1.15 is the target for Mano). SophiaG's row is
+  AdamW's (``foreach``). Ratio = kind / AdamW, the median over ``STEP_ROUNDS`` rounds of each
+  round's ratio (< 1.15 is the target for Mano). SophiaG's row is
   its step alone; its Hessian estimate (one more forward and backward every
   ``sophia_hessian_interval`` steps) is a training-step cost, not an optimizer one.
 - ``muon_distributed``: Muon on 4 gloo ranks of one thread holding the same plain matrices, the
@@ -13,9 +14,11 @@
 - ``lr_find``: ``goodput diagnose lr-find``'s ramp on the tiny test run against the same number
   of training steps of ``goodput train`` (ratio = lr-find / train), and the 5-run learning-rate
   sweep it replaces (5 x that train run, the sweep's cheapest form).
-- ``diagnostics``: a training step on 2 ranks (FSDP, the tiny model widened to dim 256) with the
-  gradient tally against without (the noise scale's cost), and one bf16 freeze check's cost
-  spread over its interval (100 steps); each as a share of the step (target <= 1%).
+- ``diagnostics``: the forward and backward of a step on 2 ranks (FSDP, the tiny model widened
+  to dim 256, 512 tokens a rank), a model whose reduce-scatters tally each rank's own gradient
+  (``parallelize(..., tally=)``, as the trainer builds it) against an identical one without (the
+  noise scale's cost), and one bf16 freeze check (the optimizer step it watches included)
+  spread over its interval of 100 steps; each as a share of the step (target <= 1%).
 
 Median of ``REPEATS`` timed repetitions after ``WARMUP``; the rows of one comparison take turns.
 """
@@ -31,7 +34,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
 
 from goodput.diagnostics.lr_find import RampSettings, lr_find
 from goodput.testing.dist import run_distributed
@@ -44,6 +46,8 @@ from goodput.train.model_config import ModelConfig
 from goodput.train.muon import Muon
 from goodput.train.optim import Optimizers, matrix_groups
 from goodput.train.optim_config import OptimConfig
+from goodput.train.parallel_config import ParallelConfig
+from goodput.train.parallelize import parallelize
 from goodput.train.step import forward_backward
 
 MODEL = ModelConfig(
@@ -52,6 +56,7 @@ MODEL = ModelConfig(
 KINDS = ("adamw", "lamb", "sophiag", "muon", "mano")
 WARMUP = 3
 REPEATS = 15
+STEP_ROUNDS = 41
 LR_FIND_STEPS = 60
 FREEZE_INTERVAL = 100
 
@@ -74,17 +79,30 @@ def _median_s(run: Any) -> float:
     return statistics.median(times)
 
 
-def _step_times() -> dict[str, float]:
+def _step_times() -> tuple[dict[str, float], dict[str, float]]:
+    """(median step time per kind, median over rounds of each round's kind / AdamW ratio): a
+    round runs AdamW and the kinds of its set once each, back to back, so a noisy moment hits
+    one round's ratios alike. Muon has rounds of its own: its bf16 Newton-Schulz, 6-9x longer,
+    disturbed the kind stepped after it."""
     model = _model_with_grads(MODEL)
-    optimizers = {kind: Optimizers([model], OptimConfig(kind=kind), 1e-4) for kind in KINDS}
-    times: dict[str, list[float]] = {kind: [] for kind in KINDS}
-    for index in range(WARMUP + REPEATS):  # the kinds take turns, so noise hits all alike
-        for kind, optimizer in optimizers.items():
-            start = time.perf_counter()
-            optimizer.step()
-            if index >= WARMUP:
-                times[kind].append(time.perf_counter() - start)
-    return {kind: statistics.median(values) for kind, values in times.items()}
+    medians: dict[str, float] = {}
+    ratios: dict[str, float] = {}
+    for kinds in (("adamw", "lamb", "sophiag", "mano"), ("adamw", "muon")):
+        optimizers = {kind: Optimizers([model], OptimConfig(kind=kind), 1e-4) for kind in kinds}
+        times: dict[str, list[float]] = {kind: [] for kind in kinds}
+        for index in range(WARMUP + STEP_ROUNDS):
+            for kind, optimizer in optimizers.items():
+                start = time.perf_counter()
+                optimizer.step()
+                if index >= WARMUP:
+                    times[kind].append(time.perf_counter() - start)
+        for kind in kinds[1:]:
+            medians[kind] = statistics.median(times[kind])
+            pairs = zip(times[kind], times["adamw"], strict=True)
+            ratios[kind] = statistics.median(ours / adamw for ours, adamw in pairs)
+        medians.setdefault("adamw", statistics.median(times["adamw"]))
+    ratios["adamw"] = 1.0
+    return medians, ratios
 
 
 def _muon_rank(rank: int, world_size: int) -> dict[str, float]:
@@ -120,57 +138,50 @@ def _lr_find_against_train() -> dict[str, float]:
 
 def _diagnostics_rank(rank: int, world_size: int) -> dict[str, float]:
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = Transformer(replace(TINY_MODEL, dim=256, ffn_dim=512, num_heads=4))
+    cfg = replace(TINY_MODEL, dim=256, ffn_dim=512, num_heads=4)
+    layout = ParallelConfig(precision="fp32")  # FSDP over the 2 ranks
     tally = GradientTally()
-    for block in model.blocks.values():
-        fully_shard(block)
-    fully_shard(model)
+    models = {}
+    for name, own in (("plain", None), ("tallied", tally)):
+        torch.manual_seed(0)
+        models[name] = parallelize(Transformer(cfg), layout, tally=own)
     inputs, labels = uneven_global_batch(16, 64, TINY_MODEL.vocab_size)
     mine = [(inputs[rank::2], labels[rank::2])]
-
-    def plain() -> None:
-        forward_backward(model, mine)
-        model.zero_grad()
-
-    def tallied() -> None:
-        forward_backward(model, mine, tally=tally)
-        model.zero_grad()
-
     times: dict[str, list[float]] = {"plain": [], "tallied": []}
-    for index in range(WARMUP + REPEATS):
-        for name, run in (("plain", plain), ("tallied", tallied)):
+    for index in range(WARMUP + REPEATS):  # the two take turns
+        for name, model in models.items():
             start = time.perf_counter()
-            run()
+            forward_backward(model, mine, tally=tally if name == "tallied" else None)
+            model.zero_grad()
             if index >= WARMUP:
                 times[name].append(time.perf_counter() - start)
-    # (The tally is installed as FSDP's reduce-scatter by parallelize; here it rides the
-    # step's own path, which squares the local gradients the same way.)
+    # The tally's own work, alone: one pass over a buffer of every local gradient (what FSDP
+    # reduce-scatters), which the A/B above cannot resolve from the step's noise.
+    local_gradients = torch.randn(sum(p.numel() for p in models["plain"].parameters()))
+    tally_pass_s = _median_s(lambda: GradientTally().add(local_gradients))
+    model = models["plain"]
     detector = FreezeDetector(list(model.named_parameters()), interval=1)
-    forward_backward(model, mine)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     check_times = []
     for _ in range(5):
+        forward_backward(model, mine)
         start = time.perf_counter()
         detector.before_step()
         optimizer.step()
         detector.after_step(1)
         check_times.append(time.perf_counter() - start)
-    step_s = statistics.median(times["plain"])
     return {
-        "step_s": step_s,
+        "step_s": statistics.median(times["plain"]),
         "tallied_step_s": statistics.median(times["tallied"]),
+        "tally_pass_s": tally_pass_s,
         "freeze_check_s": statistics.median(check_times),
     }
 
 
 def main() -> dict[str, Any]:
     torch.set_num_threads(2)
-    steps = _step_times()
-    figures: dict[str, Any] = {
-        "step_s": steps,
-        "ratio_to_adamw": {kind: steps[kind] / steps["adamw"] for kind in KINDS},
-    }
+    steps, ratios = _step_times()
+    figures: dict[str, Any] = {"step_s": steps, "ratio_to_adamw": ratios}
     per_rank = run_distributed(_muon_rank, 4, timeout_s=900)
     muon = {key: max(rank[key] for rank in per_rank) for key in per_rank[0]}
     muon["ratio"] = muon["every_rank_s"] / muon["distributed_s"]
@@ -178,13 +189,17 @@ def main() -> dict[str, Any]:
     figures["lr_find"] = _lr_find_against_train()
     per_rank = run_distributed(_diagnostics_rank, 2, timeout_s=900)
     diagnostics = {key: max(rank[key] for rank in per_rank) for key in per_rank[0]}
-    diagnostics["gns_share_of_step"] = diagnostics["tallied_step_s"] / diagnostics["step_s"] - 1
+    diagnostics["gns_ab_difference"] = diagnostics["tallied_step_s"] / diagnostics["step_s"] - 1
+    diagnostics["gns_share_of_step"] = diagnostics["tally_pass_s"] / diagnostics["step_s"]
     diagnostics["freeze_share_of_step"] = diagnostics["freeze_check_s"] / (
         FREEZE_INTERVAL * diagnostics["step_s"]
     )
     figures["diagnostics"] = diagnostics
     num_parameters = sum(p.numel() for p in Transformer(MODEL).parameters())
-    print(f"optim: step time against AdamW, {num_parameters:,} parameters, median of {REPEATS}")
+    print(
+        f"optim: step time against AdamW, {num_parameters:,} parameters, median of "
+        f"{STEP_ROUNDS} rounds"
+    )
     for kind in KINDS:
         print(f"  {kind:8s} {steps[kind] * 1e3:8.1f} ms  {figures['ratio_to_adamw'][kind]:.2f}x")
     print(
@@ -198,7 +213,8 @@ def main() -> dict[str, Any]:
         f"; against a 5-run sweep {lr['ratio_lr_find_to_5_run_sweep']:.2f}x"
     )
     print(
-        f"  gns tally {100 * diagnostics['gns_share_of_step']:.2f}% of a step; freeze check "
+        f"  gns tally {100 * diagnostics['gns_share_of_step']:.2f}% of a step (A/B of whole "
+        f"steps: {100 * diagnostics['gns_ab_difference']:+.1f}%, within noise); freeze check "
         f"{diagnostics['freeze_check_s'] * 1e3:.1f} ms every {FREEZE_INTERVAL} steps = "
         f"{100 * diagnostics['freeze_share_of_step']:.3f}% of a step"
     )

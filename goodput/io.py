@@ -140,3 +140,19 @@ def read_json(path: str | os.PathLike[str], max_bytes: int = SMALL_FILE_BYTES) -
         raise GoodputError(path, f"is not valid JSON ({exc})", "restore or rewrite it") from None
     except RecursionError:
         raise GoodputError(path, "is JSON nested too deeply", "restore or rewrite it") from None
+
+
+_JSON_TYPE_NAMES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
+
+
+def json_type_name(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words ("an object", "a string"), for errors."""
+    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)

@@ -32,6 +32,7 @@ import zstandard
 
 from goodput.data.paths import file_identity
 from goodput.errors import GoodputError
+from goodput.io import json_type_name
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".txt")
 
@@ -43,16 +44,6 @@ COMPRESSED_READ_BYTES = 1 << 20
 PARQUET_BATCH_ROWS = 1024
 # Keys quoted when a JSONL object lacks the text field; records can have hundreds.
 MAX_KEYS_SHOWN = 12
-
-_JSON_TYPE_NAMES = {
-    dict: "an object",
-    list: "an array",
-    str: "a string",
-    int: "a number",
-    float: "a number",
-    bool: "a boolean",
-    type(None): "null",
-}
 
 
 @dataclass(slots=True)
@@ -260,7 +251,7 @@ def _line_error(where: str, line: bytes, text_field: str) -> GoodputError:
     if not isinstance(record, dict):
         return GoodputError(
             where,
-            f"expected a JSON object, got {_json_type(record)}",
+            f"expected a JSON object, got {json_type_name(record)}",
             f'write one object per line, e.g. {{"{text_field}": "..."}}',
         )
     keys = ", ".join(repr(key) for key in list(record)[:MAX_KEYS_SHOWN])
@@ -275,13 +266,9 @@ def _line_error(where: str, line: bytes, text_field: str) -> GoodputError:
 def _field_type_error(where: str, value: Any, text_field: str) -> GoodputError:
     return GoodputError(
         where,
-        f"field {text_field!r} is {_json_type(value)}, not a string",
+        f"field {text_field!r} is {json_type_name(value)}, not a string",
         "store the document text as a string, or name another field with --text-field",
     )
-
-
-def _json_type(value: Any) -> str:
-    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
 
 
 def _txt_texts(path: Path, stats: ReadStats) -> Iterator[str]:

@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from goodput import rundir
@@ -31,13 +30,13 @@ from goodput.train.build import (
     build_model,
     context_layout,
     decided_by_rank_zero,
+    micro_batches_of,
     require_run_dir,
 )
-from goodput.train.config import BatchPlan, RunConfig, plan_batches
+from goodput.train.config import RunConfig, plan_batches
 from goodput.train.mesh import build_mesh
 from goodput.train.optim import Optimizers
 from goodput.train.pipeline import model_parts
-from goodput.train.ring_attention import ContextLayout
 from goodput.train.setup import setup_torch
 from goodput.train.step import train_step
 from goodput.train.watch import label_generator, replica_group
@@ -162,7 +161,7 @@ def lr_find(
             result = train_step(
                 model,
                 optimizer,
-                _micro_batches(next(batches), context, mesh.cp_rank, plan, runtime.device),
+                micro_batches_of(next(batches), context, mesh.cp_rank, plan, runtime.device),
                 max_grad_norm=cfg.train.max_grad_norm,
                 token_group=mesh.token_group,
                 positions_t=positions_t,
@@ -201,27 +200,6 @@ def lr_find(
     finally:
         if owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _micro_batches(
-    batch: tuple[torch.Tensor, torch.Tensor],
-    context: ContextLayout | None,
-    cp_rank: int,
-    plan: BatchPlan,
-    device: torch.device,
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's share of the global batch (under context parallelism its chunks of each
-    sequence) in micro-batches, as the trainer's loop cuts it."""
-    input_ids, labels = batch
-    if context is not None:
-        input_ids, labels = (context.split(t, cp_rank) for t in (input_ids, labels))
-    return list(
-        zip(
-            input_ids.to(device).split(plan.micro_batch_size),
-            labels.to(device).split(plan.micro_batch_size),
-            strict=True,
-        )
-    )
 
 
 def _finite(value: float) -> float | None:

@@ -301,6 +301,27 @@ def context_layout(cfg: RunConfig, mesh: ParallelMesh) -> ContextLayout | None:
     return ContextLayout(cfg.train.seq_len, mesh.degrees.cp)
 
 
+def micro_batches_of(
+    batch: tuple[torch.Tensor, torch.Tensor],
+    context: ContextLayout | None,
+    cp_rank: int,
+    plan: BatchPlan,
+    device: torch.device,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's share of the global batch (under context parallelism its chunks of each
+    sequence), on ``device``, in micro-batches."""
+    input_ids, labels = batch
+    if context is not None:
+        input_ids, labels = (context.split(t, cp_rank) for t in (input_ids, labels))
+    return list(
+        zip(
+            input_ids.to(device).split(plan.micro_batch_size),
+            labels.to(device).split(plan.micro_batch_size),
+            strict=True,
+        )
+    )
+
+
 def init_like_fresh(parts: list[nn.Module], cfg: RunConfig, device: torch.device) -> None:
     """Give empty-built model ``parts`` the values a fresh build gives them: drawn from the
     same seed by a whole model, then copied in (sharded where the parts are)."""

@@ -37,7 +37,8 @@ class GradientTally:
         self.squared: torch.Tensor | None = None
 
     def add(self, gradients: torch.Tensor) -> None:
-        squares = gradients.float().square().sum()
+        # One pass, no temporary: a norm accumulated in fp32 whatever the gradients' dtype.
+        squares = torch.linalg.vector_norm(gradients, dtype=torch.float32).square()
         self.squared = squares if self.squared is None else self.squared + squares
 
     def take(self) -> torch.Tensor | None:

@@ -32,6 +32,7 @@ from goodput.train.build import (
     context_layout,
     decided_by_rank_zero,
     fresh_loss_warning,
+    micro_batches_of,
     require_run_dir,
     resume,
     write_run_record,
@@ -129,18 +130,7 @@ def train(cfg: RunConfig) -> list[float]:
                     group["lr"] = lr
                 # Batch: this rank's share of the global batch (under cp, its chunks of each
                 # sequence), in micro-batches.
-                input_ids, labels = next(batches)
-                if context is not None:
-                    input_ids, labels = (
-                        context.split(t, mesh.cp_rank) for t in (input_ids, labels)
-                    )
-                micro_batches = list(
-                    zip(
-                        input_ids.to(device).split(plan.micro_batch_size),
-                        labels.to(device).split(plan.micro_batch_size),
-                        strict=True,
-                    )
-                )
+                micro_batches = micro_batches_of(next(batches), context, mesh.cp_rank, plan, device)
                 # Step
                 result = train_step(
                     model,

@@ -52,11 +52,13 @@ class _Tangent:
     weight_decay: float
     eps: float
 
-    def apply(self, direction: torch.Tensor) -> None:
-        """θ ← θ(1 − lr·wd) − lr·0.2·√n·V̂."""
+    def apply(self, direction: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """θ ← θ(1 − lr·wd) − lr·0.2·√n·V̂, with V̂ = V · (1 / ‖V‖) in the same pass."""
+        projected, inverse_norm = direction
         param = local_tensor(self.param)
         param.mul_(1 - self.lr * self.weight_decay)
-        param.add_(direction, alpha=-self.lr * 0.2 * math.sqrt(self.param.shape[self.dim]))
+        scale = -self.lr * 0.2 * math.sqrt(self.param.shape[self.dim])
+        param.addcmul_(projected, inverse_norm, value=scale)
 
 
 def summed_dim(ndim: int, axis: int, transposed: bool) -> int:
@@ -95,12 +97,14 @@ def _complete_sums(tangents: list[_Tangent], partials: list[torch.Tensor]) -> li
     return sums
 
 
-def tangent_directions(tangents: list[_Tangent]) -> list[torch.Tensor]:
-    """V̂ for each tangent: U projected off θ̂ and normalised, along each one's dim."""
+def tangent_directions(tangents: list[_Tangent]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """For each tangent, V (U projected off θ̂ along its dim) and 1 / max(‖V‖, ε) along it:
+    V̂ = V times that, left for ``_Tangent.apply`` to fuse into the weight update. Each full-size
+    operation is one pass over the matrix (memory-bound work: passes are the cost)."""
     halves = [
         torch.cat(
             [
-                (t.theta * t.theta).sum(t.dim, keepdim=True),
+                torch.linalg.vector_norm(t.theta, dim=t.dim, keepdim=True).square(),
                 (t.update * t.theta).sum(t.dim, keepdim=True),
             ],
             t.dim,
@@ -110,15 +114,19 @@ def tangent_directions(tangents: list[_Tangent]) -> list[torch.Tensor]:
     projected = []
     for t, both in zip(tangents, _complete_sums(tangents, halves), strict=True):
         norm_sq, dot = both.split(1, t.dim)
-        theta_norm = norm_sq.sqrt().clamp_min(t.eps)
-        # ⟨U, θ̂⟩ = ⟨U, θ⟩ / max(‖θ‖, ε): one round of sums instead of two.
-        projected.append(t.update - (t.theta / theta_norm) * (dot / theta_norm))
+        # θ̂⟨U, θ̂⟩ = θ · ⟨U, θ⟩ / max(‖θ‖, ε)²: one round of sums and one pass for V.
+        coefficient = dot / norm_sq.clamp_min(t.eps * t.eps)
+        projected.append(torch.addcmul(t.update, t.theta, coefficient, value=-1))
     norms_sq = _complete_sums(
         tangents,
-        [(v * v).sum(t.dim, keepdim=True) for t, v in zip(tangents, projected, strict=True)],
+        [
+            torch.linalg.vector_norm(v, dim=t.dim, keepdim=True).square()
+            for t, v in zip(tangents, projected, strict=True)
+        ],
     )
     return [
-        v / n.sqrt().clamp_min(t.eps) for t, v, n in zip(tangents, projected, norms_sq, strict=True)
+        (v, n.sqrt().clamp_min(t.eps).reciprocal())
+        for t, v, n in zip(tangents, projected, norms_sq, strict=True)
     ]
 
 

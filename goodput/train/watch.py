@@ -129,7 +129,7 @@ class Watch:
         state = train_state or {}
         self.noise = NoiseScale(diagnostics.gns_ema)
         self.spikes = LossSpikes(diagnostics.loss_spike_window, diagnostics.loss_spike_z)
-        for name, tracker in self._trackers():
+        for name, tracker in (("noise_scale", self.noise), ("loss_spikes", self.spikes)):
             if name in state:  # checked by check_state when the checkpoint was read
                 tracker.load_state_dict(state[name])
         named = [(name, p) for part in parts for name, p in part.named_parameters()]
@@ -142,9 +142,6 @@ class Watch:
         self.max_logit: float | None = None
         if cfg.optim.qk_clip is not None:
             qk_clip.track_logits(parts)
-
-    def _trackers(self) -> list[tuple[str, NoiseScale | LossSpikes]]:
-        return [("noise_scale", self.noise), ("loss_spikes", self.spikes)]
 
     @staticmethod
     def check_state(train_state: dict[str, Any], path: Path) -> None:

@@ -17,6 +17,7 @@ from goodput.testing.dist import run_distributed
 from goodput.train.config import DiagnosticsConfig
 from goodput.train.loop import train
 from goodput.train.model import Transformer
+from goodput.train.model_config import MoEConfig
 from goodput.train.optim_config import OptimConfig
 
 KINDS = {
@@ -194,16 +195,20 @@ LAYOUTS = {  # (kind, [parallel] overrides): each new optimizer under a layout t
     "mano-pp2": ("mano", {"pp": 2}),
     "mano-tp2": ("mano", {"tp": 2}),
     "sophiag-pp2": ("sophiag", {"pp": 2}),
+    "mano-cp2": ("mano", {"cp": 2}),
+    "muon-moe-ep2": ("muon", {"ep": 2}),
 }
+MOE = MoEConfig(num_experts=4, top_k=2, expert_ffn_dim=32)
 
 
 @pytest.mark.parametrize("case", LAYOUTS)
-def test_each_optimizer_under_tensor_and_pipeline_parallelism_logs_the_one_process_losses(
+def test_each_optimizer_under_a_split_layout_logs_the_one_process_losses(
     run_config, tmp_path, case
 ):
     kind, parallel = LAYOUTS[case]
     # tp splits the vocabulary: 64 rows (the counting corpus uses ids below 61)
-    run_config = replace(run_config, model=replace(run_config.model, vocab_size=64))
+    moe = MOE if "ep" in parallel else None
+    run_config = replace(run_config, model=replace(run_config.model, vocab_size=64, moe=moe))
     one = with_optimizer(run_config, KINDS[kind], tmp_path / "one")
     expected = train(one)
     split = replace(
