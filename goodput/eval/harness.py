@@ -47,7 +47,7 @@ from torch import nn
 
 from goodput.data.tokenizer import Tokenizer
 from goodput.errors import GoodputError
-from goodput.evals.choice_tasks import ChoiceItem
+from goodput.eval.choice_tasks import ChoiceItem
 from goodput.train.step import token_loss_sum
 
 

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from goodput.errors import GoodputError
-from goodput.evals.choice_tasks import LAYOUTS, MAX_CHOICES, ChoiceItem, read_choice_task
+from goodput.eval.choice_tasks import LAYOUTS, MAX_CHOICES, ChoiceItem, read_choice_task
 from goodput.testing import fuzz
 
 layouts = st.sampled_from(sorted(LAYOUTS))

@@ -13,8 +13,8 @@ from torch import nn
 
 from goodput.data.tokenizer import Tokenizer
 from goodput.errors import GoodputError
-from goodput.evals.choice_tasks import ChoiceItem
-from goodput.evals.harness import normalization_length, score_choices, summarize
+from goodput.eval.choice_tasks import ChoiceItem
+from goodput.eval.harness import normalization_length, score_choices, summarize
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL
 from goodput.train.model import Transformer

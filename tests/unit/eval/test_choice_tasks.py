@@ -6,7 +6,7 @@ import json
 import pytest
 
 from goodput.errors import GoodputError
-from goodput.evals.choice_tasks import (
+from goodput.eval.choice_tasks import (
     MAX_CHOICES,
     MAX_LINE_BYTES,
     MAX_TEXT_CHARS,
