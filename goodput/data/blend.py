@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -119,7 +120,7 @@ def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
         "on_exhausted": spec.on_exhausted,
     }
     blend_fingerprint, components = fingerprint(pinned)
-    final = spec.cache / "blends" / blend_fingerprint[:20]
+    final = blend_dir(spec.cache, blend_fingerprint)
     if is_complete(final):
         print(f"blend: cached at {final}", file=sys.stderr)
         _build_file_indices(shards, spec)  # only those deleted since: they rebuild identical
@@ -271,6 +272,21 @@ def corpus_order(corpus: str, available: int, needed: int, seed: int) -> np.ndar
         rng = np.random.default_rng([seed, corpus_key, epoch])
         epochs.append(rng.permutation(available).astype(dtype))
     return np.concatenate(epochs)[:needed] if epochs else np.zeros(0, dtype)
+
+
+FINGERPRINT = re.compile(r"[0-9a-f]{20,64}")
+
+
+def blend_dir(cache: Path, blend_fingerprint: str) -> Path:
+    """Where the blend of ``blend_fingerprint`` lives in ``cache``. A fingerprint read from
+    outside (a checkpoint's train state) must be the hex goodput writes: never a path."""
+    if not FINGERPRINT.fullmatch(blend_fingerprint):
+        raise GoodputError(
+            cache,
+            f"blend fingerprint {blend_fingerprint[:80]!r} is not hex",
+            "use another checkpoint",
+        )
+    return cache / "blends" / blend_fingerprint[:20]
 
 
 def cached_manifest(directory: Path, batch_size: int) -> dict[str, Any]:

@@ -1,2 +1,3 @@
 """Evaluation: multiple-choice tasks read from local files (``choice_tasks``) and scored by the
-log-likelihood a model gives each choice (``harness``)."""
+log-likelihood a model gives each choice (``harness``); text generation from a checkpoint with a
+KV cache (``generate``, behind ``goodput generate``)."""

@@ -20,8 +20,14 @@ context parallelism a rank holds two chunks of every sequence, and rotary embedd
 their global positions; its attention then runs ring attention over the context-parallel
 group (``goodput.train.ring_attention``), set by ``parallelize``.
 
+KV cache (inference only: ``goodput.eval.generate``). ``forward(tokens, cache=KVCache)`` runs
+the new tokens at positions ``cache.length, ...`` and appends each layer's keys (after RoPE)
+and values to the cache, so a decoded token costs one position's forward. Without a cache —
+training, and every caller but generation — the same ops run as without this feature: the
+cache is an extra argument defaulting to None, and only its own branch touches it.
+
 Shape suffixes: b batch, t sequence, d model dim, h heads, k kv heads, e head dim, f ffn dim,
-v vocab, n tokens (b·t), x experts.
+v vocab, n tokens (b·t), x experts, c positions a KV cache has room for.
 """
 
 from __future__ import annotations
@@ -81,6 +87,71 @@ def apply_rope(x_bthe: torch.Tensor, cos_te: torch.Tensor, sin_te: torch.Tensor)
     return rotated.flatten(-2).type_as(x_bthe)
 
 
+class LayerCache:
+    """One attention layer's keys (after RoPE) and values of the first ``length`` positions,
+    in buffers preallocated for ``capacity`` positions."""
+
+    def __init__(self, keys_bkce: torch.Tensor, values_bkce: torch.Tensor):
+        self.keys_bkce, self.values_bkce = keys_bkce, values_bkce
+        self.length = 0
+
+    def attend(
+        self, q_bhte: torch.Tensor, k_bkte: torch.Tensor, v_bkte: torch.Tensor
+    ) -> torch.Tensor:
+        """Append the t new positions' keys and values, then attend the new queries causally
+        over every cached position."""
+        start, t = self.length, q_bhte.shape[2]
+        end = start + t
+        if end > self.keys_bkce.shape[2]:
+            raise ValueError(f"KV cache full: {end} positions, room for {self.keys_bkce.shape[2]}")
+        self.keys_bkce[:, :, start:end] = k_bkte
+        self.values_bkce[:, :, start:end] = v_bkte
+        self.length = end
+        # One new token sees every cached one; several (a prompt) see those up to their own.
+        mask_tc = None
+        if t > 1:
+            key_c = torch.arange(end, device=q_bhte.device)
+            mask_tc = key_c[None, :] <= torch.arange(start, end, device=q_bhte.device)[:, None]
+        return F.scaled_dot_product_attention(
+            q_bhte,
+            self.keys_bkce[:, :, :end],
+            self.values_bkce[:, :, :end],
+            attn_mask=mask_tc,
+            enable_gqa=k_bkte.shape[1] != q_bhte.shape[1],
+        )
+
+
+class KVCache:
+    """Every layer's ``LayerCache`` (keyed by layer number, as ``Transformer.blocks``), for
+    ``batch_size`` sequences of at most ``capacity`` positions; zeros in ``dtype`` on
+    ``device``."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        layers: list[str],
+        batch_size: int,
+        capacity: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
+        shape = (batch_size, cfg.kv_heads, capacity, cfg.head_dim)
+        self.capacity = capacity
+        self.layers = {
+            layer: LayerCache(
+                torch.zeros(shape, device=device, dtype=dtype),
+                torch.zeros(shape, device=device, dtype=dtype),
+            )
+            for layer in layers
+        }
+
+    @property
+    def length(self) -> int:
+        """Positions cached so far: the position the next token takes."""
+        return next(iter(self.layers.values())).length if self.layers else 0
+
+
 @dataclass(frozen=True, slots=True)
 class ContextParallel:
     """What an attention needs to run over a sequence split across ranks."""
@@ -112,7 +183,12 @@ class Attention(nn.Module):
         with torch.device(self.inv_freq.device):
             self.inv_freq.copy_(rope_frequencies(self.cfg))
 
-    def forward(self, x_btd: torch.Tensor, positions_t: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        x_btd: torch.Tensor,
+        positions_t: torch.Tensor | None,
+        cache: LayerCache | None = None,
+    ) -> torch.Tensor:
         b, t, _ = x_btd.shape
         head_dim = self.cfg.head_dim
         if positions_t is None:  # here, not before: sequence parallelism gathered t just now
@@ -123,6 +199,10 @@ class Attention(nn.Module):
         q_bhte = apply_rope(self.wq(x_btd).view(b, t, -1, head_dim), cos_te, sin_te).transpose(1, 2)
         k_bkte = apply_rope(self.wk(x_btd).view(b, t, -1, head_dim), cos_te, sin_te).transpose(1, 2)
         v_bkte = self.wv(x_btd).view(b, t, -1, head_dim).transpose(1, 2)
+        if cache is not None:  # inference: no QK-clip tracking, no context parallelism
+            assert self.context is None, "a KV cache needs the whole sequence on one rank"
+            out_bhte = cache.attend(q_bhte, k_bkte, v_bkte)
+            return self.wo(out_bhte.transpose(1, 2).reshape(b, t, -1))
         if self.max_logit_h is not None:
             step_h = max_logits(q_bhte, k_bkte)
             seen = self.max_logit_h.numel() > 0
@@ -243,8 +323,16 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.mlp: nn.Module = MoE(cfg.dim, cfg.moe) if cfg.moe else SwiGLU(cfg.dim, cfg.mlp_dim)
 
-    def forward(self, x_btd: torch.Tensor, positions_t: torch.Tensor | None) -> torch.Tensor:
-        x_btd = x_btd + self.attention(self.attention_norm(x_btd), positions_t)
+    def forward(
+        self,
+        x_btd: torch.Tensor,
+        positions_t: torch.Tensor | None,
+        cache: LayerCache | None = None,
+    ) -> torch.Tensor:
+        if cache is None:
+            x_btd = x_btd + self.attention(self.attention_norm(x_btd), positions_t)
+        else:
+            x_btd = x_btd + self.attention(self.attention_norm(x_btd), positions_t, cache)
         return x_btd + self.mlp(self.mlp_norm(x_btd))
 
 
@@ -290,13 +378,40 @@ class Transformer(nn.Module):
             else:
                 nn.init.normal_(parameter, std=std)
 
-    def forward(self, x: torch.Tensor, positions_t: torch.Tensor | None = None) -> torch.Tensor:
+    def kv_cache(self, *, batch_size: int, capacity: int) -> KVCache:
+        """An empty KV cache for this model's blocks, on the device and in the dtype of its
+        parameters."""
+        parameter = next(self.parameters())
+        return KVCache(
+            self.cfg,
+            layers=list(self.blocks.keys()),
+            batch_size=batch_size,
+            capacity=capacity,
+            device=parameter.device,
+            dtype=parameter.dtype,
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions_t: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
         """Token ids ``[b, t]`` -> logits ``[b, t, v]``; a stage without the embedding takes the
         previous stage's hidden states instead, and one without the head returns its own.
-        ``positions_t``: each token's position in its sequence (None: 0..t-1)."""
+        ``positions_t``: each token's position in its sequence (None: 0..t-1). ``cache``
+        (inference only): the tokens follow the ``cache.length`` cached positions, take the
+        positions after them (``positions_t`` must be None) and are appended to the cache."""
         x_btd = self.embedding(x) if self.embedding is not None else x
-        for block in self.blocks.values():
-            x_btd = block(x_btd, positions_t)
+        if cache is not None:
+            assert positions_t is None, "with a KV cache, positions follow the cached ones"
+            start = cache.length
+            positions_t = torch.arange(start, start + x_btd.shape[1], device=x_btd.device)
+            for layer, block in self.blocks.items():
+                x_btd = block(x_btd, positions_t, cache.layers[layer])
+        else:
+            for block in self.blocks.values():
+                x_btd = block(x_btd, positions_t)
         if self.norm is None or self.output is None:
             return x_btd
         return self.output(self.norm(x_btd))

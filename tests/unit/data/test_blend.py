@@ -3,7 +3,7 @@ import os
 import numpy as np
 import pytest
 
-from goodput.data.blend import BlendSpec, build_blend, format_report, parse_file_list
+from goodput.data.blend import BlendSpec, blend_dir, build_blend, format_report, parse_file_list
 from goodput.data.loader import BlendedSamples
 from goodput.errors import GoodputError
 
@@ -133,3 +133,14 @@ def test_cached_blend_reports_at_the_asked_batch_size(three_corpora, tmp_path):
     assert again == first and manifest["report"]["batch_size"] == 64
     assert cached["report"]["batch_size"] == 1000
     assert cached["report"]["corpora"] != manifest["report"]["corpora"]
+
+
+@pytest.mark.parametrize(
+    "hostile", ["../../etc", "a" * 19, "ABCDEF0123456789ABCD", "0" * 20 + "/x", ""]
+)
+def test_a_fingerprint_from_outside_never_becomes_a_path(tmp_path, hostile):
+    with pytest.raises(GoodputError, match="is not hex"):
+        blend_dir(tmp_path, hostile)
+    assert (
+        blend_dir(tmp_path, "0123456789abcdef" * 4) == tmp_path / "blends" / "0123456789abcdef0123"
+    )

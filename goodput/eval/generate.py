@@ -1,0 +1,303 @@
+"""Text generation from a checkpoint, for a quick look at what a model has learned.
+
+Owns ``generate`` (a model and prompt ids -> new ids, with a KV cache), ``choose_token``
+(greedy or seeded top-p sampling), ``CachedDecoder`` (prefill, then one position per token) and
+``generate_from_checkpoint``, what ``goodput generate`` calls: find the checkpoint, load the
+whole model in this one process, find the tokenizer, generate.
+
+Decoding. The prompt runs once as a whole (prefill), filling the model's ``KVCache``; each new
+token then runs alone at the next position, so RoPE sees the positions a full forward would.
+Generation stops at the end-of-document token (not part of the result), after
+``max_new_tokens``, or when prompt plus new tokens fill ``model.max_seq_len``; ``stopped`` says
+which (``max_new_tokens`` when both limits are reached at once). Temperature 0 is argmax (ties:
+the lowest id); otherwise softmax(logits / T), cut to the smallest set of most likely tokens
+whose mass reaches ``top_p``, sampled with a ``torch.Generator`` seeded by ``seed``. Sampling
+runs on the CPU in fp32, so a seed gives the same tokens for the same logits on any device.
+A model vocabulary larger than the tokenizer's (padded) never yields the ids past it.
+
+Loading. ``CHECKPOINT`` is a ``step-N`` directory or a run directory, whose newest complete,
+undamaged checkpoint is taken as ``--resume auto`` takes it (``checkpoint.load.find_checkpoint``).
+Weights are read by ``train.convert.load_model_state``: complete and checksummed, no process
+group. The tokenizer is ``--tokenizer`` if given, else the one the run's blend pins: the
+checkpoint's ``train_state.json`` names the blend's fingerprint and its ``config.toml`` the
+blend cache (``[data] cache``), whose ``blend.json`` in ``blend.blend_dir`` (the layout of
+``data.blend.build_blend``) pins the tokenizer's path and sha256; a moved or changed file is
+refused with the fix, pass --tokenizer. Progress and warnings go to stderr; stdout carries
+only the result.
+
+It does not batch prompts, stream tokens, apply chat templates or run distributed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from goodput.checkpoint.load import find_checkpoint, read_checkpoint
+from goodput.data.blend import blend_dir
+from goodput.data.manifest import check_run_manifest, read_run_manifest
+from goodput.data.tokenizer import Tokenizer, load_tokenizer
+from goodput.errors import GoodputError
+from goodput.io import sha256_file
+from goodput.rundir import STEP_DIR, checkpoints_dir
+from goodput.train.convert import load_model_state, read_model_config, require_complete
+from goodput.train.device import detect_device_type, local_device
+from goodput.train.model import KVCache, Transformer
+from goodput.train.model_config import ModelConfig
+
+MAX_NEW_TOKENS = 65_536
+STOP_REASONS = ("eod", "max_new_tokens", "max_seq_len")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sampling:
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise GoodputError.usage(
+                "--temperature", f"{self.temperature} is not >= 0", "pass 0 (greedy) or more"
+            )
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+            raise GoodputError.usage(
+                "--top-p", f"{self.top_p} is not in (0, 1]", "pass a probability mass, e.g. 0.9"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Generation:
+    tokens: list[int]  # the new ids, without the end-of-document token
+    stopped: str  # one of STOP_REASONS
+
+
+class CachedDecoder:
+    """A model and its KV cache for one sequence of at most ``capacity`` positions: ``prefill``
+    the prompt once, then ``step`` one token at a time; each returns the fp32 logits ``[v]``
+    of the next position."""
+
+    def __init__(self, model: Transformer, capacity: int):
+        self.model = model
+        self.cache: KVCache = model.kv_cache(batch_size=1, capacity=capacity)
+        self.device = next(model.parameters()).device
+
+    def prefill(self, prompt_ids: list[int]) -> torch.Tensor:
+        assert self.cache.length == 0, "prefill starts an empty cache"
+        return self._forward(prompt_ids)
+
+    def step(self, token: int) -> torch.Tensor:
+        return self._forward([token])
+
+    def _forward(self, ids: list[int]) -> torch.Tensor:
+        tokens_bt = torch.tensor([ids], dtype=torch.long, device=self.device)
+        return self.model(tokens_bt, cache=self.cache)[0, -1].float()
+
+
+def choose_token(
+    logits_v: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
+) -> int:
+    """The next id: argmax at temperature 0, else a top-p sample (see the module docstring)."""
+    logits_v = logits_v.detach().float().cpu()
+    if sampling.temperature == 0:
+        return int(logits_v.argmax())
+    probs_v = torch.softmax(logits_v / sampling.temperature, dim=-1)
+    sorted_v, order_v = torch.sort(probs_v, descending=True, stable=True)
+    # Keep each token whose more likely predecessors hold less than top_p: the first always.
+    kept_v = (sorted_v.cumsum(0) - sorted_v) < sampling.top_p
+    kept_v[0] = True
+    choice = torch.multinomial(sorted_v * kept_v, 1, generator=generator)
+    return int(order_v[choice])
+
+
+@torch.inference_mode()
+def generate(
+    model: Transformer,
+    prompt_ids: list[int],
+    *,
+    max_new_tokens: int,
+    eod_id: int | None,
+    sampling: Sampling | None = None,
+    vocab_size: int | None = None,
+) -> Generation:
+    """Continue ``prompt_ids`` (see the module docstring). ``vocab_size``: ids at or past it
+    are never chosen (the tokenizer's vocabulary, when the model's is padded)."""
+    sampling = sampling or Sampling()
+    max_seq_len = model.cfg.max_seq_len
+    if not prompt_ids:
+        raise GoodputError.usage("--prompt", "encodes to no tokens", "pass a non-empty prompt")
+    if len(prompt_ids) > max_seq_len:
+        raise GoodputError.usage(
+            "--prompt",
+            f"is {len(prompt_ids)} tokens, more than the model's max_seq_len {max_seq_len}",
+            "shorten the prompt",
+        )
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise GoodputError.usage(
+            "--max-new-tokens", f"{max_new_tokens} is not in [1, {MAX_NEW_TOKENS}]", "pass fewer"
+        )
+    was_training = model.training
+    model.eval()
+    try:
+        return _decode(model, prompt_ids, max_new_tokens, eod_id, sampling, vocab_size)
+    finally:
+        model.train(was_training)
+
+
+def _decode(
+    model: Transformer,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    eod_id: int | None,
+    sampling: Sampling,
+    vocab_size: int | None,
+) -> Generation:
+    room = model.cfg.max_seq_len - len(prompt_ids)  # new tokens the context has space for
+    if room == 0:
+        return Generation(tokens=[], stopped="max_seq_len")
+    # The last new token is never fed back, so the cache needs one position less than that.
+    decoder = CachedDecoder(model, len(prompt_ids) + min(max_new_tokens, room) - 1)
+    generator = torch.Generator().manual_seed(sampling.seed)
+    new: list[int] = []
+    logits_v = decoder.prefill(prompt_ids)
+    while True:
+        if vocab_size is not None and vocab_size < logits_v.shape[0]:
+            logits_v[vocab_size:] = -math.inf
+        token = choose_token(logits_v, sampling, generator)
+        if token == eod_id:
+            return Generation(tokens=new, stopped="eod")
+        new.append(token)
+        if len(new) == max_new_tokens:
+            return Generation(tokens=new, stopped="max_new_tokens")
+        if len(new) == room:
+            return Generation(tokens=new, stopped="max_seq_len")
+        logits_v = decoder.step(token)
+
+
+def generate_from_checkpoint(
+    path: Path,
+    prompt: str,
+    *,
+    max_new_tokens: int,
+    sampling: Sampling,
+    tokenizer_path: Path | None = None,
+) -> dict[str, Any]:
+    """``goodput generate``: ``{"prompt", "completion", "tokens", "num_new_tokens",
+    "stopped"}`` of a checkpoint or run directory (see the module docstring)."""
+    if not prompt:
+        raise GoodputError.usage("--prompt", "is empty", "pass the text to continue")
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise GoodputError.usage(
+            "--max-new-tokens", f"{max_new_tokens} is not in [1, {MAX_NEW_TOKENS}]", "pass fewer"
+        )
+    with contextlib.redirect_stdout(sys.stderr):  # warnings of the checks; stdout is the result
+        directory = resolve_checkpoint(path)
+        tokenizer = (
+            load_tokenizer(tokenizer_path) if tokenizer_path else pinned_tokenizer(directory)
+        )
+        cfg = read_model_config(directory)
+        if tokenizer.vocab_size > cfg.vocab_size:
+            raise GoodputError.usage(
+                tokenizer.path,
+                f"the tokenizer's vocabulary ({tokenizer.vocab_size}) is larger than the "
+                f"model's ({cfg.vocab_size})",
+                "pass the tokenizer the model was trained with (--tokenizer)",
+            )
+        model = load_model(directory, cfg, local_device(detect_device_type(), 0))
+        print(f"generating from {directory}", flush=True)  # once loaded: errors stay one line
+    prompt_ids = tokenizer.encode_batch([prompt])[0]
+    result = generate(
+        model,
+        prompt_ids,
+        max_new_tokens=max_new_tokens,
+        eod_id=tokenizer.eod_id,
+        sampling=sampling,
+        vocab_size=tokenizer.vocab_size,
+    )
+    return {
+        "prompt": prompt,
+        "completion": tokenizer.decode(result.tokens),
+        "tokens": result.tokens,
+        "num_new_tokens": len(result.tokens),
+        "stopped": result.stopped,
+    }
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A checkpoint directory as it is; a run directory's newest complete, undamaged one."""
+    if not path.is_dir():
+        raise GoodputError.usage(
+            path,
+            "no such checkpoint or run directory",
+            "pass RUN/checkpoints/step-N or a run directory",
+        )
+    root = checkpoints_dir(path)
+    if root.is_dir():
+        directory = find_checkpoint(root, "auto")
+        if directory is None:
+            raise GoodputError.usage(
+                path,
+                "has no complete checkpoint",
+                "`goodput ckpt list RUN_DIR` shows its checkpoints; pass one that is complete",
+            )
+        return directory
+    if not STEP_DIR.fullmatch(path.name):
+        raise GoodputError.usage(
+            path,
+            "is neither a checkpoint directory (step-N) nor a run directory (with checkpoints/)",
+            "pass RUN/checkpoints/step-N or a run directory",
+        )
+    require_complete(path)
+    return path
+
+
+def load_model(directory: Path, cfg: ModelConfig, device: torch.device) -> Transformer:
+    """The whole model of a complete, intact checkpoint on ``device``, in eval mode."""
+    state = load_model_state(directory, cfg)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.allocate(device)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def pinned_tokenizer(directory: Path) -> Tokenizer:
+    """The tokenizer the blend of ``directory``'s run pins, if its file is where the blend
+    says and unchanged."""
+    fix = "pass the tokenizer file with --tokenizer"
+    saved, train_state = read_checkpoint(directory)
+    data = saved.get("data")
+    if train_state.get("model_only") or not isinstance(data, dict):
+        raise GoodputError.usage(
+            directory, "a model-only checkpoint names no data, hence no tokenizer", fix
+        )
+    fingerprint = train_state["loader"]["fingerprint"]
+    blend_file = blend_dir(Path(str(data.get("cache", ""))), fingerprint) / "blend.json"
+    if not blend_file.is_file():
+        raise GoodputError(blend_file, "the run's blend manifest is not there (moved?)", fix)
+    manifest = read_run_manifest(blend_file)
+    check_run_manifest(blend_file, manifest)
+    if manifest["fingerprint"] != fingerprint:
+        raise GoodputError(blend_file, "is not the blend this checkpoint was trained on", fix)
+    pinned = manifest["tokenizer"]
+    if not pinned:
+        raise GoodputError(
+            blend_file,
+            "pins no tokenizer (its shards were not made by `goodput data tokenize`)",
+            fix,
+        )
+    tokenizer_file = Path(pinned["path"])
+    if not tokenizer_file.is_file():
+        raise GoodputError(tokenizer_file, "the tokenizer the blend pins is missing (moved?)", fix)
+    # Hashed before it is parsed: a changed file may not parse, and that is not the news.
+    if sha256_file(tokenizer_file) != pinned["sha256"]:
+        raise GoodputError(
+            tokenizer_file, "the tokenizer file changed since the blend pinned it", fix
+        )
+    return load_tokenizer(tokenizer_file, pinned["kind"])
