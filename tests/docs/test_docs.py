@@ -88,3 +88,13 @@ def test_the_readme_quick_starts_run_as_written(tmp_path):
     metrics = (tmp_path / "demo" / "run-mano" / "metrics.jsonl").read_text().splitlines()
     losses = [json.loads(record)["loss"] for record in metrics]
     assert len(losses) == 40 and losses[-1] < losses[0] - 1
+    # docs/evals.md's example: the quick start's run continues a prompt.
+    lines = command_lines((REPO / "docs" / "evals.md").read_text())
+    (line,) = [line for line in lines if line.startswith("goodput ")]
+    result = subprocess.run(
+        ["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
+    generated = json.loads(result.stdout)
+    assert generated["prompt"] == "def main(" and generated["num_new_tokens"] <= 16
+    assert generated["stopped"] in ("eod", "max_new_tokens")
