@@ -36,10 +36,17 @@ def register(groups: Subparsers) -> None:
         "export-hf",
         _export_hf,
         "write a complete checkpoint as a HuggingFace LlamaForCausalLM folder "
-        "(config.json + model.safetensors, fp32); dense models only",
+        "(config.json + model.safetensors, fp32) with the tokenizer the run pinned, for "
+        "transformers.AutoTokenizer; dense models only",
     )
     sub.add_argument("step_dir", type=Path, help="a checkpoint directory, RUN/checkpoints/step-N")
     sub.add_argument("out_dir", type=Path, help="the folder to create (must not hold anything)")
+    sub.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="the tokenizer file to include (.model or tokenizer.json) instead of the one the "
+        "run's blend pins; needed for model-only checkpoints",
+    )
 
     sub = add_command(
         commands,
@@ -84,7 +91,8 @@ def _list(args: argparse.Namespace) -> ExitCode:
 def _export_hf(args: argparse.Namespace) -> ExitCode:
     from goodput.train.convert import export_hf
 
-    print(f"{export_hf(args.step_dir, args.out_dir)}: HuggingFace Llama folder written")
+    out_dir = export_hf(args.step_dir, args.out_dir, args.tokenizer)
+    print(f"{out_dir}: HuggingFace Llama folder written")
     return ExitCode.OK
 
 

@@ -39,15 +39,13 @@ from typing import Any
 
 import torch
 
-from goodput.checkpoint.load import find_checkpoint, read_checkpoint
-from goodput.data.blend import blend_dir
-from goodput.data.manifest import check_run_manifest, read_run_manifest
-from goodput.data.tokenizer import Tokenizer, load_tokenizer
+from goodput.checkpoint.load import find_checkpoint
+from goodput.data.tokenizer import load_tokenizer
 from goodput.errors import GoodputError
-from goodput.io import sha256_file
 from goodput.rundir import STEP_DIR, checkpoints_dir
 from goodput.train.convert import load_model_state, read_model_config, require_complete
 from goodput.train.device import detect_device_type, local_device
+from goodput.train.hf_tokenizer import pinned_tokenizer
 from goodput.train.model import KVCache, Transformer
 from goodput.train.model_config import ModelConfig
 
@@ -265,39 +263,3 @@ def load_model(directory: Path, cfg: ModelConfig, device: torch.device) -> Trans
     model.allocate(device)
     model.load_state_dict(state)
     return model.eval()
-
-
-def pinned_tokenizer(directory: Path) -> Tokenizer:
-    """The tokenizer the blend of ``directory``'s run pins, if its file is where the blend
-    says and unchanged."""
-    fix = "pass the tokenizer file with --tokenizer"
-    saved, train_state = read_checkpoint(directory)
-    data = saved.get("data")
-    if train_state.get("model_only") or not isinstance(data, dict):
-        raise GoodputError.usage(
-            directory, "a model-only checkpoint names no data, hence no tokenizer", fix
-        )
-    fingerprint = train_state["loader"]["fingerprint"]
-    blend_file = blend_dir(Path(str(data.get("cache", ""))), fingerprint) / "blend.json"
-    if not blend_file.is_file():
-        raise GoodputError(blend_file, "the run's blend manifest is not there (moved?)", fix)
-    manifest = read_run_manifest(blend_file)
-    check_run_manifest(blend_file, manifest)
-    if manifest["fingerprint"] != fingerprint:
-        raise GoodputError(blend_file, "is not the blend this checkpoint was trained on", fix)
-    pinned = manifest["tokenizer"]
-    if not pinned:
-        raise GoodputError(
-            blend_file,
-            "pins no tokenizer (its shards were not made by `goodput data tokenize`)",
-            fix,
-        )
-    tokenizer_file = Path(pinned["path"])
-    if not tokenizer_file.is_file():
-        raise GoodputError(tokenizer_file, "the tokenizer the blend pins is missing (moved?)", fix)
-    # Hashed before it is parsed: a changed file may not parse, and that is not the news.
-    if sha256_file(tokenizer_file) != pinned["sha256"]:
-        raise GoodputError(
-            tokenizer_file, "the tokenizer file changed since the blend pinned it", fix
-        )
-    return load_tokenizer(tokenizer_file, pinned["kind"])

@@ -3,6 +3,7 @@ corpus: shared by tests and benchmarks."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -101,3 +102,46 @@ def tiny_run_config(directory: Path) -> RunConfig:
         schedule=ScheduleConfig(lr=1e-2, warmup_steps=2),
         parallel=ParallelConfig(precision="fp32"),
     )
+
+
+TOKENIZED_WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+def tokenized_run_config(directory: Path) -> tuple[RunConfig, Path]:
+    """``tiny_run_config`` on shards tokenized with a real 300-piece SentencePiece model (the
+    blend pins it), the model's vocabulary (320) padded past the tokenizer's; and the
+    tokenizer file. For what reads a run's tokenizer back (generation, HF export)."""
+    from goodput.data import tokenize
+    from goodput.data.tokenizer import train_sentencepiece
+
+    corpus = directory / "corpus"
+    corpus.mkdir()
+    rng = np.random.default_rng(0)
+    words = TOKENIZED_WORDS
+    docs = [" ".join(rng.choice(words, size=rng.integers(5, 40))) + "\n" for _ in range(150)]
+    (corpus / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    tokenizer = train_sentencepiece([corpus / "docs.jsonl"], 300, directory / "tok.model")
+    shards = directory / "shards"
+    job = tokenize.TokenizeJob(
+        inputs=[corpus],
+        tokenizer=tokenizer,
+        tokenizer_kind=None,
+        output=shards,
+        name="docs",
+        num_workers=1,
+        shard_size_mb=64,
+        text_field="text",
+        pack_seq_len=None,
+    )
+    manifest = tokenize.run(job)
+    assert manifest is not None
+    file_list = directory / "list.txt"
+    file_list.write_text("".join(f"1.0 {shards / s['shard']} docs\n" for s in manifest["shards"]))
+    (directory / "tiny").mkdir()
+    cfg = tiny_run_config(directory / "tiny")
+    cfg = replace(
+        cfg,
+        model=replace(cfg.model, vocab_size=320),
+        data=replace(cfg.data, file_list=str(file_list)),
+    )
+    return cfg, tokenizer

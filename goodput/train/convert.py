@@ -44,6 +44,7 @@ from goodput.checkpoint.checksums import (
 from goodput.checkpoint.load import load_tensors
 from goodput.checkpoint.metadata import read_metadata
 from goodput.config import load_section, to_toml
+from goodput.data.tokenizer import Tokenizer, load_tokenizer
 from goodput.errors import GoodputError, from_exception
 from goodput.io import (
     DIR_MODE,
@@ -57,6 +58,7 @@ from goodput.io import (
 )
 from goodput.rundir import CONFIG, LATEST, TRAIN_STATE, checkpoints_dir, step_dir
 from goodput.train import hf
+from goodput.train.hf_tokenizer import find_pinned_tokenizer, write_hf_tokenizer
 from goodput.train.model import Transformer
 from goodput.train.model_config import ModelConfig
 
@@ -196,8 +198,9 @@ def model_config_toml(cfg: ModelConfig) -> str:
     return to_toml(ModelOnlyConfig(model=cfg))
 
 
-def export_hf(directory: Path, out_dir: Path) -> Path:
-    """A complete checkpoint as an HF ``LlamaForCausalLM`` folder (fp32 safetensors)."""
+def export_hf(directory: Path, out_dir: Path, tokenizer_path: Path | None = None) -> Path:
+    """A complete checkpoint as an HF ``LlamaForCausalLM`` folder (fp32 safetensors) with the
+    tokenizer: ``tokenizer_path``, else the one the run pinned (``hf_tokenizer``)."""
     from safetensors.torch import save_file
 
     require_complete(directory)
@@ -209,6 +212,7 @@ def export_hf(directory: Path, out_dir: Path) -> Path:
             "export dense models only; `goodput ckpt to-torch` writes MoE weights",
         )
     _require_empty(out_dir)
+    tokenizer = _export_tokenizer(directory, tokenizer_path, cfg)
     print(f"reading {directory}", flush=True)
     state = load_model_state(directory, cfg, torch.float32)
     print("converting to HF Llama names and RoPE layout", flush=True)
@@ -216,8 +220,29 @@ def export_hf(directory: Path, out_dir: Path) -> Path:
     with _staged_dir(out_dir) as staging:
         print(f"writing {out_dir}", flush=True)
         save_file(tensors, str(staging / HF_WEIGHTS), metadata={"format": "pt"})
-        (staging / HF_CONFIG).write_text(json.dumps(hf.hf_config(cfg), indent=2) + "\n")
+        config = hf.hf_config(cfg)
+        if tokenizer is not None:
+            config.update(write_hf_tokenizer(tokenizer, staging, cfg.max_seq_len))
+        (staging / HF_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     return out_dir
+
+
+def _export_tokenizer(
+    directory: Path, tokenizer_path: Path | None, cfg: ModelConfig
+) -> Tokenizer | None:
+    """The tokenizer to export; None (with a warning) where the run's data pinned none."""
+    found = load_tokenizer(tokenizer_path) if tokenizer_path else find_pinned_tokenizer(directory)
+    if isinstance(found, GoodputError):
+        print(f"warning: {found.what}; writing the weights only ({found.fix} to include one)")
+        return None
+    if found.vocab_size > cfg.vocab_size:
+        raise GoodputError.usage(
+            found.path,
+            f"the tokenizer's vocabulary ({found.vocab_size}) is larger than the model's "
+            f"({cfg.vocab_size})",
+            "pass the tokenizer the model was trained with (--tokenizer)",
+        )
+    return found
 
 
 def import_hf(hf_dir: Path, run_dir: Path) -> Path:

@@ -6,18 +6,16 @@ import json
 import shutil
 from dataclasses import replace
 
-import numpy as np
 import pytest
 import torch
 
 from goodput import cli
 from goodput.commands import generate as generate_command
-from goodput.data import tokenize
-from goodput.data.tokenizer import load_tokenizer, train_sentencepiece
+from goodput.data.tokenizer import load_tokenizer
 from goodput.errors import GoodputError
 from goodput.eval import generate as gen
 from goodput.eval.generate import CachedDecoder, Sampling, choose_token, generate
-from goodput.testing.tiny import TINY_MODEL, tiny_run_config
+from goodput.testing.tiny import TINY_MODEL, tokenized_run_config
 from goodput.train.convert import load_model_state, read_model_config, write_model_only_checkpoint
 from goodput.train.loop import train
 from goodput.train.model import Transformer
@@ -200,42 +198,15 @@ def test_the_commands_bound_is_the_generators():
 
 # --- goodput generate end to end -------------------------------------------------------------
 
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
-
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A tiny run trained on shards tokenized with a real SentencePiece model: its blend pins
     the tokenizer. The model's vocabulary (320) is padded past the tokenizer's (300)."""
     root = tmp_path_factory.mktemp("generate")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    rng = np.random.default_rng(0)
-    docs = [" ".join(rng.choice(WORDS, size=rng.integers(5, 40))) + "\n" for _ in range(150)]
-    (corpus / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
-    tokenizer = train_sentencepiece([corpus / "docs.jsonl"], 300, root / "tok.model")
-    shards = root / "shards"
-    job = tokenize.TokenizeJob(
-        inputs=[corpus],
-        tokenizer=tokenizer,
-        tokenizer_kind=None,
-        output=shards,
-        name="docs",
-        num_workers=1,
-        shard_size_mb=64,
-        text_field="text",
-        pack_seq_len=None,
-    )
-    manifest = tokenize.run(job)
-    assert manifest is not None
-    file_list = root / "list.txt"
-    file_list.write_text("".join(f"1.0 {shards / s['shard']} docs\n" for s in manifest["shards"]))
-    (root / "tiny").mkdir()
-    cfg = tiny_run_config(root / "tiny")
+    cfg, tokenizer = tokenized_run_config(root)
     cfg = replace(
         cfg,
-        model=replace(cfg.model, vocab_size=320),
-        data=replace(cfg.data, file_list=str(file_list)),
         checkpoint=replace(cfg.checkpoint, interval_steps=4, async_save=False),
     )
     train(cfg)
