@@ -1,9 +1,9 @@
 """``make bench``: every benchmark, each ours against its named baseline in one run.
 
 ``python -m benchmarks NAME ...`` runs only the named ones (``tokenize``, ``blend``, ``train``,
-``checkpoint``, ``launch``, ``chaos``, ``layouts``, ``ring``, ``moe``, ``optim``); no names:
-all. Figures are printed and also written to ``bench-out/results.json`` for the README; a run of
-some benchmarks replaces only their entries there, keeping the others'.
+``checkpoint``, ``launch``, ``chaos``, ``layouts``, ``ring``, ``moe``, ``optim``, ``eval``); no
+names: all. Figures are printed and also written to ``bench-out/results.json`` for the README; a
+run of some benchmarks replaces only their entries there, keeping the others'.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from benchmarks import (
     bench_blend,
     bench_chaos,
     bench_checkpoint,
+    bench_eval,
     bench_launch,
     bench_layouts,
     bench_moe,
@@ -41,6 +42,7 @@ BENCHMARKS: dict[str, Callable[[], Any]] = {
     "ring": bench_ring.main,
     "moe": bench_moe.main,
     "optim": bench_optim.main,
+    "eval": bench_eval.main,
 }
 RESULTS = Path("bench-out/results.json")
 

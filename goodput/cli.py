@@ -22,7 +22,9 @@ from goodput import __version__
 from goodput.errors import ExitCode, from_exception
 
 # In the order `goodput --help` lists them; each names its module in goodput.commands.
-GROUPS = tuple("data model plan train ckpt generate launch broadcast submit chaos diagnose".split())
+GROUPS = tuple(
+    "data model plan train ckpt generate eval launch broadcast submit chaos diagnose".split()
+)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

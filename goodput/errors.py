@@ -18,6 +18,7 @@ class ExitCode(enum.IntEnum):
     OK = 0
     ERROR = 1
     USAGE = 2  # bad command line or config
+    NOT_LEARNING = 3  # the eval gate stopped the run ([eval] stop_on_alarm)
     IDLE_TIMEOUT = 124  # stdout-idle watchdog fired
     INTERRUPTED = 130  # SIGINT / Ctrl-C
     TERMINATED = 143  # SIGTERM, usually the scheduler's walltime

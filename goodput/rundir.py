@@ -9,6 +9,7 @@ which never imports torch, spells the names from here too.
       config.toml            the resolved run config, written by rank 0 at start
       run.json               what produced the run; its presence makes a folder a run directory
       metrics.jsonl          one JSON line per step (rank 0), appended
+      evals.jsonl            one JSON line per eval metric (the loop's evals, goodput eval)
       heartbeat              {"step": N, "time": T}, replaced every step: the launcher's progress
       tensorboard/           the same scalars as event files
       attempts.jsonl         one line per launch attempt (goodput launch --run-dir)
@@ -41,6 +42,7 @@ from goodput.io import is_complete
 CONFIG = "config.toml"
 RUN_RECORD = "run.json"
 METRICS = "metrics.jsonl"
+EVALS = "evals.jsonl"
 HEARTBEAT = "heartbeat"
 # goodput launch names the heartbeat file it reads here; rank 0 of goodput train keeps that file
 # too, so the launcher sees progress whatever train.run_dir is and wherever the step lines go.

@@ -137,6 +137,14 @@ def register(groups: Subparsers) -> None:
         default=256,
         help="batch size for the per-batch mixture deviation in the report",
     )
+    sub.add_argument(
+        "--holdout-samples",
+        type=argtypes.non_negative_int,
+        default=0,
+        metavar="N",
+        help="hold N samples of every corpus out of training, for evaluation (as [eval] "
+        "holdout_samples; default 0)",
+    )
     sub.add_argument("--json", action="store_true", help="print the run manifest as JSON")
 
     sub = add_command(
@@ -220,6 +228,7 @@ def _blend(args: argparse.Namespace) -> ExitCode:
         num_samples=args.num_samples,
         seed=args.seed,
         cache=args.cache,
+        holdout_samples=args.holdout_samples,
         on_exhausted=args.on_exhausted,
         report_batch_size=args.report_batch_size,
     )

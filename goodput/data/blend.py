@@ -11,7 +11,11 @@ nothing more:
   row ``s`` is sample ``s``. Its ``sha256.json`` lets a later blend reuse it only intact.
 * **corpus**: all samples of a corpus's files in one seeded permutation per epoch, so files are
   mixed in proportion to their token counts. Only the prefix the run needs is stored; a longer
-  run's extends it.
+  run's extends it. With ``holdout_samples = h`` (``[eval] holdout_samples``), ``h`` samples of
+  every corpus, drawn by a seed of their own (``heldout_samples``), are left out of every epoch
+  and saved as ``heldout_NNNN.npy``: the in-loop eval's held-out set, never a training sample.
+  Samples are windows of the shuffled document stream, so a held-out window shares its edge
+  documents (and one token) with its training neighbours; whole documents are not held out.
 * **blend** (``build_blend_index``): for every global sample, its corpus and its running number
   in that corpus, interleaved so that every prefix — hence every global batch — is within one
   sample of ``weight × n`` for each corpus.
@@ -48,6 +52,7 @@ from goodput.data.file_list import FileListEntry, corpus_weights, listed_twice, 
 from goodput.data.index_files import (
     SHARD_INDEX_SHA256,
     corpus_order_name,
+    heldout_name,
     index_files,
     reuse_shard_index,
     save_array,
@@ -74,6 +79,8 @@ from goodput.io import fsync_dir, is_complete, sha256_file, write_json, write_ma
 __all__ = ["build_blend_index", "parse_file_list", "BlendSpec", "build_blend", "FileListEntry"]
 
 ON_EXHAUSTED = ("repeat", "error")
+MAX_HELDOUT = 1 << 20  # held-out samples per corpus: an eval set, not a second corpus
+HELDOUT_STREAM = 1 << 62  # the held-out draw's seed word, beyond any epoch number
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +92,7 @@ class BlendSpec:
     cache: Path  # the blend cache ([data] cache): blends/ and the per-shard file indices
     on_exhausted: str = "repeat"
     report_batch_size: int = 256
+    holdout_samples: int = 0  # per corpus, left out of training for evaluation
 
 
 def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
@@ -105,6 +113,12 @@ def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
         raise GoodputError.usage(
             "--num-samples", f"{spec.num_samples:,} is above {MAX_SAMPLES:,}", "pass fewer"
         )
+    if not 0 <= spec.holdout_samples <= MAX_HELDOUT:
+        raise GoodputError.usage(
+            "holdout samples",
+            f"{spec.holdout_samples:,} is not in [0, {MAX_HELDOUT:,}]",
+            "hold out fewer samples per corpus",
+        )
     check_output_dir(spec.cache, "--cache")
     entries = parse_file_list(spec.file_list)
     weights = corpus_weights(entries, spec.file_list)
@@ -119,6 +133,8 @@ def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
         "num_samples": spec.num_samples,
         "on_exhausted": spec.on_exhausted,
     }
+    if spec.holdout_samples:  # absent when 0: a blend without one keeps its fingerprint
+        pinned["holdout_samples"] = spec.holdout_samples
     blend_fingerprint, components = fingerprint(pinned)
     final = blend_dir(spec.cache, blend_fingerprint)
     if is_complete(final):
@@ -203,12 +219,21 @@ def _build_into(final: Path, pinned: dict[str, Any], spec: BlendSpec) -> dict[st
         weights = np.array([w for _, w in pinned["weights"]])
         corpus_index, sample_index = build_blend_index(weights, spec.num_samples)
         report = _mixture_report(pinned, corpus_index, spec.report_batch_size)
+        rows = report["corpora"]
+        heldouts = [
+            heldout_samples(row["corpus"], row["available"], row["heldout"], spec.seed)
+            for row in rows
+        ]
         _refuse_exhausted(report, spec)
         save_array(tmp / "corpus_index.npy", corpus_index)
         save_array(tmp / "sample_index.npy", sample_index)
-        for c, row in enumerate(report["corpora"]):
-            order = corpus_order(row["corpus"], row["available"], row["samples"], spec.seed)
+        for c, (row, heldout) in enumerate(zip(rows, heldouts, strict=True)):
+            order = corpus_order(
+                row["corpus"], row["available"], row["samples"], spec.seed, heldout
+            )
             save_array(tmp / corpus_order_name(c), order)
+            if len(heldout):
+                save_array(tmp / heldout_name(c), heldout)
         manifest = {**pinned, "report": report}
         files = index_files(tmp, manifest)
         manifest["index_sha256"] = {key: sha256_file(file.path) for key, file in files.items()}
@@ -257,21 +282,52 @@ def build_file_index(shard: dict[str, Any], seed: int, cache: Path) -> None:
     write_marker(directory)
 
 
-def corpus_order(corpus: str, available: int, needed: int, seed: int) -> np.ndarray:
-    """The first ``needed`` samples of a corpus: one fresh seeded permutation per epoch, seeded
-    by the epoch alone, so a larger ``needed`` extends a smaller one (a lengthened run's
-    resume relies on it and checks it: ``goodput.data.prefix``)."""
-    if needed and not available:
+def corpus_order(
+    corpus: str, available: int, needed: int, seed: int, heldout: np.ndarray | None = None
+) -> np.ndarray:
+    """The first ``needed`` samples of a corpus: one fresh seeded permutation per epoch of the
+    samples not ``heldout`` (sorted sample numbers), seeded by the epoch alone, so a larger
+    ``needed`` extends a smaller one (a lengthened run's resume relies on it and checks it:
+    ``goodput.data.prefix``). With nothing held out, epoch ``e`` is the permutation itself."""
+    held = np.zeros(0, np.int64) if heldout is None else np.asarray(heldout, np.int64)
+    pool = available - len(held)
+    if needed and pool < 1:
         raise GoodputError(
-            corpus, "corpus has no complete sample", "add data to it or lower --seq-len"
+            corpus,
+            f"corpus has no complete sample to train on ({available:,} in all, "
+            f"{len(held):,} held out)",
+            "add data to it, lower --seq-len or hold out fewer samples",
         )
     dtype = np.uint32 if available <= np.iinfo(np.uint32).max else np.int64
-    corpus_key = int(hashlib.sha256(corpus.encode()).hexdigest()[:16], 16)
+    # The i-th training sample's number: i plus the held-out numbers at or below it
+    # (held[j] - j counts the training samples before held[j]).
+    gaps = held - np.arange(len(held))
     epochs = []
-    for epoch in range(-(-needed // available) if needed else 0):
-        rng = np.random.default_rng([seed, corpus_key, epoch])
-        epochs.append(rng.permutation(available).astype(dtype))
+    for epoch in range(-(-needed // pool) if needed else 0):
+        rng = np.random.default_rng([seed, _corpus_key(corpus), epoch])
+        ranks = rng.permutation(pool)
+        epochs.append((ranks + np.searchsorted(gaps, ranks, side="right")).astype(dtype))
     return np.concatenate(epochs)[:needed] if epochs else np.zeros(0, dtype)
+
+
+def heldout_samples(corpus: str, available: int, count: int, seed: int) -> np.ndarray:
+    """The ``count`` sample numbers of a corpus held out of training, sorted: drawn without
+    replacement by a generator of their own (no epoch's), so they do not depend on the run's
+    length."""
+    if not count:
+        return np.zeros(0, np.int64)
+    if count >= available:
+        raise GoodputError(
+            corpus,
+            f"corpus holds {available:,} samples; holding out {count:,} leaves none to train on",
+            "hold out fewer samples per corpus ([eval] holdout_samples) or add data",
+        )
+    rng = np.random.default_rng([seed, _corpus_key(corpus), HELDOUT_STREAM])
+    return np.sort(rng.choice(available, count, replace=False)).astype(np.int64)
+
+
+def _corpus_key(corpus: str) -> int:
+    return int(hashlib.sha256(corpus.encode()).hexdigest()[:16], 16)
 
 
 FINGERPRINT = re.compile(r"[0-9a-f]{20,64}")
@@ -306,10 +362,12 @@ def _mixture_report(
     weights = np.array([w for _, w in manifest["weights"]])
     deviation = max_batch_deviation(corpus_index, weights, batch_size)
     needed = np.bincount(corpus_index, minlength=len(names))
+    heldout = manifest.get("holdout_samples", 0)
     rows = []
     for c, name in enumerate(names):
         files = [s for s in manifest["shards"] if s["corpus"] == name]
         available = sum(s["num_samples"] for s in files)
+        trainable = available - heldout
         rows.append(
             {
                 "corpus": name,
@@ -318,7 +376,8 @@ def _mixture_report(
                 "worst_batch_deviation": float(deviation[c]),
                 "samples": int(needed[c]),
                 "available": int(available),
-                "epochs": float(needed[c] / available) if available else math.inf,
+                "heldout": heldout,
+                "epochs": float(needed[c] / trainable) if trainable > 0 else math.inf,
                 "files": len(files),
             }
         )
@@ -342,7 +401,12 @@ def format_report(blend_dir: Path, manifest: dict[str, Any]) -> str:
     lines = [
         f"blend {blend_dir}",
         f"  {manifest['num_samples']:,} samples of {manifest['seq_len'] + 1} tokens, "
-        f"seed {manifest['seed']}, fingerprint {manifest['fingerprint'][:16]}",
+        f"seed {manifest['seed']}, fingerprint {manifest['fingerprint'][:16]}"
+        + (
+            f", {manifest['holdout_samples']:,} held out per corpus"
+            if "holdout_samples" in manifest
+            else ""
+        ),
         f"  {'corpus':<20} {'target':>8} {'achieved':>9} "
         f"{'worst dev/batch':>16} {'epochs':>8} {'files':>6}",
         f"  {'':<20} {'':>8} {'':>9} {'(B=' + str(report['batch_size']) + ')':>16}",

@@ -1,13 +1,14 @@
 """The ``.npy`` index arrays a blend reads: where they live, how they are saved, read and checked.
 
 A blend reads, besides its shards, in its own folder ``corpus_index.npy`` (int16: the corpus of
-every sample), ``sample_index.npy`` (int64: its running number in that corpus) and one
-``corpus_NNNN.npy`` per corpus (uint32 or int64: the corpus's sample order); and for each shard
-that is not packed, in the cache's ``files/<sha256>-seed<S>/``, ``document_order.npy`` and
-``document_starts.npy`` (int64), with their checksums in ``sha256.json`` beside them (they are
-shared by every blend of the shard, and a later blend must not pin a damaged one). ``index_files``
-lists them all with the dtype and length the run manifest implies, keyed as ``blend.json``'s
-``index_sha256`` records their checksums.
+every sample), ``sample_index.npy`` (int64: its running number in that corpus), one
+``corpus_NNNN.npy`` per corpus (uint32 or int64: the corpus's sample order) and, when it holds
+samples out for evaluation, one ``heldout_NNNN.npy`` per corpus (int64: the held-out sample
+numbers); and for each shard that is not packed, in the cache's ``files/<sha256>-seed<S>/``,
+``document_order.npy`` and ``document_starts.npy`` (int64), with their checksums in
+``sha256.json`` beside them (they are shared by every blend of the shard, and a later blend must
+not pin a damaged one). ``index_files`` lists them all with the dtype and length the run
+manifest implies, keyed as ``blend.json``'s ``index_sha256`` records their checksums.
 
 Invariants: saving is atomic. Loading never unpickles (``allow_pickle=False``): the ``.npy``
 header is parsed first, and anything but a 1-D array of an expected dtype and length, with the
@@ -68,6 +69,10 @@ def corpus_order_name(corpus: int) -> str:
     return f"corpus_{corpus:04d}.npy"
 
 
+def heldout_name(corpus: int) -> str:
+    return f"heldout_{corpus:04d}.npy"
+
+
 def index_files(blend_dir: Path, manifest: dict[str, Any]) -> dict[str, IndexFile]:
     """Every index array the blend of ``manifest`` reads; keys are file names in the blend
     directory, and ``files/<folder>/<name>`` for per-shard arrays in the cache."""
@@ -79,6 +84,9 @@ def index_files(blend_dir: Path, manifest: dict[str, Any]) -> dict[str, IndexFil
     for c, row in enumerate(manifest["report"]["corpora"]):
         name = corpus_order_name(c)
         files[name] = IndexFile(blend_dir / name, (UINT32, INT64), row["samples"])
+        if manifest.get("holdout_samples"):
+            held = heldout_name(c)
+            files[held] = IndexFile(blend_dir / held, (INT64,), manifest["holdout_samples"])
     cache = cache_of(blend_dir)
     for shard in manifest["shards"]:
         if shard["packed"]:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from goodput.data import schema
-from goodput.data.index_files import corpus_order_name, file_index_key
+from goodput.data.index_files import corpus_order_name, file_index_key, heldout_name
 from goodput.data.manifest import changed_components, open_blend
 from goodput.data.prefix import PrefixDigest
 from goodput.data.shards import ShardReader
@@ -37,7 +37,8 @@ CHECKPOINT_STATE = "checkpoint data state"  # where a bad field is
 
 
 class BlendedSamples:
-    """Sample ``i`` of a blend as ``seq_len + 1`` int64 tokens."""
+    """Sample ``i`` of a blend as ``seq_len + 1`` int64 tokens; and the held-out samples of each
+    corpus (``heldout``), when the blend holds some out."""
 
     def __init__(self, blend_dir: str | Path, *, hash_index: bool = True):
         self.directory = Path(blend_dir)
@@ -46,7 +47,12 @@ class BlendedSamples:
         self.corpus_index = arrays["corpus_index.npy"]
         self.sample_index = arrays["sample_index.npy"]
         names = [name for name, _ in self.manifest["weights"]]
+        self.corpus_names: list[str] = names
         self.corpus_orders = [arrays[corpus_order_name(c)] for c in range(len(names))]
+        self.heldout_numbers = [
+            _heldout_numbers(self.directory, arrays, c, row["available"])
+            for c, row in enumerate(self.manifest["report"]["corpora"])
+        ]
         self.files: list[list[_File]] = [[] for _ in names]
         self.file_starts: list[np.ndarray] = []
         for shard in self.manifest["shards"]:
@@ -62,7 +68,15 @@ class BlendedSamples:
 
     def __getitem__(self, i: int) -> np.ndarray:
         corpus = int(self.corpus_index[i])
-        within = int(self.corpus_orders[corpus][int(self.sample_index[i])])
+        return self._corpus_sample(
+            corpus, int(self.corpus_orders[corpus][int(self.sample_index[i])])
+        )
+
+    def heldout(self, corpus: int, k: int) -> np.ndarray:
+        """The ``k``-th held-out sample of corpus number ``corpus`` (``corpus_names``)."""
+        return self._corpus_sample(corpus, int(self.heldout_numbers[corpus][k]))
+
+    def _corpus_sample(self, corpus: int, within: int) -> np.ndarray:
         starts = self.file_starts[corpus]
         f = int(np.searchsorted(starts, within, side="right")) - 1
         return self.files[corpus][f].sample(within - int(starts[f]), self.seq_len)
@@ -78,6 +92,26 @@ class BlendedSamples:
             chosen = corpora == corpus
             within[chosen] = self.corpus_orders[corpus][numbers[chosen]]
         return corpora.astype("<i2").tobytes() + within.tobytes()
+
+
+def _heldout_numbers(
+    directory: Path, arrays: dict[str, np.ndarray], corpus: int, available: int
+) -> np.ndarray:
+    """A corpus's held-out sample numbers (none when the blend holds none out), checked to be
+    distinct, sorted numbers of its samples: the index only the loop's eval reads."""
+    name = heldout_name(corpus)
+    if name not in arrays:
+        return np.zeros(0, np.int64)
+    numbers = np.asarray(arrays[name])
+    if len(numbers) and (
+        numbers[0] < 0 or numbers[-1] >= available or (np.diff(numbers) <= 0).any()
+    ):
+        raise GoodputError(
+            directory / name,
+            f"is not a sorted list of distinct sample numbers below {available:,}",
+            "delete the blend directory; the next start rebuilds it",
+        )
+    return numbers
 
 
 class _File:

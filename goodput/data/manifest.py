@@ -41,6 +41,8 @@ FINGERPRINTED = (
     "on_exhausted",
     "format",
 )
+# Fingerprinted when present: absent, the blend is one built before it existed (or with none).
+FINGERPRINTED_IF_SET = ("holdout_samples",)
 
 
 def manifest_path(directory: Path, name: str) -> Path:
@@ -91,6 +93,11 @@ def _check_consistent(path: Path, manifest: dict[str, Any]) -> None:
         available[shard["corpus"]] += shard["num_samples"]
     if [row["available"] for row in rows] != list(available.values()):
         raise _inconsistent(path, "the report's available samples are not the shards' sum")
+    if "holdout_samples" in manifest:
+        schema.check(path, manifest["holdout_samples"], schema.POSITIVE, "holdout_samples")
+        held = manifest["holdout_samples"]
+        if any(row.get("heldout") != held or row["available"] <= held for row in rows):
+            raise _inconsistent(path, "the report's held-out samples are not holdout_samples")
 
 
 def shard_samples(shard: dict[str, Any], seq_len: int) -> int:
@@ -153,7 +160,8 @@ def check_shard(prefix: Path, sha256_bin: str, sha256_idx: str) -> list[str]:
 
 def fingerprint(pinned: dict[str, Any]) -> tuple[str, dict[str, str]]:
     """(fingerprint, per-component hashes) of the fingerprinted fields of a run manifest."""
-    components = {key: sha256_json(_content(key, pinned[key]))[:16] for key in FINGERPRINTED}
+    keys = [*FINGERPRINTED, *(key for key in FINGERPRINTED_IF_SET if key in pinned)]
+    components = {key: sha256_json(_content(key, pinned[key]))[:16] for key in keys}
     return sha256_json(components), components
 
 

@@ -1,15 +1,17 @@
 """Text generation from a checkpoint, for a quick look at what a model has learned.
 
 Owns ``generate`` (a model and prompt ids -> new ids, with a KV cache), ``choose_token``
-(greedy or seeded top-p sampling), ``CachedDecoder`` (prefill, then one position per token) and
-``generate_from_checkpoint``, what ``goodput generate`` calls: find the checkpoint, load the
-whole model in this one process, find the tokenizer, generate.
+(greedy or seeded top-p sampling), ``CachedDecoder`` (prefill, then one position per token),
+``load_for_inference`` (find the checkpoint, its tokenizer, load the whole model in this one
+process: shared with ``goodput eval``) and ``generate_from_checkpoint``, what ``goodput
+generate`` calls.
 
 Decoding. The prompt runs once as a whole (prefill), filling the model's ``KVCache``; each new
 token then runs alone at the next position, so RoPE sees the positions a full forward would.
 Generation stops at the end-of-document token (not part of the result), after
-``max_new_tokens``, or when prompt plus new tokens fill ``model.max_seq_len``; ``stopped`` says
-which (``max_new_tokens`` when both limits are reached at once). Temperature 0 is argmax (ties:
+``max_new_tokens``, when prompt plus new tokens fill ``model.max_seq_len``, or when the caller's
+``stop`` says so of the new tokens (lm-eval's stop strings); ``stopped`` says which
+(``max_new_tokens`` when both limits are reached at once). Temperature 0 is argmax (ties:
 the lowest id); otherwise softmax(logits / T), cut to the smallest set of most likely tokens
 whose mass reaches ``top_p``, sampled with a ``torch.Generator`` seeded by ``seed``. Sampling
 runs on the CPU in fp32, so a seed gives the same tokens for the same logits on any device.
@@ -33,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +43,7 @@ from typing import Any
 import torch
 
 from goodput.checkpoint.load import find_checkpoint
-from goodput.data.tokenizer import load_tokenizer
+from goodput.data.tokenizer import Tokenizer, load_tokenizer
 from goodput.errors import GoodputError
 from goodput.rundir import STEP_DIR, checkpoints_dir
 from goodput.train.convert import load_model_state, read_model_config, require_complete
@@ -50,7 +53,7 @@ from goodput.train.model import KVCache, Transformer
 from goodput.train.model_config import ModelConfig
 
 MAX_NEW_TOKENS = 65_536
-STOP_REASONS = ("eod", "max_new_tokens", "max_seq_len")
+STOP_REASONS = ("eod", "max_new_tokens", "max_seq_len", "stop")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,9 +126,11 @@ def generate(
     eod_id: int | None,
     sampling: Sampling | None = None,
     vocab_size: int | None = None,
+    stop: Callable[[list[int]], bool] | None = None,
 ) -> Generation:
     """Continue ``prompt_ids`` (see the module docstring). ``vocab_size``: ids at or past it
-    are never chosen (the tokenizer's vocabulary, when the model's is padded)."""
+    are never chosen (the tokenizer's vocabulary, when the model's is padded). ``stop``: called
+    with the new tokens after each one; true ends generation there."""
     sampling = sampling or Sampling()
     max_seq_len = model.cfg.max_seq_len
     if not prompt_ids:
@@ -143,7 +148,7 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        return _decode(model, prompt_ids, max_new_tokens, eod_id, sampling, vocab_size)
+        return _decode(model, prompt_ids, max_new_tokens, eod_id, sampling, vocab_size, stop)
     finally:
         model.train(was_training)
 
@@ -155,6 +160,7 @@ def _decode(
     eod_id: int | None,
     sampling: Sampling,
     vocab_size: int | None,
+    stop: Callable[[list[int]], bool] | None,
 ) -> Generation:
     room = model.cfg.max_seq_len - len(prompt_ids)  # new tokens the context has space for
     if room == 0:
@@ -175,6 +181,8 @@ def _decode(
             return Generation(tokens=new, stopped="max_new_tokens")
         if len(new) == room:
             return Generation(tokens=new, stopped="max_seq_len")
+        if stop is not None and stop(new):
+            return Generation(tokens=new, stopped="stop")
         logits_v = decoder.step(token)
 
 
@@ -195,20 +203,9 @@ def generate_from_checkpoint(
             "--max-new-tokens", f"{max_new_tokens} is not in [1, {MAX_NEW_TOKENS}]", "pass fewer"
         )
     with contextlib.redirect_stdout(sys.stderr):  # warnings of the checks; stdout is the result
-        directory = resolve_checkpoint(path)
-        tokenizer = (
-            load_tokenizer(tokenizer_path) if tokenizer_path else pinned_tokenizer(directory)
-        )
-        cfg = read_model_config(directory)
-        if tokenizer.vocab_size > cfg.vocab_size:
-            raise GoodputError.usage(
-                tokenizer.path,
-                f"the tokenizer's vocabulary ({tokenizer.vocab_size}) is larger than the "
-                f"model's ({cfg.vocab_size})",
-                "pass the tokenizer the model was trained with (--tokenizer)",
-            )
-        model = load_model(directory, cfg, local_device(detect_device_type(), 0))
-        print(f"generating from {directory}", flush=True)  # once loaded: errors stay one line
+        loaded = load_for_inference(path, tokenizer_path, local_device(detect_device_type(), 0))
+        print(f"generating from {loaded.directory}", flush=True)  # once loaded: one-line errors
+    model, tokenizer = loaded.model, loaded.tokenizer
     prompt_ids = tokenizer.encode_batch([prompt])[0]
     result = generate(
         model,
@@ -225,6 +222,30 @@ def generate_from_checkpoint(
         "num_new_tokens": len(result.tokens),
         "stopped": result.stopped,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    directory: Path  # the checkpoint directory the model came from
+    model: Transformer  # in eval mode, on the device asked for
+    tokenizer: Tokenizer
+
+
+def load_for_inference(path: Path, tokenizer_path: Path | None, device: torch.device) -> Loaded:
+    """The model of a checkpoint or run directory (see ``resolve_checkpoint``) and its
+    tokenizer: ``tokenizer_path`` if given, else the one the run's blend pins; a tokenizer
+    larger than the model's vocabulary is refused (see the module docstring)."""
+    directory = resolve_checkpoint(path)
+    tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else pinned_tokenizer(directory)
+    cfg = read_model_config(directory)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise GoodputError.usage(
+            tokenizer.path,
+            f"the tokenizer's vocabulary ({tokenizer.vocab_size}) is larger than the "
+            f"model's ({cfg.vocab_size})",
+            "pass the tokenizer the model was trained with (--tokenizer)",
+        )
+    return Loaded(directory, load_model(directory, cfg, device), tokenizer)
 
 
 def resolve_checkpoint(path: Path) -> Path:

@@ -1,7 +1,9 @@
 """Scoring multiple-choice items by the log-likelihood a model gives each choice.
 
 Owns ``score_choices`` (a model, a tokenizer and ``ChoiceItem``s -> ``ChoiceScores``) and
-``summarize`` (the metrics from per-choice log-likelihoods).
+``summarize`` (the metrics from per-choice log-likelihoods); and, below them, the request level
+that ``lm_eval_model`` shares so both score alike: ``build_request`` (context and continuation
+ids -> a ``Request``), ``check_vocabulary`` and ``score_requests`` (requests -> ``Score``s).
 
 Requests. Each (item, choice) pair is one request: ``encode(context) + encode(choice)``, encoded
 apart so the continuation's tokens are exactly the choice's (a context that encodes to nothing
@@ -12,7 +14,8 @@ by the training step's ``token_loss_sum`` (fp32). The model reads at most ``max_
 longer request loses context tokens from the left and keeps its whole continuation (a
 continuation longer than ``max_len`` is refused). Requests run longest first (a batch pads
 little), right-padded; attention is causal, so padding never reaches a scored position, and only
-scored positions are read, so the pad positions count nowhere.
+scored positions are read, so the pad positions count nowhere. A request is also ``greedy`` when
+every continuation token is the argmax of the logits before it (lm-eval's ``is_greedy``).
 
 Metrics (as lm-eval computes them, so numbers compare): ``acc``, the share of items whose
 highest summed log-likelihood is the answer; ``acc_norm``, the same after dividing each
@@ -81,9 +84,18 @@ class ChoiceScores:
 
 
 @dataclass(frozen=True, slots=True)
-class _Request:
+class Request:
+    """What the model reads and scores: ``ids[:-1]`` in, the last ``num_continuation`` ids
+    scored."""
+
     ids: list[int]  # context (maybe cut from the left) + continuation
     num_continuation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    loglikelihood: float  # the continuation's summed log-probability (fp32)
+    greedy: bool  # every continuation token is the argmax of the logits before it
 
 
 def score_choices(
@@ -98,23 +110,23 @@ def score_choices(
     """Score every choice of every item with ``model`` (already on ``device``; ``model(ids_bt)``
     gives logits ``[b, t, v]``); see the module docstring."""
     _check(items, batch_size, max_len)
-    rank, world_size = _rank_and_world_size()
+    rank, world_size = rank_and_world_size()
     mine = range(rank, len(items), world_size)
     vocab_size = getattr(getattr(model, "cfg", None), "vocab_size", None)
-    requests = _requests(tokenizer, items, mine, max_len, vocab_size)
+    requests = choice_requests(tokenizer, items, mine, max_len, vocab_size)
     num_batches = max(
         math.ceil(sum(len(items[i].choices) for i in range(r, len(items), world_size)) / batch_size)
         for r in range(world_size)
     )
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            flat = _loglikelihoods(
-                model, requests, batch_size, num_batches, torch.device(device), tokenizer.eod_id
-            )
-    finally:
-        model.train(was_training)
+    scores = score_requests(
+        model,
+        requests,
+        batch_size=batch_size,
+        device=device,
+        pad_id=tokenizer.eod_id,
+        num_batches=num_batches,
+    )
+    flat = [score.loglikelihood for score in scores]
     local, offset = [], 0
     for index in mine:
         num_choices = len(items[index].choices)
@@ -167,62 +179,114 @@ def _check(items: Sequence[ChoiceItem], batch_size: int, max_len: int) -> None:
             )
 
 
-def _rank_and_world_size() -> tuple[int, int]:
+def rank_and_world_size() -> tuple[int, int]:
+    """This process's rank and the world size of the default process group; (0, 1) without."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
 
-def _requests(
+def choice_requests(
     tokenizer: Tokenizer,
     items: Sequence[ChoiceItem],
     indices: range,
     max_len: int,
     vocab_size: int | None,
-) -> list[_Request]:
+) -> list[Request]:
     """The requests of the items at ``indices``, item by item, choice by choice."""
     if not indices:
         return []
     contexts = tokenizer.encode_batch([items[i].context for i in indices])
     choices = tokenizer.encode_batch([c for i in indices for c in items[i].choices])
-    highest = max((max(ids) for ids in contexts + choices if ids), default=0)
+    check_vocabulary(tokenizer, contexts + choices, vocab_size)
+    continuations = iter(choices)
+    requests = []
+    for index, context_ids in zip(indices, contexts, strict=True):
+        for choice_index in range(len(items[index].choices)):
+            where = f"item {index}, choice {choice_index}"
+            requests.append(
+                build_request(
+                    context_ids,
+                    next(continuations),
+                    eod_id=tokenizer.eod_id,
+                    max_len=max_len,
+                    where=where,
+                )
+            )
+    return requests
+
+
+def check_vocabulary(
+    tokenizer: Tokenizer, id_lists: Sequence[Sequence[int]], vocab_size: int | None
+) -> None:
+    """Refuse ids the model has no embedding for (a tokenizer other than the model's)."""
+    highest = max((max(ids) for ids in id_lists if ids), default=0)
     if vocab_size is not None and highest >= vocab_size:
         raise GoodputError(
             f"tokenizer {tokenizer.path}",
             f"gives token id {highest}, outside the model's vocabulary of {vocab_size}",
             "score with the tokenizer the model was trained with",
         )
-    continuations = iter(choices)
-    requests = []
-    for index, context_ids in zip(indices, contexts, strict=True):
-        context_ids = list(context_ids) or [tokenizer.eod_id]
-        for choice_index in range(len(items[index].choices)):
-            continuation_ids = next(continuations)
-            where = f"item {index}, choice {choice_index}"
-            if not continuation_ids:
-                raise GoodputError(where, "encodes to no tokens", "give every choice some text")
-            if len(continuation_ids) > max_len:
-                raise GoodputError(
-                    where,
-                    f"is {len(continuation_ids)} tokens, more than max_len {max_len}",
-                    "raise max_len or leave the item out",
-                )
-            ids = (context_ids + list(continuation_ids))[-(max_len + 1) :]
-            requests.append(_Request(ids, len(continuation_ids)))
-    return requests
 
 
-def _loglikelihoods(
+def build_request(
+    context_ids: Sequence[int],
+    continuation_ids: Sequence[int],
+    *,
+    eod_id: int,
+    max_len: int,
+    where: str,
+) -> Request:
+    """One request of context and continuation ids encoded apart (see the module docstring):
+    an empty context becomes ``eod_id``; cut from the left to ``max_len + 1`` ids."""
+    if not continuation_ids:
+        raise GoodputError(where, "encodes to no tokens", "give every choice some text")
+    if len(continuation_ids) > max_len:
+        raise GoodputError(
+            where,
+            f"is {len(continuation_ids)} tokens, more than max_len {max_len}",
+            "raise max_len or leave the item out",
+        )
+    ids = (list(context_ids) or [eod_id]) + list(continuation_ids)
+    return Request(ids[-(max_len + 1) :], len(continuation_ids))
+
+
+def score_requests(
     model: nn.Module,
-    requests: list[_Request],
+    requests: Sequence[Request],
+    *,
+    batch_size: int,
+    device: torch.device | str,
+    pad_id: int,
+    num_batches: int | None = None,
+) -> list[Score]:
+    """Each request's ``Score``, in request order, in eval mode without autograd (the model's
+    mode comes back). ``num_batches`` (at least the batches the requests need): make exactly
+    that many forward calls, as ``score_choices`` does to keep ranks in step."""
+    needed = math.ceil(len(requests) / batch_size)
+    assert num_batches is None or num_batches >= needed
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return _scores(
+                model, requests, batch_size, num_batches or needed, torch.device(device), pad_id
+            )
+    finally:
+        model.train(was_training)
+
+
+def _scores(
+    model: nn.Module,
+    requests: Sequence[Request],
     batch_size: int,
     num_batches: int,
     device: torch.device,
     pad_id: int,
-) -> list[float]:
-    """Each request's continuation log-likelihood, in request order, in ``num_batches`` calls."""
+) -> list[Score]:
+    """Each request's score, in request order, in ``num_batches`` forward calls."""
     order = sorted(range(len(requests)), key=lambda i: -len(requests[i].ids))
-    results = [0.0] * len(requests)
+    results = [Score(0.0, False)] * len(requests)
     for start in range(0, num_batches * batch_size, batch_size):
         batch = order[start : start + batch_size]
         if not batch:  # this rank is done; its peers may still gather parameters in forward
@@ -234,15 +298,18 @@ def _loglikelihoods(
             ids = requests[index].ids
             inputs_bt[row, : len(ids) - 1] = torch.tensor(ids[:-1])
         logits_btv = model(inputs_bt.to(device))
-        sums = []
+        sums, greedy = [], []
         for row, index in enumerate(batch):
             ids, count = requests[index].ids, requests[index].num_continuation
             # Positions len - count - 1 .. len - 2 predict the continuation's tokens.
             scored_tv = logits_btv[row, len(ids) - count - 1 : len(ids) - 1]
             targets_t = torch.tensor(ids[-count:], device=device)
             sums.append(-token_loss_sum(scored_tv[None], targets_t[None]))
-        for index, value in zip(batch, torch.stack(sums).tolist(), strict=True):
-            results[index] = value
+            greedy.append((scored_tv.argmax(-1) == targets_t).all())
+        # One transfer per batch, not one per request.
+        values, flags = torch.stack(sums).tolist(), torch.stack(greedy).tolist()
+        for index, value, flag in zip(batch, values, flags, strict=True):
+            results[index] = Score(value, flag)
     return results
 
 

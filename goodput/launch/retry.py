@@ -4,8 +4,9 @@ One loop serves ``--retries R`` and ``--auto-retry``; a ``Policy`` says what dif
 attempt, in this order:
   1. it gets its class and progress (``failover.classify``, ``failover.progress``);
   2. it stops on ``success``, ``walltime`` (the allocation is ending: continuing is the job
-     chain's work, in a new allocation) and ``interrupted``, and on a usage error (exit 2),
-     which the next attempt would repeat;
+     chain's work, in a new allocation) and ``interrupted``, on a usage error (exit 2),
+     which the next attempt would repeat, and on the eval gate's stop (exit 3: the run is not
+     learning; a retry resumes into the same state);
   3. it stops after ``max_stepless`` attempts in a row without a step, if the policy sets it (a
      config bug must not burn the spare pool);
   4. it judges the hosts (``failover`` says what host and peer evidence are):
@@ -58,6 +59,7 @@ EXIT_MEANINGS: dict[int, str] = {
     ExitCode.OK: "ok",
     ExitCode.ERROR: "error",
     ExitCode.USAGE: "usage or config error",
+    ExitCode.NOT_LEARNING: "stopped by the eval gate",
     ExitCode.IDLE_TIMEOUT: "idle watchdog",
     ExitCode.INTERRUPTED: "interrupted",
     ExitCode.TERMINATED: "terminated",
@@ -194,6 +196,10 @@ def _decide(
         return Decision(named, {}, FINAL_CLASSES[kind])
     if exit_code == ExitCode.USAGE:
         return Decision(named, {}, "usage or config error (exit 2): fix it, then relaunch")
+    if exit_code == ExitCode.NOT_LEARNING:
+        return Decision(
+            named, {}, "the eval gate stopped the run (exit 3): a retry would not learn either"
+        )
     if policy.max_stepless is not None and stepless >= policy.max_stepless:
         return Decision(
             named,

@@ -11,7 +11,8 @@ profile says ``whole_nodes``), so the line always fits the allocation. Each job,
      training, so that a walltime kill, a crash or a lost node still leaves the next job queued;
   4. runs the launch line and waits for it (no ``exec``: the script has work left after it; a
      walltime SIGTERM is trapped so that bash waits too, rather than dying before the launch);
-  5. if the marker now exists, cancels the queued successor and exits 0; if neither this job nor
+  5. if the marker now exists, cancels the queued successor and exits 0; if the eval gate stopped
+     the run (exit 3), cancels it and exits 3; if neither this job nor
      the one before it gained a step, cancels it and exits 1; otherwise exits with the launch's
      code and the successor carries the run on.
 The guard is ``python -m goodput.launch.submit``: it reads what each job gained from the
@@ -127,6 +128,12 @@ if [[ -e $done_marker ]]; then
   if [[ -n $next ]]; then @CANCEL@ "$next" || true; fi
   echo "goodput chain: job $job: $done_marker written, the run is complete"
   exit 0
+fi
+if ((status == @NOT_LEARNING@)); then
+  if [[ -n $next ]]; then @CANCEL@ "$next" || true; fi
+  echo "goodput chain: job $job: the eval gate stopped the run (exit $status); the chain" \
+    "ends here" >&2
+  exit "$status"
 fi
 if ! @GUARD@ -- "$recent"; then
   if [[ -n $next ]]; then
@@ -286,6 +293,7 @@ def render(chain: Chain) -> str:
         "QUEUE_NEXT": f'{CLIENTS[scheduler]} {AFTER_THIS_JOB[scheduler]} {flags} "$script"',
         "LAUNCH": shlex.join(chain.launch_line),
         "CANCEL": CANCEL[scheduler],
+        "NOT_LEARNING": str(int(ExitCode.NOT_LEARNING)),
     }
     body = re.sub(r"@([A-Z_]+)@", lambda match: fields[match[1]], BODY)
     return "#!/bin/bash\n" + "".join(line + "\n" for line in headers) + body

@@ -145,3 +145,15 @@ def tokenized_run_config(directory: Path) -> tuple[RunConfig, Path]:
         data=replace(cfg.data, file_list=str(file_list)),
     )
     return cfg, tokenizer
+
+
+def write_spelling_task(path: Path) -> Path:
+    """A multiple-choice task (hellaswag layout) a run of ``tokenized_run_config`` learns in a
+    few steps: which of a word and two scrambles of it follows two words."""
+    words = TOKENIZED_WORDS
+    lines = [
+        json.dumps({"ctx": f"{a} {b}", "endings": [c, c[::-1], c[1:] + c[0]], "label": 0})
+        for a, b, c in zip(words, words[1:], words[2:], strict=False)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path

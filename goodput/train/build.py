@@ -46,6 +46,7 @@ from goodput.data.blend import BlendSpec, build_blend, format_report
 from goodput.data.loader import DataLoader
 from goodput.data.manifest import git_sha
 from goodput.errors import GoodputError, from_exception
+from goodput.eval.gate import EvalGate
 from goodput.io import write_json, write_text
 from goodput.rundir import checkpoints_dir
 from goodput.train.config import BatchPlan, RunConfig
@@ -118,6 +119,7 @@ def build_loader(cfg: RunConfig, plan: BatchPlan, mesh: ParallelMesh) -> DataLoa
             seed=cfg.data.seed,
             cache=Path(cfg.data.cache),
             on_exhausted=cfg.data.on_exhausted,
+            holdout_samples=cfg.eval.holdout_samples,
         )
         blend_dir, manifest = build_blend(spec)
         print(format_report(blend_dir, manifest), flush=True)
@@ -159,6 +161,7 @@ def resume(
     directory, copies = chosen
     saved, train_state = read_checkpoint(directory)
     Watch.check_state(train_state, directory / rundir.TRAIN_STATE)
+    EvalGate.check_state(train_state, directory / rundir.TRAIN_STATE)
     current = tomllib.loads(to_toml(cfg))
     check_model_shape(directory, saved, current)
     if "loader" in train_state:

@@ -1,7 +1,7 @@
 """The run config: one TOML file, one table per component, and the batch plan derived from it.
 
 ``[model]`` ``[train]`` ``[data]`` ``[optim]`` ``[schedule]`` ``[parallel]`` ``[checkpoint]``
-``[diagnostics]``;
+``[diagnostics]`` ``[eval]`` (``goodput.eval.config``);
 each component is built from its own table only. What can be derived is derived, never
 configured twice: the global batch in samples is ``tokens_per_step / seq_len``, the
 data-parallel size comes from the mesh (``mesh.py``), and gradient accumulation is
@@ -23,6 +23,7 @@ from typing import Literal
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.config import NON_EMPTY, limits
 from goodput.errors import GoodputError
+from goodput.eval.config import EvalConfig
 from goodput.train.model_config import ModelConfig
 from goodput.train.optim_config import OptimConfig
 from goodput.train.parallel_config import ParallelConfig
@@ -124,6 +125,7 @@ class RunConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         self._move_deprecated_keys()

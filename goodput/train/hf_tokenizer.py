@@ -79,6 +79,14 @@ def find_pinned_tokenizer(directory: Path) -> Tokenizer | GoodputError:
     check_run_manifest(blend_file, manifest)
     if manifest["fingerprint"] != fingerprint:
         raise GoodputError(blend_file, "is not the blend this checkpoint was trained on", fix)
+    return blend_tokenizer(blend_file, manifest, fix)
+
+
+def blend_tokenizer(
+    blend_file: Path, manifest: dict[str, Any], fix: str
+) -> Tokenizer | GoodputError:
+    """The tokenizer the checked run manifest ``manifest`` (read from ``blend_file``) pins, if
+    its file is where the manifest says and unchanged; the error when it pins none."""
     pinned = manifest["tokenizer"]
     if not pinned:
         return GoodputError(

@@ -5,7 +5,10 @@ builders; everything after that is here, in the order it happens. Each step, in 
 blocks: LR; batch (this rank's slice of the global batch — under context parallelism its chunks
 of each sequence — cut into micro-batches); step
 (``train_step``, which skips the optimizer step on a non-finite gradient norm); metrics (and the
-step-1 loss of a fresh model against ln(vocab)); the non-finite guard (``train.max_skipped_steps``
+step-1 loss of a fresh model against ln(vocab)); eval, every ``[eval] interval_steps``
+(``goodput.eval.heldout``: held-out loss per corpus and multiple-choice tasks, timed apart
+from the step) and the eval gate (``goodput.eval.gate``), whose alarm can stop the run; the
+non-finite guard (``train.max_skipped_steps``
 skips in a row stop the run); checkpoint/terminate (``Checkpointer.decide``, the same on every
 rank); injected faults, when ``goodput chaos`` set ``GOODPUT_FAULTS`` (``goodput.chaos.faults``).
 """
@@ -23,7 +26,11 @@ from goodput.chaos.faults import load_plan
 from goodput.checkpoint.save import Checkpointer
 from goodput.config import to_toml
 from goodput.errors import ExitCode, GoodputError
+from goodput.eval.gate import EvalGate
+from goodput.eval.heldout import LoopEval
+from goodput.eval.records import append_evals
 from goodput.io import write_marker
+from goodput.progress import print_line
 from goodput.train.build import (
     CheckpointChoice,
     build_loader,
@@ -70,6 +77,10 @@ def train(cfg: RunConfig) -> list[float]:
         run_dir = Path(cfg.train.run_dir)
         decided_by_rank_zero(lambda: require_run_dir(run_dir))  # before anything is written
         loader = build_loader(cfg, plan, mesh)
+        # The held-out rows and the tasks, read and tokenized before anything is written.
+        loop_eval = LoopEval(
+            cfg.eval, loader.samples, seq_len=cfg.train.seq_len, vocab_size=cfg.model.vocab_size
+        )
         # Chosen before the model is built, so its checksums are hashed meanwhile.
         checkpoint_choice = CheckpointChoice(cfg.checkpoint, checkpoint_root(cfg))
         # Where the layout allows it, each rank's own gradient is measured on its way to the
@@ -87,6 +98,7 @@ def train(cfg: RunConfig) -> list[float]:
         skips = SkippedSteps.resumed(cfg.train.max_skipped_steps, resumed)
         lr_scale = LrScale.resumed(cfg, resumed)
         watch = Watch(cfg, parts, mesh, resumed, measures_noise=tally is not None)
+        gate = EvalGate.resumed(cfg.eval.alarm_evals, cfg.eval.stop_on_alarm, resumed)
         peak, peak_source = peak_flops(device, compute_dtype(cfg.parallel), cfg.train.peak_tflops)
         if rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -103,7 +115,7 @@ def train(cfg: RunConfig) -> list[float]:
             print(f"train: layout {mesh.degrees.describe()}", flush=True)
             peak_text = f"{peak / 1e12:.3f} TFLOP/s" if peak else "unknown"
             print(f"train: peak per device for MFU {peak_text} ({peak_source})", flush=True)
-            for line in [lr_scale.describe(), watch.describe()]:
+            for line in [lr_scale.describe(), watch.describe(), loop_eval.describe()]:
                 if line:
                     print(line, flush=True)
         metrics = Metrics(
@@ -155,8 +167,31 @@ def train(cfg: RunConfig) -> list[float]:
                 now = time.perf_counter()
                 too_many_skips = skips.count(step, result.skipped)
                 diagnosed = watch.after_step(step, result, optimizer)
+                # Eval: every [eval] interval_steps, all ranks, forward only; timed apart.
+                evaluated = None
+                if loop_eval.due(step, cfg.train.steps):
+                    eval_start = time.perf_counter()
+                    evaluated = loop_eval.evaluate(
+                        model, mesh=mesh, plan=plan, context=context,
+                        positions_t=positions_t, device=device,
+                    )  # fmt: skip
+                    diagnosed |= evaluated.metrics()
+                    diagnosed["eval_time_s"] = time.perf_counter() - eval_start
+                alarm = gate.observe(
+                    step, result.loss, frozen=watch.frozen,
+                    tasks=evaluated.tasks if evaluated else None,
+                )  # fmt: skip
+                if alarm is not None:
+                    diagnosed["eval_alarm"] = 1
                 metrics.step(step, result, lr, now - last_step_end, skips.total, diagnosed)
-                last_step_end = now
+                if rank == 0:
+                    if evaluated is not None:
+                        print_line(evaluated.describe(step))
+                        append_evals(run_dir, step, evaluated.records(), source="train")
+                    if alarm is not None:
+                        print_line(alarm)
+                # The eval's time is its own (eval_time_s), not the next step's.
+                last_step_end = time.perf_counter() if evaluated else now
                 losses.append(result.loss)
                 if step == 1 and rank == 0 and resumed is None:  # a fresh model
                     warning = fresh_loss_warning(result.loss, cfg.model.vocab_size)
@@ -177,6 +212,7 @@ def train(cfg: RunConfig) -> list[float]:
                         **skips.state_dict(),
                         **lr_scale.state_dict(),
                         **watch.state_dict(),
+                        **gate.state_dict(),
                     }
                     checkpointer.save(
                         step,
@@ -186,6 +222,9 @@ def train(cfg: RunConfig) -> list[float]:
                         config_toml,
                         blocking=decision.stops,
                     )
+                if alarm is not None and gate.stop_on_alarm:
+                    checkpointer.close()
+                    raise gate.stop_error(step)
                 if decision.stops:
                     checkpointer.close()
                     raise GoodputError(

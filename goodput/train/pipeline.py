@@ -52,7 +52,7 @@ from goodput.train.model import Transformer
 from goodput.train.model_config import ModelConfig
 from goodput.train.parallel_config import ParallelConfig, even_layer_split
 from goodput.train.parallelize import parallelize
-from goodput.train.step import labels_from_model, token_loss_sum
+from goodput.train.step import labels_from_model, row_loss_sums, token_loss_sum
 
 SINGLE_STAGE_SCHEDULES: dict[str, type[ScheduleGPipe | Schedule1F1B]] = {
     "gpipe": ScheduleGPipe,
@@ -92,8 +92,12 @@ class StepLoss:
     global_tokens: int = 1
     micro_loss_sums: list[torch.Tensor] = field(default_factory=list)
     sample_labels: torch.Generator | None = None  # step.forward_backward's, for this step
+    row_sums: list[torch.Tensor] | None = None  # each row's summed loss, while evaluating
 
     def __call__(self, logits_btv: torch.Tensor, labels_bt: torch.Tensor) -> torch.Tensor:
+        if self.row_sums is not None:  # an evaluation (``Pipeline.row_loss_sums``)
+            self.row_sums.append(row_loss_sums(logits_btv, labels_bt))
+            return self.row_sums[-1].sum()
         if self.sample_labels is not None:
             labels_bt = labels_from_model(logits_btv, labels_bt, self.sample_labels)
         micro_loss_sum = token_loss_sum(logits_btv, labels_bt)
@@ -152,6 +156,28 @@ class Pipeline:
         if self.tie_group is not None:
             self._sum_tied_gradients()
         return loss_sum
+
+    def row_loss_sums(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Forward only, through the schedule: each row's summed token loss (``[b]``, fp32),
+        on every stage of the pipeline. The batch must be shaped as the step's (the schedule
+        fixed its micro-batches' shapes at the first step)."""
+        self.step_loss.row_sums = []
+        self.step_loss.sample_labels = None
+        args = (input_ids,) if self.has_first else ()
+        target = labels if self.has_last else None
+        context = loss_parallel() if self.loss_parallel else contextlib.nullcontext()
+        try:
+            with torch.no_grad(), context:
+                self.schedule.eval(*args, target=target)
+            rows = (
+                torch.cat(self.step_loss.row_sums[-self.num_microbatches :])
+                if self.has_last
+                else torch.zeros(len(labels), device=labels.device)
+            )
+        finally:
+            self.step_loss.row_sums = None
+        dist.all_reduce(rows, group=self.pp_group)
+        return rows
 
     def _sum_tied_gradients(self) -> None:
         part = self.parts[0] if self.has_first else self.parts[-1]

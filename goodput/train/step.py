@@ -39,7 +39,7 @@ the assignments the capacity factor dropped, are the step's ``ExpertLoad`` (metr
 Split experts (``ep``) are DTensors on a mesh of their own, so the gradient norm is taken per
 mesh and the squares summed.
 
-Reused as-is by diagnostics, and ``token_loss_sum`` by evaluation (under ``no_grad``); the loop
+Reused as-is by diagnostics, and ``row_loss_sums`` by evaluation (under ``no_grad``); the loop
 (``loop.py``) owns everything periodic.
 """
 
@@ -152,6 +152,22 @@ def token_loss_sum(logits_btv: torch.Tensor, labels_bt: torch.Tensor) -> torch.T
         ignore_index=IGNORE_INDEX,
         reduction="sum",
     )
+
+
+def row_loss_sums(logits_btv: torch.Tensor, labels_bt: torch.Tensor) -> torch.Tensor:
+    """``token_loss_sum`` of each row apart, ``[b]`` in fp32, as a plain tensor: evaluation's
+    loss (``goodput.eval.heldout``), where each row is its own sample or request. Vocabulary-
+    sharded logits need the caller's ``loss_parallel`` around it, as ``token_loss_sum`` does
+    (it cannot nest: the pipeline's schedule runs the loss inside its own)."""
+    per_token = F.cross_entropy(
+        logits_btv.flatten(0, 1).float(),
+        labels_bt.flatten(),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+    )
+    if isinstance(per_token, DTensor):
+        per_token = per_token.full_tensor()
+    return per_token.view(labels_bt.shape).sum(1)
 
 
 def num_targets(labels_bt: torch.Tensor) -> int:

@@ -139,6 +139,7 @@ class Watch:
             else None
         )
         self.check: _FreezeCheck | None = None
+        self.frozen: list[str] = []  # the tensors the last step's freeze check found frozen
         self.max_logit: float | None = None
         if cfg.optim.qk_clip is not None:
             qk_clip.track_logits(parts)
@@ -201,8 +202,10 @@ class Watch:
         z, spike = self.spikes.update(step, result.loss)
         values["loss_z"] = z
         warnings = [spike] if spike else []
+        self.frozen = []
         if self.check is not None and self.check.report is not None:
             values["frozen_fraction"] = self.check.report.frozen_fraction
+            self.frozen = list(self.check.report.frozen_tensors)
             if (line := self.check.report.warning()) is not None:
                 warnings.append(line)
         if self.max_logit is not None:

@@ -73,6 +73,10 @@ def test_the_readme_quick_starts_run_as_written(tmp_path):
         metrics = (tmp_path / "demo" / run / "metrics.jsonl").read_text().splitlines()
         losses = [json.loads(line)["loss"] for line in metrics]
         assert len(losses) == 40 and losses[-1] < losses[0] - 1
+        # The last step's in-loop eval: the held-out samples of both corpora.
+        evals = (tmp_path / "demo" / run / "evals.jsonl").read_text().splitlines()
+        heldout = {(e["step"], e["task"]) for e in map(json.loads, evals) if e["metric"] == "loss"}
+        assert heldout == {(40, "heldout/code"), (40, "heldout/docs")}
     listing = next(out for line, out in outputs.items() if line.startswith("goodput ckpt list"))
     assert "<- latest" in listing
     dry_run = next(out for line, out in outputs.items() if "--dry-run" in line)
@@ -88,9 +92,10 @@ def test_the_readme_quick_starts_run_as_written(tmp_path):
     metrics = (tmp_path / "demo" / "run-mano" / "metrics.jsonl").read_text().splitlines()
     losses = [json.loads(record)["loss"] for record in metrics]
     assert len(losses) == 40 and losses[-1] < losses[0] - 1
-    # docs/evals.md's example: the quick start's run continues a prompt.
+    # docs/evals.md's generate example: the quick start's run continues a prompt (its lm-eval
+    # example runs in tests/e2e/test_eval_agreement.py, on local task files).
     lines = command_lines((REPO / "docs" / "evals.md").read_text())
-    (line,) = [line for line in lines if line.startswith("goodput ")]
+    (line,) = [line for line in lines if line.startswith("goodput generate ")]
     result = subprocess.run(
         ["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True
     )

@@ -66,6 +66,28 @@ def test_demo_trains_on_two_ranks_and_the_loss_falls(demo):
     assert len(attempts) == 1 and json.loads(attempts[0])["exit_code"] == 0
 
 
+def test_demo_ends_with_its_eval(demo):
+    """Held-out loss per corpus and the shipped multiple-choice task, at the last step, printed;
+    a learning run: the task is above chance and the gate stays quiet."""
+    out, stdout = demo
+    assert "[rank0] eval: step 40: held-out loss " in stdout and "eval gate" not in stdout
+    summary = stdout[stdout.index("eval at step 40 (") :].splitlines()[1:]
+    tasks = [line.split()[0] for line in summary]
+    assert tasks == ["heldout/code", "heldout/docstrings", "heldout/docs", "python_spelling"]
+    evals = [json.loads(line) for line in (out / "run" / "evals.jsonl").read_text().splitlines()]
+    acc = next(e for e in evals if e["task"] == "python_spelling" and e["metric"] == "acc")
+    assert acc["step"] == 40 and acc["value"] > 0.25 + 2 * acc["stderr"]
+    heldout = [
+        e["value"] for e in evals if e["task"].startswith("heldout/") and e["metric"] == "loss"
+    ]
+    assert len(heldout) == 3 and all(loss < metrics_loss(out, 1) for loss in heldout)
+
+
+def metrics_loss(out, step):
+    records = (out / "run" / "metrics.jsonl").read_text().splitlines()
+    return json.loads(records[step - 1])["loss"]
+
+
 def test_train_refuses_a_vocabulary_smaller_than_the_tokenizers(demo, tmp_path):
     out, _ = demo
     result = goodput(
@@ -214,10 +236,13 @@ def test_every_layout_trains_the_demo_model_through_goodput_launch_alike(demo, t
         metrics = [
             json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
         ]
-        curves[name] = [m[key] for m in metrics for key in ("loss", "grad_norm")]
+        # The last step's in-loop eval (held-out loss per corpus) too: every layout evaluates.
+        last = metrics[-1]
+        heldout = [last[f"heldout_loss/{corpus}"] for corpus in ("code", "docstrings", "docs")]
+        curves[name] = [m[key] for m in metrics for key in ("loss", "grad_norm")] + heldout
     references = {"dense": curves.pop("dp_shard=4"), "moe": curves.pop("moe dp_shard=4")}
     for reference in references.values():
-        assert len(reference) == 6 and abs(reference[0] - math.log(4096)) < 0.3
+        assert len(reference) == 9 and abs(reference[0] - math.log(4096)) < 0.3
     for name, curve in curves.items():  # fp32: equal but for the order of the sums
         reference = references["moe" if name.startswith("moe") else "dense"]
         assert curve == pytest.approx(reference, rel=1e-4), name

@@ -154,6 +154,20 @@ def test_stops_at_eod_without_it_in_the_tokens():
     assert result.tokens == tokens[: tokens.index(eod)]
 
 
+def test_a_stop_callback_ends_generation_after_the_token_it_accepts():
+    model = random_model(BASE)
+    tokens = greedy_without_cache(model, PROMPT, 8)
+    seen = []
+
+    def stop(new):
+        seen.append(list(new))
+        return len(new) == 3
+
+    result = generate(model, PROMPT, max_new_tokens=8, eod_id=None, stop=stop)
+    assert (result.tokens, result.stopped) == (tokens[:3], "stop")
+    assert seen == [tokens[:1], tokens[:2], tokens[:3]]  # asked after each new token
+
+
 def test_stops_when_the_context_is_full():
     model = random_model(replace(BASE, max_seq_len=len(PROMPT) + 3))
     result = generate(model, PROMPT, max_new_tokens=10, eod_id=None)

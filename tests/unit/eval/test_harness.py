@@ -4,60 +4,18 @@ goodput Transformer shows batching, truncation and two gloo ranks change nothing
 import math
 import random
 import statistics
-from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 from goodput.data.tokenizer import Tokenizer
 from goodput.errors import GoodputError
 from goodput.eval.choice_tasks import ChoiceItem
 from goodput.eval.harness import normalization_length, score_choices, summarize
+from goodput.testing.bigram import BigramModel, CharTokenizer
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL
 from goodput.train.model import Transformer
-
-
-class CharTokenizer(Tokenizer):
-    """One id per character of ``alphabet``, from 1; id 0 is the end of document."""
-
-    kind = "chars"
-
-    def __init__(self, alphabet: str):
-        self.alphabet = alphabet
-        self.path, self.sha256, self.library = Path("chars"), "", "test"
-        self.vocab_size, self.eod_id = len(alphabet) + 1, 0
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [[1 + self.alphabet.index(char) for char in text] for text in texts]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(self.alphabet[i - 1] for i in ids if i)
-
-
-# P(next | previous) over ids (end of document, " ", "a", "b"), rows by the previous token.
-BIGRAM = [
-    [0.1, 0.3, 0.3, 0.3],
-    [0.1, 0.1, 0.5, 0.3],
-    [0.1, 0.2, 0.4, 0.3],
-    [0.2, 0.3, 0.1, 0.4],
-]
-
-
-class BigramModel(nn.Module):
-    """Logits = log P(next | this token): the log-probabilities are the table's own."""
-
-    def __init__(self):
-        super().__init__()
-        self.table = nn.Parameter(torch.tensor(BIGRAM, dtype=torch.float64).log().float())
-        self.seen_modes: list[tuple[bool, bool]] = []  # (training, grad enabled) per forward
-
-    def forward(self, ids_bt: torch.Tensor) -> torch.Tensor:
-        self.seen_modes.append((self.training, torch.is_grad_enabled()))
-        return self.table[ids_bt]
-
 
 HAND_ITEMS = [
     ChoiceItem("a", (" b", " ab"), 1),

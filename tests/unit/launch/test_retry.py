@@ -97,13 +97,13 @@ def test_fails_twice_then_succeeds(tmp_path, capsys):
 
 
 def test_exhausted_retries_return_the_last_code(tmp_path, capsys):
-    start_attempt, started = flaky(tmp_path, 3, 3, 4)
+    start_attempt, started = flaky(tmp_path, 5, 5, 4)
     sleeps: list[float] = []
     log = tmp_path / "attempts.jsonl"
     code = retry(start_attempt, 2, log, backoff_s=1.0, sleep=sleeps.append)
     assert code == 4
     assert started == [0, 1, 2]
-    assert [r["exit_code"] for r in read_log(log)] == [3, 3, 4]
+    assert [r["exit_code"] for r in read_log(log)] == [5, 5, 4]
     assert len(sleeps) == 2
     last = capsys.readouterr().err.splitlines()[-1]
     assert last.startswith("launch: attempt 3 of 3 exited 4 (error) after ")
@@ -111,9 +111,10 @@ def test_exhausted_retries_return_the_last_code(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    ("code", "kind"), [(130, "interrupted"), (143, "walltime"), (2, "stuck-pre-training")]
+    ("code", "kind"),
+    [(130, "interrupted"), (143, "walltime"), (2, "stuck-pre-training"), (3, "stuck-pre-training")],
 )
-def test_interrupts_terminations_and_usage_errors_are_not_retried(code, kind, tmp_path):
+def test_interrupts_terminations_usage_errors_and_gate_stops_are_not_retried(code, kind, tmp_path):
     attempts: list[tuple[str, ...]] = []
 
     def start_attempt(hosts, on_line) -> AttemptResult:
@@ -186,4 +187,4 @@ def test_exit_codes_are_described():
     assert describe_exit(124) == "idle watchdog"
     assert describe_exit(137) == "killed by SIGKILL"
     assert describe_exit(143) == "terminated"
-    assert describe_exit(3) == "error"
+    assert describe_exit(5) == "error"

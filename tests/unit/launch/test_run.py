@@ -22,7 +22,7 @@ FLAKY = """
     marker = pathlib.Path("ran-once")
     if not marker.exists():
         marker.write_text("")
-        sys.exit(3)
+        sys.exit(5)
     for step in (1, 2, 3):
         print(f"step={step}", flush=True)
 """
@@ -59,13 +59,13 @@ def test_run_retries_and_logs_each_attempt(tmp_path, capsys):
     )
     assert goodput.launch.run(options) == ExitCode.OK
     first, second = read_attempts(tmp_path / "run" / "attempts.jsonl")
-    assert (first.class_, first.exit_code, first.decision) == ("stuck-pre-training", 3, "retry")
+    assert (first.class_, first.exit_code, first.decision) == ("stuck-pre-training", 5, "retry")
     assert (second.class_, second.steps_gained, second.reason) == ("success", 3, "done")
     assert first.of == second.of == 2 and first.job is None and first.hosts == ("localhost",)
     assert first.first_step_at is None
     assert second.started < second.first_step_at < second.ended
     err = capsys.readouterr().err
-    assert "launch: attempt 1 of 2 exited 3 (error) after " in err
+    assert "launch: attempt 1 of 2 exited 5 (error) after " in err
 
 
 def test_a_death_by_signal_exits_1_and_the_log_keeps_the_signal(tmp_path):

@@ -543,12 +543,12 @@ def test_a_pbs_chain_that_cannot_start_ends_after_two_jobs_and_a_new_one_starts(
     # (the script cds there), and the guard looks there.
     _, log = stand_ins
     run_dir = tmp_path / "run"
-    line = _run_line(log, run_dir, 0, code=3, step=False, launch_dir=launch_dir)
+    line = _run_line(log, run_dir, 0, code=5, step=False, launch_dir=launch_dir)
     _write(monkeypatch, tmp_path, capsys, ["--scheduler", "pbs"], line)
     script = run_dir / "chain.pbs"
 
     first = _run_pbs_job(tmp_path, stand_ins, script, None, job="41.pbs")
-    assert first.returncode == 1, first.stderr  # goodput launch's code for the command's 3
+    assert first.returncode == 1, first.stderr  # goodput launch's code for the command's 5
     assert "job 1 of at most 10; job 42.pbs is queued to go on" in first.stdout
     second = _run_pbs_job(tmp_path, stand_ins, script, "2", job="42.pbs", previous="41.pbs")
     assert second.returncode == 1
@@ -556,8 +556,8 @@ def test_a_pbs_chain_that_cannot_start_ends_after_two_jobs_and_a_new_one_starts(
     attempts = (run_dir / "launch" if launch_dir else tmp_path / "launch-42.pbs") / "attempts.jsonl"
     assert reason == (
         "goodput chain: jobs 41.pbs and 42.pbs: 2 jobs in a row gained no step (41.pbs: 1 "
-        "attempt(s), the last exited 3 (stuck-pre-training, no retries left); 42.pbs: 1 "
-        "attempt(s), the last exited 3 (stuck-pre-training, no retries left)); the chain ends "
+        "attempt(s), the last exited 5 (stuck-pre-training, no retries left); 42.pbs: 1 "
+        "attempt(s), the last exited 5 (stuck-pre-training, no retries left)); the chain ends "
         "here; fix what their logs show, then start a new chain with goodput submit --submit"
     )
     assert "job 2: job 43.pbs cancelled" in second.stderr
@@ -591,6 +591,20 @@ def test_a_pbs_chain_that_cannot_start_ends_after_two_jobs_and_a_new_one_starts(
     new_second = _run_pbs_job(tmp_path, stand_ins, script, "2", job="51.pbs", previous="50.pbs")
     assert "jobs 50.pbs and 51.pbs: 2 jobs in a row gained no step" in new_second.stderr
     assert [event[0] for event in _events(log)] == ["qsub", "run", "qsub", "run", "qdel"]
+
+
+@needs_hydra
+def test_the_eval_gates_stop_ends_the_chain(monkeypatch, tmp_path, capsys, stand_ins):
+    """A run the eval gate stopped (exit 3) is not learning: its next job would resume into the
+    same state, so the job cancels it and the chain ends with the gate's code."""
+    _, log = stand_ins
+    run_dir = tmp_path / "run"
+    _write(monkeypatch, tmp_path, capsys, ["--scheduler", "pbs"], _run_line(log, run_dir, 0, 3))
+    result = _run_pbs_job(tmp_path, stand_ins, run_dir / "chain.pbs", None, job="41.pbs")
+    assert result.returncode == 3, result.stderr
+    assert "job 1: the eval gate stopped the run (exit 3); the chain ends here" in result.stderr
+    assert [event[0] for event in _events(log)] == ["qsub", "run", "qdel"]
+    assert _events(log)[-1][:2] == ["qdel", "42.pbs"]
 
 
 @needs_hydra
