@@ -1,9 +1,9 @@
 """``make bench``: every benchmark, each ours against its named baseline in one run.
 
 ``python -m benchmarks NAME ...`` runs only the named ones (``tokenize``, ``blend``, ``train``,
-``checkpoint``, ``launch``, ``chaos``, ``layouts``, ``ring``, ``moe``, ``optim``, ``eval``); no
-names: all. Figures are printed and also written to ``bench-out/results.json`` for the README; a
-run of some benchmarks replaces only their entries there, keeping the others'.
+``checkpoint``, ``launch``, ``chaos``, ``layouts``, ``ring``, ``moe``, ``optim``, ``eval``,
+``report``); no names: all. Figures are printed and also written to ``bench-out/results.json``
+for the README; a run of some benchmarks replaces only their entries there, keeping the others'.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from benchmarks import (
     bench_layouts,
     bench_moe,
     bench_optim,
+    bench_report,
     bench_ring,
     bench_tokenize,
     bench_train,
@@ -43,6 +44,7 @@ BENCHMARKS: dict[str, Callable[[], Any]] = {
     "moe": bench_moe.main,
     "optim": bench_optim.main,
     "eval": bench_eval.main,
+    "report": bench_report.main,
 }
 RESULTS = Path("bench-out/results.json")
 

@@ -23,7 +23,7 @@ from goodput.errors import ExitCode, from_exception
 
 # In the order `goodput --help` lists them; each names its module in goodput.commands.
 GROUPS = tuple(
-    "data model plan train ckpt generate eval launch broadcast submit chaos diagnose".split()
+    "data model plan train ckpt generate eval launch broadcast submit chaos diagnose report".split()
 )
 
 

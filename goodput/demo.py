@@ -3,7 +3,8 @@
 Data (corpus, tokenizer, shards, blend, verify), then training the tiny model of
 ``configs/tiny-cpu.toml`` on 2 CPU ranks under ``goodput launch``, with its in-loop evals (the
 held-out samples of each corpus and ``DEMO_TASK``, a multiple-choice task shipped with the
-embedded corpus), ending with the loss curve and the last eval in a few numbers. Each step is
+embedded corpus), ending with the loss curve, the last eval in a few numbers and the run's
+report (``goodput report``: the terminal summary, and ``report.html`` with its plots). Each step is
 the command a user would type (printed before it runs), so the demo doubles as a walkthrough.
 Steps whose output is already complete are cheap to rerun: tokenize resumes and blend hits its
 cache.
@@ -144,6 +145,8 @@ def main() -> None:
         sys.exit(code)
     print_loss_curve(run_dir / rundir.METRICS)
     print_last_eval(run_dir / rundir.EVALS)
+    # Where the demo's time went, and its plots, in one page that opens offline.
+    run(["report", str(run_dir), "--html", str(out / "report.html")])
 
 
 def print_loss_curve(metrics_file: Path, num_points: int = 7) -> None:

@@ -25,7 +25,9 @@ with ``.complete`` inside, so readers never see half an index; ``blend.json`` in
 manifest (see ``manifest``), and records the sha256 of every index array the blend reads
 (``index_sha256``, see ``index_files``). A cache hit is checked as the loader checks a blend:
 arrays and checksums. A blend built before checksums were recorded is refused with the fix
-(delete it; the rebuild has the same fingerprint and the same samples).
+(delete it; the rebuild has the same fingerprint and the same samples). Building the file
+indices and the corpus orders shows progress on stderr (``goodput.progress``); a cache hit
+prints its one line.
 
 Per-file lines' weights add up to their corpus's weight; inside a corpus, files are mixed by token
 count. A shard is listed once: two lines reaching one file (``file_list``) or the same bytes (one
@@ -51,6 +53,7 @@ from goodput import __version__
 from goodput.data.file_list import FileListEntry, corpus_weights, listed_twice, parse_file_list
 from goodput.data.index_files import (
     SHARD_INDEX_SHA256,
+    IndexFile,
     corpus_order_name,
     heldout_name,
     index_files,
@@ -75,6 +78,7 @@ from goodput.data.schema import RUN_FORMAT
 from goodput.data.shards import ShardReader, bin_path, idx_path
 from goodput.errors import GoodputError
 from goodput.io import fsync_dir, is_complete, sha256_file, write_json, write_marker
+from goodput.progress import Progress
 
 __all__ = ["build_blend_index", "parse_file_list", "BlendSpec", "build_blend", "FileListEntry"]
 
@@ -227,13 +231,16 @@ def _build_into(final: Path, pinned: dict[str, Any], spec: BlendSpec) -> dict[st
         _refuse_exhausted(report, spec)
         save_array(tmp / "corpus_index.npy", corpus_index)
         save_array(tmp / "sample_index.npy", sample_index)
-        for c, (row, heldout) in enumerate(zip(rows, heldouts, strict=True)):
-            order = corpus_order(
-                row["corpus"], row["available"], row["samples"], spec.seed, heldout
-            )
-            save_array(tmp / corpus_order_name(c), order)
-            if len(heldout):
-                save_array(tmp / heldout_name(c), heldout)
+        total = sum(row["samples"] for row in rows)
+        with Progress("blend: corpus orders", total=total, unit="samples") as progress:
+            for c, (row, heldout) in enumerate(zip(rows, heldouts, strict=True)):
+                order = corpus_order(
+                    row["corpus"], row["available"], row["samples"], spec.seed, heldout
+                )
+                save_array(tmp / corpus_order_name(c), order)
+                if len(heldout):
+                    save_array(tmp / heldout_name(c), heldout)
+                progress.advance(row["samples"])
         manifest = {**pinned, "report": report}
         files = index_files(tmp, manifest)
         manifest["index_sha256"] = {key: sha256_file(file.path) for key, file in files.items()}
@@ -253,19 +260,30 @@ def _build_into(final: Path, pinned: dict[str, Any], spec: BlendSpec) -> dict[st
 
 
 def _build_file_indices(shards: list[dict[str, Any]], spec: BlendSpec) -> None:
+    """The per-shard file indices the cache lacks (a packed shard needs none: row s of it is
+    sample s). One found complete and intact is kept, one damaged is refused, naming the file
+    (``reuse_shard_index``); progress is shown only when one is built: a cache hit stays quiet."""
+    missing = []
     for shard in shards:
-        if not shard["packed"]:  # row s of a packed shard is sample s: no index
-            build_file_index(shard, spec.seed, spec.cache)
-
-
-def build_file_index(shard: dict[str, Any], seed: int, cache: Path) -> None:
-    """Seeded document order of one shard and the start of each document in that order.
-
-    Shared by every blend of the shard with this seed: one found complete and intact (its
-    checksums) is kept, one damaged is refused, naming the file."""
-    files = shard_index_files(cache, shard["sha256_bin"], seed, shard["num_documents"])
-    if reuse_shard_index(files):
+        if shard["packed"]:
+            continue
+        files = shard_index_files(
+            spec.cache, shard["sha256_bin"], spec.seed, shard["num_documents"]
+        )
+        if not reuse_shard_index(files):
+            missing.append((shard, files))
+    if not missing:
         return
+    with Progress("blend: file indices", total=len(missing), unit="shards") as progress:
+        for shard, files in missing:
+            build_file_index(shard, spec.seed, files)
+            progress.advance(1, documents=shard["num_documents"])
+
+
+def build_file_index(shard: dict[str, Any], seed: int, files: list[tuple[str, IndexFile]]) -> None:
+    """Seeded document order of one shard and the start of each document in that order, into
+    ``files`` (``shard_index_files``: shared by every blend of the shard with this seed; the
+    caller has found them absent or incomplete, ``reuse_shard_index``)."""
     reader = ShardReader(shard["prefix"])
     rng = np.random.default_rng([seed, int(shard["sha256_bin"][:16], 16)])
     order = rng.permutation(len(reader)).astype(np.int64)

@@ -40,7 +40,7 @@ from goodput.data.shards import ShardWriter, bin_path, idx_path, token_dtype
 from goodput.data.tokenizer import load_tokenizer
 from goodput.errors import GoodputError
 from goodput.io import sha256_file, sha256_json, write_json
-from goodput.progress import Progress
+from goodput.progress import BYTES, Progress
 
 BATCH_CHARS = 4 << 20  # characters of text per encode call: big enough to amortise overhead
 PARTS_DIR = ".parts"
@@ -190,7 +190,7 @@ def _run_units(
     total_bytes = sum(p.stat().st_size for u in pending for p in units[u])
     num_workers = max(1, min(job.num_workers, len(pending)))
     with (
-        Progress("tokenize", total_bytes=total_bytes) as progress,
+        Progress("tokenize", total=total_bytes, unit=BYTES) as progress,
         futures.ProcessPoolExecutor(
             num_workers, mp_context=ctx, initializer=_worker_init, initargs=(job, progress_queue)
         ) as pool,
@@ -218,7 +218,7 @@ def _drain(progress_queue: Any, progress: Progress) -> None:
             docs, tokens, nbytes = progress_queue.get_nowait()
         except queue.Empty:
             return
-        progress.update(docs=docs, tokens=tokens, nbytes=nbytes)
+        progress.advance(nbytes, docs=docs, tokens=tokens)
 
 
 _WORKER: dict[str, Any] = {}

@@ -2,27 +2,48 @@
 written atomically. ``lr_find_plot``: the LR range test's loss against lr on a log axis (raw
 faint, smoothed bold), its regions shaded and labelled, the suggested LR as a vertical line.
 
-Reads only the finished result; matplotlib is imported here and nowhere else.
+Reads only the finished result. matplotlib is imported here and nowhere else: ``agg_figure``
+and ``png_bytes`` are how any goodput plot (the run report's too) gets a figure and its PNG,
+and importing this module imports neither matplotlib nor torch (a report runs on a login node).
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from goodput.diagnostics.lr_find import LrFindResult
-from goodput.io import atomic_path
+from goodput.io import write_bytes
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from goodput.diagnostics.lr_find import LrFindResult
 
 REGION_COLOURS = {"plateau": "tab:gray", "basin": "tab:green", "cliff": "tab:red"}
 
 
-def lr_find_plot(result: LrFindResult, path: Path) -> None:
-    """Draw ``result`` into the PNG file ``path`` (temp file + rename)."""
+def agg_figure(width_in: float, height_in: float, dpi: int = 100) -> Figure:
+    """A figure of that size on the Agg canvas: no display, no pyplot state, the same pixels
+    everywhere."""
     import matplotlib
 
-    matplotlib.use("Agg")  # before pyplot: no display, and the same pixels everywhere
+    matplotlib.use("Agg")  # before anything draws: never a GUI backend
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(8, 5), dpi=100)
+    return Figure(figsize=(width_in, height_in), dpi=dpi)
+
+
+def png_bytes(figure: Figure) -> bytes:
+    """``figure`` as one PNG file's bytes."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def lr_find_plot(result: LrFindResult, path: Path) -> None:
+    """Draw ``result`` into the PNG file ``path`` (temp file + rename)."""
+    figure = agg_figure(8, 5)
     axes = figure.subplots()
     raw = [(p.lr, p.loss) for p in result.curve if p.loss is not None]
     smoothed = [(p.lr, p.smoothed_loss) for p in result.curve if p.smoothed_loss is not None]
@@ -52,5 +73,4 @@ def lr_find_plot(result: LrFindResult, path: Path) -> None:
     axes.set_ylabel("loss")
     axes.set_title(f"LR range test: {len(result.curve)} steps")
     axes.legend(loc="lower left")
-    with atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png")
+    write_bytes(path, png_bytes(figure))

@@ -41,7 +41,7 @@ It does not read task files (``choice_tasks``), build few-shot prompts or genera
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -259,10 +259,12 @@ def score_requests(
     device: torch.device | str,
     pad_id: int,
     num_batches: int | None = None,
+    on_batch: Callable[[int], object] | None = None,
 ) -> list[Score]:
     """Each request's ``Score``, in request order, in eval mode without autograd (the model's
     mode comes back). ``num_batches`` (at least the batches the requests need): make exactly
-    that many forward calls, as ``score_choices`` does to keep ranks in step."""
+    that many forward calls, as ``score_choices`` does to keep ranks in step. ``on_batch``:
+    called with the number of requests each batch scored (``goodput eval``'s progress)."""
     needed = math.ceil(len(requests) / batch_size)
     assert num_batches is None or num_batches >= needed
     was_training = model.training
@@ -270,7 +272,13 @@ def score_requests(
     try:
         with torch.no_grad():
             return _scores(
-                model, requests, batch_size, num_batches or needed, torch.device(device), pad_id
+                model,
+                requests,
+                batch_size,
+                num_batches or needed,
+                torch.device(device),
+                pad_id,
+                on_batch,
             )
     finally:
         model.train(was_training)
@@ -283,6 +291,7 @@ def _scores(
     num_batches: int,
     device: torch.device,
     pad_id: int,
+    on_batch: Callable[[int], object] | None,
 ) -> list[Score]:
     """Each request's score, in request order, in ``num_batches`` forward calls."""
     order = sorted(range(len(requests)), key=lambda i: -len(requests[i].ids))
@@ -310,6 +319,8 @@ def _scores(
         values, flags = torch.stack(sums).tolist(), torch.stack(greedy).tolist()
         for index, value, flag in zip(batch, values, flags, strict=True):
             results[index] = Score(value, flag)
+        if on_batch is not None:
+            on_batch(len(batch))
     return results
 
 

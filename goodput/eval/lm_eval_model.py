@@ -30,6 +30,10 @@ Invariants: the scores do not depend on ``batch_size`` (up to the model's matmul
 the world size; a token id outside the model's vocabulary, a continuation that encodes to
 nothing or is longer than ``max_len`` is a ``GoodputError`` naming the task and document.
 
+Progress. Each request type's share of rank 0 is shown on stderr as it is scored
+(``goodput.progress``: a bar on a terminal, periodic lines otherwise); lm-eval's own bars (its
+contexts being built) are lm-eval's.
+
 It does not apply chat templates, batch generation, or read task files (``lm_eval_tasks``).
 """
 
@@ -56,6 +60,7 @@ from goodput.eval.harness import (
     rank_and_world_size,
     score_requests,
 )
+from goodput.progress import Progress
 from goodput.train.model import Transformer
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own default for a task that names none
@@ -121,7 +126,8 @@ class GoodputLM(LM):
             )
             for request, (context, continuation) in zip(requests, pairs, strict=True)
         ]
-        results = [(score.loglikelihood, score.greedy) for score in self._score(built)]
+        scores = self._score(built, "loglikelihood", "requests", disable_tqdm)
+        results = [(score.loglikelihood, score.greedy) for score in scores]
         for pair, result in zip(pairs, results, strict=True):
             self.cache_hook.add_partial("loglikelihood", pair, result)
         return results
@@ -145,7 +151,8 @@ class GoodputLM(LM):
                 windows.append(Request(context + continuation, len(continuation)))
                 owners.append(index)
         totals = [0.0] * len(texts)
-        for owner, score in zip(owners, self._score(windows), strict=True):
+        scores = self._score(windows, "loglikelihood_rolling", "windows", disable_tqdm)
+        for owner, score in zip(owners, scores, strict=True):
             totals[owner] += score.loglikelihood
         for text, total in zip(texts, totals, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
@@ -153,11 +160,13 @@ class GoodputLM(LM):
 
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
         results = []
-        for request in requests:
-            context, gen_kwargs = request.args
-            text = self._generate(context, gen_kwargs)
-            self.cache_hook.add_partial("generate_until", request.args, text)
-            results.append(text)
+        with self._progress("generate_until", len(requests), "requests", disable_tqdm) as done:
+            for request in requests:
+                context, gen_kwargs = request.args
+                text = self._generate(context, gen_kwargs)
+                self.cache_hook.add_partial("generate_until", request.args, text)
+                results.append(text)
+                done.advance(1)
         return results
 
     # --- lm-eval's distributed primitives --------------------------------------------------
@@ -192,14 +201,22 @@ class GoodputLM(LM):
         check_vocabulary(self.tokenizer, ids, self.model.cfg.vocab_size)
         return dict(zip(unique, ids, strict=True))
 
-    def _score(self, requests: list[Request]) -> list[Score]:
-        return score_requests(
-            self.model,
-            requests,
-            batch_size=self.batch_size,
-            device=self.device,
-            pad_id=self.tokenizer.eod_id,
-        )
+    def _progress(self, kind: str, total: int, unit: str, disable: bool) -> Progress:
+        """This rank's share of one request type, shown on rank 0 only (lm-eval gives every
+        rank a like share), on stderr."""
+        show = self.rank == 0 and not disable
+        return Progress(f"goodput eval: {kind}", total=total, unit=unit, show=show)
+
+    def _score(self, requests: list[Request], kind: str, unit: str, disable: bool) -> list[Score]:
+        with self._progress(kind, len(requests), unit, disable) as done:
+            return score_requests(
+                self.model,
+                requests,
+                batch_size=self.batch_size,
+                device=self.device,
+                pad_id=self.tokenizer.eod_id,
+                on_batch=done.advance,
+            )
 
     def _generate(self, context: str, gen_kwargs: dict[str, Any]) -> str:
         kwargs = normalize_gen_kwargs(gen_kwargs, DEFAULT_MAX_GEN_TOKS)

@@ -22,8 +22,9 @@ one string). A copy refused that way is not retried: the next try would find the
 A virtual environment names its own absolute path (in ``bin/activate*``, ``pyvenv.cfg`` and the
 shebang lines of ``bin/*``): the local transport rewrites each copy; for the remote ones, which
 copy bytes as they are, ``broadcast`` first makes one prepared copy (rewritten) on this machine
-and sends that, so a venv goes to one node-local path on every host. Standard library only;
-nothing here imports torch.
+and sends that, so a venv goes to one node-local path on every host. Hosts done are shown as
+they finish (``goodput.progress``: a bar on a terminal, periodic lines on stderr otherwise).
+Standard library only, and rich for that bar; nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from pathlib import Path, PurePosixPath
 from goodput.errors import GoodputError
 from goodput.launch.env import MAX_HOSTS, check_host, read_hostfile
 from goodput.launch.transports import Transport, fix_venv_prefix, is_venv
+from goodput.progress import Progress
 
 ORIGIN = "(origin)"  # not a valid host name, so it never collides with one
 DEFAULT_FANOUT = 8
@@ -195,6 +197,7 @@ def broadcast(
     with (
         _origin(source, hosts, transport) as origin,
         ThreadPoolExecutor(max_workers=max(1, min(len(hosts), MAX_THREADS))) as pool,
+        Progress("broadcast", total=len(hosts), unit="hosts") as hosts_done,
     ):
         while pending or in_flight:
             while pending and (src := pick_source(pending[0])) is not None:
@@ -210,6 +213,7 @@ def broadcast(
                     start_s, seconds = future.result()
                     result.copies.append(Copy(src, host, start_s, seconds))
                     result.succeeded.append(host)
+                    hosts_done.advance(1)
                     if relay:
                         busy[host] = 0
                         order[host] = len(order)

@@ -1,7 +1,7 @@
 """The run config: one TOML file, one table per component, and the batch plan derived from it.
 
 ``[model]`` ``[train]`` ``[data]`` ``[optim]`` ``[schedule]`` ``[parallel]`` ``[checkpoint]``
-``[diagnostics]`` ``[eval]`` (``goodput.eval.config``);
+``[diagnostics]`` ``[eval]`` (``goodput.eval.config``) ``[metrics]`` (``metrics_config``);
 each component is built from its own table only. What can be derived is derived, never
 configured twice: the global batch in samples is ``tokens_per_step / seq_len``, the
 data-parallel size comes from the mesh (``mesh.py``), and gradient accumulation is
@@ -24,6 +24,7 @@ from goodput.checkpoint.config import CheckpointConfig
 from goodput.config import NON_EMPTY, limits
 from goodput.errors import GoodputError
 from goodput.eval.config import EvalConfig
+from goodput.train.metrics_config import MetricsConfig
 from goodput.train.model_config import ModelConfig
 from goodput.train.optim_config import OptimConfig
 from goodput.train.parallel_config import ParallelConfig
@@ -126,6 +127,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def __post_init__(self) -> None:
         self._move_deprecated_keys()

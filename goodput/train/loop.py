@@ -67,6 +67,7 @@ from goodput.train.watch import (
 
 def train(cfg: RunConfig) -> list[float]:
     """Run ``cfg`` on this rank; return the per-step losses (the same on every rank)."""
+    entered = time.perf_counter()  # start-up: from here to the first step (the report's)
     owns_process_group = not dist.is_initialized()
     faults = load_plan(os.environ)  # None unless goodput chaos injects faults into this run
     runtime = setup_torch(seed=cfg.train.seed)
@@ -76,6 +77,7 @@ def train(cfg: RunConfig) -> list[float]:
         plan = plan_batches(cfg.train, dp_size=mesh.dp_size)
         run_dir = Path(cfg.train.run_dir)
         decided_by_rank_zero(lambda: require_run_dir(run_dir))  # before anything is written
+        decided_by_rank_zero(cfg.metrics.check_sinks)  # wandb asked for is installed, or one line
         loader = build_loader(cfg, plan, mesh)
         # The held-out rows and the tasks, read and tokenized before anything is written.
         loop_eval = LoopEval(
@@ -93,7 +95,10 @@ def train(cfg: RunConfig) -> list[float]:
         optimizer = Optimizers(parts, cfg.optim, cfg.schedule.lr, replica_group(mesh))
         checkpointer = Checkpointer(cfg.checkpoint, checkpoint_root(cfg), device, faults)
         # Before anything is written: a refused resume must leave the run directory as it was.
+        load_start = time.perf_counter()
         resumed = resume(cfg, checkpoint_choice, parts, optimizer, loader, device)
+        # Where this start's time went, for the first step's record (goodput report).
+        timings = {"checkpoint_load_s": time.perf_counter() - load_start} if resumed else {}
         start_step = resumed["step"] if resumed else 0
         skips = SkippedSteps.resumed(cfg.train.max_skipped_steps, resumed)
         lr_scale = LrScale.resumed(cfg, resumed)
@@ -127,6 +132,7 @@ def train(cfg: RunConfig) -> list[float]:
             flops_per_token=flops_per_token(cfg.model, cfg.train.seq_len),
             peak_flops_per_device=peak,
             tensorboard=cfg.train.tensorboard,
+            sinks=cfg.metrics,
         )
         config_toml = to_toml(cfg)
         context = context_layout(cfg, mesh)
@@ -134,6 +140,7 @@ def train(cfg: RunConfig) -> list[float]:
         losses = []
         batches = iter(loader)
         last_step_end = time.perf_counter()
+        timings["startup_s"] = last_step_end - entered
         with SigtermFlag() as sigterm:
             for step in range(start_step + 1, cfg.train.steps + 1):
                 # LR
@@ -142,7 +149,9 @@ def train(cfg: RunConfig) -> list[float]:
                     group["lr"] = lr
                 # Batch: this rank's share of the global batch (under cp, its chunks of each
                 # sequence), in micro-batches.
+                data_start = time.perf_counter()
                 micro_batches = micro_batches_of(next(batches), context, mesh.cp_rank, plan, device)
+                timings["data_time_s"] = time.perf_counter() - data_start
                 # Step
                 result = train_step(
                     model,
@@ -166,7 +175,8 @@ def train(cfg: RunConfig) -> list[float]:
                 # step time; then the diagnostics and their warnings.
                 now = time.perf_counter()
                 too_many_skips = skips.count(step, result.skipped)
-                diagnosed = watch.after_step(step, result, optimizer)
+                diagnosed = watch.after_step(step, result, optimizer) | timings
+                timings = {}
                 # Eval: every [eval] interval_steps, all ranks, forward only; timed apart.
                 evaluated = None
                 if loop_eval.due(step, cfg.train.steps):
@@ -214,7 +224,8 @@ def train(cfg: RunConfig) -> list[float]:
                         **watch.state_dict(),
                         **gate.state_dict(),
                     }
-                    checkpointer.save(
+                    # Held training: part of the next step's time, said in its record.
+                    timings["checkpoint_stall_s"] = checkpointer.save(
                         step,
                         parts,
                         optimizer.optimizers,

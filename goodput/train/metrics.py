@@ -15,6 +15,11 @@ A mixture-of-experts model adds the step's expert load imbalance (the most loade
 tokens over the mean, worst layer) and the token-to-expert assignments its capacity dropped.
 The in-loop diagnostics add theirs (``watch.py``: ``gns``, ``loss_z``, ``frozen_fraction``,
 ``max_attention_logit``, ``sophia_unclipped``), each where it is measured.
+
+Every numeric value of a record but ``step`` and ``time`` (a null, not finite, left out) goes to
+TensorBoard as ``train/<key>`` at the record's step, and to Weights & Biases under the same names
+when ``[metrics] wandb`` is on (``metrics_config``: offline by default; one wandb run per
+trainer process, finished by ``close``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 from goodput import rundir
 from goodput.progress import print_line
 from goodput.train.device import device_name, peak_memory_bytes
+from goodput.train.metrics_config import MetricsConfig
 from goodput.train.step import StepResult
 
 # (substring of the device name, dense bf16 TFLOP/s per device); the first match wins.
@@ -103,6 +109,7 @@ class Metrics:
         flops_per_token: int,
         peak_flops_per_device: float | None,
         tensorboard: bool,
+        sinks: MetricsConfig | None = None,
     ):
         self.run_dir, self.world_size, self.device = run_dir, world_size, device
         self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
@@ -110,6 +117,8 @@ class Metrics:
         self.enabled = rank == 0
         self.jsonl = open(run_dir / rundir.METRICS, "a") if self.enabled else None  # noqa: SIM115
         self.tensorboard = _tensorboard_writer(run_dir) if self.enabled and tensorboard else None
+        sinks = sinks if sinks is not None else MetricsConfig()
+        self.wandb = _wandb_run(sinks, run_dir) if self.enabled and sinks.wandb else None
         self.heartbeats = rundir.heartbeat_files(run_dir, os.environ) if self.enabled else []
 
     def step(
@@ -152,10 +161,12 @@ class Metrics:
         finite = {k: None if _not_finite(v) else v for k, v in record.items()}
         self.jsonl.write(json.dumps(finite, allow_nan=False) + "\n")
         self.jsonl.flush()
+        scalars = scalars_of(finite)
         if self.tensorboard is not None:
-            for key, value in finite.items():
-                if key not in ("step", "time") and value is not None:
-                    self.tensorboard.add_scalar(f"train/{key}", value, record["step"])
+            for name, value in scalars.items():
+                self.tensorboard.add_scalar(name, value, record["step"])
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=record["step"])
         print_line(step_line(record))
         beat = json.dumps({"step": record["step"], "time": record["time"]})
         for heartbeat in self.heartbeats:  # the run's, and goodput launch's when it is another
@@ -168,6 +179,8 @@ class Metrics:
             self.jsonl.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 def step_line(record: dict[str, Any]) -> str:
@@ -198,8 +211,36 @@ def step_line(record: dict[str, Any]) -> str:
     )
 
 
+def scalars_of(record: dict[str, Any]) -> dict[str, float | int]:
+    """The record's numeric values as ``train/<key>``, for TensorBoard and wandb alike: every
+    key but ``step`` (their x axis) and ``time``; None (not finite, or not measured) left out."""
+    return {
+        f"train/{key}": value
+        for key, value in record.items()
+        if key not in ("step", "time") and isinstance(value, int | float)
+    }
+
+
 def _not_finite(value: Any) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
+
+
+def _wandb_run(sinks: MetricsConfig, run_dir: Path) -> Any:
+    """A wandb run of this process (``check_sinks`` found wandb installed): grouped by the run
+    directory's name; no console capture, so stdout stays the step lines' alone."""
+    import wandb
+
+    root = Path(sinks.wandb_dir) if sinks.wandb_dir is not None else run_dir
+    root.mkdir(parents=True, exist_ok=True)
+    return wandb.init(
+        project=sinks.wandb_project,
+        mode=sinks.wandb_mode,
+        dir=str(root),
+        group=run_dir.resolve().name,
+        job_type="train",
+        # create_new: this run is ours alone, whatever else in the process uses wandb.
+        settings=wandb.Settings(console="off", disable_git=True, reinit="create_new"),
+    )
 
 
 def _tensorboard_writer(run_dir: Path) -> Any:

@@ -16,22 +16,11 @@ from pathlib import Path
 import pytest
 
 from goodput.cli import build_parser
+from goodput.testing.doc_commands import command_lines
 from goodput.testing.jobs import REPO, outside_any_job
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-FENCE = re.compile(r"```(\w*)\n(.*?)```", re.S)
 QUICK_START = re.compile(r"^## Quick start: (\w+)\n(.*?)(?=^## )", re.S | re.M)
-
-
-def command_lines(text: str) -> list[str]:
-    """The shell lines of the fenced blocks of ``text``, continuations joined, comments cut."""
-    lines = []
-    for _lang, body in FENCE.findall(text):
-        for line in body.replace("\\\n", " ").splitlines():
-            line = line.strip()
-            if line and not line.startswith("#"):
-                lines.append(line.split(" # ")[0].strip())
-    return lines
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

@@ -3,11 +3,15 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from goodput.testing.doc_commands import command_lines
+from goodput.testing.jobs import REPO, outside_any_job
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 
@@ -71,8 +75,9 @@ def test_demo_ends_with_its_eval(demo):
     a learning run: the task is above chance and the gate stays quiet."""
     out, stdout = demo
     assert "[rank0] eval: step 40: held-out loss " in stdout and "eval gate" not in stdout
-    summary = stdout[stdout.index("eval at step 40 (") :].splitlines()[1:]
-    tasks = [line.split()[0] for line in summary]
+    assert stdout.rstrip().endswith(f"report: {out / 'report.html'}")  # the demo's last line
+    block = stdout[stdout.index("eval at step 40 (") :].split("\n\n")[0]
+    tasks = [line.split()[0] for line in block.splitlines()[1:]]
     assert tasks == ["heldout/code", "heldout/docstrings", "heldout/docs", "python_spelling"]
     evals = [json.loads(line) for line in (out / "run" / "evals.jsonl").read_text().splitlines()]
     acc = next(e for e in evals if e["task"] == "python_spelling" and e["metric"] == "acc")
@@ -246,3 +251,45 @@ def test_every_layout_trains_the_demo_model_through_goodput_launch_alike(demo, t
     for name, curve in curves.items():  # fp32: equal but for the order of the sums
         reference = references["moe" if name.startswith("moe") else "dense"]
         assert curve == pytest.approx(reference, rel=1e-4), name
+
+
+@pytest.mark.timeout(900)
+def test_the_walkthroughs_failure_and_report_run_as_written(demo, tmp_path):
+    """docs/walkthrough.md's sections 4 and 5 on the demo's data, in a folder holding the
+    shipped configs, as a user types them (the venv's goodput on PATH): a real faulted run (a
+    rank killed, a rank stopped until the watchdog fires), and the report of it, which agrees
+    with the campaign's own account of the same files."""
+    out, _ = demo
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    (tmp_path / "demo").symlink_to(out)
+    text = (REPO / "docs" / "walkthrough.md").read_text()
+    lines = command_lines(text[text.index("## 4.") :])
+    assert [line.split()[1] for line in lines] == ["chaos", "report", "report"]
+    bin_dir = str(Path(sys.executable).parent)
+    env = outside_any_job(PATH=f"{bin_dir}:{outside_any_job()['PATH']}")
+    outputs = []
+    for line in lines:
+        result = subprocess.run(
+            ["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert result.returncode == 0, f"{line}\n{result.stdout[-3000:]}\n{result.stderr}"
+        outputs.append(result.stdout)
+    assert "bitwise equal" in outputs[0]
+    report = json.loads(outputs[2])
+    theirs = json.loads((out / "chaos" / "report.json").read_text())["goodput"]["faulted"]
+    classes = [attempt["class"] for attempt in report["attempts"]]
+    assert classes[-1] == "success" and "hang" in classes and len(classes) == 3
+    assert report["steps"]["done"] and report["steps"]["kept"] == theirs["num_steps"] == 30
+    assert report["steps"]["recomputed"] == theirs["num_step_runs"] - 30
+    assert report["wall_s"] == pytest.approx(theirs["wall_s"], abs=0.01)
+    # The campaign counts the whole step time of each step's last run as productive; the report
+    # takes out what the trainer measured inside it that is not training.
+    inside = report["badput_s"]["data"] + report["badput_s"]["checkpoint_save"]
+    assert report["productive_s"] + inside == pytest.approx(theirs["productive_s"], rel=1e-6)
+    assert report["badput_s"]["recomputed"] == pytest.approx(theirs["recomputed_s"], rel=1e-6)
+    # The stopped rank, until the watchdog fired (chaos sets a short idle timeout).
+    assert report["badput_s"]["hang"] > 0
+    total = report["productive_s"] + sum(report["badput_s"].values())
+    assert total == pytest.approx(report["wall_s"], rel=1e-6) and 0 < report["goodput"] < 1
+    page = (out / "chaos-report.html").read_bytes()
+    assert len(page) > 10_000 and page.count(b"<img") >= 5

@@ -21,6 +21,7 @@ from goodput.eval.choice_tasks import read_choice_task
 from goodput.eval.generate import load_for_inference
 from goodput.eval.harness import score_choices
 from goodput.eval.lm_eval_tasks import OFFLINE_VARIABLES, load_tasks, resolve_tasks, run_tasks
+from goodput.testing.doc_commands import command_lines
 from goodput.testing.eval_tasks import write_choice_task, write_rolling_task
 from goodput.testing.jobs import REPO, outside_any_job
 from goodput.testing.tiny import tokenized_run_config
@@ -34,7 +35,6 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 TOLERANCE = 1e-4  # absolute, per summed log-likelihood; the CPU fp32 runs differ by ~1e-6
-FENCE = re.compile(r"```(\w*)\n(.*?)```", re.S)
 SECTION = re.compile(r"^## lm-eval tasks on a checkpoint\n(.*?)(?=^## |\Z)", re.S | re.M)
 
 
@@ -161,11 +161,7 @@ def docs_example() -> tuple[dict[str, str], list[str]]:
     files = dict(
         re.findall(r"`([\w/.-]+\.(?:yaml|jsonl))`[^\n]*:\n\n```\w*\n(.*?)```", section, re.S)
     )
-    commands = []
-    for language, body in FENCE.findall(section):
-        if language == "sh":
-            commands += [line.strip() for line in body.splitlines() if line.strip()]
-    return files, commands
+    return files, command_lines(section, ("sh",))
 
 
 @pytest.mark.timeout(600)

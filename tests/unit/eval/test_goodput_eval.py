@@ -3,6 +3,7 @@ tokenizer, offline, on local task files: the --json schema, RUN/evals.jsonl and 
 LM class pinned by hand on a bigram table; rolling log-likelihoods against the model's own token
 loss; generation against goodput's generate; and the one-line refusals."""
 
+import functools
 import json
 import math
 import os
@@ -37,7 +38,9 @@ pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
+from goodput.eval import lm_eval_model  # noqa: E402
 from goodput.eval.lm_eval_model import GoodputLM, cut_at_first  # noqa: E402
+from goodput.progress import Progress  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -249,6 +252,22 @@ def test_loglikelihood_and_is_greedy_by_hand():
     expected = [(L(0.2 * 0.3), False), (L(0.4), True), (L(0.3 * 0.5), True), (L(0.4 * 0.4), True)]
     for (value, greedy), (want, want_greedy) in zip(results, expected, strict=True):
         assert value == pytest.approx(want, abs=1e-6) and greedy is want_greedy
+
+
+def test_each_request_type_shows_its_progress_on_stderr(monkeypatch, capsys):
+    # A line after every batch (interval 0), then the closing line; stdout stays the result's.
+    monkeypatch.setattr(lm_eval_model, "Progress", functools.partial(Progress, interval_s=0))
+    lm = GoodputLM(BigramModel(), CharTokenizer(" ab"), batch_size=2)  # type: ignore[arg-type]
+    lm.loglikelihood(instances("loglikelihood", [("a", " b"), ("b", "b"), ("", " a")]))
+    out, err = capsys.readouterr()
+    first, second, closing = err.splitlines()
+    assert first.startswith("goodput eval: loglikelihood: 66.7% 2 of 3 requests, ")
+    assert second.startswith("goodput eval: loglikelihood: 100.0% 3 of 3 requests, ")
+    assert closing.startswith("goodput eval: loglikelihood: 100.0% 3 of 3 requests in ")
+    assert out == ""
+    lm.loglikelihood_rolling(instances("loglikelihood_rolling", [("ab",), ("b",)]))
+    closing = capsys.readouterr().err.splitlines()[-1]
+    assert closing.startswith("goodput eval: loglikelihood_rolling: 100.0% 2 of 2 windows in ")
 
 
 @pytest.mark.parametrize("max_len", [1, 2, 64])

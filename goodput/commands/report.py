@@ -1,0 +1,81 @@
+"""``goodput report RUN_DIR``: where a run's wall time went (goodput, badput by cause, attempts),
+from the run directory alone: a terminal summary, ``--json``, ``--html`` with the plots, and
+``--watch`` to follow a run that is going on. It reads the run and writes only ``--html``'s
+file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from goodput import argtypes
+from goodput.commands import Subparsers
+from goodput.errors import ExitCode
+
+WATCH_INTERVAL_S = 10.0
+
+
+def register(groups: Subparsers) -> None:
+    report = groups.add_parser(
+        "report",
+        help="where a run's hours went: goodput, badput by cause, attempts, plots",
+        description="Stitch every job and attempt of a run (attempts.jsonl, metrics.jsonl, "
+        "evals.jsonl, run.json, checkpoints) into one account: goodput = productive, preserved "
+        "step time / wall time, and the badput by cause (docs/report.md).",
+    )
+    report.set_defaults(handler=_report)
+    report.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory")
+    report.add_argument(
+        "--html", type=Path, metavar="OUT.html", help="also write the report with its plots"
+    )
+    report.add_argument("--json", action="store_true", help="print the account as one JSON object")
+    report.add_argument(
+        "--watch",
+        action="store_true",
+        help="refresh the summary while the run goes on, until it is done (Ctrl-C stops)",
+    )
+    report.add_argument(
+        "--every",
+        type=argtypes.positive_float,
+        default=WATCH_INTERVAL_S,
+        metavar="S",
+        help=f"with --watch: seconds between refreshes (default {WATCH_INTERVAL_S:g})",
+    )
+
+
+def _report(args: argparse.Namespace) -> ExitCode:
+    from rich.console import Console
+
+    from goodput.report.accounting import account
+    from goodput.report.run_files import read_run
+    from goodput.report.terminal import summary
+
+    if args.watch and args.json:
+        from goodput.errors import GoodputError
+
+        raise GoodputError.usage("--watch", "cannot be used with --json", "pick one")
+    run = read_run(args.run_dir)
+    acc = account(run)
+    if args.html is not None:
+        from goodput.report.html import write_html
+
+        write_html(run, acc, args.html)
+    if args.json:
+        print(json.dumps(acc.as_json()), flush=True)
+        return ExitCode.OK
+    console = Console()
+    if not args.watch:
+        console.print(summary(run, acc))
+        if args.html is not None:
+            console.print(f"report: {args.html}")
+        return ExitCode.OK
+    from rich.live import Live
+
+    with Live(summary(run, acc), console=console, auto_refresh=False) as live:
+        while not run.done:
+            time.sleep(args.every)
+            run = read_run(args.run_dir)
+            live.update(summary(run, account(run, now=time.time())), refresh=True)
+    return ExitCode.OK

@@ -1,0 +1,1 @@
+"""goodput report: where a run's hours went, from its run directory alone."""

@@ -1,0 +1,363 @@
+"""The run report's figures: each a function of (``RunFiles``, ``Accounting``) that returns one
+small PNG's bytes, or None when the run holds no data for it (no evals yet, no blend report, no
+LR-finder curve, ...). ``PLOTS`` lists them in the page's order with their titles and captions.
+
+Training curves are over steps and show each step's *last* run (the one the weights kept, as
+``accounting`` counts it); the earlier runs of recomputed steps, lost to a failure, are drawn
+as faint grey points on the loss plot. The timeline is over wall-clock hours since the run's
+start (``Accounting.start``).
+
+Figures come from ``diagnostics.plots.agg_figure`` (matplotlib's Agg canvas, imported only
+there) and are 8 x 3.5 in (the badput bar 8 x 2.2) at 100 dpi, so that a page of them stays
+light. Names from the run (corpora, tasks) are drawn as plain text: ``$`` is escaped, since
+matplotlib reads ``$...$`` as math and raises on math it cannot parse. Nothing here writes a
+file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from goodput.diagnostics.plots import agg_figure, png_bytes
+from goodput.report.accounting import CAUSES, Accounting
+from goodput.report.run_files import RunFiles, Step
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+WIDTH_IN, HEIGHT_IN = 8.0, 3.5
+MAX_LABEL = 40  # characters of an outside name shown in a figure
+LOG_SPAN = 100.0  # a positive series spanning more than this factor is drawn on a log axis
+# Hex colours, so that the HTML page's swatches are the figures' own.
+CLASS_COLOURS = {
+    "success": "#2ca02c",
+    "walltime": "#1f77b4",
+    "interrupted": "#ff7f0e",
+    "bad-node": "#d62728",
+    "hang": "#9467bd",
+    "stuck-pre-training": "#8c564b",
+    "error": "#444444",
+    "running": "#17becf",
+    "unrecorded": "#bcbd22",
+}
+# Where an attempt's end is a failure of the run (walltime: the job chain's planned end).
+FAILED_CLASSES = frozenset({"interrupted", "bad-node", "hang", "stuck-pre-training", "error"})
+CAUSE_COLOURS = {
+    "productive": "#2ca02c",
+    "startup": "#1f77b4",
+    "checkpoint_load": "#aec7e8",
+    "data": "#ff7f0e",
+    "checkpoint_save": "#ffbb78",
+    "eval": "#9467bd",
+    "recomputed": "#d62728",
+    "not_checkpointed": "#ff9896",
+    "hang": "#8c564b",
+    "shutdown": "#c49c94",
+    "failed_start": "#e377c2",
+    "backoff": "#bcbd22",
+    "queue": "#dbdb8d",
+    "other": "#c7c7c7",
+}
+assert set(CAUSE_COLOURS) == {"productive", *CAUSES}
+
+
+@dataclass(frozen=True, slots=True)
+class Plot:
+    name: str  # stable id (the page's anchor)
+    title: str
+    caption: str
+    draw: Callable[[RunFiles, Accounting], bytes | None]
+
+
+def kept_and_lost(steps: list[Step]) -> tuple[list[Step], list[Step]]:
+    """(each step number's last run, by step; the earlier runs of recomputed steps, by time)."""
+    last = {step.step: index for index, step in enumerate(steps)}
+    kept = sorted((steps[index] for index in last.values()), key=lambda s: s.step)
+    lost = sorted((s for i, s in enumerate(steps) if last[s.step] != i), key=lambda s: s.time)
+    return kept, lost
+
+
+def loss_plot(run: RunFiles, acc: Accounting) -> bytes | None:
+    """The training loss (kept runs; lost runs grey) and the held-out loss per corpus."""
+    kept, lost = kept_and_lost(run.steps)
+    train = _series(kept, "loss")
+    heldout = heldout_losses(run)
+    if not train[0] and not heldout:
+        return None
+    figure, axes = _figure()
+    if train[0]:
+        axes.plot(*train, color="#333333", linewidth=1, label="training loss")
+    recomputed = _series(lost, "loss")
+    if recomputed[0]:
+        axes.scatter(
+            *recomputed, s=4, color="gray", alpha=0.5, label="lost runs of recomputed steps"
+        )
+    for corpus, points in heldout.items():
+        label = f"held-out: {_plain(corpus)}"
+        axes.plot(*zip(*points, strict=True), marker="o", markersize=3, label=label)
+    axes.set_xlabel("step")
+    axes.set_ylabel("loss")
+    axes.legend(fontsize="small")
+    return png_bytes(figure)
+
+
+def heldout_losses(run: RunFiles) -> dict[str, list[tuple[int, float]]]:
+    """corpus -> (step, held-out loss), by step: the step records' ``heldout_loss/<corpus>``,
+    then the ``heldout/<corpus>`` loss lines of ``evals.jsonl`` (the later says last)."""
+    found: dict[str, dict[int, float]] = {}
+    for step in run.steps:
+        for key, value in step.values.items():
+            if key.startswith("heldout_loss/"):
+                found.setdefault(key.removeprefix("heldout_loss/"), {})[step.step] = value
+    for line in run.evals:
+        if line.task.startswith("heldout/") and line.metric == "loss" and line.value is not None:
+            found.setdefault(line.task.removeprefix("heldout/"), {})[line.step] = line.value
+    return {corpus: sorted(points.items()) for corpus, points in sorted(found.items())}
+
+
+def grad_norm_plot(run: RunFiles, acc: Accounting) -> bytes | None:
+    return _step_series_plot(run, "grad_norm", "gradient norm", "tab:orange")
+
+
+def lr_plot(run: RunFiles, acc: Accounting) -> bytes | None:
+    return _step_series_plot(run, "lr", "learning rate", "tab:green")
+
+
+def throughput_plot(run: RunFiles, acc: Accounting) -> bytes | None:
+    """tokens/s on the left axis, MFU (%) on the right, over the kept steps."""
+    kept, _ = kept_and_lost(run.steps)
+    rate, mfu = _series(kept, "tokens_per_s"), _series(kept, "mfu")
+    if not rate[0] and not mfu[0]:
+        return None
+    figure, axes = _figure()
+    axes.set_xlabel("step")
+    if rate[0]:
+        axes.plot(*rate, color="tab:blue", linewidth=1)
+        axes.set_ylabel("tokens/s", color="tab:blue")
+    if mfu[0]:
+        right = axes.twinx() if rate[0] else axes
+        right.plot(mfu[0], [100 * value for value in mfu[1]], color="tab:red", linewidth=1)
+        right.set_ylabel("MFU (%)", color="tab:red")
+    return png_bytes(figure)
+
+
+def accuracy_plot(run: RunFiles, acc: Accounting) -> bytes | None:
+    """Each multiple-choice task's accuracy over steps (± its stderr), its chance line dashed
+    in the same colour."""
+    scores: dict[str, dict[int, tuple[float, float]]] = {}
+    chance: dict[str, float] = {}
+    for line in run.evals:
+        if line.value is None:
+            continue
+        if line.metric == "acc":
+            scores.setdefault(line.task, {})[line.step] = (line.value, line.stderr or 0.0)
+        elif line.metric == "chance":
+            chance[line.task] = line.value
+    if not scores:
+        return None
+    figure, axes = _figure()
+    for task, by_step in sorted(scores.items()):
+        steps = sorted(by_step)
+        shown = axes.errorbar(
+            steps,
+            [by_step[s][0] for s in steps],
+            yerr=[by_step[s][1] for s in steps],
+            marker="o",
+            markersize=3,
+            capsize=2,
+            label=_plain(task),
+        )
+        if task in chance:
+            colour = shown.lines[0].get_color()
+            axes.axhline(chance[task], color=colour, linestyle="--", linewidth=1)
+    axes.set_ylim(0, 1)
+    axes.set_xlabel("step")
+    axes.set_ylabel("accuracy (dashed: chance)")
+    axes.legend(fontsize="small")
+    return png_bytes(figure)
+
+
+def mixture_plot(run: RunFiles, acc: Accounting) -> bytes | None:
+    """The blend's share of each corpus: target weight beside what it achieved."""
+    if not run.mixture:
+        return None
+    figure, axes = _figure()
+    places = range(len(run.mixture))
+    width = 0.4
+    targets = [float(row["target"]) for row in run.mixture]
+    achieved = [float(row["achieved"]) for row in run.mixture]
+    axes.bar([x - width / 2 for x in places], targets, width, color="#c7c7c7", label="target")
+    axes.bar([x + width / 2 for x in places], achieved, width, color="tab:blue", label="achieved")
+    axes.set_xticks(list(places), [_plain(str(row["corpus"])) for row in run.mixture])
+    axes.set_ylabel("share of tokens")
+    axes.legend(fontsize="small")
+    return png_bytes(figure)
+
+
+def lr_find_curve_plot(run: RunFiles, acc: Accounting) -> bytes | None:
+    """``goodput diagnose lr-find``'s smoothed loss against the LR (log axis), its suggestion
+    marked."""
+    found = run.lr_find
+    if found is None or len(found["lr"]) < 2:
+        return None
+    figure, axes = _figure()
+    axes.plot(found["lr"], found["loss"], color="tab:blue", linewidth=1.5, label="smoothed loss")
+    suggested = found["suggested_lr"]
+    if suggested is not None and suggested > 0:
+        label = f"suggested lr {suggested:.3g}"
+        axes.axvline(suggested, color="black", linestyle="--", label=label)
+    axes.set_xscale("log")
+    axes.set_xlabel("learning rate")
+    axes.set_ylabel("loss")
+    axes.legend(fontsize="small")
+    return png_bytes(figure)
+
+
+def timeline_plot(run: RunFiles, acc: Accounting) -> bytes | None:
+    """Attempts as bars over wall-clock hours, coloured by class; a cross where a failed one
+    ended; below, a tick at the time of each complete checkpoint's step."""
+    if not acc.attempts:
+        return None
+    figure, axes = _figure()
+
+    def hours(instant: float) -> float:
+        return (instant - acc.start) / 3600
+
+    by_class: dict[str, list[tuple[float, float]]] = {}
+    for attempt in acc.attempts:
+        span = (hours(attempt.started), hours(attempt.ended) - hours(attempt.started))
+        by_class.setdefault(attempt.class_, []).append(span)
+    for class_, spans in by_class.items():
+        colour = CLASS_COLOURS.get(class_, "#7f7f7f")
+        axes.broken_barh(spans, (0.6, 0.8), facecolors=colour, label=class_)
+    failures = [hours(a.ended) for a in acc.attempts if a.class_ in FAILED_CLASSES]
+    if failures:
+        axes.scatter(failures, [1.0] * len(failures), marker="x", s=60, color="black", zorder=3)
+        axes.scatter([], [], marker="x", color="black", label="failure")
+    saved = checkpoint_times(run)
+    if saved:
+        axes.scatter([hours(t) for t in saved], [0.0] * len(saved), marker="|", s=200)
+        axes.scatter([], [], marker="|", color="tab:blue", label="checkpoint")
+    axes.set_yticks([0, 1], ["checkpoints", "attempts"])
+    axes.set_ylim(-0.6, 1.8)
+    axes.set_xlabel("hours since the run started")
+    axes.legend(fontsize="small", ncols=5, loc="upper center", frameon=False)
+    return png_bytes(figure)
+
+
+def checkpoint_times(run: RunFiles) -> list[float]:
+    """When each complete checkpoint's step ended (its last run), for those the metrics hold."""
+    ended = {step.step: step.time for step in run.steps}  # the last run of each step
+    return [ended[step] for step in run.checkpoint_steps if step in ended]
+
+
+def badput_plot(run: RunFiles, acc: Accounting) -> bytes | None:
+    """The wall time as one stacked bar: productive, then each cause of badput, in percent."""
+    if acc.wall_s <= 0:
+        return None
+    parts = {"productive": acc.productive_s, **acc.badput_s}
+    figure, axes = _figure(height_in=2.2)
+    left = 0.0
+    for cause, seconds in parts.items():
+        share = 100 * seconds / acc.wall_s
+        if share <= 0:
+            continue
+        colour = CAUSE_COLOURS.get(cause, "#7f7f7f")
+        axes.barh(0, share, left=left, color=colour, label=f"{cause} {share:.1f}%")
+        left += share
+    axes.set_xlim(0, max(100.0, left))
+    axes.set_yticks([])
+    axes.set_xlabel("% of wall time")
+    axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return png_bytes(figure)
+
+
+PLOTS = (
+    Plot(
+        "loss",
+        "Loss",
+        "Training loss of each step's kept run (grey: the lost first runs of steps recomputed "
+        "after a failure) and the held-out loss per corpus.",
+        loss_plot,
+    ),
+    Plot("grad-norm", "Gradient norm", "Gradient norm before clipping, per step.", grad_norm_plot),
+    Plot("lr", "Learning rate", "The schedule's learning rate, per step.", lr_plot),
+    Plot(
+        "throughput",
+        "Throughput",
+        "Tokens per second (left) and model FLOPs utilisation (right), per step.",
+        throughput_plot,
+    ),
+    Plot(
+        "accuracy",
+        "Eval accuracy",
+        "Accuracy of each multiple-choice task with its standard error; dashed: its chance line.",
+        accuracy_plot,
+    ),
+    Plot(
+        "mixture",
+        "Data mixture",
+        "Each corpus's share of the blend's tokens: the target weight and what the blend achieved.",
+        mixture_plot,
+    ),
+    Plot(
+        "lr-find",
+        "LR finder",
+        "The LR range test's smoothed loss against the learning rate; dashed: the suggested LR.",
+        lr_find_curve_plot,
+    ),
+    Plot(
+        "timeline",
+        "Goodput timeline",
+        "Every attempt over wall-clock time, coloured by how it ended; crosses: failures; "
+        "ticks: complete checkpoints (when their step ended).",
+        timeline_plot,
+    ),
+    Plot(
+        "badput",
+        "Where the wall time went",
+        "Productive, preserved step time and each cause of badput, as shares of the wall time.",
+        badput_plot,
+    ),
+)
+
+
+def _figure(height_in: float = HEIGHT_IN) -> tuple[Figure, Axes]:
+    figure = agg_figure(WIDTH_IN, height_in)
+    figure.set_layout_engine("constrained")  # labels and outside legends stay on the canvas
+    axes = figure.subplots()
+    axes.grid(alpha=0.3)
+    return figure, axes
+
+
+def _series(steps: list[Step], key: str) -> tuple[list[int], list[float]]:
+    points = [(step.step, step.values[key]) for step in steps if key in step.values]
+    return [s for s, _ in points], [v for _, v in points]
+
+
+def _step_series_plot(run: RunFiles, key: str, label: str, colour: str) -> bytes | None:
+    """One value of the step records over the kept steps, on a log axis when it spans more
+    than ``LOG_SPAN`` (a gradient-norm spike would flatten the rest)."""
+    kept, _ = kept_and_lost(run.steps)
+    steps, values = _series(kept, key)
+    if not steps:
+        return None
+    figure, axes = _figure()
+    axes.plot(steps, values, color=colour, linewidth=1)
+    low, high = min(values), max(values)
+    if low > 0 and high / low > LOG_SPAN:
+        axes.set_yscale("log")
+    axes.set_xlabel("step")
+    axes.set_ylabel(label)
+    return png_bytes(figure)
+
+
+def _plain(name: str) -> str:
+    """An outside name as a label matplotlib draws as it is: ``$`` escaped (no math), a
+    leading ``_`` kept visible (matplotlib hides such legend labels), long ones cut."""
+    shown = name if len(name) <= MAX_LABEL else name[: MAX_LABEL - 1] + "…"
+    shown = shown.replace("$", r"\$")
+    return " " + shown if shown.startswith("_") else shown

@@ -1,0 +1,104 @@
+"""A synthetic run directory with every input the report draws: two attempts of one job (the
+first lost to a bad node with a hostile evidence line, so steps 11-15 are recomputed), two
+complete checkpoints, held-out and multiple-choice evals, and an LR-finder curve written as
+``goodput diagnose lr-find`` writes it. The blend's mixture report is added to the read files
+(a real blend manifest is the data tests' business)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from goodput import rundir
+from goodput.diagnostics.lr_find import CurvePoint, LrFindResult, RampSettings
+from goodput.diagnostics.lr_regions import find_regions, ramp
+from goodput.eval.records import EvalRecord, append_evals
+from goodput.io import write_json
+from goodput.launch.history import Evidence
+from goodput.report.accounting import Accounting, account
+from goodput.report.run_files import RunFiles, read_run
+from goodput.testing.run_dirs import Attempt, write_run
+
+T0 = 1_700_000_000.0
+HOSTILE = "<script>alert(1)</script>"
+# A task name matplotlib would read as (broken) math, and one that is markup.
+MATH_TASK = r"mc $\frac$"
+MARKUP_TASK = "<img src=x onerror=alert(1)>"
+MIXTURE = [
+    {"corpus": "web", "target": 0.7, "achieved": 0.68},
+    {"corpus": "code", "target": 0.3, "achieved": 0.32},
+]
+
+
+def build_run(run_dir: Path) -> None:
+    first = Attempt(
+        start=T0,
+        startup_s=10.0,
+        steps=range(1, 16),
+        step_time_s=5.0,
+        stalls={10: 2.0},
+        tail_s=5.0,
+        class_="bad-node",
+        exit_code=1,
+        job="101",
+        wait_s=5.0,
+        evidence=(Evidence(host="nid0002", said=f"{HOSTILE}\nmore", source="log"),),
+        replaced={"nid0002": "nid0009"},
+    )
+    second = Attempt(
+        start=first.end() + 5.0,
+        startup_s=8.0,
+        checkpoint_load_s=3.0,
+        steps=range(11, 21),
+        step_time_s=5.0,
+        evals={20: 4.0},
+        tail_s=2.0,
+        job="101",
+    )
+    write_run(run_dir, [first, second], checkpoints=(10, 20), done=True)
+    for step in (10, 20):
+        progress = step / 20
+        append_evals(
+            run_dir,
+            step,
+            [
+                EvalRecord("heldout/web", "loss", 6.0 - progress),
+                EvalRecord("heldout/web", "perplexity", math.exp(6.0 - progress)),
+                EvalRecord("heldout/code", "loss", 5.0 - progress),
+                EvalRecord("arc-easy", "acc", 0.3 + 0.2 * progress, 0.02),
+                EvalRecord("arc-easy", "acc_norm", 0.3 + 0.1 * progress, 0.02),
+                EvalRecord("arc-easy", "chance", 0.25),
+                EvalRecord(MATH_TASK, "acc", 0.5 + 0.1 * progress, 0.05),
+                EvalRecord(MATH_TASK, "chance", 0.5),
+                EvalRecord(MARKUP_TASK, "acc", 0.4, None),
+            ],
+            "train",
+        )
+    write_lr_find(run_dir)
+
+
+def write_lr_find(run_dir: Path) -> None:
+    """A 40-step ramp that falls, bottoms out and diverges, as ``lr_find.run`` records it."""
+    settings = RampSettings(num_steps=40, min_lr=1e-5, max_lr=10.0)
+    lrs = ramp(settings.min_lr, settings.max_lr, settings.num_steps)
+    losses = [5.0 - 2.0 * math.exp(-((math.log10(lr) + 2) ** 2)) + lr**2 for lr in lrs]
+    curve = tuple(
+        CurvePoint(step=i + 1, lr=lr, loss=loss, smoothed_loss=loss, grad_norm=1.0)
+        for i, (lr, loss) in enumerate(zip(lrs, losses, strict=True))
+    )
+    regions = find_regions(lrs, losses, stopped_early=False)
+    found = LrFindResult(settings, curve, False, regions)
+    ramp_settings = {"steps": 40, "min_lr": settings.min_lr, "max_lr": settings.max_lr}
+    write_json(run_dir / rundir.LR_FIND, {**found.as_json(), "ramp": ramp_settings})
+
+
+@pytest.fixture(scope="session")
+def full_run(tmp_path_factory) -> tuple[RunFiles, Accounting]:
+    """The synthetic run, read; its directory's name is markup too."""
+    run_dir = tmp_path_factory.mktemp("report") / "run<b>&amp;"
+    build_run(run_dir)
+    run = replace(read_run(run_dir), mixture=MIXTURE)
+    return run, account(run)

@@ -1,0 +1,137 @@
+"""The goodput arithmetic on synthetic run directories whose every second is known: two attempts
+of one job (a crash after step 6, a resume from step 4's checkpoint), a run not yet done, a job
+chain's queue gap, a hang, and a run launched by hand (no attempts log)."""
+
+import json
+
+import pytest
+
+from goodput.errors import GoodputError
+from goodput.launch.history import Evidence
+from goodput.report.accounting import CAUSES, account
+from goodput.report.run_files import read_run
+from goodput.testing.run_dirs import TOKENS_PER_STEP, Attempt, write_run
+
+T0 = 1_800_000_000.0
+
+CRASHED = Attempt(
+    start=T0, startup_s=10, steps=range(1, 7), data_time_s=0.1, stalls={5: 0.5}, tail_s=4,
+    class_="error", exit_code=1, job="100", wait_s=5,
+    evidence=(Evidence("nid0001", "NCCL error: unhandled system error\nmore", "log"),),
+    replaced={"nid0001": "nid0009"},
+)  # fmt: skip
+RESUMED = Attempt(
+    start=T0 + 25, startup_s=8, checkpoint_load_s=2, steps=range(5, 11), data_time_s=0.1,
+    stalls={9: 0.5}, evals={10: 1.5}, tail_s=0.5, job="100", host="nid0009",
+)  # fmt: skip
+
+
+def test_every_second_of_a_crash_and_resume_is_accounted(tmp_path):
+    write_run(tmp_path, [CRASHED, RESUMED], checkpoints=[4, 8, 10], done=True)
+    acc = account(read_run(tmp_path))
+    assert acc.wall_s == pytest.approx(41.0)
+    # steps 1-4 of the first attempt and 5-10 of the second, less data and the save's stall
+    assert acc.productive_s == pytest.approx(10 * 0.9 - 0.5)
+    assert acc.badput_s == pytest.approx(
+        {
+            "startup": 10 + (8 - 2),
+            "checkpoint_load": 2,
+            "data": 10 * 0.1,
+            "checkpoint_save": 0.5,  # step 9's; step 5's was in a step run again
+            "eval": 1.5,
+            "recomputed": 2.0,  # steps 5 and 6 of the crashed attempt
+            "not_checkpointed": 0,
+            "hang": 0,
+            "shutdown": 4 + 0.5,
+            "failed_start": 0,
+            "backoff": 5,
+            "queue": 0,
+            "other": 0,
+        },
+        abs=1e-6,
+    )
+    assert acc.productive_s + sum(acc.badput_s.values()) == pytest.approx(acc.wall_s)
+    assert acc.goodput == pytest.approx(8.5 / 41)
+    assert (acc.steps_kept, acc.steps_recomputed, acc.last_step) == (10, 2, 10)
+    assert acc.tokens_kept == 10 * TOKENS_PER_STEP
+    assert acc.tokens_ideal == pytest.approx(41 * TOKENS_PER_STEP)
+    first, second = acc.attempts
+    assert (first.class_, first.first_step, first.last_step, first.hosts_evicted) == (
+        "error",
+        1,
+        6,
+        ["nid0001"],
+    )
+    assert first.evidence == "NCCL error: unhandled system error"
+    assert first.recovery_s == pytest.approx(5 + 8)  # to the next first step: backoff, start-up
+    assert (second.class_, second.first_step, second.recovery_s) == ("success", 5, None)
+    data = acc.as_json()
+    assert set(data["badput_s"]) == set(CAUSES) and data["goodput"] == acc.goodput
+    json.dumps(data)  # the --json output is plain JSON
+
+
+def test_steps_past_the_newest_checkpoint_are_not_preserved_yet(tmp_path):
+    write_run(tmp_path, [CRASHED, RESUMED], checkpoints=[4, 8], done=False)
+    acc = account(read_run(tmp_path))
+    assert acc.badput_s["not_checkpointed"] == pytest.approx((0.9 - 0.5) + 0.9)  # steps 9, 10
+    assert acc.productive_s == pytest.approx(8.5 - 1.3)
+    assert acc.steps_kept == 8 and not acc.done
+
+
+def test_a_chains_queue_gap_and_a_hang(tmp_path):
+    hung = Attempt(start=T0, startup_s=5, steps=range(1, 5), tail_s=30, class_="hang",
+                   exit_code=124, timed_out=True, job="100", wait_s=None)  # fmt: skip
+    next_job = Attempt(start=T0 + 39 + 600, startup_s=5, steps=range(5, 9), job="101")
+    write_run(tmp_path, [hung, next_job], checkpoints=[4, 8], done=True)
+    acc = account(read_run(tmp_path))
+    assert acc.badput_s["hang"] == pytest.approx(30)
+    assert acc.badput_s["queue"] == pytest.approx(600)
+    assert acc.badput_s["backoff"] == 0 and acc.productive_s == pytest.approx(8)
+    assert acc.wall_s == pytest.approx(39 + 600 + 9)
+
+
+def test_a_run_launched_by_hand_is_cut_at_each_start(tmp_path):
+    """No attempts log: each process's start is its first step's less its startup_s."""
+    write_run(tmp_path, [CRASHED, RESUMED], checkpoints=[4, 8, 10], done=True)
+    (tmp_path / "attempts.jsonl").unlink()
+    acc = account(read_run(tmp_path))
+    assert acc.wall_s == pytest.approx(41 - 0.5)  # no record of the last tail
+    assert acc.badput_s["startup"] == pytest.approx(16)
+    assert acc.badput_s["queue"] == pytest.approx(4 + 5)  # crash to restart: unaccounted
+    assert [a.class_ for a in acc.attempts] == ["unrecorded", "unrecorded"]
+
+
+def test_a_live_attempt_runs_to_now(tmp_path):
+    write_run(tmp_path, [CRASHED], checkpoints=[4], done=False)
+    with open(tmp_path / "metrics.jsonl", "a") as metrics:
+        for step, ended in [(5, T0 + 40), (6, T0 + 41)]:
+            record = {"step": step, "step_time_s": 1.0, "tokens_per_s": 4096.0, "time": ended}
+            if step == 5:
+                record["startup_s"] = 5.0
+            metrics.write(json.dumps(record) + "\n")
+        metrics.write('{"step": 7, "step_ti')  # being written: left out
+    acc = account(read_run(tmp_path), now=T0 + 45)
+    assert acc.attempts[-1].class_ == "running" and acc.attempts[-1].started == T0 + 34
+    assert acc.end == T0 + 45 and acc.last_step == 6
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"step": -1, "time": 1, "step_time_s": 1}', "'step' is -1"),
+        ('{"step": 1, "time": 1, "step_time_s": "1"}', "'step_time_s'"),
+        ('{"step": 1, "time": 1, "step_time_s": NaN}', "not a JSON line"),
+        ("[1, 2]", "not a JSON object"),
+        ("x" * 70_000, "longer than"),
+    ],
+)
+def test_a_damaged_metrics_line_is_one_error_naming_it(tmp_path, line, message):
+    (tmp_path / "metrics.jsonl").write_text(f'{{"step": 1, "time": 1, "step_time_s": 1}}\n{line}\n')
+    with pytest.raises(GoodputError, match=message) as error:
+        read_run(tmp_path)
+    assert error.value.render().startswith(f"{tmp_path / 'metrics.jsonl'}:2:")
+
+
+def test_a_folder_that_is_no_run_is_refused(tmp_path):
+    with pytest.raises(GoodputError, match="no run to report"):
+        read_run(tmp_path)

@@ -1,0 +1,106 @@
+"""The report's figures: each is a PNG of the agreed size when the run holds its data and None
+when it does not; recomputed steps keep their last run; outside names draw as plain text."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import replace
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from goodput.launch.history import AttemptClass
+from goodput.report import plots
+from goodput.report.accounting import account
+from goodput.report.run_files import RunFiles, Step
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    assert png.startswith(PNG_MAGIC)
+    width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk comes first
+    return width, height
+
+
+def bare_run(**changes) -> RunFiles:
+    run = RunFiles(
+        run_dir=Path("/nowhere"),
+        steps=[],
+        evals=[],
+        attempts=[],
+        record=None,
+        checkpoint_steps=[],
+        done=False,
+        mixture=None,
+        lr_find=None,
+    )
+    return replace(run, **changes)
+
+
+@pytest.mark.parametrize("plot", plots.PLOTS, ids=lambda p: p.name)
+def test_every_figure_is_a_small_png_of_the_full_run(full_run, plot):
+    run, acc = full_run
+    png = plot.draw(run, acc)
+    assert png is not None
+    width, height = png_size(png)
+    assert width == 800 and height <= 350
+    assert len(png) < 200_000  # the page stays light
+
+
+@pytest.mark.parametrize("plot", plots.PLOTS, ids=lambda p: p.name)
+def test_a_run_without_data_draws_nothing(plot):
+    run = bare_run()
+    assert plot.draw(run, account(run)) is None
+
+
+def test_only_the_figures_whose_data_is_there_are_drawn(full_run):
+    run, _ = full_run
+    steps_only = replace(run, evals=[], attempts=[], mixture=None, lr_find=None)
+    drawn = {p.name for p in plots.PLOTS if p.draw(steps_only, account(steps_only))}
+    # Without attempt records the timeline shows the processes the steps tell apart.
+    assert drawn == {"loss", "grad-norm", "lr", "throughput", "timeline", "badput"}
+
+
+def test_the_loss_of_a_recomputed_step_is_its_last_run():
+    steps = [
+        Step(step=1, time=1.0, step_time_s=1.0, tokens=1, values={"loss": 3.0}),
+        Step(step=2, time=2.0, step_time_s=1.0, tokens=1, values={"loss": 9.0}),
+        Step(step=2, time=5.0, step_time_s=1.0, tokens=1, values={"loss": 2.5}),
+        Step(step=3, time=6.0, step_time_s=1.0, tokens=1, values={"loss": 2.0}),
+    ]
+    kept, lost = plots.kept_and_lost(steps)
+    assert [(s.step, s.values["loss"]) for s in kept] == [(1, 3.0), (2, 2.5), (3, 2.0)]
+    assert [(s.step, s.values["loss"]) for s in lost] == [(2, 9.0)]
+
+
+def test_held_out_losses_come_from_step_records_and_eval_lines(full_run):
+    run, _ = full_run
+    assert plots.heldout_losses(run) == {
+        "code": [(10, 4.5), (20, 4.0)],
+        "web": [(10, 5.5), (20, 5.0)],
+    }
+    record = Step(step=5, time=1.0, step_time_s=1.0, tokens=1, values={"heldout_loss/books": 7.0})
+    assert plots.heldout_losses(bare_run(steps=[record])) == {"books": [(5, 7.0)]}
+    assert plots.loss_plot(bare_run(steps=[record]), account(bare_run())) is not None
+
+
+def test_checkpoints_are_marked_when_their_step_last_ended(full_run):
+    run, _ = full_run
+    last_end = {s.step: s.time for s in run.steps}
+    assert plots.checkpoint_times(run) == [last_end[10], last_end[20]]
+
+
+def test_names_from_the_run_are_drawn_as_plain_text():
+    # Unescaped, "$\frac$" is math that matplotlib cannot parse: the draw would raise.
+    assert plots._plain(r"mc $\frac$") == r"mc \$\frac\$"
+    assert plots._plain("_hidden") == " _hidden"
+    assert len(plots._plain("x" * 100)) == plots.MAX_LABEL
+    run = bare_run(mixture=[{"corpus": r"$\frac$", "target": 1.0, "achieved": 1.0}])
+    assert plots.mixture_plot(run, account(run)) is not None
+
+
+def test_every_attempt_class_and_badput_cause_has_a_colour():
+    assert set(plots.CLASS_COLOURS) == {*get_args(AttemptClass), "running", "unrecorded"}
+    assert plots.FAILED_CLASSES.issubset(plots.CLASS_COLOURS)
