@@ -135,3 +135,20 @@ def test_a_damaged_metrics_line_is_one_error_naming_it(tmp_path, line, message):
 def test_a_folder_that_is_no_run_is_refused(tmp_path):
     with pytest.raises(GoodputError, match="no run to report"):
         read_run(tmp_path)
+
+
+def test_run_json_naming_a_damaged_blend_is_one_error(tmp_path):
+    write_run(tmp_path / "run", [RESUMED], checkpoints=[10], done=True)
+    blend = tmp_path / "blend"
+    blend.mkdir()
+    record = {"data": {"blend": str(blend)}}
+    (tmp_path / "run" / "run.json").write_text(json.dumps(record))
+    assert read_run(tmp_path / "run").mixture is None  # no blend.json there: no mixture plot
+    (blend / "blend.json").write_text('{"format": 1}')
+    with pytest.raises(GoodputError) as error:
+        read_run(tmp_path / "run")
+    assert error.value.render().startswith(str(blend / "blend.json"))
+    (tmp_path / "run" / "lr_find.json").write_text('{"curve": 3}')
+    (blend / "blend.json").unlink()
+    with pytest.raises(GoodputError, match="lr-find"):
+        read_run(tmp_path / "run")
