@@ -293,3 +293,28 @@ def test_the_walkthroughs_failure_and_report_run_as_written(demo, tmp_path):
     assert total == pytest.approx(report["wall_s"], rel=1e-6) and 0 < report["goodput"] < 1
     page = (out / "chaos-report.html").read_bytes()
     assert len(page) > 10_000 and page.count(b"<img") >= 5
+
+
+def test_the_report_pages_commands_run_as_written(demo, tmp_path):
+    """docs/report.md's commands on the demo's run (done, so --watch draws once and ends)."""
+    out, _ = demo
+    (tmp_path / "demo").symlink_to(out)
+    text = (REPO / "docs" / "report.md").read_text()
+    lines = command_lines(text[: text.index("## Goodput and badput")])
+    assert [line.split()[-1] for line in lines] == [
+        "demo/run", "demo/report.html", "--json", "--watch"
+    ]  # fmt: skip
+    bin_dir = str(Path(sys.executable).parent)
+    env = outside_any_job(PATH=f"{bin_dir}:{outside_any_job()['PATH']}")
+    for line in lines:
+        result = subprocess.run(
+            ["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
+        if line.endswith("--json"):
+            report = json.loads(result.stdout)
+            assert report["steps"]["done"] and report["steps"]["kept"] == 40
+            assert 0 < report["goodput"] <= 1
+        else:
+            assert "where the wall time went" in result.stdout
+    assert (out / "report.html").stat().st_size > 10_000
