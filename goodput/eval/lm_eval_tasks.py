@@ -310,21 +310,19 @@ def run_dir_of(directory: Path) -> Path | None:
     return run_dir if in_run else None
 
 
-def write_tensorboard(run_dir: Path, step: int, records: Sequence[EvalRecord]) -> bool:
-    """``eval/<task>/<metric>`` scalars at ``step`` in ``RUN/tensorboard``; False when
-    tensorboard is not installed (evals.jsonl has them all the same)."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        print("goodput eval: tensorboard is not installed; evals.jsonl only", file=sys.stderr)
-        return False
-    writer = SummaryWriter(str(run_dir / rundir.TENSORBOARD))
+def write_tensorboard(run_dir: Path, step: int, records: Sequence[EvalRecord]) -> None:
+    """``eval/<task>/<metric>`` scalars at ``step`` in ``RUN/tensorboard`` when tensorboard is
+    installed (evals.jsonl has them all the same)."""
+    from goodput.train.metrics import tensorboard_writer
+
+    writer = tensorboard_writer(run_dir, "goodput eval", rundir.EVALS, file=sys.stderr)
+    if writer is None:
+        return
     try:
         for record in records:
             writer.add_scalar(f"eval/{record.task}/{record.metric}", record.value, step)
     finally:
         writer.close()
-    return True
 
 
 def _first_line(error: BaseException) -> str:

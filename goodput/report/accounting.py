@@ -152,9 +152,11 @@ def account(run: RunFiles, now: float | None = None) -> Accounting:
             badput["not_checkpointed"] += compute
         else:
             productive += compute
-    segments = _segments(run, steps, badput, now)
-    start = min((s[0] for s in segments), default=0.0)
-    end = max((s[1] for s in segments), default=0.0)
+    spans = _spans(run, steps, now)
+    members = [[s for s in steps if started <= s.time <= ended] for started, ended, _ in spans]
+    _charge_spans(spans, members, badput)
+    start = min((s[0] for s in spans), default=0.0)
+    end = max((s[1] for s in spans), default=0.0)
     wall = max(end - start, 0.0)
     accounted = productive + sum(badput.values())
     badput["other"] = max(wall - accounted, 0.0)
@@ -172,25 +174,25 @@ def account(run: RunFiles, now: float | None = None) -> Accounting:
         last_step=max(last_index, default=None),
         done=run.done,
         step_time=_step_time(kept),
-        attempts=_attempt_summaries(run.attempts, steps, segments, run.done),
+        attempts=_attempt_summaries(spans, members, steps, run.done),
     )
 
 
-def _segments(
-    run: RunFiles, steps: list[Step], badput: dict[str, float], now: float | None
-) -> list[tuple[float, float]]:
-    """The (start, end) of every attempt, charging its start, tail and the gaps between
-    attempts to their causes in ``badput``."""
-    records = run.attempts
-    spans: list[tuple[float, float, AttemptRecord | None]] = [
-        (_instant(r.started), _instant(r.ended), r) for r in records
-    ]
+Span = tuple[float, float, AttemptRecord | None]  # (start, end, its record if any)
+
+
+def _spans(run: RunFiles, steps: list[Step], now: float | None) -> list[Span]:
+    """Every attempt: the recorded ones, then the processes after them no record covers."""
+    spans: list[Span] = [(_instant(r.started), _instant(r.ended), r) for r in run.attempts]
     recorded_end = spans[-1][1] if spans else -math.inf
-    live = [s for s in steps if s.time > recorded_end]
-    spans += _processes(live, now)
+    return spans + _processes([s for s in steps if s.time > recorded_end], now)
+
+
+def _charge_spans(spans: list[Span], members: list[list[Step]], badput: dict[str, float]) -> None:
+    """Charge each attempt's start and tail, and the gaps between attempts, to their causes;
+    ``members``: each span's steps."""
     previous: tuple[float, AttemptRecord | None] | None = None
-    for started, ended, record in spans:
-        mine = [s for s in steps if started <= s.time <= ended]
+    for (started, ended, record), mine in zip(spans, members, strict=True):
         if previous is not None:
             gap = max(started - previous[0], 0.0)
             same_job = record is not None and previous[1] is not None
@@ -206,15 +208,12 @@ def _segments(
             timed_out = record is not None and record.timed_out
             badput["hang" if timed_out else "shutdown"] += tail
         previous = (ended, record)
-    return [(started, ended) for started, ended, _ in spans]
 
 
-def _processes(
-    steps: list[Step], now: float | None
-) -> list[tuple[float, float, AttemptRecord | None]]:
+def _processes(steps: list[Step], now: float | None) -> list[Span]:
     """Spans of processes no attempt record covers, cut where a step says it began one
     (``startup_s``); the last one runs to ``now`` when given."""
-    spans: list[tuple[float, float, AttemptRecord | None]] = []
+    spans: list[Span] = []
     for step in steps:
         done = step.time + step.eval_time_s
         if step.startup_s is not None or not spans:
@@ -229,14 +228,13 @@ def _processes(
 
 
 def _attempt_summaries(
-    records: list[AttemptRecord], steps: list[Step], spans: list[tuple[float, float]], done: bool
+    spans: list[Span], members: list[list[Step]], steps: list[Step], done: bool
 ) -> list[AttemptSummary]:
     """One per span; a span without a record is ``running`` when it is the run's last and the
     run is not done, else ``unrecorded`` (a process started by hand, which no launcher saw)."""
     summaries = []
-    for index, (started, ended) in enumerate(spans):
-        record = records[index] if index < len(records) else None
-        mine = [s for s in steps if started <= s.time <= ended]
+    recorded = sum(record is not None for _, _, record in spans)
+    for index, ((started, ended, record), mine) in enumerate(zip(spans, members, strict=True)):
         following = spans[index + 1 :]
         recovery = None
         if record is not None and record.class_ != "success" and following:
@@ -250,7 +248,7 @@ def _attempt_summaries(
         )
         summaries.append(
             AttemptSummary(
-                attempt=record.attempt if record is not None else len(records) + 1,
+                attempt=record.attempt if record is not None else recorded + 1,
                 job=record.job if record is not None else None,
                 class_=(
                     record.class_

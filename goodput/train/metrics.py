@@ -29,7 +29,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
@@ -116,7 +116,7 @@ class Metrics:
         self.peak = peak_flops_per_device
         self.enabled = rank == 0
         self.jsonl = open(run_dir / rundir.METRICS, "a") if self.enabled else None  # noqa: SIM115
-        self.tensorboard = _tensorboard_writer(run_dir) if self.enabled and tensorboard else None
+        self.tensorboard = tensorboard_writer(run_dir) if self.enabled and tensorboard else None
         sinks = sinks if sinks is not None else MetricsConfig()
         self.wandb = _wandb_run(sinks, run_dir) if self.enabled and sinks.wandb else None
         self.heartbeats = rundir.heartbeat_files(run_dir, os.environ) if self.enabled else []
@@ -243,10 +243,14 @@ def _wandb_run(sinks: MetricsConfig, run_dir: Path) -> Any:
     )
 
 
-def _tensorboard_writer(run_dir: Path) -> Any:
+def tensorboard_writer(
+    run_dir: Path, who: str = "metrics", instead: str = rundir.METRICS, file: TextIO | None = None
+) -> Any:
+    """A ``SummaryWriter`` on ``RUN/tensorboard``, or None (saying so, as ``who``, to ``file``:
+    stdout by default) when tensorboard is not installed and ``instead`` has it all."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        print("metrics: tensorboard is not installed; writing metrics.jsonl only", flush=True)
+        print(f"{who}: tensorboard is not installed; writing {instead} only", file=file, flush=True)
         return None
     return SummaryWriter(str(run_dir / rundir.TENSORBOARD))
