@@ -117,10 +117,11 @@ def test_a_rank_killed_under_srun_is_probed_and_the_healthy_node_kept(tmp_path):
 def test_auto_retry_probes_the_node_through_srun_and_stops_a_config_bug(tmp_path):
     run_dir = tmp_path / "run"
     launch = ["--auto-retry", "--ppn", "2", "--run-dir", str(run_dir), "--backoff", "0.1"]
-    result = _salloc(2, [*launch, "--", sys.executable, "-c", "raise SystemExit(3)"], tmp_path)
+    result = _salloc(2, [*launch, "--", sys.executable, "-c", "raise SystemExit(5)"], tmp_path)
+    # 5 is no code goodput names (3 would be the eval gate's, which stops at once).
     assert result.returncode == 1  # goodput launch's own code for an exit it has no name for
     records = [r.to_json() for r in read_attempts(run_dir / "attempts.jsonl")]
-    assert [r["exit_code"] for r in records] == [3, 3]
+    assert [r["exit_code"] for r in records] == [5, 5]
     assert [r["class"] for r in records] == ["stuck-pre-training"] * 2
     assert all(r["evidence"] == [] and r["replaced"] == {} for r in records)
     # The default probe ran on the node, through a real srun step, and found it healthy.
