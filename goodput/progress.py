@@ -9,8 +9,10 @@ work done within one interval stays quiet. Both modes show the same text (``Prog
 It writes to stderr only, so stdout stays machine-readable; ``print_line`` is for the lines that
 are stdout's (step lines, checkpoint reports), written whole. The bar never touches stdout
 (``redirect_stdout=False``): the launcher reads the trainer's ``step=`` lines there, and nothing
-that trains shows a live bar. Rates are averages since the start, from the amounts the caller
-passes; nothing here knows what is being counted. No torch; ``rich`` is imported only for a bar.
+that trains shows a live bar (``live=False``: the trainer's checkpoint saves and loads write
+plain lines even on a terminal, where a bar would be redrawn through the step lines). Rates
+are averages since the start, from the amounts the caller passes; nothing here knows what is
+being counted. No torch; ``rich`` is imported only for a bar.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ class Progress:
     ``console``: draw the bar through this ``rich`` console (tests pass one writing to a
     ``StringIO``); without it the bar is drawn when ``stream`` (default stderr) is a terminal.
     ``clock``: seconds, monotonic; the plain lines' interval and the rates are measured by it.
-    ``show=False`` writes nothing (ranks other than 0 count along without a word).
+    ``interval_s``: between plain lines; ``PLAIN_INTERVAL_S`` when not given.
+    ``show=False`` writes nothing (ranks other than 0 count along without a word);
+    ``live=False`` writes plain lines on a terminal too.
     """
 
     def __init__(
@@ -52,19 +56,21 @@ class Progress:
         unit: str = "items",
         stream: TextIO | None = None,
         console: Console | None = None,
-        interval_s: float = PLAIN_INTERVAL_S,
+        interval_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         show: bool = True,
+        live: bool = True,
     ):
         self.label, self.total, self.unit = label, total, unit
         self.stream = stream if stream is not None else sys.stderr
-        self.interval_s, self.clock, self.show = interval_s, clock, show
+        self.interval_s = PLAIN_INTERVAL_S if interval_s is None else interval_s
+        self.clock, self.show = clock, show
         self.done = 0.0
         self.counts: dict[str, int] = {}  # in the order they first came
         self.start = self.last = clock()
         self.num_lines = 0  # plain lines written
         self._bar: Any = None  # rich.progress.Progress while live
-        if show and (console is not None or self.stream.isatty()):
+        if show and live and (console is not None or self.stream.isatty()):
             self._bar = _rich_bar(console, self.stream, clock)
             self._task = self._bar.add_task(label, total=total, detail=self.detail())
 

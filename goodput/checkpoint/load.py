@@ -10,6 +10,10 @@ another run), and the data fingerprint must match unless ``allow_data_change``. 
 the rest of the config are printed, since a resumed run with another LR is legitimate but should
 never be a surprise. DCP reshards on read, so a checkpoint saved at one DP size loads at another;
 each rank's RNG state is restored when the world size is the one it was saved at.
+
+Progress: the bytes of tensors read into this rank's state, against their total, reported by
+rank 0 (or the one process of an offline load): a bar on a terminal for ``goodput ckpt`` and
+``goodput eval``, plain lines for the trainer (``live=False``).
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ from torch import nn
 from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.tensor import DTensor
 
 from goodput.checkpoint.metadata import MetadataReader, files_and_sizes, read_metadata
 from goodput.checkpoint.parts import load_into
 from goodput.checkpoint.state import set_rng_state
 from goodput.errors import GoodputError
 from goodput.io import is_complete, read_json, read_text
+from goodput.progress import BYTES, Progress
 from goodput.rundir import CONFIG, TRAIN_STATE, list_checkpoints, rng_file
 
 
@@ -41,7 +47,12 @@ class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
     """DCP's planner, minus unpickling: DCP stores non-tensor values as pickles and would load
     them with ``weights_only=False``, i.e. run whatever a checkpoint file says. goodput never
     writes such values, so one found in a checkpoint is refused. A tensor the model has and the
-    checkpoint lacks (a model whose parameters were renamed since) is refused by name."""
+    checkpoint lacks (a model whose parameters were renamed since) is refused by name. Each
+    tensor read advances ``progress`` by its bytes."""
+
+    def __init__(self, progress: Progress) -> None:
+        super().__init__()
+        self.progress = progress
 
     def create_local_plan(self) -> Any:
         assert self.metadata is not None
@@ -59,6 +70,10 @@ class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
             )
         return super().create_local_plan()
 
+    def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
+        super().commit_tensor(read_item, tensor)
+        self.progress.advance(tensor.numel() * tensor.element_size())
+
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         raise GoodputError(
             read_item.dest_index.fqn,
@@ -67,17 +82,42 @@ class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
         )
 
 
-def load_tensors(state: dict[str, Any], directory: Path, *, no_dist: bool = False) -> None:
+def load_tensors(
+    state: dict[str, Any], directory: Path, *, no_dist: bool = False, live: bool = True
+) -> None:
     """``dcp.load`` of tensors only, with metadata from goodput's allow-listing reader; a
-    refusal surfaces as its own one-line error rather than inside DCP's per-rank report."""
+    refusal surfaces as its own one-line error rather than inside DCP's per-rank report.
+    ``live``: a progress bar on a terminal (False: plain lines, for the trainer)."""
     reader = MetadataReader(directory, read_metadata(directory))
+    show = no_dist or dist.get_rank() == 0
     try:
-        dcp.load(state, storage_reader=reader, planner=TensorsOnlyLoadPlanner(), no_dist=no_dist)
+        with Progress(
+            f"checkpoint load {directory}",
+            total=_local_bytes(state),
+            unit=BYTES,
+            show=show,
+            live=live,
+        ) as progress:
+            planner = TensorsOnlyLoadPlanner(progress)
+            dcp.load(state, storage_reader=reader, planner=planner, no_dist=no_dist)
     except CheckpointException as exc:
         for error, _trace in exc.failures.values():
             if isinstance(error, GoodputError):
                 raise GoodputError(directory, f"{error.where}: {error.what}", error.fix) from None
         raise
+
+
+def _local_bytes(value: Any) -> int:
+    """The bytes of this rank's part of every tensor in a (nested) state dict."""
+    if isinstance(value, DTensor):
+        value = value.to_local()
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_local_bytes(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_local_bytes(item) for item in value)
+    return 0
 
 
 def find_checkpoint(root: Path, resume: str, refused: Collection[Path] = ()) -> Path | None:
@@ -134,7 +174,7 @@ def load_checkpoint(
     load_into(
         parts,
         optimizers,
-        lambda state: load_tensors(state, directory),
+        lambda state: load_tensors(state, directory, live=False),
         saved_groups,
         directory / TRAIN_STATE,
     )

@@ -27,6 +27,10 @@ whose checksums or marker rank 0 cannot write (rank 0 alone acts on those). Eith
 no ``.complete``, rank 0 removes its directory, ``latest`` stays where it was, nothing is
 pruned, and training goes on: the next save is attempted as usual.
 
+Progress: rank 0 reports the bytes of its own files as DCP writes them (``CountingFileSystem``),
+against the tensor bytes its plan holds — plain lines on stderr every 10 s, none for a save
+that takes less; every rank writes about as much, so rank 0's share tells how the save goes.
+
 Injected faults (``goodput.chaos.faults``) enter through ``WaveWriter``, once this rank's files
 of the checkpoint are written: ``save-fail`` raises there, ``ckpt-kill`` kills the rank there.
 """
@@ -36,11 +40,15 @@ from __future__ import annotations
 import enum
 import errno
 import functools
+import io
+import math
+import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +58,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.storage import WriteResult
@@ -60,7 +69,7 @@ from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.parts import gather
 from goodput.checkpoint.state import rng_state
 from goodput.io import write_json, write_marker, write_text
-from goodput.progress import print_line
+from goodput.progress import BYTES, Progress, print_line
 from goodput.rundir import (
     CONFIG,
     LATEST,
@@ -102,6 +111,48 @@ class Decision(enum.Enum):
         return self in (Decision.FINAL, Decision.STOP)
 
 
+class CountingFileSystem(FileSystem):
+    """DCP's local filesystem, telling ``on_write`` the bytes of each write to a data file."""
+
+    def __init__(self, on_write: Callable[[int], None]) -> None:
+        super().__init__()
+        self.on_write = on_write
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        with super().create_stream(path, mode) as stream:
+            yield _CountingStream(stream, self.on_write) if "w" in mode else stream
+
+
+class _CountingStream(io.IOBase):
+    """A file opened for writing whose ``write`` reports its byte count; DCP needs ``tell``
+    (each tensor's offset) and ``fileno`` (the fsync) besides."""
+
+    def __init__(self, raw: io.IOBase, on_write: Callable[[int], None]) -> None:
+        self.raw, self.on_write = raw, on_write
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        written = self.raw.write(data)
+        self.on_write(written)
+        return written
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def close(self) -> None:
+        super().close()  # IOBase's close flushes first: the raw file must still be open
+        self.raw.close()
+
+
 class WaveWriter(FileSystemWriter):
     """A DCP filesystem writer whose ranks take turns: at most ``max_writers`` at once. Each
     rank then hashes what it wrote — its data and ``own_files``, the small files it wrote
@@ -120,6 +171,13 @@ class WaveWriter(FileSystemWriter):
         self.own_files = own_files
         self.fault_hook = fault_hook  # called once this rank's files are written
         self.digests: dict[str, str] = {}
+        # DCP writes from the thread calling write_data (thread_count 1): no lock needed.
+        self.fs = CountingFileSystem(self._written)
+        self._progress: Progress | None = None
+
+    def _written(self, num_bytes: int) -> None:
+        if self._progress is not None:
+            self._progress.advance(num_bytes)
 
     def write_data(
         self, plan: SavePlan, planner: SavePlanner
@@ -130,12 +188,21 @@ class WaveWriter(FileSystemWriter):
         for wave in range(-(-world_size // self.max_writers)):
             if wave == rank // self.max_writers:
                 try:
-                    result = super().write_data(plan, planner)
-                    result.wait()  # written and fsync'd before the next wave starts
+                    with Progress(
+                        f"checkpoint save {self.directory}",
+                        total=_planned_bytes(plan),
+                        unit=BYTES,
+                        show=rank == 0,
+                        live=False,
+                    ) as self._progress:
+                        result = super().write_data(plan, planner)
+                        result.wait()  # written and fsync'd before the next wave starts
                     if self.fault_hook is not None:
                         self.fault_hook()
                 except Exception as exc:  # reported through DCP once every wave is through
                     error = exc
+                finally:
+                    self._progress = None
             dist.barrier(group=self.group)  # every rank passes every barrier, failed or not
         # After the last wave, on every rank at once: no wave waits for another's hashing, and
         # the files were just written, so they are mostly read back from the page cache.
@@ -352,6 +419,15 @@ class Checkpointer:
         if self.rank == 0:
             shutil.rmtree(directory, ignore_errors=True)
             print_line(report)
+
+
+def _planned_bytes(plan: SavePlan) -> int:
+    """The tensor bytes of this rank's plan: what it writes, less torch's framing of each."""
+    return sum(
+        math.prod(item.tensor_data.chunk.sizes) * item.tensor_data.properties.dtype.itemsize
+        for item in plan.items
+        if item.tensor_data is not None
+    )
 
 
 def _any_rank(flags: list[bool], group: dist.ProcessGroup) -> list[bool]:

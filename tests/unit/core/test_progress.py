@@ -100,3 +100,26 @@ def test_show_false_writes_nothing_on_a_terminal_either():
     with Progress("eval", total=2, stream=stream, interval_s=0, show=False) as progress:
         progress.advance(2)
     assert stream.getvalue() == "" and progress.done == 2
+
+
+def test_live_false_writes_plain_lines_on_a_terminal():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream, clock = Terminal(), Clock()
+    with Progress(
+        "checkpoint save",
+        total=4,
+        unit="bytes",
+        stream=stream,
+        interval_s=0,
+        clock=clock,
+        live=False,
+    ) as progress:
+        clock.now += 1
+        progress.advance(4)
+    assert stream.getvalue().splitlines() == [
+        "checkpoint save: 100.0% 4 B of 4 B, 4 B/s, 0:00:01",
+        "checkpoint save: 100.0% 4 B of 4 B in 0:00:01 (4 B/s)",
+    ]
