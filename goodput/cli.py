@@ -3,8 +3,8 @@
 Each group is a module of ``goodput.commands`` (its parser and one-call handlers); a new group is
 a new module there and its name in ``GROUPS``. Every handler returns an ``ExitCode``; whatever
 it raises leaves ``main`` as one line on stderr and a non-zero exit code, and argparse usage
-errors exit 2. Heavy modules are imported inside handlers so that ``goodput --help`` stays
-instant.
+errors exit 2 as one line too (``commands.OneLineErrorParser``, the class of every parser).
+Heavy modules are imported inside handlers so that ``goodput --help`` stays instant.
 """
 
 from __future__ import annotations
@@ -16,25 +16,15 @@ import signal
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import NoReturn
 
 from goodput import __version__
+from goodput.commands import OneLineErrorParser
 from goodput.errors import ExitCode, from_exception
 
 # In the order `goodput --help` lists them; each names its module in goodput.commands.
 GROUPS = tuple(
     "data model plan train ckpt generate eval launch broadcast submit chaos diagnose report".split()
 )
-
-
-class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse's usage errors as one ``goodput: error:`` line (exit 2), like every other
-    error; every group's and command's parser is one (subparsers take their parent's class)."""
-
-    def error(self, message: str) -> NoReturn:
-        line = f"goodput: error: {self.prog}: {message}; see {self.prog} --help"
-        print(" ".join(line.split()), file=sys.stderr)
-        sys.exit(int(ExitCode.USAGE))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,8 +11,10 @@ Every number is checked here, at parse time, naming its key: it must be finite a
 field(metadata=limits(at_least=1, at_most=2**17))``; ``inf_ok`` for a field where inf means "no
 limit"). A text field never holds a NUL byte, and one marked ``NON_EMPTY`` is never blank. That
 is the one way a config states a range; cross-field checks belong in each class's
-``__post_init__``, raising ``GoodputError``. ``to_toml`` writes a built config back out (the
-run directory's resolved config); ``None`` fields are left out, so they must default to ``None``.
+``__post_init__``, raising ``GoodputError``. A key that cannot take effect under its table's
+other values is refused, naming what would enable it (``refuse_inert_keys``). ``to_toml`` writes a
+built config back out (the run directory's resolved config); ``None`` fields are left out, so
+they must default to ``None``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Limits:
     low_open: bool = False
     high_open: bool = False
     inf_ok: bool = False  # +inf is admitted too: the field reads it as "no limit"
+    why: str = ""  # what breaks beyond the range, for the error's fix
 
     def admits(self, value: float) -> bool:
         if value == math.inf and self.inf_ok:
@@ -75,12 +78,15 @@ def limits(
     at_most: float = MAX_NUMBER,
     below: float | None = None,
     inf_ok: bool = False,
+    why: str = "",
 ) -> dict[str, Limits]:
     """Field metadata: the range the loader admits for this number (or each number of a list);
-    ``above``/``below`` exclude their end, ``at_least``/``at_most`` include it."""
+    ``above``/``below`` exclude their end, ``at_least``/``at_most`` include it. The range is the
+    one the code works in, in reasonable time: whatever a rank would refuse or choke on later is
+    outside it. ``why`` says what goes wrong beyond it (the error's fix quotes it)."""
     low, low_open = (at_least, False) if above is None else (above, True)
     high, high_open = (at_most, False) if below is None else (below, True)
-    return {"limits": Limits(low, high, low_open, high_open, inf_ok)}
+    return {"limits": Limits(low, high, low_open, high_open, inf_ok, why)}
 
 
 def load_config(cls: type[T], path: str | Path | None, overrides: Sequence[str] = ()) -> T:
@@ -186,7 +192,7 @@ def from_table(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") 
         for name, value in raw.items()
     }
     try:
-        return cls(**kwargs)
+        config = cls(**kwargs)
     except TypeError as exc:  # a required field is missing
         raise GoodputError.usage(
             where,
@@ -198,6 +204,36 @@ def from_table(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") 
             raise
         # A cross-field check names its section; add the file it came from.
         raise GoodputError(f"{where} {exc.where}", exc.what, exc.fix, code=exc.code) from None
+    refuse_inert_keys(config, raw, where, prefix)
+    return config
+
+
+def refuse_inert_keys(config: Any, raw: Mapping[str, Any], where: str, prefix: str = "") -> None:
+    """Refuse a key of ``raw`` (the table as written) that cannot take effect in ``config``.
+
+    A config class states its rules in one method, ``inert_keys() -> {field: what enables
+    it}``, listing the fields that do nothing under its other values (a pipeline key without a
+    pipeline, a Muon key with another optimizer). A key written at its default value is let
+    through: a resolved ``config.toml`` spells out every key, and the default is what runs."""
+    rules = getattr(config, "inert_keys", None)
+    if rules is None:
+        return
+    defaults = {f.name: f for f in dataclasses.fields(config)}
+    for name, enabled_by in rules().items():
+        if name in raw and getattr(config, name) != _default(defaults[name]):
+            section = prefix.rstrip(".")
+            raise GoodputError.usage(
+                where,
+                f"'{prefix}{name}' is set but has no effect: it needs {enabled_by}"
+                + (f" in [{section}]" if section else ""),
+                f"set {enabled_by}, or drop {prefix}{name}",
+            )
+
+
+def _default(field: dataclasses.Field[Any]) -> Any:
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
 
 
 def coerce_field(cls: type, name: str, value: Any, where: str, key: str) -> Any:
@@ -270,7 +306,9 @@ def _number(hint: type, value: Any, where: str, key: str, bounds: Limits) -> int
     number = hint(value)
     if not bounds.admits(number):
         raise GoodputError.usage(
-            where, f"'{key}' = {value!r} is out of range", f"use a value in {bounds}"
+            where,
+            f"'{key}' = {value!r} is not in {bounds}",
+            f"use a value in that range{f' ({bounds.why})' if bounds.why else ''}",
         )
     return number
 

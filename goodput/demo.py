@@ -7,7 +7,8 @@ embedded corpus), ending with the loss curve, the last eval in a few numbers and
 report (``goodput report``: the terminal summary, and ``report.html`` with its plots). Each step is
 the command a user would type (printed before it runs), so the demo doubles as a walkthrough.
 Steps whose output is already complete are cheap to rerun: tokenize resumes and blend hits its
-cache.
+cache. ``--output`` must be new, empty, or a folder the demo made (it holds ``DEMO_MARKER``,
+written first): the demo replaces its ``run`` folder.
 """
 
 from __future__ import annotations
@@ -24,9 +25,12 @@ from goodput import cli, rundir
 from goodput.config import load_config
 from goodput.data.blend import BlendSpec, build_blend, format_report
 from goodput.data.loader import DataLoader
+from goodput.errors import GoodputError
 from goodput.io import write_text
+from goodput.outputs import check_output_dir, folder_holding
 from goodput.train.config import RunConfig
 
+DEMO_MARKER = ".goodput-demo"
 DEMO_WEIGHTS = {"code": 0.5, "docstrings": 0.3, "docs": 0.2}
 VOCAB_SIZE = 4096
 TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.toml"
@@ -96,6 +100,12 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, help="default: the config's train.steps")
     args = parser.parse_args()
     out = args.output
+    try:
+        check_output_dir(out, folder_holding(DEMO_MARKER), "--output")
+    except GoodputError as error:
+        print(f"goodput: error: {error.render()}", file=sys.stderr)
+        sys.exit(int(error.code))
+    write_text(out / DEMO_MARKER, "")
     cfg = load_config(RunConfig, TRAIN_CONFIG)
     steps = args.train_steps or cfg.train.steps
     # The same blend the training run asks for (its length is steps x global batch), so that the

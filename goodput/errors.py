@@ -4,12 +4,23 @@ Every failure a user can fix is a ``GoodputError``: it names *where* (a file, a 
 field), *what* went wrong and the *fix*, and renders as one line. ``assert`` is kept for
 invariants of our own code, never for user input. ``from_exception`` is the one boundary's
 translation: whatever escapes a command (an OS error, a bug) still reaches the user as one line.
+
+Bounded. Messages quote user data (paths, option values, JSON fragments) of any length, so
+``one_line`` folds every run of whitespace to one space and keeps at most ``limit`` characters,
+eliding the middle (the head and tail of a path say which it is); ``render`` bounds each part,
+so a rendered error is one line of at most ``MAX_RENDERED_CHARS`` characters, whatever it quotes.
 """
 
 from __future__ import annotations
 
 import enum
 import errno
+
+ELISION = " ... "
+MAX_WHERE_CHARS = 300
+MAX_WHAT_CHARS = 500
+MAX_FIX_CHARS = 300
+MAX_RENDERED_CHARS = MAX_WHERE_CHARS + MAX_WHAT_CHARS + MAX_FIX_CHARS + len(": ; ")
 
 
 class ExitCode(enum.IntEnum):
@@ -44,9 +55,22 @@ class GoodputError(Exception):
         return (_rebuild, (self.where, self.what, self.fix, self.code))
 
     def render(self) -> str:
-        line = f"{self.where}: {self.what}; {self.fix}"
-        # One line, always: messages quote user data (file names, JSON fragments).
-        return " ".join(line.split())
+        """``where: what; fix`` as one line of at most ``MAX_RENDERED_CHARS`` characters."""
+        where = one_line(self.where, MAX_WHERE_CHARS)
+        what = one_line(self.what, MAX_WHAT_CHARS)
+        return f"{where}: {what}; {one_line(self.fix, MAX_FIX_CHARS)}"
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` with each run of whitespace (newlines too) as one space, at most ``limit``
+    characters: a longer text keeps its head and tail around ``ELISION``."""
+    assert limit > len(ELISION) + 1
+    line = " ".join(str(text).split())
+    if len(line) <= limit:
+        return line
+    head = (limit - len(ELISION) + 1) // 2
+    tail = limit - len(ELISION) - head
+    return f"{line[:head]}{ELISION}{line[len(line) - tail :]}"
 
 
 def _rebuild(where: str, what: str, fix: str, code: ExitCode) -> GoodputError:

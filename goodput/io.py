@@ -11,18 +11,25 @@ be broken is a ``GoodputError`` naming the file.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
+import math
 import os
+import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TextIO
 
-from goodput.errors import GoodputError, from_exception
+from goodput.errors import DEBUG_HINT, GoodputError, from_exception
 
 CHUNK_BYTES = 8 << 20
 SMALL_FILE_BYTES = 64 << 20  # configs, manifests, host files, checkpoint JSON: far below this
+MAX_LINES = 100_000_000  # lines of one file read line by line: far past any run's steps
+SKIP_BYTES = 1 << 20  # what is read at a time of an over-long line being passed over
 
 
 def _current_umask() -> int:
@@ -78,7 +85,53 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    write_text(path, json_text(obj, where=path, indent=2, sort_keys=True) + "\n")
+
+
+def json_text(
+    value: Any,
+    *,
+    where: object,
+    indent: int | None = None,
+    sort_keys: bool = False,
+    ensure_ascii: bool = True,
+) -> str:
+    """``value`` as strict JSON: the one writer of every ``--json`` and every run file.
+
+    Python's ``json`` writes ``NaN`` and ``Infinity``, which JSON does not have and other
+    readers (``jq``, JavaScript, Go) refuse. A non-finite number here is a result out of its
+    domain that its producer should have turned into ``null`` with a reason or an error naming
+    the input, so it is refused, naming ``where`` (the command or file) and the key.
+    """
+    try:
+        return json.dumps(
+            value, indent=indent, sort_keys=sort_keys, ensure_ascii=ensure_ascii, allow_nan=False
+        )
+    except ValueError:
+        key = _first_non_finite(value, "") or "a value"
+        raise GoodputError(
+            where,
+            f"would write the non-finite number at {key}, which JSON cannot hold",
+            DEBUG_HINT,
+        ) from None
+
+
+def print_json(value: Any, *, where: object, indent: int | None = None) -> None:
+    """Print ``value`` as one strict JSON document (see ``json_text``) on stdout."""
+    print(json_text(value, where=where, indent=indent), flush=True)
+
+
+def _first_non_finite(value: Any, path: str) -> str | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "the top level"
+    items: Any = value.items() if isinstance(value, dict) else ()
+    if isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    for key, item in items:
+        found = _first_non_finite(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def write_marker(directory: str | os.PathLike[str], name: str = ".complete") -> Path:
@@ -94,7 +147,7 @@ def is_complete(directory: str | os.PathLike[str], name: str = ".complete") -> b
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         while chunk := f.read(CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
@@ -106,10 +159,118 @@ def sha256_json(obj: Any) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def read_bytes(path: str | os.PathLike[str], max_bytes: int = SMALL_FILE_BYTES) -> bytes:
-    """The bytes of a file of at most ``max_bytes``; larger or unreadable: a ``GoodputError``."""
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """``path`` opened for binary reading, only if it is a regular file.
+
+    A FIFO would block ``open`` until a writer comes (forever), and a device or socket is no
+    file of data: the open never blocks (``O_NONBLOCK``), and anything but a regular file is a
+    ``GoodputError`` naming the path. Every reader of outside files opens through here.
+    """
+    require_regular(path)  # names a socket, which cannot even be opened
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise from_exception(exc) from None
+    try:
+        _check_regular(path, os.fstat(fd).st_mode)  # what was opened, not only what was named
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def require_regular(path: str | os.PathLike[str]) -> Path:
+    """``path``, if it is a regular file (a link is followed); a ``GoodputError`` otherwise.
+
+    For a path handed to a library that opens it itself (a tokenizer model, a Parquet file,
+    ``np.load``): ``stat`` never blocks, so a FIFO is refused before the library's ``open``
+    would wait for a writer forever.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise from_exception(exc) from None
+    _check_regular(path, mode)
+    return Path(path)
+
+
+def _check_regular(path: str | os.PathLike[str], mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        what = "a folder" if stat.S_ISDIR(mode) else f"a {_special_kind(mode)}"
+        raise GoodputError(path, f"is {what}, not a regular file", "pass a regular file")
+
+
+def append_fd(path: str | os.PathLike[str]) -> int:
+    """A descriptor appending to ``path`` (created if absent), only if it is a regular file.
+
+    The run files goodput appends to (``metrics.jsonl``, ``evals.jsonl``, ``attempts.jsonl``)
+    are opened here: opening a FIFO for writing blocks until a reader comes, so the open never
+    blocks (``O_NONBLOCK``, which a FIFO without a reader answers with ``ENXIO``) and anything
+    but a regular file is a ``GoodputError`` naming the path.
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO (or a device) that nobody reads
+            require_regular(path)
+        raise from_exception(exc) from None
+    try:
+        _check_regular(path, os.fstat(fd).st_mode)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_append(path: str | os.PathLike[str]) -> TextIO:
+    """``path`` opened to append UTF-8 text, only if it is a regular file (``append_fd``)."""
+    return os.fdopen(append_fd(path), "a", encoding="utf-8")
+
+
+def _special_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "device"
+
+
+def regular_files(paths: Iterator[Path] | list[Path]) -> list[Path]:
+    """The regular files among ``paths`` (a folder's listing), sorted; anything else (a FIFO, a
+    socket, a device, a folder, a dangling link) is skipped with a note on stderr, so listing a
+    folder never hands a reader something that blocks or is not data."""
+    kept = []
+    for path in sorted(paths):
+        if path.is_file():
+            kept.append(path)
+        else:
+            print(f"goodput: note: skipping {path}: not a regular file", file=sys.stderr)
+    return kept
+
+
+def special_entries(folder: str, names: list[str]) -> set[str]:
+    """``shutil.copytree``'s ``ignore``: the entries of ``folder`` that are neither a regular
+    file, a folder nor a symbolic link (a FIFO, a socket, a device), each skipped with a note:
+    copying one would fail after the rest was copied (a FIFO) or read a device forever."""
+    skipped = set()
+    for name in names:
+        path = os.path.join(folder, name)
+        with contextlib.suppress(FileNotFoundError):  # gone since it was listed: nothing to copy
+            mode = os.lstat(path).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+                print(f"goodput: note: skipping {path}: not a regular file", file=sys.stderr)
+                skipped.add(name)
+    return skipped
+
+
+def read_bytes(path: str | os.PathLike[str], max_bytes: int = SMALL_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``; larger, unreadable or not a
+    regular file: a ``GoodputError``."""
+    try:
+        with open_regular(path) as f:
             data = f.read(max_bytes + 1)
     except OSError as exc:
         raise from_exception(exc) from None
@@ -140,6 +301,95 @@ def read_json(path: str | os.PathLike[str], max_bytes: int = SMALL_FILE_BYTES) -
         raise GoodputError(path, f"is not valid JSON ({exc})", "restore or rewrite it") from None
     except RecursionError:
         raise GoodputError(path, "is JSON nested too deeply", "restore or rewrite it") from None
+
+
+def read_lines(
+    path: str | os.PathLike[str],
+    max_line_bytes: int,
+    *,
+    fix: str,
+    max_lines: int = MAX_LINES,
+    skip_long: bool = False,
+) -> Iterator[tuple[int, bytes]]:
+    """(number, line) of each line of the regular file ``path``, numbered from 1, in order: the
+    one reader of files line by line. A line keeps its ``b"\\n"``; the last one lacks it when the
+    file does not end in one (its writer died, or is still writing it).
+
+    Memory is bounded by ``max_line_bytes`` whatever the file holds: of a longer line (its
+    newline not counted) no more than that is read before it is a ``GoodputError`` naming
+    ``FILE:LINE``, or, with ``skip_long``, its rest is read past in bounded pieces and it is
+    left out (its number still counts). More than ``max_lines`` lines is an error too; ``fix``
+    is the errors' fix.
+    """
+    with open_regular(path) as stream:
+        for number in range(1, max_lines + 2):
+            line = _readline(stream, max_line_bytes + 1, path)
+            if not line:
+                return
+            if number > max_lines:
+                raise GoodputError(path, f"has more than {max_lines:,} lines", fix)
+            if len(line) <= max_line_bytes or line.endswith(b"\n"):
+                yield number, line
+            elif skip_long:
+                while (rest := _readline(stream, SKIP_BYTES, path)) and not rest.endswith(b"\n"):
+                    pass
+            else:
+                raise GoodputError(
+                    f"{path}:{number}", f"is a line longer than {max_line_bytes:,} bytes", fix
+                )
+
+
+def _readline(stream: BinaryIO, limit: int, path: str | os.PathLike[str]) -> bytes:
+    try:
+        return stream.readline(limit)
+    except OSError as exc:
+        raise GoodputError(path, f"cannot be read: {exc.strerror}", "check the disk") from None
+
+
+def read_json_lines(
+    path: str | os.PathLike[str], max_line_bytes: int, *, fix: str, max_lines: int = MAX_LINES
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """("FILE:LINE", object) of each line of the JSON-lines file ``path`` (``read_lines``): the
+    one reader of goodput's run files (``metrics.jsonl``, ``evals.jsonl``, ``attempts.jsonl``).
+
+    Strict: a line is one JSON object in UTF-8, without ``NaN`` or ``Infinity``; anything else
+    is a ``GoodputError`` naming ``FILE:LINE``. Blank lines are passed over, and so is a last
+    line without its newline: its writer was killed mid-line, or is writing it now.
+    """
+    for number, line in read_lines(path, max_line_bytes, fix=fix, max_lines=max_lines):
+        if not line.endswith(b"\n"):
+            return
+        if line.strip():
+            where = f"{path}:{number}"
+            yield where, json_object(line, where, fix)
+
+
+def json_object(line: bytes, where: str, fix: str) -> dict[str, Any]:
+    """The JSON object ``line`` holds (strict, as ``read_json_lines``), or a ``GoodputError``
+    naming ``where``."""
+    try:
+        raw = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError as exc:
+        what = f"is not a JSON line: invalid UTF-8 at byte {exc.start}"
+        raise GoodputError(where, what, fix) from None
+    except _NotJson as exc:
+        raise GoodputError(where, f"is not a JSON line: {exc}", fix) from None
+    except json.JSONDecodeError as exc:
+        reason = f"{exc.msg.removesuffix(' at')} at column {exc.colno}"
+        raise GoodputError(where, f"is not a JSON line: not valid JSON ({reason})", fix) from None
+    except (ValueError, RecursionError):  # an integer of too many digits; nesting
+        raise GoodputError(where, "is not a JSON line: not valid JSON", fix) from None
+    if not isinstance(raw, dict):
+        raise GoodputError(where, f"is {json_type_name(raw)}, not a JSON object", fix)
+    return raw
+
+
+class _NotJson(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJson(f"{name} is not JSON")
 
 
 _JSON_TYPE_NAMES = {

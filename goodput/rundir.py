@@ -26,7 +26,8 @@ which never imports torch, spells the names from here too.
           .complete                     written last, by rank 0, once every rank is durable
         latest               "step-00000100", replaced only after its .complete exists
 
-A checkpoint directory counts only with ``.complete``.
+A checkpoint directory counts only with ``.complete``. ``enclosing`` tells whether a path lies
+in a run directory or a checkpoint (for ``goodput.outputs``, the guard of every output path).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ CONFIG = "config.toml"
 RUN_RECORD = "run.json"
 METRICS = "metrics.jsonl"
 EVALS = "evals.jsonl"
+# The bound every reader puts on one line of metrics.jsonl and evals.jsonl: a line is written at
+# a few hundred bytes, so a longer one is damage, refused before it fills memory.
+MAX_LINE_BYTES = 1 << 20
 HEARTBEAT = "heartbeat"
 # goodput launch names the heartbeat file it reads here; rank 0 of goodput train keeps that file
 # too, so the launcher sees progress whatever train.run_dir is and wherever the step lines go.
@@ -53,11 +57,11 @@ CHAIN_SCRIPTS = {"slurm": "chain.sbatch", "pbs": "chain.pbs"}
 HOSTFILE_PREFIX = "hostfile-"
 DONE = "done"
 LR_FIND = "lr_find.json"  # goodput diagnose lr-find's curve, for the run's report
-# What goodput launch, submit and diagnose lr-find may put in a run directory before the
-# trainer first starts.
+# What goodput launch, submit, diagnose lr-find and ckpt import-hf/from-torch may put in a run
+# directory before the trainer first starts.
 LAUNCHER_FILES = re.compile(
     r"chain\.(sbatch|pbs)|.+-[0-9]+\.out|.+\.log|hostfile-[0-9a-f]{12}|attempts\.jsonl"
-    r"|lr_find\.json"
+    r"|lr_find\.json|checkpoints"
 )
 
 CHECKPOINTS = "checkpoints"
@@ -67,6 +71,13 @@ METADATA = ".metadata"  # DCP's name for it
 CHECKSUMS = "checksums.json"
 RNG_DIR = "rng"
 STEP_DIR = re.compile(r"step-(\d{8})")  # matched whole (fullmatch): no trailing newline
+COMPLETE = ".complete"  # io.write_marker's default name
+# The files any one of which makes a folder a run directory for goodput.outputs: what the
+# trainer and goodput eval write. Not attempts.jsonl or heartbeat: goodput launch writes them
+# into its --run-dir, by default the --log's folder, which may hold the trainer's run directory.
+RUN_MARKERS = (RUN_RECORD, METRICS, EVALS)
+RUN_DIRECTORY = "run directory"
+CHECKPOINT = "checkpoint"
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,3 +132,40 @@ def list_checkpoints(root: Path) -> list[Checkpoint]:
         if match and path.is_dir():
             found.append(Checkpoint(int(match.group(1)), path, is_complete(path)))
     return sorted(found, key=lambda c: c.step)
+
+
+def enclosing(path: Path) -> tuple[str, Path] | None:
+    """The innermost run directory or checkpoint that ``path`` (absolute, links resolved) is or
+    lies in, as ``(RUN_DIRECTORY or CHECKPOINT, folder)``; None when there is none.
+
+    A checkpoint is a folder holding DCP's ``.metadata`` or a ``.complete`` marker (a blend's
+    folder too: equally not to be written over), a ``step-N`` folder of a ``checkpoints``
+    folder, or a folder whose ``latest`` names a ``step-N``. A run directory holds any of
+    ``RUN_MARKERS``."""
+    for folder in (path, *path.parents):
+        if not folder.is_dir():
+            continue
+        if _is_checkpoint(folder):
+            return CHECKPOINT, folder
+        if any((folder / name).is_file() for name in RUN_MARKERS):
+            return RUN_DIRECTORY, folder
+    return None
+
+
+def _is_checkpoint(folder: Path) -> bool:
+    if (folder / METADATA).exists() or (folder / COMPLETE).exists():
+        return True
+    if STEP_DIR.fullmatch(folder.name) and folder.parent.name == CHECKPOINTS:
+        return True
+    latest = folder / LATEST
+    if not latest.is_file() or latest.stat().st_size > 64:
+        return False
+    return STEP_DIR.fullmatch(latest.read_text(errors="replace").strip()) is not None
+
+
+def foreign_files(folder: Path) -> list[str]:
+    """What makes ``folder`` no run directory to write into: the names in it, sorted, unless it
+    has ``run.json`` or holds only what launch, submit and lr-find put there first."""
+    if (folder / RUN_RECORD).is_file():
+        return []
+    return sorted(p.name for p in folder.iterdir() if not LAUNCHER_FILES.fullmatch(p.name))

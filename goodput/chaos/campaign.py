@@ -13,7 +13,11 @@ The campaign folder (``--output``; default ``chaos-<config stem>``)::
                            with launch.log: every rank's output
       report.json          the report (``report``), written last
 
-A folder that exists must be empty or hold ``campaign.json``; in the latter the entries above
+Before anything is written or started, each run's whole ``goodput train`` command line (config,
+overrides, the checkpoint interval the campaign sets, its run directory, ``perturb``) is loaded
+as ``goodput train`` loads it and checked for the launch (``train.preflight``): a config the
+trainer would refuse is refused here, in one line. A folder that exists must be empty or hold
+``campaign.json``; in the latter the entries above
 are replaced, anything else in it is left alone. Both runs get the same config and overrides;
 the faulted one also gets ``perturb`` (a control: a difference the comparison must catch).
 Recovery is ``--auto-retry`` plus the user's launch options. The fault plan needs checkpoints:
@@ -49,7 +53,9 @@ from goodput.launch import run as launch_run
 from goodput.launch.env import current_placement
 from goodput.launch.history import AttemptRecord, read_attempts
 from goodput.launch.run import DEFAULT_IDLE_TIMEOUT_S, load_profile
+from goodput.outputs import check_output_dir, folder_holding
 from goodput.train.config import RunConfig
+from goodput.train.preflight import check_launchable
 
 MARKER = "campaign.json"
 PLAN, REFERENCE_PLAN = "plan.json", "reference-plan.json"
@@ -57,6 +63,7 @@ FIRED, REFERENCE_FIRED = "fired", "reference-fired"
 REFERENCE, FAULTED = "reference", "faulted"
 REPORT = "report.json"
 LOG = "launch.log"
+CAMPAIGN_DIR = folder_holding(MARKER)
 OURS = (PLAN, REFERENCE_PLAN, FIRED, REFERENCE_FIRED, REFERENCE, FAULTED, REPORT)
 IDLE_TIMEOUT_FACTOR = 2.0
 MIN_IDLE_TIMEOUT_S = 10.0
@@ -127,8 +134,6 @@ def _prepare(options: CampaignOptions) -> _Setup:
     output = (options.output or Path(f"chaos-{options.config.stem}")).absolute()
     cfg = load_config(RunConfig, options.config, options.overrides)
     _check_config(cfg)
-    if options.perturb:  # a mistyped control must fail now, not after the straight run
-        load_config(RunConfig, options.config, (*options.overrides, *options.perturb))
     launch_plan = launchers.plan_launch(
         current_placement(),
         load_profile(options.launch),
@@ -159,6 +164,16 @@ def _prepare(options: CampaignOptions) -> _Setup:
         seed=options.seed,
     )
     train = _TrainCommand(options.config, tuple(overrides), bool(cfg.checkpoint.folder))
+    # Each run's whole command line, loaded as goodput train loads it (a mistyped --perturb
+    # control too), then checked as its ranks will check it: a config the trainer refuses
+    # fails now, before the campaign writes its folder or starts the straight run.
+    runs = ((output / REFERENCE, ()), (output / FAULTED, options.perturb))
+    configs = [
+        load_config(RunConfig, options.config, train.overrides_for(run_dir, extra))
+        for run_dir, extra in runs
+    ]
+    for run_cfg in configs:
+        check_launchable(run_cfg, launch_plan.nproc, launch_plan.ppn)
     return _Setup(output, cfg.train.steps, launch_plan.nproc, kinds, drawn, notes, train)
 
 
@@ -253,14 +268,7 @@ def _check_spares(dealt: list[str], num_spares: int) -> None:
 
 def _claim(output: Path) -> None:
     """Make ``output`` ours: new, empty, or a campaign folder whose previous entries go."""
-    if output.exists() and not output.is_dir():
-        raise GoodputError.usage(output, "is a file", "pass a folder to --output")
-    if output.is_dir() and any(output.iterdir()) and not (output / MARKER).is_file():
-        raise GoodputError.usage(
-            output,
-            f"is not empty and holds no {MARKER}: it is not a chaos campaign's folder",
-            "pass a new or empty folder to --output",
-        )
+    check_output_dir(output, CAMPAIGN_DIR, "--output")
     for name in OURS:
         path = output / name
         if path.is_dir() and not path.is_symlink():
@@ -291,12 +299,16 @@ class _TrainCommand:
     own_checkpoint_folder: bool  # the config names checkpoint.folder: each run gets its own
 
     def argv(self, run_dir: Path) -> tuple[str, ...]:
+        goodput = (sys.executable, "-m", "goodput", "train")
+        return (*goodput, str(self.config.absolute()), *self.overrides_for(run_dir))
+
+    def overrides_for(self, run_dir: Path, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """The overrides of the run in ``run_dir`` (``extra``: the faulted run's --perturb)."""
         placed = [f"train.run_dir={json.dumps(str(run_dir))}"]
         if self.own_checkpoint_folder:
             folder = rundir.checkpoints_dir(run_dir)
             placed.append(f"checkpoint.folder={json.dumps(str(folder))}")
-        goodput = (sys.executable, "-m", "goodput", "train")
-        return (*goodput, str(self.config.absolute()), *self.overrides, *placed)
+        return (*self.overrides, *extra, *placed)
 
 
 def _launch(

@@ -11,7 +11,9 @@ number out of range or a repeated ``id`` refuses the whole file::
      "faults": [{"id": 0, "kind": "kill", "step": 37, "rank": 1}, ...]}
 
 ``id`` is unique, 0 <= id < 2**31; ``step`` >= 1; ``rank`` >= 0 is the global rank the fault
-fires on (never on another). The kinds, and when each fires:
+fires on (never on another). At start the trainer refuses, naming it, a fault that could never
+fire (``check_reachable``): a rank not below the world size, a step after ``train.steps``, a save
+fault in a run without periodic saves. The kinds, and when each fires:
 
 - ``kill``: once step ``step`` has completed (its metrics line written, its checkpoint decision
   taken and any save started), the rank SIGKILLs itself.
@@ -87,6 +89,7 @@ class FaultPlan:
 
     def __init__(self, faults: list[Fault], fired_dir: Path, environ: Mapping[str, str]):
         self.faults, self.fired_dir = faults, fired_dir
+        self.source = environ.get(ENV_VAR, "")  # the plan file, for errors
         self.launch_hosts = environ.get(HOSTS_VAR, ""), environ.get("LOCAL_WORLD_SIZE", "")
         self.by_step: dict[tuple[int, int], list[Fault]] = {}  # (step, rank): at that step
         self.in_save: dict[int, list[Fault]] = {}  # rank: its save faults, by step
@@ -96,6 +99,26 @@ class FaultPlan:
             else:
                 self.by_step.setdefault((fault.step, fault.rank), []).append(fault)
         self.fired: set[int] = set()  # ids known to have fired: their record exists
+
+    def check_reachable(self, *, world_size: int, steps: int, saves: bool) -> None:
+        """Refuse, naming its entry, a fault that could never fire in a run of ``steps`` steps
+        on ``world_size`` ranks that saves checkpoints periodically or not (``saves``): a rank
+        beyond the world, a step beyond the run, a save fault in a run that never saves. Called
+        at start, by every rank alike, before any work."""
+        for index, fault in enumerate(self.faults):
+            where = f"faults[{index}] (id {fault.id}, {fault.kind})"
+            if fault.rank >= world_size:
+                what = f"{where}: rank {fault.rank} is not below the world size {world_size}"
+            elif fault.step > steps:
+                what = f"{where}: step {fault.step} is after the run's last (train.steps = {steps})"
+            elif fault.kind in IN_SAVE and not saves:
+                what = (
+                    f"{where}: the run saves no checkpoints (checkpoint.interval_steps and "
+                    "interval_minutes are 0)"
+                )
+            else:
+                continue
+            raise _refused(self.source, f"{what}, so it would never fire")
 
     def after_step(self, step: int, rank: int) -> None:
         """Called once step ``step`` is over (metrics written, checkpoint decided): kill, stop

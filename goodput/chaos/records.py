@@ -2,31 +2,35 @@
 the step records of ``metrics.jsonl``, the fired records of ``goodput.chaos.faults``, and the
 trainer's ``resume: ... loaded in X s`` lines in the launch log.
 
-All three are outside input, read strictly and bounded: a metrics line is at most
-``MAX_LINE_BYTES`` and must be a JSON object whose ``step``, ``loss`` (null when not finite),
-``step_time_s`` and ``time`` have the trainer's types (its other keys are the trainer's business
-and pass); a fired record is exactly the five keys the fault hooks write, in a file named by its
-id; a log line is only matched, never evaluated, and a longer one is cut at ``MAX_LINE_BYTES``.
-Whatever breaks these rules is one ``GoodputError`` naming the file (and line). A missing file
-reads as empty: a run killed early may not have written it yet.
+All three are outside input, read strictly and bounded, from regular files only (a FIFO is
+refused, never waited on): a metrics line is read as every reader of a run's metrics reads it
+(``io.read_json_lines``, at most ``rundir.MAX_LINE_BYTES``) and must be a JSON object whose
+``step``, ``loss`` (null when not finite), ``step_time_s`` and ``time`` have the trainer's types
+(its other keys are the trainer's business and pass); a fired record is exactly the five keys
+the fault hooks write, in a file named by its id (what is no regular file in that folder is
+skipped, with a note); a log line is only matched, never evaluated, and one longer than
+``MAX_LOG_LINE_BYTES`` is passed over. Whatever breaks these rules is one ``GoodputError``
+naming the file (and line). A missing file reads as empty: a run killed early may not have
+written it yet.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from goodput import rundir
 from goodput.chaos.faults import KINDS, MAX_FAULTS, MAX_ID, MAX_RANK, MAX_STEP
 from goodput.errors import GoodputError, from_exception
-from goodput.io import read_json
+from goodput.io import read_json, read_json_lines, read_lines, regular_files
 
-MAX_LINE_BYTES = 1 << 20  # the launcher's longest line; a metrics record is ~300 bytes
-MAX_LINES = 100_000_000  # far past any run's steps; a bound on a file that never ends
+# The launcher cuts a rank's line at 1 MiB and puts a host label before it; what is longer is
+# no line of its, and no resume line either.
+MAX_LOG_LINE_BYTES = 2 << 20
 FIRED_RECORD_BYTES = 4096
 FIRED_NAME = re.compile(r"(0|[1-9][0-9]{0,9})\.json")
 FIRED_KEYS = frozenset({"id", "kind", "step", "rank", "time"})
@@ -68,17 +72,14 @@ class ResumeLoad:
 
 
 def read_step_records(path: Path) -> list[StepRecord]:
-    """Every line of ``metrics.jsonl`` in order (a step run again appears again)."""
-    return [_step_record(line, f"{path}:{number}") for number, line in _lines(path, METRICS_FIX)]
+    """Every whole line of ``metrics.jsonl`` in order (a step run again appears again)."""
+    if not os.path.lexists(path):
+        return []
+    lines = read_json_lines(path, rundir.MAX_LINE_BYTES, fix=METRICS_FIX)
+    return [_step_record(raw, where) for where, raw in lines]
 
 
-def _step_record(line: bytes, where: str) -> StepRecord:
-    try:
-        raw = json.loads(line)
-    except (ValueError, RecursionError):
-        raise GoodputError(where, "is not a JSON line", METRICS_FIX) from None
-    if not isinstance(raw, dict):
-        raise GoodputError(where, "is not a JSON object", METRICS_FIX)
+def _step_record(raw: dict[str, Any], where: str) -> StepRecord:
     step = raw.get("step")
     if type(step) is not int or not 1 <= step <= MAX_STEP:
         raise GoodputError(where, "has no step number", METRICS_FIX)
@@ -100,13 +101,13 @@ def read_fired(directory: Path) -> list[FiredRecord]:
     """The fired records of ``directory`` (a plan's ``fired_dir``), by id. Temp files of an
     atomic write (dot names) are not records yet and are passed over."""
     try:
-        names = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+        paths = list(directory.iterdir()) if directory.is_dir() else []
     except OSError as exc:
         raise from_exception(exc) from None
-    names = [name for name in names if not name.startswith(".")]
-    if len(names) > MAX_FAULTS:
-        raise GoodputError(directory, f"holds {len(names)} files, more than any plan", FIRED_FIX)
-    records = [_fired_record(directory / name) for name in names]
+    paths = regular_files(path for path in paths if not path.name.startswith("."))
+    if len(paths) > MAX_FAULTS:
+        raise GoodputError(directory, f"holds {len(paths)} files, more than any plan", FIRED_FIX)
+    records = [_fired_record(path) for path in paths]
     return sorted(records, key=lambda record: record.id)
 
 
@@ -135,27 +136,12 @@ def _fired_record(path: Path) -> FiredRecord:
 
 def read_resume_loads(log: Path) -> list[ResumeLoad]:
     """Each ``resume: from DIR (step N) loaded in X s`` line of a launch log, in order."""
+    if not os.path.lexists(log):
+        return []
+    fix = "it is not a launch log; rerun the campaign"
     loads = []
-    for _number, line in _lines(log, "it is not a launch log; rerun the campaign"):
+    for _number, line in read_lines(log, MAX_LOG_LINE_BYTES, fix=fix, skip_long=True):
         match = RESUME_LINE.match(line)
         if match:
             loads.append(ResumeLoad(int(match["step"]), float(match["seconds"])))
     return loads
-
-
-def _lines(path: Path, fix: str) -> Iterator[tuple[int, bytes]]:
-    """(number, line without its newline) of ``path``, each at most ``MAX_LINE_BYTES`` (a longer
-    one comes in pieces); an absent file has none."""
-    try:
-        stream = open(path, "rb")  # noqa: SIM115 (closed by the with below; absent: no lines)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise from_exception(exc) from None
-    with stream:
-        for number in range(1, MAX_LINES + 1):
-            line = stream.readline(MAX_LINE_BYTES)
-            if not line:
-                return
-            yield number, line.rstrip(b"\n")
-    raise GoodputError(path, f"has more than {MAX_LINES:,} lines", fix)

@@ -1,4 +1,9 @@
-"""The ``[checkpoint]`` table."""
+"""The ``[checkpoint]`` table.
+
+No key here is refused as inert (``config.refuse_inert_keys``), though some do nothing under others
+(``async_save`` without periodic saves, what resume reads with ``resume = "never"``): commands
+turn saving and resuming off on a user's config (``goodput diagnose smoke``, ``--resume
+never``), and the keys stay that config's settings for its real runs."""
 
 from __future__ import annotations
 

@@ -12,11 +12,27 @@ that ``goodput --help`` stays instant and ``goodput launch`` never imports torch
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
+from typing import NoReturn
 
-from goodput.errors import ExitCode
+from goodput.errors import MAX_WHAT_CHARS, ExitCode, one_line
 
 Handler = Callable[[argparse.Namespace], ExitCode]
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse's usage errors as one bounded ``goodput: error:`` line (exit 2), like every
+    other error. Every parser of goodput's command lines is one: ``goodput``'s own (whose
+    subparsers take their parent's class) and those a handler builds for the rest of its
+    line (``goodput chaos``'s options after CONFIG, the goodput launch line of chaos and submit)."""
+
+    def error(self, message: str) -> NoReturn:
+        said = one_line(message, MAX_WHAT_CHARS)
+        print(f"goodput: error: {self.prog}: {said}; see {self.prog} --help", file=sys.stderr)
+        sys.exit(int(ExitCode.USAGE))
+
+
 Subparsers = argparse._SubParsersAction  # what add_subparsers returns; argparse names it privately
 
 

@@ -120,6 +120,7 @@ def _copy_checkpoint(args: argparse.Namespace) -> ExitCode:
             "--dest /local/scratch/ckpt",
         )
     hosts = broadcast.read_hosts(args.hosts, args.hostfile)
+    _check_destinations(args.dest, hosts)
     copied = checkpoint_copy.copy_checkpoint(
         args.checkpoint,
         hosts,
@@ -144,6 +145,7 @@ def _copy(args: argparse.Namespace) -> ExitCode:
             "e.g. goodput broadcast .venv --hostfile $PBS_NODEFILE --dest /tmp/.venv",
         )
     hosts = broadcast.read_hosts(args.hosts, args.hostfile)
+    _check_destinations(args.dest, hosts)
     result = broadcast.broadcast(
         args.source,
         hosts,
@@ -160,6 +162,17 @@ def _copy(args: argparse.Namespace) -> ExitCode:
         + (f"; failed: {', '.join(result.failed)}" if result.failed else "")
     )
     return ExitCode.OK  # below --min-success, broadcast() raised
+
+
+def _check_destinations(dest: str, hosts: list[str]) -> None:
+    """Each host's destination, where this machine sees the same path (a shared filesystem, the
+    local transport): not in a run directory or a checkpoint. A transport checks the rest
+    (absolute, apart from the source, its own marker)."""
+    from goodput.outputs import check_outside_runs
+
+    for path in sorted({dest.replace("{host}", host) for host in hosts}):
+        if Path(path).is_absolute():
+            check_outside_runs(Path(path), "--dest")
 
 
 def _progress(line: str) -> None:

@@ -3,9 +3,10 @@ of ``run_campaign``, and the report printed. Exit 0 only when the faulted run fi
 fault fired and the final state is bitwise equal to the straight run's; 1 otherwise.
 
 ``goodput chaos CONFIG [KEY=VALUE ...] [options] [-- LAUNCH OPTIONS]``: argparse cannot put
-options after a positional and still keep a ``--`` tail, so everything after CONFIG is taken
-whole and parsed here, the campaign options (and overrides) up to ``--`` and goodput launch's
-own options after it, by goodput launch's parser.
+options after a positional and still keep a ``--`` tail (it drops a ``--`` that follows a
+positional at once), so everything from CONFIG on is taken whole and parsed here: CONFIG, the
+overrides and the campaign options up to ``--``, by a parser of the same class (one-line
+errors), and goodput launch's own options after it, by goodput launch's parser.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from goodput import argtypes
-from goodput.commands import Subparsers, launch
+from goodput.commands import OneLineErrorParser, Subparsers, after_dashes, launch
 from goodput.errors import ExitCode, GoodputError
 
 if TYPE_CHECKING:
@@ -44,17 +45,17 @@ def register(groups: Subparsers) -> None:
         "optimizer and RNG state bit for bit. Exit 0 only when they are equal.",
         usage="goodput chaos CONFIG [KEY=VALUE ...] [options] [-- LAUNCH OPTIONS]",
     )
-    chaos.add_argument("config", type=Path, help="the run config (TOML)")
     chaos.add_argument(
         "rest",
         nargs=argparse.REMAINDER,
-        metavar="KEY=VALUE ... [options] [-- LAUNCH OPTIONS]",
-        help="overrides for both runs (as goodput train takes them), the options below, and "
-        "after -- goodput launch options for both runs (--nhosts, --ppn, --profile, --timeout, "
-        "--retries, --backoff, --grace, --no-prefix)",
+        metavar="CONFIG [KEY=VALUE ...] [options] [-- LAUNCH OPTIONS]",
+        help="the run config (TOML), overrides for both runs (as goodput train takes them), the "
+        "options below, and after -- goodput launch options for both runs (--nhosts, --ppn, "
+        "--profile, --timeout, --retries, --backoff, --grace, --no-prefix)",
     )
     add_campaign_options(chaos)
-    chaos.set_defaults(handler=_chaos)
+    # The options after CONFIG are parsed in the handler, --help among them.
+    chaos.set_defaults(handler=_chaos, print_help=chaos.print_help)
 
 
 def add_campaign_options(parser: argparse.ArgumentParser) -> None:
@@ -119,10 +120,14 @@ def _chaos(args: argparse.Namespace) -> ExitCode:
     from goodput.chaos.faults import MAX_FAULTS
     from goodput.chaos.report import format_report
 
-    words, launch_argv = _split_at_dashes(args.rest)
-    tail = argparse.ArgumentParser(prog="goodput chaos", add_help=False)
+    words, launch_argv = _split_at_dashes(after_dashes(args.rest))
+    if {"-h", "--help"} & set(words):
+        args.print_help()
+        return ExitCode.OK
+    tail = OneLineErrorParser(prog="goodput chaos", add_help=False)
     add_campaign_options(tail)
-    tail.add_argument("overrides", nargs="*")
+    tail.add_argument("config", type=Path)
+    tail.add_argument("overrides", nargs="*", default=[])
     tail.parse_intermixed_args(words, namespace=args)
     if args.faults > MAX_FAULTS:
         raise GoodputError.usage(

@@ -4,7 +4,6 @@ and .pt files; each handler is one call into ``goodput.checkpoint``, offline, in
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from goodput.commands import Subparsers, add_command
@@ -82,9 +81,13 @@ def register(groups: Subparsers) -> None:
 
 def _list(args: argparse.Namespace) -> ExitCode:
     from goodput.checkpoint.listing import describe_checkpoints, format_checkpoints
+    from goodput.io import print_json
 
     info = describe_checkpoints(args.run_dir)
-    print(json.dumps(info, indent=2) if args.json else format_checkpoints(info))
+    if args.json:
+        print_json(info, where="goodput ckpt list --json", indent=2)
+    else:
+        print(format_checkpoints(info))
     return ExitCode.OK
 
 

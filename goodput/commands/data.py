@@ -4,7 +4,6 @@ verify, and inspect; each handler is one call into ``goodput.data``."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -213,14 +212,19 @@ def _stem(path: Path) -> str:
 
 def _inspect(args: argparse.Namespace) -> ExitCode:
     from goodput.data.inspect import describe, format_description
+    from goodput.io import print_json
 
     info = describe(args.path, args.tokenizer)
-    print(json.dumps(info, indent=2) if args.json else format_description(info))
+    if args.json:
+        print_json(info, where="goodput data inspect --json", indent=2)
+    else:
+        print(format_description(info))
     return ExitCode.OK if not info["problems"] else ExitCode.ERROR
 
 
 def _blend(args: argparse.Namespace) -> ExitCode:
     from goodput.data.blend import BlendSpec, build_blend, format_report
+    from goodput.io import print_json
 
     spec = BlendSpec(
         file_list=args.file_list,
@@ -233,7 +237,10 @@ def _blend(args: argparse.Namespace) -> ExitCode:
         report_batch_size=args.report_batch_size,
     )
     directory, manifest = build_blend(spec)
-    print(json.dumps(manifest, indent=2) if args.json else format_report(directory, manifest))
+    if args.json:
+        print_json(manifest, where="goodput data blend --json", indent=2)
+    else:
+        print(format_report(directory, manifest))
     return ExitCode.OK
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from pathlib import Path
 
@@ -115,6 +114,9 @@ def _smoke(args: argparse.Namespace) -> ExitCode:
     from goodput.diagnostics import smoke
 
     if args.record is not None:
+        from goodput.outputs import SMOKE_RECORD, check_output_file
+
+        check_output_file(args.record, SMOKE_RECORD, "--record", [args.config])
         steps = DEFAULT_STEPS if args.steps is None else args.steps
         print(smoke.record(args.config, args.overrides, steps, args.record), flush=True)
         return ExitCode.OK
@@ -129,9 +131,9 @@ def _lr_find(args: argparse.Namespace) -> ExitCode:
     from goodput.train.config import RunConfig
 
     settings = RampSettings(num_steps=args.steps, min_lr=args.min_lr, max_lr=args.max_lr)
-    if args.plot is not None:
-        _require_plot_path(args.plot)
     cfg = load_config(RunConfig, args.config, args.overrides)
+    if args.plot is not None:
+        _require_plot_path(args.plot, [args.config, Path(cfg.train.run_dir)])
     if args.json:  # stdout holds the one JSON object: the builders' lines go to stderr
         with contextlib.redirect_stdout(sys.stderr):
             result = lr_find(cfg, settings)
@@ -144,7 +146,9 @@ def _lr_find(args: argparse.Namespace) -> ExitCode:
 
         lr_find_plot(result, args.plot)
     if args.json:
-        print(json.dumps(result.as_json()), flush=True)
+        from goodput.io import print_json
+
+        print_json(result.as_json(), where="goodput diagnose lr-find --json")
     else:
         for line in result.summary():
             print(line, flush=True)
@@ -153,9 +157,12 @@ def _lr_find(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
-def _require_plot_path(path: Path) -> None:
-    """Before anything runs: a plot that could not be written would waste the whole ramp."""
+def _require_plot_path(path: Path, inputs: list[Path]) -> None:
+    """Before anything runs: a plot that could not be written would waste the whole ramp, and
+    one that would replace a file of the run or the config, or any file but a plot of ours, is
+    refused (``goodput.outputs``)."""
     from goodput.errors import GoodputError
+    from goodput.outputs import PNG_PLOT, check_output_file
 
     if path.suffix.lower() != ".png":
         raise GoodputError.usage("--plot", f"{path} is not a .png file", "name a FILE.png")
@@ -163,8 +170,7 @@ def _require_plot_path(path: Path) -> None:
         raise GoodputError.usage(
             "--plot", f"the folder of {path} does not exist", "create it, or name another file"
         )
-    if path.is_dir():
-        raise GoodputError.usage("--plot", f"{path} is a folder", "name a FILE.png in it")
+    check_output_file(path, PNG_PLOT, "--plot", inputs)
 
 
 def _batch_size(args: argparse.Namespace) -> ExitCode:
@@ -172,7 +178,9 @@ def _batch_size(args: argparse.Namespace) -> ExitCode:
 
     found = report(args.run_dir)
     if args.json:
-        print(json.dumps(found.as_json()), flush=True)
+        from goodput.io import print_json
+
+        print_json(found.as_json(), where="goodput diagnose batch-size --json")
     else:
         for line in found.lines():
             print(line, flush=True)

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,10 @@ def register(groups: Subparsers) -> None:
         "EleutherAI lm-eval's evaluator on it with goodput's model, scored as goodput's own "
         "harness scores. Nothing is downloaded: a task's data must be local. Metrics are "
         "printed, and appended to RUN/evals.jsonl (and TensorBoard) when the checkpoint lies "
-        "in a run directory. Needs lm-eval: pip install 'goodput[eval]'.",
+        "in a run directory. Task files are code: lm-eval's YAML may name Python functions "
+        "(!function), which lm-eval imports from the task's folder, and --include-path loads "
+        "every task file under a folder; run only task files you would run as scripts. "
+        "Needs lm-eval: pip install 'goodput[eval]'.",
     )
     command.set_defaults(handler=_eval)
     command.add_argument(
@@ -94,8 +96,9 @@ def register(groups: Subparsers) -> None:
 
 def _eval(args: argparse.Namespace) -> ExitCode:
     from goodput.eval.lm_eval_tasks import evaluate_checkpoint, require_lm_eval, resolve_tasks
-    from goodput.io import write_json, write_text
+    from goodput.io import print_json, write_json, write_text
 
+    _check_outputs(args)
     require_lm_eval()  # before anything imports it, with the Hugging Face libraries offline
     tasks = resolve_tasks(args.tasks, args.include_path)
     outcome = evaluate_checkpoint(
@@ -114,19 +117,53 @@ def _eval(args: argparse.Namespace) -> ExitCode:
         write_json(args.output, summary)
     if args.samples is not None:
         write_text(args.samples, "".join(_sample_lines(outcome.samples or {})))
-    print(json.dumps(summary) if args.json else _table(summary), flush=True)
+    if args.json:
+        print_json(summary, where="goodput eval --json")
+    else:
+        print(_table(summary), flush=True)
     return ExitCode.OK
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """--output and --samples: neither in a run or checkpoint (the metrics go to the run's
+    evals.jsonl), onto an input or each other, or onto a file that is not their kind."""
+    from goodput.outputs import EVAL_SAMPLES, EVAL_SUMMARY, check_output_file
+
+    inputs = [args.checkpoint, *args.include_path]
+    inputs += [Path(task) for task in args.tasks if task.endswith((".yaml", ".yml"))]
+    inputs += [] if args.tokenizer is None else [args.tokenizer]
+    if args.output is not None:
+        check_output_file(args.output, EVAL_SUMMARY, "--output", inputs)
+    if args.samples is not None:
+        others = [*inputs, *([] if args.output is None else [args.output])]
+        check_output_file(args.samples, EVAL_SAMPLES, "--samples", others)
+
+
 def _sample_lines(samples: dict[str, list[dict[str, Any]]]) -> list[str]:
+    from goodput.io import json_text
+
     keys = ("doc_id", "target", "arguments", "filtered_resps", "filter")
     lines = []
     for task, records in samples.items():
         for record in records:
             line = {"task": task, **{key: record.get(key) for key in keys}}
             line["metrics"] = {name: record.get(name) for name in record.get("metrics", [])}
-            lines.append(json.dumps(line, default=str) + "\n")
+            lines.append(json_text(_plain(line), where="goodput eval --samples") + "\n")
     return lines
+
+
+def _plain(value: Any) -> Any:
+    """lm-eval's ``value`` as JSON holds it: a non-finite number as null (the log-likelihood of
+    a continuation the model rules out is -inf), a value JSON has no type for as its text."""
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, str | int):  # a bool is an int
+        return value
+    return str(value)
 
 
 def _table(summary: dict[str, Any]) -> str:

@@ -5,7 +5,6 @@ on the device goodput detects (``GOODPUT_DEVICE`` overrides it)."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from goodput import argtypes
@@ -31,7 +30,7 @@ def register(groups: Subparsers) -> None:
         help="a checkpoint directory (RUN/checkpoints/step-N) or a run directory (its newest "
         "complete checkpoint)",
     )
-    generate.add_argument("--prompt", required=True, help="the text to continue")
+    generate.add_argument("--prompt", required=True, help="the text to continue (UTF-8)")
     generate.add_argument(
         "--max-new-tokens",
         type=argtypes.positive_int,
@@ -44,7 +43,8 @@ def register(groups: Subparsers) -> None:
         type=float,
         default=0.0,
         metavar="T",
-        help="sampling temperature; 0 (the default) is greedy",
+        help="sampling temperature, any finite number >= 0; 0 (the default) is greedy, a tiny "
+        "one greedy in effect, a huge one uniform",
     )
     generate.add_argument(
         "--top-p",
@@ -72,6 +72,7 @@ def register(groups: Subparsers) -> None:
 
 def _generate(args: argparse.Namespace) -> ExitCode:
     from goodput.eval.generate import Sampling, generate_from_checkpoint
+    from goodput.io import print_json
 
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     result = generate_from_checkpoint(
@@ -81,5 +82,8 @@ def _generate(args: argparse.Namespace) -> ExitCode:
         sampling=sampling,
         tokenizer_path=args.tokenizer,
     )
-    print(json.dumps(result) if args.json else result["completion"], flush=True)
+    if args.json:
+        print_json(result, where="goodput generate --json")
+    else:
+        print(result["completion"], flush=True)
     return ExitCode.OK

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from goodput import argtypes
-from goodput.commands import Subparsers, after_dashes
+from goodput.commands import OneLineErrorParser, Subparsers, after_dashes
 from goodput.errors import ExitCode
 
 if TYPE_CHECKING:
@@ -94,9 +94,9 @@ def register(groups: Subparsers) -> None:
 
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """``goodput launch ARGV`` parsed as the command parses it (argparse's own errors exit 2),
-    and the arguments it does not know."""
-    parser = argparse.ArgumentParser(prog="goodput")
+    """``goodput launch ARGV`` parsed as the command parses it (argparse's own errors: one
+    line, exit 2), and the arguments it does not know."""
+    parser = OneLineErrorParser(prog="goodput")
     register(parser.add_subparsers())
     return parser.parse_known_args(["launch", *argv])
 

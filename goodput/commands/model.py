@@ -4,7 +4,6 @@ allocates nothing."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from goodput import argtypes
@@ -35,10 +34,14 @@ def register(groups: Subparsers) -> None:
 
 def _info(args: argparse.Namespace) -> ExitCode:
     from goodput.config import load_section
+    from goodput.io import print_json
     from goodput.train.info import describe, format_description
     from goodput.train.model_config import ModelConfig
 
     cfg = load_section(ModelConfig, args.config, "model", args.overrides)
     info = describe(cfg, args.seq_len or cfg.max_seq_len)
-    print(json.dumps(info, indent=2) if args.json else format_description(str(args.config), info))
+    if args.json:
+        print_json(info, where="goodput model info --json", indent=2)
+    else:
+        print(format_description(str(args.config), info))
     return ExitCode.OK

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -188,13 +187,13 @@ def _reliability(args: argparse.Namespace) -> ExitCode:
         step_s=args.step_s,
         interval_steps=args.interval_steps,
     )
-    try:
-        report = plan_reliability(budget)
-    except ValueError as exc:
-        raise GoodputError.usage(
-            "--node-mtbf-days", str(exc), "check the node MTBF (days) and the walltime (hours)"
-        ) from None
-    print(json.dumps(report.as_dict(), indent=2) if args.json else format_text(report))
+    report = plan_reliability(budget)
+    if args.json:
+        from goodput.io import print_json
+
+        print_json(report.as_dict(), where="goodput plan reliability --json", indent=2)
+    else:
+        print(format_text(report))
     return ExitCode.OK
 
 

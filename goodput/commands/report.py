@@ -1,12 +1,12 @@
 """``goodput report RUN_DIR``: where a run's wall time went (goodput, badput by cause, attempts),
 from the run directory alone: a terminal summary, ``--json``, ``--html`` with the plots, and
 ``--watch`` to follow a run that is going on. It reads the run and writes only ``--html``'s
-file."""
+file, which ``goodput.outputs`` keeps out of run directories and off any file but a page of
+ours."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -56,6 +56,10 @@ def _report(args: argparse.Namespace) -> ExitCode:
         from goodput.errors import GoodputError
 
         raise GoodputError.usage("--watch", "cannot be used with --json", "pick one")
+    if args.html is not None:
+        from goodput.outputs import HTML_REPORT, check_output_file
+
+        check_output_file(args.html, HTML_REPORT, "--html", [args.run_dir])
     run = read_run(args.run_dir)
     acc = account(run)
     if args.html is not None:
@@ -63,7 +67,9 @@ def _report(args: argparse.Namespace) -> ExitCode:
 
         write_html(run, acc, args.html)
     if args.json:
-        print(json.dumps(acc.as_json()), flush=True)
+        from goodput.io import print_json
+
+        print_json(acc.as_json(), where="goodput report --json")
         return ExitCode.OK
     console = Console()
     if not args.watch:

@@ -77,7 +77,9 @@ def register(groups: Subparsers) -> None:
 def _submit(args: argparse.Namespace) -> ExitCode:
     from goodput.launch import submit
     from goodput.launch.run import named_run_dir
+    from goodput.outputs import RUN_DIR, check_output_dir
 
+    check_output_dir(args.run_dir, RUN_DIR, "--run-dir")
     launch_line = after_dashes(args.cmd)
     submit.check_launch_line(launch_line)
     options, profile = _check_launch_options(launch_line[2:])

@@ -73,11 +73,11 @@ from goodput.data.manifest import (
     open_blend,
     shard_samples,
 )
-from goodput.data.paths import check_output_dir
 from goodput.data.schema import RUN_FORMAT
 from goodput.data.shards import ShardReader, bin_path, idx_path
 from goodput.errors import GoodputError
 from goodput.io import fsync_dir, is_complete, sha256_file, write_json, write_marker
+from goodput.outputs import DATA_DIR, check_output_dir
 from goodput.progress import Progress
 
 __all__ = ["build_blend_index", "parse_file_list", "BlendSpec", "build_blend", "FileListEntry"]
@@ -123,7 +123,7 @@ def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
             f"{spec.holdout_samples:,} is not in [0, {MAX_HELDOUT:,}]",
             "hold out fewer samples per corpus",
         )
-    check_output_dir(spec.cache, "--cache")
+    check_output_dir(spec.cache, DATA_DIR, "--cache")
     entries = parse_file_list(spec.file_list)
     weights = corpus_weights(entries, spec.file_list)
     shards, tokenizer = _describe_shards(entries, spec)

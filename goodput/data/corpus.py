@@ -21,15 +21,14 @@ It does not tokenize, shard or validate; it only writes raw text in the format t
 from __future__ import annotations
 
 import ast
-import json
 import sysconfig
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from pydoc_data.topics import topics
 
-from goodput.data.paths import check_output_dir
-from goodput.io import write_text
+from goodput.io import json_text, write_text
+from goodput.outputs import DATA_DIR, check_output_dir
 
 # Caps per domain, in bytes of JSONL written. The full 3.11 stdlib is ~12.5 MB of code; 8 MB keeps
 # tokenizer training and tokenization of the demo to seconds while staying non-trivial.
@@ -53,7 +52,7 @@ _BODY_FIELDS = ("body", "handlers", "orelse", "finalbody", "cases")
 
 def build_demo_corpus(output_dir: Path) -> dict[str, Path]:
     """Write the three demo domains under ``output_dir``; return ``{domain: jsonl_path}``."""
-    check_output_dir(Path(output_dir), "--output")
+    check_output_dir(Path(output_dir), DATA_DIR, "--output")
     sources = _stdlib_sources(Path(sysconfig.get_paths()["stdlib"]))
     domains = {
         "code": (sources, MAX_CODE_BYTES),
@@ -122,7 +121,7 @@ def _write_domain(output_dir: Path, domain: str, documents: Iterable[str], max_b
     for text in documents:
         if text.isspace() or not text:
             continue  # empty modules, such as many __init__.py files, are not documents
-        line = json.dumps({"text": text}, ensure_ascii=False) + "\n"
+        line = json_text({"text": text}, where=output_dir / domain, ensure_ascii=False) + "\n"
         num_bytes += len(line.encode("utf-8"))
         if num_bytes > max_bytes:
             break

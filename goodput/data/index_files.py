@@ -29,7 +29,7 @@ import numpy as np
 
 from goodput.data import schema
 from goodput.errors import GoodputError, from_exception
-from goodput.io import atomic_path, is_complete, read_json, sha256_file
+from goodput.io import atomic_path, is_complete, open_regular, read_json, sha256_file
 
 INT16, INT64, UINT32 = np.dtype("<i2"), np.dtype("<i8"), np.dtype("<u4")
 SHARD_INDEX_SHA256 = "sha256.json"
@@ -132,8 +132,10 @@ def save_array(path: Path, array: np.ndarray) -> None:
 
 def load_array(file: IndexFile) -> np.ndarray:
     """The array of ``file``, memory-mapped read-only, after its header and size checked out."""
+    if not os.path.lexists(file.path):
+        raise _bad_array(file.path, "missing")
     try:
-        with open(file.path, "rb") as f:
+        with open_regular(file.path) as f:  # a FIFO is refused, not waited on
             version = np.lib.format.read_magic(f)
             if version == (1, 0):
                 shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(f)
@@ -145,8 +147,6 @@ def load_array(file: IndexFile) -> np.ndarray:
             size = os.fstat(f.fileno()).st_size
     except GoodputError:
         raise
-    except FileNotFoundError:
-        raise _bad_array(file.path, "missing") from None
     except OSError as exc:
         raise from_exception(exc) from None
     except (ValueError, TypeError, EOFError, SyntaxError, TokenError) as exc:

@@ -131,7 +131,7 @@ class ShardIndex:
         if directory not in self._by_directory:
             self._by_directory[directory] = {
                 shard["shard"]: (manifest, shard)
-                for candidate in sorted(directory.glob("*.manifest.json"))
+                for candidate in io.regular_files(directory.glob("*.manifest.json"))
                 for manifest in [read_dataset_manifest(candidate)]
                 for shard in manifest["shards"]
             }

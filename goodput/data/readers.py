@@ -32,7 +32,7 @@ import zstandard
 
 from goodput.data.paths import file_identity
 from goodput.errors import GoodputError
-from goodput.io import json_type_name
+from goodput.io import json_type_name, open_regular, regular_files, require_regular
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".txt")
 
@@ -67,8 +67,9 @@ def input_suffix(path: Path) -> str | None:
 def list_inputs(paths: Sequence[str | Path]) -> list[Path]:
     """Expand ``paths`` into input files: named files as given, folders recursively and sorted.
 
-    Inside folders, hidden entries and files of other types are skipped; a folder that yields no
-    inputs and any missing, unreadable, empty or unknown file are errors. A file reached twice
+    Inside folders, hidden entries, files of other types and what is no regular file (a FIFO,
+    with a note) are skipped; a folder that yields no inputs and any missing, unreadable, empty,
+    unknown or not regular file are errors. A file reached twice
     (named twice, inside a named folder too, or through a symbolic or hard link) is read once,
     where it first appears, and said so on stderr.
     """
@@ -100,7 +101,7 @@ def _named_input(path: Path) -> Path:
             "is not a known input format",
             f"use one of {', '.join(SUFFIXES)} (or convert the file)",
         )
-    return _non_empty(path)
+    return _non_empty(require_regular(path))
 
 
 def _non_empty(path: Path) -> Path:
@@ -114,8 +115,11 @@ def _folder_inputs(folder: Path) -> list[Path]:
     for path in folder.rglob("*"):
         relative = path.relative_to(folder)
         hidden = any(part.startswith(".") for part in relative.parts)
-        if not hidden and input_suffix(path) is not None and path.is_file():
+        if not hidden and input_suffix(path) is not None and not path.is_dir():
             found.append((relative.as_posix(), path))
+    # A FIFO, socket or device named like an input is skipped with a note, never read.
+    regular = set(regular_files([path for _, path in found]))
+    found = [(relative, path) for relative, path in found if path in regular]
     if not found:
         raise GoodputError(
             folder,
@@ -152,11 +156,7 @@ def iter_texts(
 
 
 def _raw_chunks(path: Path, chunk_bytes: int, stats: ReadStats) -> Iterator[bytes]:
-    try:
-        file = open(path, "rb", buffering=0)  # noqa: SIM115 -- closed by the with below
-    except OSError as error:
-        raise GoodputError(path, f"cannot open: {error.strerror}", "check the path") from None
-    with file:
+    with open_regular(path) as file:  # a FIFO is refused, never waited on
         while chunk := file.read(chunk_bytes):
             stats.num_bytes += len(chunk)
             yield chunk
@@ -292,6 +292,7 @@ def _parquet_texts(path: Path, text_field: str, stats: ReadStats) -> Iterator[st
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    require_regular(path)  # pyarrow opens it itself, and would wait on a FIFO
     try:
         parquet = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as error:

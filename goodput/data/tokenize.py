@@ -34,12 +34,13 @@ import numpy as np
 from goodput import __version__
 from goodput.data import readers
 from goodput.data.manifest import manifest_path, read_dataset_manifest, read_part_record
-from goodput.data.paths import check_name, check_output_dir
+from goodput.data.paths import check_name
 from goodput.data.schema import SHARDS_FORMAT
 from goodput.data.shards import ShardWriter, bin_path, idx_path, token_dtype
 from goodput.data.tokenizer import load_tokenizer
 from goodput.errors import GoodputError
 from goodput.io import sha256_file, sha256_json, write_json
+from goodput.outputs import DATA_DIR, check_output_dir
 from goodput.progress import BYTES, Progress
 
 BATCH_CHARS = 4 << 20  # characters of text per encode call: big enough to amortise overhead
@@ -79,7 +80,7 @@ class TokenizeJob:
             if not ok:
                 raise GoodputError.usage(where, what, "fix the value")
         check_name(self.name, "--name")
-        check_output_dir(self.output, "--output")
+        check_output_dir(self.output, DATA_DIR, "--output")
 
 
 def plan_units(inputs: list[Path], shard_bytes: int) -> list[list[Path]]:

@@ -30,11 +30,13 @@ from typing import Any, ClassVar
 import sentencepiece
 import tokenizers
 
-from goodput.data.paths import check_output_file
 from goodput.data.readers import iter_texts
 from goodput.errors import GoodputError
-from goodput.io import write_bytes
+from goodput.io import read_bytes, write_bytes
+from goodput.outputs import TOKENIZER_MODEL, check_output_file
 
+# A tokenizer file is megabytes (a 256k-token tokenizer.json: ~35 MB); this is a bound, not a size.
+MAX_TOKENIZER_BYTES = 1 << 30
 # Tokens an HF tokenizer may use to end a document, tried in this order.
 HF_EOD_TOKENS = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>")
 
@@ -176,11 +178,13 @@ def load_tokenizer(path: str | os.PathLike[str], kind: str | None = None) -> Tok
 
 
 def _read_file(path: Path) -> bytes:
+    """The tokenizer file's bytes (both libraries load from memory, so only goodput opens it: a
+    regular file, bounded)."""
     try:
-        return path.read_bytes()
-    except OSError as error:
+        return read_bytes(path, MAX_TOKENIZER_BYTES)
+    except GoodputError as error:
         raise GoodputError(
-            path, f"cannot read the tokenizer: {error.strerror}", "check the --tokenizer path"
+            path, f"cannot read the tokenizer: {error.what}", "check the --tokenizer path"
         ) from None
 
 
@@ -193,7 +197,7 @@ def train_sentencepiece(
     through the model (identity normalisation, no whitespace folding, unknown characters fall
     back to bytes). Ids: unk 0, bos 1, eos 2, no pad.
     """
-    output = check_output_file(Path(output), "--output")
+    output = check_output_file(Path(output), TOKENIZER_MODEL, "--output", inputs)
     if output.suffix != ".model":
         raise GoodputError.usage(
             output, "a SentencePiece model must end in .model", "rename the output"

@@ -12,7 +12,9 @@ B_noise) (they add up to 1; both are 1/2 at the critical batch B = B_noise).
 Both files come from outside (a live run, a copied folder) and are read strictly and in bounds:
 every metrics line must be a JSON object with an integer ``step``; a broken line is one error
 naming the file and line, except a torn last line (no newline yet: a live run is writing it),
-which is skipped. A gns that is not finite or not > 0 is ignored and counted. A step logged
+which is skipped. A gns outside [2**-53, 2**53] tokens (not finite, not > 0, or an estimator
+that divided by a near-zero |G|² or tr(Σ)) is ignored and counted, so that every figure of the
+report is a finite number and its JSON strict. A step logged
 twice (a resumed run repeats steps after its checkpoint) keeps its later line. Standard library
 only: no torch.
 """
@@ -22,18 +24,22 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from goodput import rundir
-from goodput.config import read_toml
-from goodput.errors import ExitCode, GoodputError, from_exception
+from goodput.config import MAX_NUMBER, read_toml
+from goodput.errors import ExitCode, GoodputError
+from goodput.io import read_json_lines
 
-MAX_LINE_BYTES = 1 << 20  # a metrics line is a few hundred bytes
-MAX_LINES = 10_000_000  # far above any run's step count
 NUM_WINDOWS = 8
+# A usable B_simple, in tokens: 2**53 is the largest global batch a config admits; a larger
+# estimate, or one below its inverse, is the estimator dividing by a near-zero |G|² or tr(Σ),
+# not a batch. Within these bounds B/B_simple, its inverse and the range stay finite.
+MIN_GNS_TOKENS = 2.0**-53
+MAX_GNS_TOKENS = float(MAX_NUMBER)
+UNUSABLE = "not a number in [2**-53, 2**53]"
 # The recommended range: within a factor 2 of the critical batch B_crit ≈ B_noise, where neither
 # the steps nor the data cost more than 3x their minimum (2x each at B_crit itself).
 RECOMMENDED_BELOW = 0.5
@@ -46,7 +52,7 @@ class Estimates:
 
     by_step: dict[int, float]
     num_lines: int  # step lines read
-    num_ignored: int  # gns present but not finite or not > 0
+    num_ignored: int  # gns present but outside [MIN_GNS_TOKENS, MAX_GNS_TOKENS]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,11 +150,7 @@ class BatchSizeReport:
             f"batch-size: B_simple (tokens): first {self.first:,.0f}, median of the last "
             f"quarter {self.median_last_quarter:,.0f}, last {self.last:,.0f} "
             f"({self.steps_with_estimate} steps with an estimate"
-            + (
-                f", {self.ignored_estimates} ignored: not finite or not > 0"
-                if self.ignored_estimates
-                else ""
-            )
+            + (f", {self.ignored_estimates} ignored: {UNUSABLE}" if self.ignored_estimates else "")
             + ")",
             f"{'steps':>17}  {'median gns':>14}  {'estimates':>9}",
         ]
@@ -184,73 +186,46 @@ def read_global_batch(config: Path) -> int:
     """``[train] tokens_per_step`` of a run's ``config.toml``."""
     train = read_toml(config).get("train")
     value = train.get("tokens_per_step") if isinstance(train, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NUMBER:
         raise GoodputError.usage(
             config,
-            f"[train] tokens_per_step is {value!r}, not a whole number > 0",
+            f"[train] tokens_per_step is {value!r}, not a whole number in [1, 2**53]",
             "pass a goodput run directory: its config.toml is the resolved run config",
         )
     return value
 
 
 def read_estimates(path: Path) -> Estimates:
-    """Every step's usable gns from the metrics file ``path``."""
+    """Every step's usable gns from the metrics file ``path`` (read as every reader of a run's
+    metrics reads it: ``io.read_json_lines``)."""
     by_step: dict[int, float] = {}
     num_lines = num_ignored = 0
     try:
-        with open(path, "rb") as stream:
-            for number, entry in _entries(stream, path):
-                num_lines += 1
-                step, gns = _step_and_gns(entry, path, number)
-                if gns is None:
-                    by_step.pop(step, None)  # a repeated step without one: no estimate now
-                elif math.isfinite(gns) and gns > 0:
-                    by_step[step] = gns
-                else:
-                    num_ignored += 1
-                    by_step.pop(step, None)
-    except OSError as exc:
-        raise from_exception(exc) from None
+        for where, entry in read_json_lines(path, rundir.MAX_LINE_BYTES, fix=_FIX):
+            num_lines += 1
+            step, gns = _step_and_gns(entry, where)
+            if gns is None:
+                by_step.pop(step, None)  # a repeated step without one: no estimate now
+            elif MIN_GNS_TOKENS <= gns <= MAX_GNS_TOKENS:  # False for NaN
+                by_step[step] = gns
+            else:
+                num_ignored += 1
+                by_step.pop(step, None)
+    except GoodputError as exc:  # a broken metrics file is bad input to this command
+        raise GoodputError.usage(exc.where, exc.what, exc.fix) from None
     return Estimates(dict(sorted(by_step.items())), num_lines, num_ignored)
 
 
-def _entries(stream: BinaryIO, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, JSON object) of each complete line; blank lines are skipped."""
-    number = 0
-    while raw := stream.readline(MAX_LINE_BYTES + 1):
-        number += 1
-        if number > MAX_LINES:
-            raise _line_error(path, number, f"is past {MAX_LINES:,} lines", "pass the right file")
-        complete = raw.endswith(b"\n")
-        if len(raw) > MAX_LINE_BYTES:
-            raise _line_error(path, number, f"is longer than {MAX_LINE_BYTES:,} bytes", _FIX)
-        if not raw.strip():
-            continue
-        try:
-            entry = json.loads(raw.decode("utf-8"))
-        except (ValueError, RecursionError) as exc:
-            if not complete:  # torn: the last line, being written
-                return
-            what = "is not UTF-8" if isinstance(exc, UnicodeDecodeError) else "is not valid JSON"
-            raise _line_error(path, number, what, _FIX) from None
-        if not isinstance(entry, dict):
-            if not complete:
-                return
-            raise _line_error(
-                path, number, f"is a JSON {type(entry).__name__}, not an object", _FIX
-            )
-        yield number, entry
-
-
-def _step_and_gns(entry: dict[str, Any], path: Path, number: int) -> tuple[int, float | None]:
+def _step_and_gns(entry: dict[str, Any], where: str) -> tuple[int, float | None]:
     step = entry.get("step")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise _line_error(path, number, f'"step" is {_short(step)}, not a whole number >= 0', _FIX)
+        what = f'"step" is {_short(step)}, not a whole number >= 0'
+        raise GoodputError.usage(where, what, _FIX)
     gns = entry.get("gns")
     if gns is None:
         return step, None
     if isinstance(gns, bool) or not isinstance(gns, int | float):
-        raise _line_error(path, number, f'"gns" is {_short(gns)}, not a number or null', _FIX)
+        raise GoodputError.usage(where, f'"gns" is {_short(gns)}, not a number or null', _FIX)
     try:
         return step, float(gns)
     except OverflowError:  # an integer past float's range
@@ -286,9 +261,7 @@ def windows(steps: list[int], values: list[float], count: int = NUM_WINDOWS) -> 
 
 def no_estimate_error(metrics: Path, estimates: Estimates) -> GoodputError:
     ignored = (
-        f", and {estimates.num_ignored} unusable (not finite or not > 0)"
-        if estimates.num_ignored
-        else ""
+        f", and {estimates.num_ignored} unusable ({UNUSABLE})" if estimates.num_ignored else ""
     )
     return GoodputError(
         metrics,
@@ -303,10 +276,6 @@ def no_estimate_error(metrics: Path, estimates: Estimates) -> GoodputError:
 
 
 _FIX = "restore the file, or delete the broken line"
-
-
-def _line_error(path: Path, number: int, what: str, fix: str) -> GoodputError:
-    return GoodputError.usage(f"{path}:{number}", what, fix)
 
 
 def _short(value: object) -> str:

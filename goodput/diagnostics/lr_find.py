@@ -68,6 +68,13 @@ class RampSettings:
                 f"{self.min_lr:g} is not below --max-lr {self.max_lr:g}",
                 "pass a --min-lr below --max-lr (e.g. 1e-7 and 10)",
             )
+        if not math.isfinite(self.max_lr / self.min_lr):  # the ramp's ratio: lrs of inf
+            raise GoodputError.usage(
+                "--min-lr",
+                f"{self.min_lr:g} is too small a start for a ramp to --max-lr {self.max_lr:g}: "
+                "their ratio is past float's range",
+                "pass a --min-lr near the LRs of interest (e.g. 1e-7)",
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +82,9 @@ class CurvePoint:
     step: int
     lr: float
     loss: float | None  # None: not finite
-    smoothed_loss: float | None  # None: the loss or the gradient norm was not finite
+    # None: the loss or the gradient norm was not finite, or ŝ overflowed (a loss near float's
+    # limit): a step at the cliff
+    smoothed_loss: float | None
     grad_norm: float | None  # before clipping; None: not finite
 
 
@@ -150,11 +159,9 @@ def lr_find(
         optimizer = Optimizers(model_parts(model), cfg.optim, lrs[0], replica_group(mesh))
         context = context_layout(cfg, mesh)
         positions_t = context.positions(mesh.cp_rank).to(runtime.device) if context else None
-        loss_average = SmoothedLoss()
-        curve: list[CurvePoint] = []
+        curve = Curve()
         batches = iter(loader)
         every = max(1, settings.num_steps // NUM_PROGRESS_LINES)
-        stopped_early = False
         for index, lr in enumerate(lrs):
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -173,22 +180,14 @@ def lr_find(
                 ),
             )
             # The loss and norm are the same on every rank, so every rank stops at one step.
-            finite = math.isfinite(result.loss) and not result.skipped
-            smoothed = loss_average.add(result.loss) if finite else None
-            curve.append(
-                CurvePoint(index + 1, lr, _finite(result.loss), smoothed, _finite(result.grad_norm))
-            )
+            at_cliff = curve.add(lr, result.loss, result.grad_norm, skipped=result.skipped)
             if progress is not None and runtime.rank == 0 and (index + 1) % every == 0:
-                progress(_progress_line(curve[-1], settings.num_steps))
-            if smoothed is None or loss_average.diverged(smoothed):
-                stopped_early = index + 1 < settings.num_steps
+                progress(_progress_line(curve.points[-1], settings.num_steps))
+            if at_cliff:
                 break
         if runtime.rank != 0:
             return None
-        regions = find_regions(
-            [p.lr for p in curve], [p.smoothed_loss for p in curve], stopped_early
-        )
-        found = LrFindResult(settings, tuple(curve), stopped_early, regions)
+        found = curve.result(settings)
         run_dir.mkdir(parents=True, exist_ok=True)
         ramp_settings = {
             "steps": settings.num_steps,
@@ -200,6 +199,34 @@ def lr_find(
     finally:
         if owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+class Curve:
+    """The ramp's points as its steps come, and the stop rule; ``result`` reads the regions.
+
+    Every number it keeps is finite or None, so the result is strict JSON on any losses.
+    """
+
+    def __init__(self) -> None:
+        self.points: list[CurvePoint] = []
+        self._average = SmoothedLoss()
+
+    def add(self, lr: float, loss: float, grad_norm: float, *, skipped: bool) -> bool:
+        """Record the next step; True when the ramp stops at it (the cliff): a loss or gradient
+        norm that is not finite (``train_step`` skipped the step), or ŝ diverged."""
+        finite = math.isfinite(loss) and not skipped
+        smoothed = _finite(self._average.add(loss)) if finite else None
+        self.points.append(
+            CurvePoint(len(self.points) + 1, lr, _finite(loss), smoothed, _finite(grad_norm))
+        )
+        return smoothed is None or self._average.diverged(smoothed)
+
+    def result(self, settings: RampSettings) -> LrFindResult:
+        stopped_early = len(self.points) < settings.num_steps
+        regions = find_regions(
+            [p.lr for p in self.points], [p.smoothed_loss for p in self.points], stopped_early
+        )
+        return LrFindResult(settings, tuple(self.points), stopped_early, regions)
 
 
 def _finite(value: float) -> float | None:

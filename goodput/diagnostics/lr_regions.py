@@ -61,7 +61,8 @@ class SmoothedLoss:
         self.best = math.inf
 
     def add(self, loss: float) -> float:
-        """Take one finite loss; the new ŝ."""
+        """Take one finite loss; the new ŝ (infinite when a loss near float's limit overflows
+        it: the caller's cliff)."""
         assert math.isfinite(loss)
         self.count += 1
         self.average = self.beta * self.average + (1 - self.beta) * loss

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from goodput.io import write_bytes
+from goodput.outputs import PNG_SOFTWARE
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -35,9 +36,10 @@ def agg_figure(width_in: float, height_in: float, dpi: int = 100) -> Figure:
 
 
 def png_bytes(figure: Figure) -> bytes:
-    """``figure`` as one PNG file's bytes."""
+    """``figure`` as one PNG file's bytes, signed as goodput's (``outputs.PNG_SOFTWARE`` in its
+    Software text): what lets ``--plot`` replace a plot of ours and nothing else."""
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
+    figure.savefig(buffer, format="png", metadata={"Software": PNG_SOFTWARE})
     return buffer.getvalue()
 
 

@@ -58,7 +58,7 @@ from goodput.diagnostics.smoke_record import (
     write_record,
 )
 from goodput.errors import ExitCode, GoodputError
-from goodput.io import read_json, read_text
+from goodput.io import read_json, read_json_lines
 from goodput.launch.env import LOCAL_RANK_FALLBACKS, LOCAL_SIZE_FALLBACKS, RANK_SOURCES
 from goodput.train.config import RunConfig
 from goodput.train.device import detect_device_type, device_name
@@ -240,8 +240,8 @@ def _child_environment() -> dict[str, str]:
 def _read_steps(metrics_file: Path, num_steps: int) -> tuple[StepValues, ...]:
     """Steps 1..``num_steps`` from the run's metrics; a non-finite value was written as null."""
     steps = []
-    for line in read_text(metrics_file).splitlines():
-        entry = json.loads(line)
+    fix = "rerun; if it persists, report it"
+    for _where, entry in read_json_lines(metrics_file, rundir.MAX_LINE_BYTES, fix=fix):
         values = {m: math.nan if entry[m] is None else float(entry[m]) for m in METRICS}
         steps.append(StepValues(step=entry["step"], **values))
     if [values.step for values in steps] != list(range(1, num_steps + 1)):

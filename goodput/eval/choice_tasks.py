@@ -13,8 +13,9 @@ item, built into the prompt lm-eval's task of the same name uses, so scores comp
 * piqa: ``"Question: {goal}\\nAnswer:"``, continuations ``" {sol1}"`` and ``" {sol2}"``.
 
 Invariants. Task files come from outside and are parsed strictly: every problem is one
-``GoodputError`` naming ``path:line``, what is wrong and the fix, never another exception. A line is
-read at most ``MAX_LINE_BYTES`` at a time (a longer one is refused, not loaded), must be UTF-8
+``GoodputError`` naming ``path:line``, what is wrong and the fix, never another exception. The
+file must be a regular file (a FIFO is refused, never waited on); a line is read through
+``io.read_lines`` (one longer than ``MAX_LINE_BYTES`` is refused, not loaded), must be UTF-8
 holding one JSON object without duplicate keys or NaN/Infinity; an item has 2 to ``MAX_CHOICES``
 choices, every text is a non-blank string of at most ``MAX_TEXT_CHARS`` characters that encodes
 as UTF-8 (no unpaired surrogate escapes), and the answer is one of the choices. Blank lines are
@@ -28,13 +29,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from goodput.errors import GoodputError
-from goodput.io import json_type_name
+from goodput.io import json_type_name, read_lines
 
 MAX_LINE_BYTES = 1 << 20
 MAX_CHOICES = 16
@@ -77,7 +78,8 @@ def read_choice_task(
         raise GoodputError.usage("limit", f"{limit!r} is not a positive count", "pass 1 or more")
     build, example = LAYOUTS[layout]
     items: list[ChoiceItem] = []
-    for line_number, line in _lines(path):
+    fix = "an item is a few kilobytes at most; fix or remove the line"
+    for line_number, line in read_lines(path, MAX_LINE_BYTES, fix=fix):
         if not line.strip():
             continue
         try:
@@ -92,25 +94,6 @@ def read_choice_task(
             path, "holds no items", f"point at a {layout} JSONL file with one item per line"
         )
     return items
-
-
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """(line number, line) with at most ``MAX_LINE_BYTES`` of any line read into memory."""
-    line_number = 0
-    try:
-        with open(path, "rb") as file:
-            while line := file.readline(MAX_LINE_BYTES + 1):
-                line_number += 1
-                if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-                    raise GoodputError(
-                        f"{path}:{line_number}",
-                        f"line longer than {MAX_LINE_BYTES} bytes",
-                        "an item is a few kilobytes at most; fix or remove the line",
-                    )
-                yield line_number, line
-    except OSError as error:
-        where = f"{path}:{line_number + 1}" if line_number else str(path)
-        raise GoodputError(where, f"cannot read: {error.strerror}", "check the path") from None
 
 
 def _parse(line: bytes) -> dict[str, Any]:

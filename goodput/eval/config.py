@@ -55,6 +55,10 @@ class EvalConfig:
                 "set interval_steps, e.g. interval_steps = 1000",
             )
 
+    def inert_keys(self) -> dict[str, str]:
+        """What does nothing without multiple-choice tasks (config.py refuses it when set)."""
+        return {} if self.tasks else dict.fromkeys(("task_items", "alarm_evals"), "tasks")
+
     def task_specs(self) -> list[TaskSpec]:
         specs: list[TaskSpec] = []
         for index, task in enumerate(self.tasks):

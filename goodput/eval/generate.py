@@ -1,10 +1,10 @@
 """Text generation from a checkpoint, for a quick look at what a model has learned.
 
 Owns ``generate`` (a model and prompt ids -> new ids, with a KV cache), ``choose_token``
-(greedy or seeded top-p sampling), ``CachedDecoder`` (prefill, then one position per token),
-``load_for_inference`` (find the checkpoint, its tokenizer, load the whole model in this one
-process: shared with ``goodput eval``) and ``generate_from_checkpoint``, what ``goodput
-generate`` calls.
+(greedy or seeded top-p sampling), ``check_prompt``, ``CachedDecoder`` (prefill, then one
+position per token), ``load_for_inference`` (find the checkpoint, its tokenizer, load the whole
+model in this one process: shared with ``goodput eval``) and ``generate_from_checkpoint``, what
+``goodput generate`` calls.
 
 Decoding. The prompt runs once as a whole (prefill), filling the model's ``KVCache``; each new
 token then runs alone at the next position, so RoPE sees the positions a full forward would.
@@ -14,8 +14,15 @@ Generation stops at the end-of-document token (not part of the result), after
 (``max_new_tokens`` when both limits are reached at once). Temperature 0 is argmax (ties:
 the lowest id); otherwise softmax(logits / T), cut to the smallest set of most likely tokens
 whose mass reaches ``top_p``, sampled with a ``torch.Generator`` seeded by ``seed``. Sampling
-runs on the CPU in fp32, so a seed gives the same tokens for the same logits on any device.
+runs on the CPU in fp64, so a seed gives the same tokens for the same logits on any device.
+It is computed from the largest logit down, exp((logit - max) / T): every weight is in
+[0, 1] and the most likely token's is exactly 1, so every finite T > 0 works (a T far below
+the gaps between logits is greedy in effect, equal logits sampled evenly; a huge T is uniform)
+and so does every top_p in (0, 1] (the most likely token is always kept). A NaN or +inf logit
+(broken weights) is refused, naming the checkpoint's model.
 A model vocabulary larger than the tokenizer's (padded) never yields the ids past it.
+The prompt must be text a tokenizer takes: a ``--prompt`` that is not UTF-8 (a shell passes
+bytes it cannot decode as lone surrogates) is refused, naming the first bad byte.
 
 Loading. ``CHECKPOINT`` is a ``step-N`` directory or a run directory, whose newest complete,
 undamaged checkpoint is taken as ``--resume auto`` takes it (``checkpoint.load.find_checkpoint``).
@@ -65,7 +72,9 @@ class Sampling:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise GoodputError.usage(
-                "--temperature", f"{self.temperature} is not >= 0", "pass 0 (greedy) or more"
+                "--temperature",
+                f"{self.temperature} is not a finite number >= 0",
+                "pass 0 (greedy) or more, e.g. 0.8",
             )
         if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
             raise GoodputError.usage(
@@ -105,16 +114,46 @@ def choose_token(
     logits_v: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
 ) -> int:
     """The next id: argmax at temperature 0, else a top-p sample (see the module docstring)."""
-    logits_v = logits_v.detach().float().cpu()
+    logits_v = logits_v.detach().cpu().double()
+    has_nan, top = bool(logits_v.isnan().any()), float(logits_v.max())
+    if has_nan or not math.isfinite(top):
+        raise GoodputError(
+            "the checkpoint's model",
+            "gives NaN logits" if has_nan else f"gives no finite largest logit ({top})",
+            "its weights are broken: generate from another checkpoint",
+        )
     if sampling.temperature == 0:
         return int(logits_v.argmax())
-    probs_v = torch.softmax(logits_v / sampling.temperature, dim=-1)
-    sorted_v, order_v = torch.sort(probs_v, descending=True, stable=True)
-    # Keep each token whose more likely predecessors hold less than top_p: the first always.
-    kept_v = (sorted_v.cumsum(0) - sorted_v) < sampling.top_p
+    # Ordered by the logits themselves (weights of nearly equal logits may round equal), and
+    # from the largest down: weights in [0, 1], the top one exactly 1, for any T > 0.
+    sorted_logits_v, order_v = torch.sort(logits_v, descending=True, stable=True)
+    sorted_v = torch.exp((sorted_logits_v - top) / sampling.temperature)
+    # Keep each token whose more likely predecessors hold less than top_p of the mass: the
+    # first always.
+    kept_v = (sorted_v.cumsum(0) - sorted_v) < sampling.top_p * float(sorted_v.sum())
     kept_v[0] = True
     choice = torch.multinomial(sorted_v * kept_v, 1, generator=generator)
     return int(order_v[choice])
+
+
+def check_prompt(prompt: str) -> None:
+    """Refuse a ``--prompt`` that is empty or not UTF-8 (see the module docstring)."""
+    if not prompt:
+        raise GoodputError.usage("--prompt", "is empty", "pass the text to continue")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as error:
+        char = ord(prompt[error.start])
+        what = (
+            f"byte 0x{char - 0xDC00:02x}"
+            if 0xDC80 <= char <= 0xDCFF  # a byte the shell's locale could not decode
+            else f"the lone surrogate U+{char:04X}"
+        )
+        raise GoodputError.usage(
+            "--prompt",
+            f"is not UTF-8 text: {what} at character {error.start}",
+            'pass the prompt as UTF-8 (e.g. --prompt "$(iconv -t UTF-8 FILE)")',
+        ) from None
 
 
 @torch.inference_mode()
@@ -196,8 +235,7 @@ def generate_from_checkpoint(
 ) -> dict[str, Any]:
     """``goodput generate``: ``{"prompt", "completion", "tokens", "num_new_tokens",
     "stopped"}`` of a checkpoint or run directory (see the module docstring)."""
-    if not prompt:
-        raise GoodputError.usage("--prompt", "is empty", "pass the text to continue")
+    check_prompt(prompt)
     if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise GoodputError.usage(
             "--max-new-tokens", f"{max_new_tokens} is not in [1, {MAX_NEW_TOKENS}]", "pass fewer"

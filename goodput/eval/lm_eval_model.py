@@ -51,6 +51,7 @@ from lm_eval.models.utils import normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from goodput.data.tokenizer import Tokenizer
+from goodput.errors import GoodputError
 from goodput.eval.generate import MAX_NEW_TOKENS, Sampling, generate, load_for_inference
 from goodput.eval.harness import (
     Request,
@@ -163,7 +164,7 @@ class GoodputLM(LM):
         with self._progress("generate_until", len(requests), "requests", disable_tqdm) as done:
             for request in requests:
                 context, gen_kwargs = request.args
-                text = self._generate(context, gen_kwargs)
+                text = self._generate(context, gen_kwargs, _where(request))
                 self.cache_hook.add_partial("generate_until", request.args, text)
                 results.append(text)
                 done.advance(1)
@@ -218,14 +219,8 @@ class GoodputLM(LM):
                 on_batch=done.advance,
             )
 
-    def _generate(self, context: str, gen_kwargs: dict[str, Any]) -> str:
-        kwargs = normalize_gen_kwargs(gen_kwargs, DEFAULT_MAX_GEN_TOKS)
-        until = [text for text in kwargs["until"] if text]
-        max_new_tokens = min(max(int(kwargs["max_gen_toks"]), 1), MAX_NEW_TOKENS)
-        sampling = Sampling()
-        if kwargs["do_sample"]:
-            top_p = kwargs.get("top_p")
-            sampling = Sampling(temperature=float(kwargs["temperature"]), top_p=top_p or 1.0)
+    def _generate(self, context: str, gen_kwargs: dict[str, Any], where: str) -> str:
+        until, max_new_tokens, sampling = generation_settings(gen_kwargs, where)
         prompt_ids = self._encode([context])[context] or [self.tokenizer.eod_id]
         # Leave room for the new tokens, as lm-eval's own models do; keep at least one token.
         prompt_ids = prompt_ids[-max(1, self.max_len - max_new_tokens) :]
@@ -244,6 +239,36 @@ class GoodputLM(LM):
             stop=reached_until if until else None,
         )
         return cut_at_first(self.tokenizer.decode(result.tokens), until)
+
+
+def generation_settings(gen_kwargs: Any, where: str) -> tuple[list[str], int, Sampling]:
+    """A task's ``generation_kwargs`` (lm-eval's, normalized) as the stop strings, the new
+    tokens at most and the sampling; a value that is not one is a usage error naming the task
+    (``where``), not the command line's options."""
+    try:
+        kwargs = normalize_gen_kwargs(gen_kwargs, DEFAULT_MAX_GEN_TOKS)
+        until = [text for text in kwargs["until"] if text]
+        if not all(isinstance(text, str) for text in until):
+            raise TypeError(f"until holds a non-string: {until!r}")
+        max_new_tokens = min(max(int(kwargs["max_gen_toks"]), 1), MAX_NEW_TOKENS)
+        sampling = Sampling()
+        if kwargs["do_sample"]:
+            top_p = float(kwargs.get("top_p") or 1.0)
+            sampling = Sampling(temperature=float(kwargs["temperature"]), top_p=top_p)
+    except GoodputError as error:
+        raise GoodputError.usage(
+            f"{where}: generation_kwargs",
+            f"{error.where.lstrip('-').replace('-', '_')} {error.what}",
+            "fix the task file's generation_kwargs",
+        ) from None
+    except (TypeError, ValueError, KeyError, OverflowError) as error:
+        raise GoodputError.usage(
+            f"{where}: generation_kwargs",
+            f"are not lm-eval's generation settings ({type(error).__name__}: {error})",
+            "fix the task file's generation_kwargs: until (strings), max_gen_toks (a count), "
+            "do_sample, temperature (>= 0), top_p (in (0, 1])",
+        ) from None
+    return until, max_new_tokens, sampling
 
 
 def cut_at_first(text: str, stops: list[str]) -> str:

@@ -16,7 +16,9 @@ it is loaded from that path, its folder is added to the include paths (so a grou
 its sibling tasks) and its ``task:`` (or ``group:``) name keys the results. Any other entry is a
 name lm-eval knows (comma-separated names are split, as lm-eval's ``--tasks`` splits them);
 lm-eval's ~15,000 bundled task files are indexed (~6 s) only for a name that the include paths
-do not define.
+do not define. A named task file must be a regular file, and a ``*.yaml`` in the folders that is
+not one (a FIFO, on which lm-eval's ``open`` would wait forever) is skipped with a note
+(``regular_task_files``).
 
 Running. ``run_tasks`` does what ``lm_eval.simple_evaluate`` does around ``evaluate`` and no
 more: lm-eval's default seeds (Python 0, NumPy, torch and few-shot 1234), ``num_fewshot`` set on
@@ -44,7 +46,7 @@ import math
 import os
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +54,8 @@ from typing import Any
 from goodput import rundir
 from goodput.errors import GoodputError
 from goodput.eval.records import EvalRecord, append_evals
-from goodput.io import read_json
+from goodput.eval.task_data import naming_task_data
+from goodput.io import read_json, regular_files, require_regular
 
 OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
 TASK_FILE_SUFFIXES = (".yaml", ".yml")
@@ -103,12 +106,16 @@ def resolve_tasks(entries: Sequence[str], include_paths: Sequence[Path] = ()) ->
     for entry in entries:
         if entry.endswith(TASK_FILE_SUFFIXES) or "/" in entry:
             path = Path(entry)
-            if not path.is_file():
+            if not os.path.lexists(path):
                 raise GoodputError.usage(
                     path,
                     "no such task file",
                     "pass an lm-eval task .yaml file that exists, or a task name",
                 )
+            try:  # lm-eval opens it itself: a FIFO would block it forever
+                require_regular(path)
+            except GoodputError as error:
+                raise GoodputError.usage(error.where, error.what, error.fix) from None
             try:
                 found = TaskIndex.entry_from_path(path)
             except Exception as error:  # YAML syntax, a non-mapping, an !function that fails
@@ -156,7 +163,8 @@ def run_tasks(
         elif task.get_config("num_fewshot") is None:
             task.set_config(key="num_fewshot", value=0)
         task.set_fewshot_seed(seed=DEFAULT_OTHER_SEED)
-    results = evaluate(lm=lm, task_dict=loaded, limit=limit, log_samples=log_samples)
+    with naming_task_data():  # a task whose templates do not fit its data is named
+        results = evaluate(lm=lm, task_dict=loaded, limit=limit, log_samples=log_samples)
     return None if results is None else dict(results)
 
 
@@ -166,11 +174,12 @@ def load_tasks(tasks: Tasks) -> Any:
     from lm_eval.tasks import TaskManager
 
     include_path = [str(path) for path in tasks.include_paths] or None
-    manager = TaskManager(include_path=include_path, include_defaults=False)
-    named = [name for spec, name in zip(tasks.specs, tasks.names, strict=True) if spec == name]
-    if any(name not in manager.all_tasks for name in named):
-        # Index lm-eval's bundled tasks (seconds) only for a name the given folders lack.
-        manager = TaskManager(include_path=include_path, include_defaults=True)
+    with regular_task_files():
+        manager = TaskManager(include_path=include_path, include_defaults=False)
+        named = [name for spec, name in zip(tasks.specs, tasks.names, strict=True) if spec == name]
+        if any(name not in manager.all_tasks for name in named):
+            # Index lm-eval's bundled tasks (seconds) only for a name the given folders lack.
+            manager = TaskManager(include_path=include_path, include_defaults=True)
     for name in named:
         if name not in manager.all_tasks:
             close = difflib.get_close_matches(name, manager.all_tasks, n=MAX_SUGGESTIONS)
@@ -181,14 +190,41 @@ def load_tasks(tasks: Tasks) -> Any:
                 "`lm-eval ls tasks` lists them; or pass a task .yaml file",
             )
     try:
-        return manager.load(tasks.specs)
-    except Exception as error:  # building a task reads its data set: a missing file, offline
+        with naming_task_data():  # a bad data file is named by its path and line
+            return manager.load(tasks.specs)
+    except GoodputError:
+        raise
+    except Exception as error:  # a task file's values lm-eval refuses, or a data set offline
+        files = [spec for spec, name in zip(tasks.specs, tasks.names, strict=True) if spec != name]
         raise GoodputError(
-            f"lm-eval task {', '.join(tasks.names)}",
+            f"lm-eval task {', '.join(tasks.names)}" + (f" ({', '.join(files)})" if files else ""),
             f"could not be loaded: {_first_line(error)}",
-            "check the task's data is local (a data_files path that exists, or a data set "
-            "already in the Hugging Face cache: goodput eval runs offline)",
+            "check the task file's settings (docs/evals.md) and that its data is local (a "
+            "data_files path that exists, or a data set already in the Hugging Face cache: "
+            "goodput eval runs offline)",
         ) from None
+
+
+@contextlib.contextmanager
+def regular_task_files() -> Iterator[None]:
+    """While lm-eval indexes its task folders: the ``*.yaml`` files it lists, and would open,
+    pass through ``io.regular_files``, so one that is no regular file (a FIFO, which would
+    block it forever) is skipped with a note, in lm-eval's own order."""
+    from lm_eval.tasks._index import TaskIndex
+
+    listing = TaskIndex.__dict__["_iter_yaml_files"]
+    original = TaskIndex._iter_yaml_files
+
+    def regular_yaml_files(root: Path) -> Iterator[Path]:
+        found = list(original(root))
+        kept = set(regular_files(found))
+        return (path for path in found if path in kept)
+
+    TaskIndex._iter_yaml_files = staticmethod(regular_yaml_files)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        TaskIndex._iter_yaml_files = listing  # type: ignore[method-assign]
 
 
 def metrics_of(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:

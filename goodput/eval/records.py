@@ -11,7 +11,6 @@ so a crash leaves whole lines before it; a reader skips a torn last line.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from goodput import rundir
+from goodput.io import json_text, open_append
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +33,9 @@ class EvalRecord:
 def append_evals(run_dir: Path, step: int, records: Iterable[EvalRecord], source: str) -> None:
     """Append ``records`` of the weights of ``step`` to ``run_dir/evals.jsonl``."""
     now = time.time()
+    path = run_dir / rundir.EVALS
     lines = [
-        json.dumps(
+        json_text(
             {
                 "step": step,
                 "task": record.task,
@@ -44,14 +45,14 @@ def append_evals(run_dir: Path, step: int, records: Iterable[EvalRecord], source
                 "source": source,
                 "time": now,
             },
-            allow_nan=False,
+            where=path,
         )
         + "\n"
         for record in records
     ]
     if not lines:
         return
-    with open(run_dir / rundir.EVALS, "a") as out:
+    with open_append(path) as out:
         out.write("".join(lines))
         out.flush()
         os.fsync(out.fileno())

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import json
 import math
 import os
 import shutil
@@ -45,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from goodput.errors import GoodputError
+from goodput.io import json_text, special_entries
 from goodput.launch.env import MAX_HOSTS, check_host, read_hostfile
 from goodput.launch.transports import Transport, fix_venv_prefix, is_venv
 from goodput.progress import Progress
@@ -140,7 +140,7 @@ def _origin(source: Path, hosts: Sequence[str], transport: Transport) -> Iterato
     scratch = Path(tempfile.mkdtemp(prefix="goodput-broadcast-"))
     try:
         prepared = scratch / source.name
-        shutil.copytree(source, prepared, symlinks=True)
+        shutil.copytree(source, prepared, symlinks=True, ignore=special_entries)
         fix_venv_prefix(prepared, old=old, new=paths.pop())
         yield prepared
     finally:
@@ -165,7 +165,10 @@ def broadcast(
     """
     needed = _check_args(source, hosts, transport, fanout, retries, min_success)
     # What each copy's marker file says it is a copy of.
-    marker = json.dumps({"source": os.path.realpath(source), "from": socket.gethostname()})
+    marker = json_text(
+        {"source": os.path.realpath(source), "from": socket.gethostname()},
+        where="the broadcast marker",
+    )
     result = BroadcastResult()
     busy: dict[str, int] = {ORIGIN: 0}  # in insertion order: the origin, then hosts as they finish
     order = {ORIGIN: 0}

@@ -43,11 +43,13 @@ from typing import Any, Literal
 
 from goodput.config import from_table, limits
 from goodput.errors import GoodputError
-from goodput.io import read_text
+from goodput.io import SMALL_FILE_BYTES, append_fd, json_text, read_lines
 
 AttemptClass = Literal[
     "success", "walltime", "interrupted", "bad-node", "hang", "stuck-pre-training", "error"
 ]
+# A record names every host of the attempt (up to launch.env.MAX_HOSTS) and what blamed ones said.
+MAX_LINE_BYTES = SMALL_FILE_BYTES
 FIX = "it is not an attempt record of this goodput (damaged, or another version's); move it aside"
 
 
@@ -155,9 +157,9 @@ def timestamp(instant: datetime) -> str:
 
 def append_record(path: Path, record: AttemptRecord) -> None:
     """Append one complete JSON line durably: one ``write`` on an O_APPEND descriptor, fsynced."""
-    line = (json.dumps(record.to_json(), sort_keys=True) + "\n").encode()
+    line = (json_text(record.to_json(), where=path, sort_keys=True) + "\n").encode()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    fd = append_fd(path)
     try:
         written = os.write(fd, line)
         if written != len(line):
@@ -168,11 +170,19 @@ def append_record(path: Path, record: AttemptRecord) -> None:
 
 
 def read_attempts(path: Path) -> list[AttemptRecord]:
-    """Every record of an attempts log, in order; any line that is not one: ``FILE:LINE``."""
-    *lines, rest = read_text(path).split("\n")
-    if rest:
-        raise GoodputError(f"{path}:{len(lines) + 1}", "has no newline: it was cut short", FIX)
-    return [parse_record(line, f"{path}:{number}") for number, line in enumerate(lines, 1)]
+    """Every record of an attempts log, in order; any line that is not one: ``FILE:LINE``. Read
+    line by line, each bounded (``io.read_lines``), from a regular file only."""
+    records = []
+    for number, line in read_lines(path, MAX_LINE_BYTES, fix=FIX):
+        where = f"{path}:{number}"
+        if not line.endswith(b"\n"):
+            raise GoodputError(where, "has no newline: it was cut short", FIX)
+        try:
+            text = line[:-1].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise GoodputError(where, f"is not UTF-8 (byte {exc.start})", FIX) from None
+        records.append(parse_record(text, where))
+    return records
 
 
 def parse_record(line: str, where: str) -> AttemptRecord:

@@ -39,6 +39,7 @@ from goodput.errors import GoodputError, from_exception
 from goodput.io import write_text
 from goodput.launch.attempt import ProcessSpec
 from goodput.launch.env import Placement, check_host
+from goodput.outputs import LAUNCH_DIR, LAUNCH_LOG, check_output_dir, check_output_file
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 DEFAULT_PROFILE = "generic"
@@ -383,18 +384,19 @@ def write_hostfile(plan: LaunchPlan) -> Path | None:
 def prepare_outputs(run_dir: Path, log: Path | None) -> None:
     """Open ``log`` for appending and make ``run_dir`` now, before any rank starts, so that a
     path that cannot take them (a file where the folder goes, a folder as the log, no
-    permission) is one line naming its option rather than a failure in the first attempt."""
+    permission) is one line naming its option rather than a failure in the first attempt. The
+    log may not be a file of a run (but a log beside its files) nor a file that is no log; the
+    run folder may be a run directory, not a folder inside one or inside a checkpoint."""
     if log is not None:
-        if log.is_dir():
-            raise GoodputError.usage("--log", f"{log} is a folder", "give the path of a file")
+        check_output_file(log, LAUNCH_LOG, "--log")
+    check_output_dir(run_dir, LAUNCH_DIR, "--run-dir")
+    if log is not None:
         try:
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "ab"):
                 pass
         except OSError as exc:
             raise _option_error("--log", exc) from None
-    if run_dir.exists() and not run_dir.is_dir():
-        raise GoodputError.usage("--run-dir", f"{run_dir} is a file", "give a folder")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from goodput.errors import GoodputError
-from goodput.io import DIR_MODE
+from goodput.io import DIR_MODE, special_entries
 from goodput.launch.env import check_host
 
 COMMAND_TIMEOUT_S = 3600.0
@@ -132,7 +132,7 @@ class LocalTransport:
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".partial", dir=dst.parent))
         try:
-            shutil.copytree(src, tmp, symlinks=True, dirs_exist_ok=True)
+            shutil.copytree(src, tmp, symlinks=True, dirs_exist_ok=True, ignore=special_entries)
             os.chmod(tmp, DIR_MODE)
             fix_venv_prefix(tmp, old=str(src), new=str(dst))
             (tmp / MARKER).unlink(missing_ok=True)  # a copy of a copy brings its source's

@@ -8,6 +8,7 @@ The model (independent node failures at a constant rate, exponential times betwe
   flush does not count). The optimal compute between checkpoints is Young's (1974) first-order
   √(2δM), refined by Daly (2006, "A higher order estimate of the optimum checkpoint interval
   for restart dumps", FGCS 22): τ = √(2δM)·[1 + ⅓√(δ/2M) + ⅑(δ/2M)] − δ for δ < 2M, else M.
+  With s = √(δ/2M) that is τ = 2Ms(1 − s/3)², computed so: no cancellation, and > 0.
 - Expected goodput at interval τ with restart time R (Daly's exponential model, in which a
   failure may strike during a save or a restart too): useful time / wall time =
   τ / (M · e^(R/M) · (e^((τ+δ)/M) − 1)).
@@ -15,7 +16,12 @@ The model (independent node failures at a constant rate, exponential times betwe
   takes one spare (no node comes back within the job), so the pool is the smallest k with
   P(failures ≤ k) at least the stated probability.
 
-Torch-free and pure arithmetic; ``goodput.commands.plan`` reads the options.
+Every figure is finite on every input the options admit, and the probabilities (expected
+goodput, the pool's survival) lie in [0, 1], clamped where rounding crosses a bound. An input for
+which the model has no finite answer (a cluster MTBF of a fraction of a second, a save stall
+below a microsecond, a step so short that the interval is no count of steps) is a usage
+``GoodputError`` naming its option. Torch-free and pure arithmetic; ``goodput.commands.plan``
+reads the options.
 """
 
 from __future__ import annotations
@@ -23,10 +29,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from goodput.argtypes import MAX_COUNT
+from goodput.errors import GoodputError
+
 DAY_S = 86400.0
-# More expected failures in one walltime than this is a typo in the MTBF, not a machine; it
-# also bounds the Poisson sum below.
+# More expected failures in one walltime, or a day, than this is a typo in the MTBF, not a
+# machine; it also bounds the Poisson sum below.
 MAX_EXPECTED_FAILURES = 1e6
+MIN_SAVE_STALL_S = 1e-6  # no save holds training for less; far below, δ/2M underflows to 0
 MAX_EXPONENT = 700.0  # e^700 is near float's limit; the goodput there is 0 to any print
 
 
@@ -54,9 +64,8 @@ def daly_interval_s(save_stall_s: float, mtbf_s: float) -> float:
     """Daly's higher-order optimum of the compute time between checkpoints."""
     if save_stall_s >= 2 * mtbf_s:
         return mtbf_s
-    ratio = save_stall_s / (2 * mtbf_s)
-    young = young_interval_s(save_stall_s, mtbf_s)
-    return young * (1 + math.sqrt(ratio) / 3 + ratio / 9) - save_stall_s
+    root = math.sqrt(save_stall_s / (2 * mtbf_s))
+    return 2 * mtbf_s * root * (1 - root / 3) ** 2
 
 
 def expected_goodput(
@@ -66,8 +75,14 @@ def expected_goodput(
     exponent = (interval_s + save_stall_s) / mtbf_s
     if exponent + restart_s / mtbf_s > MAX_EXPONENT:  # a job that almost never gets through
         return 0.0
-    growth = math.expm1(exponent)
-    return interval_s / (mtbf_s * math.exp(restart_s / mtbf_s) * growth)
+    # τ/M over e^((τ+δ)/M) − 1 is at most 1 (e^x − 1 >= x), so no factor can overflow.
+    goodput = interval_s / mtbf_s / math.expm1(exponent) * math.exp(-restart_s / mtbf_s)
+    return _probability(goodput)
+
+
+def _probability(value: float) -> float:
+    """``value`` within [0, 1]: a probability that rounding carried past a bound."""
+    return min(max(value, 0.0), 1.0)
 
 
 def spares_needed(expected_failures: float, survival: float) -> tuple[int, float]:
@@ -84,7 +99,7 @@ def spares_needed(expected_failures: float, survival: float) -> tuple[int, float
         k += 1
         log_term += log_rate - math.log(k)
         log_cdf = _log_add(log_cdf, log_term)
-    return k, min(math.exp(log_cdf), 1.0)
+    return k, _probability(math.exp(log_cdf))
 
 
 def _log_add(a: float, b: float) -> float:
@@ -106,6 +121,12 @@ class Report:
     spares: int
     spares_survival: float  # P(the pool lasts) with that many spares
 
+    @property
+    def optimal_interval_steps(self) -> float | None:
+        """The optimal interval in steps of ``step_s``; None without a step time."""
+        step_s = self.budget.step_s
+        return None if step_s is None else self.optimal_interval_s / step_s
+
     def as_dict(self) -> dict[str, object]:
         budget = self.budget
         return {
@@ -117,9 +138,7 @@ class Report:
             "failures_per_day": self.failures_per_day,
             "young_interval_s": self.young_interval_s,
             "optimal_interval_s": self.optimal_interval_s,
-            "optimal_interval_steps": (
-                self.optimal_interval_s / budget.step_s if budget.step_s else None
-            ),
+            "optimal_interval_steps": self.optimal_interval_steps,
             "expected_goodput": self.expected_goodput,
             "configured_interval_s": self.configured_interval_s,
             "configured_goodput": self.configured_goodput,
@@ -132,20 +151,17 @@ class Report:
 
 
 def plan_reliability(budget: Budget) -> Report:
-    """The report of ``budget``; a ValueError naming the option when it cannot hold."""
+    """The report of ``budget``; a usage ``GoodputError`` naming the option whose value puts
+    the model out of its domain."""
     mtbf = cluster_mtbf_s(budget.nodes, budget.node_mtbf_s)
     expected_failures = budget.nodes * budget.walltime_s / budget.node_mtbf_s
-    if expected_failures > MAX_EXPECTED_FAILURES:
-        raise ValueError(
-            f"{expected_failures:.3g} failures expected in one walltime: more than "
-            f"{MAX_EXPECTED_FAILURES:.0e}"
-        )
+    _check_domain(budget, mtbf, expected_failures)
     optimal = daly_interval_s(budget.save_stall_s, mtbf)
     configured = None
     if budget.interval_steps is not None and budget.step_s is not None:
         configured = budget.interval_steps * budget.step_s
     spares, survival = spares_needed(expected_failures, budget.survival)
-    return Report(
+    report = Report(
         budget=budget,
         cluster_mtbf_s=mtbf,
         failures_per_day=DAY_S / mtbf,
@@ -162,16 +178,47 @@ def plan_reliability(budget: Budget) -> Report:
         spares=spares,
         spares_survival=survival,
     )
+    steps = report.optimal_interval_steps
+    if steps is not None and steps > MAX_COUNT:
+        raise GoodputError.usage(
+            "--step-s",
+            f"a step of {budget.step_s:g} s makes the optimal interval of {optimal:,.0f} s "
+            f"more than {MAX_COUNT:,} steps, beyond any run",
+            "give a step's time in seconds (e.g. 10)",
+        )
+    return report
+
+
+def _check_domain(budget: Budget, mtbf_s: float, expected_failures: float) -> None:
+    """Refuse the inputs for which the model has no finite answer, naming the option."""
+    fix = "check the node MTBF (days), --nodes and the walltime (hours)"
+    if expected_failures > MAX_EXPECTED_FAILURES:
+        raise GoodputError.usage(
+            "--node-mtbf-days",
+            f"{expected_failures:.3g} failures expected in one walltime: more than "
+            f"{MAX_EXPECTED_FAILURES:.0e}",
+            fix,
+        )
+    if mtbf_s * MAX_EXPECTED_FAILURES < DAY_S:  # also a cluster MTBF that underflows to 0
+        raise GoodputError.usage(
+            "--node-mtbf-days",
+            f"{budget.node_mtbf_s / DAY_S:g} days over {budget.nodes:,} nodes is a cluster "
+            f"MTBF of {mtbf_s:.3g} s: more than {MAX_EXPECTED_FAILURES:.0e} failures a day",
+            fix,
+        )
+    if budget.save_stall_s < MIN_SAVE_STALL_S:
+        raise GoodputError.usage(
+            "--save-stall-s",
+            f"{budget.save_stall_s:g} s is below {MIN_SAVE_STALL_S:g} s, shorter than any save",
+            "give the seconds a checkpoint holds training (e.g. 20)",
+        )
 
 
 def format_text(report: Report) -> str:
     """The terminal view: the failure rate, the intervals and their goodput, the spares."""
     budget = report.budget
-    steps = (
-        f" = {report.optimal_interval_s / budget.step_s:,.0f} steps of {budget.step_s:g} s"
-        if budget.step_s
-        else ""
-    )
+    in_steps = report.optimal_interval_steps
+    steps = f" = {in_steps:,.0f} steps of {budget.step_s:g} s" if in_steps is not None else ""
     lines = [
         f"reliability: {budget.nodes:,} nodes at a node MTBF of {budget.node_mtbf_s / DAY_S:g} "
         f"days: cluster MTBF {report.cluster_mtbf_s:,.0f} s ({report.cluster_mtbf_s / 3600:.2f} "

@@ -3,8 +3,7 @@ or as one JSON object (the schema is in docs/plan.md); nothing here decides anyt
 
 from __future__ import annotations
 
-import json
-
+from goodput.io import json_text
 from goodput.plan.ladder import Attempt, Plan
 from goodput.plan.memory import GIB, RUNTIME_FRACTION, Breakdown
 
@@ -69,7 +68,7 @@ def to_json(plan: Plan) -> str:
         "warnings": list(plan.warnings),
         "overrides": overrides(plan),
     }
-    return json.dumps(record, indent=2)
+    return json_text(record, where="goodput plan layout --json", indent=2)
 
 
 def _attempt_line(attempt: Attempt) -> str:

@@ -1,41 +1,56 @@
 """Where a run's wall time went: goodput, and badput by cause, from ``RunFiles`` alone.
 
-Owns ``account`` (``RunFiles`` -> ``Accounting``) and its parts' names, ``CAUSES``.
+Owns ``account`` (``RunFiles`` -> ``Accounting``), its parts' names (``CAUSES``) and the records
+it leaves out (``Ignored``).
 
-**Wall time** runs from the first attempt's start to the last thing the run did (the last
-attempt's end, or its last step when the attempt is still going), across every job of a chain.
-Without ``attempts.jsonl`` (``goodput train`` run by hand), each process's start is its first
-step's start less that step's ``startup_s``.
+Every figure is a sum of **non-overlapping intervals of wall time**: the run is laid out on one
+timeline and each second of it gets exactly one cause, so, whatever the files say, 0 <= goodput
+<= 1, every cause is >= 0, every figure is finite and the causes with the productive time add
+up to the wall time.
 
-**Productive, preserved** time is the compute of the steps that count: for every step number,
-its *last* run (an earlier run of the same step was lost to a failure and recomputed), less
-what the trainer measured inside the step that is not training (``data_time_s``, the
-``checkpoint_stall_s`` of the save before it). When the run is not done, the steps past its
-newest complete checkpoint are not preserved yet (``not_checkpointed``: lost if it stopped
-here). **Goodput** = productive ÷ wall; the same in tokens is tokens kept ÷ wall × the median
-throughput of a step (what the run would have trained with no failure and no stall).
+**Attempts** cover the timeline. A record of ``attempts.jsonl`` is ``[started, ended]``. The steps
+no record holds were made by processes started by hand (``goodput train`` without the launcher,
+before, between or after launched attempts): each runs from its first step's start less that
+step's ``startup_s`` to its last step (to ``now`` for the run's last one while it goes on); a
+step with ``startup_s`` begins a new one. **Wall time** runs from the first attempt's start to
+the last one's end. Between two attempts: ``backoff`` (of one job) or ``queue`` (otherwise:
+between jobs of a chain, or processes started by hand).
 
-**Badput**, by cause, in seconds (``CAUSES``): ``startup`` (an attempt's start to its first
-step, less the checkpoint load), ``checkpoint_load``, ``data`` (waiting for batches),
-``checkpoint_save`` (training held by saves), ``eval`` (in-loop evals), ``recomputed`` (steps run
-again after a failure), ``not_checkpointed``, ``hang`` (an attempt's last step to the watchdog's
-kill, when it fired), ``shutdown`` (the last step to the attempt's end otherwise: the final
-flush, exit, a crash's detection), ``failed_start`` (attempts that never reached a step),
-``backoff`` (between attempts of one job), ``queue`` (between jobs of a chain, or between
-processes of a run launched by hand) and ``other`` (what is left: logging, the loop's own
-work). They and the productive time add up to the wall time.
+**Steps.** A step record's ``time`` is when the trainer wrote it: after the step (``step_time_s``:
+data, compute, the stall of the checkpoint save before it) and after its eval (``eval_time_s``).
+A step belongs to the attempt whose interval holds its ``time``. Its interval is its measured
+duration, laid from its stamped start (``time`` less both) or from where the step before it
+ended, whichever is later, and cut at its attempt's end: nothing is counted twice. Within an
+attempt: its start to its first step is ``startup`` less the ``checkpoint_load``; the time
+between steps is ``other`` (logging, the loop's own work); its last step to its end is ``hang``
+when the idle watchdog ended it, else ``shutdown``; an attempt without a step is
+``failed_start``. Of a step's interval,
+``data_time_s`` is ``data``, ``checkpoint_stall_s`` is ``checkpoint_save``, the rest compute: for
+every step number only its *last* run is **productive, preserved** time, every earlier run was
+lost to a failure (``recomputed``, the whole run); while the run is not done, steps past its
+newest complete checkpoint are ``not_checkpointed`` (lost if it stopped here).
 
-Steps belong to the attempt whose ``[started, ended]`` holds their end time; steps after the last
-recorded attempt belong to one still running (its record is written when it ends).
+**Goodput** = productive ÷ wall. In tokens: tokens kept ÷ what the median step throughput
+would have trained over the whole wall time (never less than what was kept).
+
+**Left out**, named by ``FILE:LINE`` (``Accounting.ignored``) and counted nowhere: a record that
+cannot be placed on the timeline. A time past ``MAX_INSTANT``, a duration past ``MAX_SPAN_S``, a
+throughput past ``MAX_TOKENS_PER_S``; a step that ends before the one before it did (the clock
+went back), begins before it ended (they overlap) or begins before its attempt started; an
+attempt that begins before the one before it ended. Overlaps up to ``CLOCK_SLACK_S`` are the
+clocks' jitter (a step is timed by a monotonic clock and stamped by the wall clock, the launcher
+may run on another host): the step is laid after the one before it, not named.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
+from goodput import rundir
 from goodput.launch.history import AttemptRecord
 from goodput.report.run_files import RunFiles, Step
 
@@ -54,7 +69,31 @@ CAUSES = (
     "queue",
     "other",
 )
+PRODUCTIVE = "productive"
 SLOW_STEP = 1.5  # a step this many times the median is in the slow tail
+CLOCK_SLACK_S = 1.0
+RECORD_RESOLUTION_S = 0.001  # attempts.jsonl's times are to the millisecond
+MAX_INSTANT = float(1 << 34)  # seconds since the epoch: the year 2514
+MAX_SPAN_S = 366 * 86_400.0  # no step, start-up or attempt lasts a year
+MAX_TOKENS_PER_S = 1e12  # a thousand times a 100,000-GPU machine's
+MAX_IGNORED_LISTED = 1_000  # in --json; ``ignored_total`` counts them all
+STEP_DURATIONS = ("step_time_s", "data_time_s", "checkpoint_stall_s", "checkpoint_load_s",
+                  "startup_s", "eval_time_s")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Ignored:
+    """A record the account left out, and why."""
+
+    file: str
+    line: int
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.why}"
+
+    def as_json(self) -> dict[str, object]:
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,14 +132,28 @@ class Accounting:
     done: bool
     step_time: dict[str, float | int]  # median, p90, p99, max, slow_steps (kept steps)
     attempts: list[AttemptSummary]
+    ignored: list[Ignored] = field(default_factory=list)  # records left out, in file order
 
     @property
     def goodput(self) -> float:
-        return self.productive_s / self.wall_s if self.wall_s > 0 else 0.0
+        # <= 1 but for the rounding of the sums: clamped where it crosses
+        return min(self.productive_s / self.wall_s, 1.0) if self.wall_s > 0 else 0.0
 
     @property
     def token_goodput(self) -> float:
-        return self.tokens_kept / self.tokens_ideal if self.tokens_ideal > 0 else 0.0
+        return min(self.tokens_kept / self.tokens_ideal, 1.0) if self.tokens_ideal > 0 else 0.0
+
+    def ignored_notes(self, limit: int = 5) -> list[str]:
+        """The records left out, for a reader: a heading, the first ``limit``, how many more."""
+        if not self.ignored:
+            return []
+        more = len(self.ignored) - limit
+        return [
+            f"note: {len(self.ignored):,} record(s) left out of the account (they do not fit "
+            "the run's timeline):",
+            *(f"  {record}" for record in self.ignored[:limit]),
+            *([f"  ... and {more:,} more (--json lists them)"] if more > 0 else []),
+        ]
 
     def as_json(self) -> dict[str, object]:
         wall = self.wall_s or math.inf
@@ -125,122 +178,246 @@ class Accounting:
             "start": self.start,
             "end": self.end,
             "attempts": [attempt.as_json() for attempt in self.attempts],
+            "ignored": [record.as_json() for record in self.ignored[:MAX_IGNORED_LISTED]],
+            "ignored_total": len(self.ignored),
         }
+
+
+@dataclass(slots=True)
+class _Span:
+    """One attempt on the timeline: ``[start, end]``, its record and line in attempts.jsonl
+    (None: a process started by hand) and its steps, in time order."""
+
+    start: float
+    end: float
+    record: AttemptRecord | None
+    line: int | None
+    steps: list[Step] = field(default_factory=list)
+    gap: int = -1  # by hand: the index of the recorded attempt before it (-1: none)
 
 
 def account(run: RunFiles, now: float | None = None) -> Accounting:
     """The accounting of ``run`` (see the module docstring); ``now``: the end of a live
     attempt's wall time (default: its last step)."""
-    badput = dict.fromkeys(CAUSES, 0.0)
-    steps = run.steps
+    ignored: list[Ignored] = []
+    spans, steps = _timeline(run, ignored)
+    if spans and spans[-1].record is None and now is not None and now > spans[-1].end:
+        spans[-1].end = min(now, MAX_INSTANT)
     last_index = {step.step: index for index, step in enumerate(steps)}
     kept = [s for i, s in enumerate(steps) if last_index[s.step] == i]
     newest = max(run.checkpoint_steps, default=0)
     unsaved = {s.step for s in kept if not run.done and s.step > newest}
-    productive = 0.0
-    for index, step in enumerate(steps):
-        badput["eval"] += step.eval_time_s
-        badput["checkpoint_load"] += step.checkpoint_load_s
-        if last_index[step.step] != index:
-            badput["recomputed"] += step.step_time_s
-            continue
-        inside = step.data_time_s + step.checkpoint_stall_s
-        compute = max(step.step_time_s - inside, 0.0)
-        badput["data"] += step.data_time_s
-        badput["checkpoint_save"] += step.checkpoint_stall_s
-        if step.step in unsaved:
-            badput["not_checkpointed"] += compute
-        else:
-            productive += compute
-    spans = _spans(run, steps, now)
-    members = [[s for s in steps if started <= s.time <= ended] for started, ended, _ in spans]
-    _charge_spans(spans, members, badput)
-    start = min((s[0] for s in spans), default=0.0)
-    end = max((s[1] for s in spans), default=0.0)
-    wall = max(end - start, 0.0)
-    accounted = productive + sum(badput.values())
-    badput["other"] = max(wall - accounted, 0.0)
+    fates = {
+        id(step): "recomputed"
+        if last_index[step.step] != index
+        else "not_checkpointed"
+        if step.step in unsaved
+        else PRODUCTIVE
+        for index, step in enumerate(steps)
+    }
+    seconds = _charge(spans, fates)
+    productive = seconds.pop(PRODUCTIVE)
+    start = spans[0].start if spans else 0.0
+    end = spans[-1].end if spans else 0.0
+    wall = end - start
     kept_productive = [s for s in kept if s.step not in unsaved]
+    tokens_kept = sum(s.tokens for s in kept_productive)
     return Accounting(
         wall_s=wall,
         productive_s=productive,
-        badput_s=badput,
+        badput_s=seconds,
         start=start,
         end=end,
-        tokens_kept=sum(s.tokens for s in kept_productive),
-        tokens_ideal=wall * _median_rate(kept),
+        tokens_kept=tokens_kept,
+        tokens_ideal=max(wall * _median_rate(kept), float(tokens_kept)),
         steps_kept=len(kept_productive),
         steps_recomputed=len(steps) - len(kept),
         last_step=max(last_index, default=None),
         done=run.done,
         step_time=_step_time(kept),
-        attempts=_attempt_summaries(spans, members, steps, run.done),
+        attempts=_attempt_summaries(spans, run.done),
+        ignored=ignored,
     )
 
 
-Span = tuple[float, float, AttemptRecord | None]  # (start, end, its record if any)
-
-
-def _spans(run: RunFiles, steps: list[Step], now: float | None) -> list[Span]:
-    """Every attempt: the recorded ones, then the processes after them no record covers."""
-    spans: list[Span] = [(_instant(r.started), _instant(r.ended), r) for r in run.attempts]
-    recorded_end = spans[-1][1] if spans else -math.inf
-    return spans + _processes([s for s in steps if s.time > recorded_end], now)
-
-
-def _charge_spans(spans: list[Span], members: list[list[Step]], badput: dict[str, float]) -> None:
-    """Charge each attempt's start and tail, and the gaps between attempts, to their causes;
-    ``members``: each span's steps."""
-    previous: tuple[float, AttemptRecord | None] | None = None
-    for (started, ended, record), mine in zip(spans, members, strict=True):
-        if previous is not None:
-            gap = max(started - previous[0], 0.0)
-            same_job = record is not None and previous[1] is not None
-            same_job = same_job and record.job == previous[1].job  # type: ignore[union-attr]
-            badput["backoff" if same_job else "queue"] += gap
-        if not mine:
-            badput["failed_start"] += ended - started
+def _timeline(run: RunFiles, ignored: list[Ignored]) -> tuple[list[_Span], list[Step]]:
+    """Every attempt, recorded or started by hand, with its steps: disjoint, in time order;
+    and the steps placed, in file order. What cannot be placed goes to ``ignored``."""
+    recorded = _recorded_spans(run, ignored)
+    starts = [span.start for span in recorded]
+    by_hand: list[_Span] = []
+    metrics = str(run.run_dir / rundir.METRICS)
+    placed: list[Step] = []
+    for step in run.steps:
+        why = _implausible(step) or _out_of_order(step, placed[-1] if placed else None)
+        if why is None:
+            why = _place(step, recorded, starts, by_hand)
+        if why is None:
+            placed.append(step)
         else:
-            first = mine[0]
-            first_start = first.time - first.step_time_s
-            badput["startup"] += max(first_start - started - first.checkpoint_load_s, 0.0)
-            tail = max(ended - mine[-1].time - mine[-1].eval_time_s, 0.0)
-            timed_out = record is not None and record.timed_out
-            badput["hang" if timed_out else "shutdown"] += tail
-        previous = (ended, record)
+            ignored.append(Ignored(metrics, step.line, why))
+    return sorted(recorded + by_hand, key=lambda span: (span.start, span.end)), placed
 
 
-def _processes(steps: list[Step], now: float | None) -> list[Span]:
-    """Spans of processes no attempt record covers, cut where a step says it began one
-    (``startup_s``); the last one runs to ``now`` when given."""
-    spans: list[Span] = []
-    for step in steps:
-        done = step.time + step.eval_time_s
-        if step.startup_s is not None or not spans:
-            begin = step.time - step.step_time_s - (step.startup_s or 0.0)
-            spans.append((begin, done, None))
-        else:
-            begin, _, record = spans[-1]
-            spans[-1] = (begin, done, record)
-    if spans and now is not None and now > spans[-1][1]:
-        spans[-1] = (spans[-1][0], now, None)
+def _recorded_spans(run: RunFiles, ignored: list[Ignored]) -> list[_Span]:
+    """The attempt records that fit one after another, in file order."""
+    attempts = str(run.run_dir / rundir.ATTEMPTS)
+    spans: list[_Span] = []
+    for line, record in enumerate(run.attempts, 1):  # read_attempts: every line is one
+        start, end = _instant(record.started), _instant(record.ended)
+        before = spans[-1] if spans else None
+        why = None
+        if not 0 <= start <= end <= MAX_INSTANT:
+            why = f"its times {record.started} to {record.ended} are not plausible instants"
+        elif end - start > MAX_SPAN_S:
+            why = f"it lasts {end - start:,.0f} s, more than a year"
+        elif before is not None and start < before.end - CLOCK_SLACK_S:
+            why = f"it starts {record.started}, before the attempt of line {before.line} ended"
+        if why is not None:
+            ignored.append(Ignored(attempts, line, why))
+            continue
+        start = max(start, before.end) if before is not None else start
+        spans.append(_Span(start, max(end, start), record, line))
     return spans
 
 
-def _attempt_summaries(
-    spans: list[Span], members: list[list[Step]], steps: list[Step], done: bool
-) -> list[AttemptSummary]:
+def _implausible(step: Step) -> str | None:
+    if step.time > MAX_INSTANT:
+        return f"step {step.step}: its time {step.time:g} is past the year 2514"
+    for name in STEP_DURATIONS:
+        value = getattr(step, name)
+        if value is not None and value > MAX_SPAN_S:
+            return f"step {step.step}: {name} {value:g} is more than a year"
+    if step.step_time_s > 0 and step.tokens / step.step_time_s > MAX_TOKENS_PER_S:
+        return f"step {step.step}: more than {MAX_TOKENS_PER_S:g} tokens/s"
+    return None
+
+
+def _out_of_order(step: Step, last: Step | None) -> str | None:
+    """Why ``step`` cannot follow ``last`` (the step placed before it), if it cannot."""
+    if last is None:
+        return None
+    if step.time < last.time - CLOCK_SLACK_S:
+        return (
+            f"step {step.step} ends at {step.time:.3f}, before step {last.step} (line "
+            f"{last.line}) ended at {last.time:.3f}: the clock went back"
+        )
+    begins = _begins(step)
+    if begins < last.time - CLOCK_SLACK_S:
+        return (
+            f"step {step.step} overlaps step {last.step} (line {last.line}) by "
+            f"{last.time - begins:,.3f} s"
+        )
+    return None
+
+
+def _place(
+    step: Step, recorded: list[_Span], starts: list[float], by_hand: list[_Span]
+) -> str | None:
+    """Add ``step`` to the recorded attempt that holds its time, or else to the process started
+    by hand it belongs to (a new one at a start, or past a recorded attempt); why it fits
+    neither, if it does not."""
+    begins = _begins(step)
+    # The last attempt that started before it ended (the records' times are rounded).
+    held = bisect.bisect_right(starts, step.time - RECORD_RESOLUTION_S) - 1
+    before = recorded[held] if held >= 0 else None
+    if before is not None and step.time <= before.end + RECORD_RESOLUTION_S:
+        if begins < before.start - CLOCK_SLACK_S:
+            return (
+                f"step {step.step} begins {before.start - begins:,.3f} s before its attempt "
+                f"(attempts.jsonl line {before.line}) started"
+            )
+        before.steps.append(step)
+        return None
+    floor = before.end if before is not None else -math.inf
+    if before is not None and begins < floor - CLOCK_SLACK_S:
+        return (
+            f"step {step.step} begins {floor - begins:,.3f} s before the attempt of "
+            f"attempts.jsonl line {before.line} ended"
+        )
+    # Before the next recorded attempt, which may have started within the rounding.
+    ceiling = recorded[held + 1].start if held + 1 < len(recorded) else math.inf
+    current = by_hand[-1] if by_hand and by_hand[-1].gap == held else None
+    if current is None or step.startup_s is not None:
+        start = max(begins - (step.startup_s or 0.0), floor)
+        start = min(max(start, by_hand[-1].end) if by_hand else start, ceiling)
+        end = _clip(step.time, start, ceiling)
+        by_hand.append(_Span(start, end, None, None, [step], gap=held))
+    else:
+        current.end = _clip(step.time, current.end, ceiling)
+        current.steps.append(step)
+    return None
+
+
+def _begins(step: Step) -> float:
+    return step.time - step.eval_time_s - step.step_time_s
+
+
+def _charge(spans: list[_Span], fates: dict[int, str]) -> dict[str, float]:
+    """Seconds by cause (and ``PRODUCTIVE``): every second of the wall time given one;
+    ``fates``: each placed step's (by ``id``): recomputed, not_checkpointed or productive."""
+    seconds = dict.fromkeys(CAUSES, 0.0) | {PRODUCTIVE: 0.0}
+    for index, span in enumerate(spans):
+        if index:
+            before = spans[index - 1].record
+            same_job = span.record is not None and before is not None
+            same_job = same_job and span.record.job == before.job  # type: ignore[union-attr]
+            seconds["backoff" if same_job else "queue"] += span.start - spans[index - 1].end
+        _charge_span(span, fates, seconds)
+    return seconds
+
+
+def _charge_span(span: _Span, fates: dict[int, str], seconds: dict[str, float]) -> None:
+    """Tile ``span``: start-up, each step with the gap before it, and the tail. A step's interval
+    is its measured duration (``step_time_s``, then ``eval_time_s``: a monotonic clock's),
+    laid from its stamped start or from where the step before it ended, whichever is later (the
+    stamps jitter by milliseconds), and cut at the span's end."""
+    if not span.steps:
+        seconds["failed_start"] += span.end - span.start
+        return
+    cursor = span.start
+    for index, step in enumerate(span.steps):
+        begin = _clip(_begins(step), cursor, span.end)
+        length = min(step.step_time_s, span.end - begin)
+        evaluating = min(step.eval_time_s, span.end - begin - length)
+        gap = begin - cursor
+        load = min(step.checkpoint_load_s, gap)
+        seconds["checkpoint_load"] += load
+        seconds["startup" if index == 0 or step.startup_s is not None else "other"] += gap - load
+        _charge_step(step, length, fates[id(step)], seconds)
+        seconds["eval"] += evaluating
+        cursor = min(begin + length + evaluating, span.end)
+    timed_out = span.record is not None and span.record.timed_out
+    seconds["hang" if timed_out else "shutdown"] += span.end - cursor
+
+
+def _charge_step(step: Step, length: float, fate: str, seconds: dict[str, float]) -> None:
+    """A step's ``length`` seconds on the timeline: all lost when it was run again, else its
+    data wait and checkpoint stall (as far as they fit), then its compute."""
+    if fate == "recomputed":
+        seconds["recomputed"] += length
+        return
+    data = min(step.data_time_s, length)
+    stall = min(step.checkpoint_stall_s, length - data)
+    seconds["data"] += data
+    seconds["checkpoint_save"] += stall
+    seconds[fate] += length - data - stall
+
+
+def _clip(value: float, low: float, high: float) -> float:
+    return min(max(value, low), high)
+
+
+def _attempt_summaries(spans: list[_Span], done: bool) -> list[AttemptSummary]:
     """One per span; a span without a record is ``running`` when it is the run's last and the
     run is not done, else ``unrecorded`` (a process started by hand, which no launcher saw)."""
-    summaries = []
-    recorded = sum(record is not None for _, _, record in spans)
-    for index, ((started, ended, record), mine) in enumerate(zip(spans, members, strict=True)):
-        following = spans[index + 1 :]
+    summaries: list[AttemptSummary] = []
+    for index, span in enumerate(spans):
+        record, mine = span.record, span.steps
         recovery = None
-        if record is not None and record.class_ != "success" and following:
-            later = [s for s in steps if s.time > ended]
-            if later:
-                recovery = later[0].time - later[0].step_time_s - ended
+        if record is not None and record.class_ != "success":
+            later = next((s.steps[0] for s in spans[index + 1 :] if s.steps), None)
+            recovery = None if later is None else max(_begins(later) - span.end, 0.0)
         evidence = (
             record.evidence[0].said.splitlines()[0][:200]
             if record is not None and record.evidence
@@ -248,7 +425,13 @@ def _attempt_summaries(
         )
         summaries.append(
             AttemptSummary(
-                attempt=record.attempt if record is not None else recorded + 1,
+                attempt=(
+                    record.attempt
+                    if record is not None
+                    else summaries[-1].attempt + 1
+                    if summaries
+                    else 1
+                ),
                 job=record.job if record is not None else None,
                 class_=(
                     record.class_
@@ -258,8 +441,8 @@ def _attempt_summaries(
                     else "unrecorded"
                 ),
                 exit_code=record.exit_code if record is not None else None,
-                started=started,
-                ended=ended,
+                started=span.start,
+                ended=span.end,
                 steps_gained=record.steps_gained if record is not None else len(mine),
                 first_step=mine[0].step if mine else None,
                 last_step=mine[-1].step if mine else None,

@@ -3,10 +3,11 @@
 
 The page needs nothing beside itself: the CSS is inline, the figures (``plots.PLOTS``) are
 PNGs in ``data:`` URIs, there is no script and no link out, so it opens offline, mailed or
-copied off a cluster. Every string that comes from the run (its directory, job ids, evidence
-lines, hosts, task and corpus names) is outside input and goes through ``html.escape``: an
-evidence line that holds markup shows as that text. A figure the run has no data for is left
-out and named under the figures.
+copied off a cluster. Its head holds ``outputs.HTML_GENERATOR``: what lets ``--html`` replace
+a page of ours and nothing else. Every string that comes from the run (its directory, job ids,
+evidence lines, hosts, task and corpus names) is outside input and goes through
+``html.escape``: an evidence line that holds markup shows as that text. A figure the run has no
+data for is left out and named under the figures.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from goodput.io import write_text
+from goodput.outputs import HTML_GENERATOR
 from goodput.progress import Progress
 from goodput.report.accounting import Accounting, AttemptSummary
 from goodput.report.plots import CAUSE_COLOURS, CLASS_COLOURS, PLOTS
@@ -60,6 +62,7 @@ def render_html(run: RunFiles, acc: Accounting) -> str:
     ]
     return (
         "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
+        f"{HTML_GENERATOR}\n"
         f"<title>{_text(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
         + "\n".join(body)
         + "\n</body>\n</html>\n"
@@ -77,6 +80,7 @@ def _header(run: RunFiles, acc: Accounting) -> str:
         f"{_duration(acc.wall_s)} wall time · tokens {100 * acc.token_goodput:.1f}% "
         f"({acc.tokens_kept:,} kept) · {acc.steps_kept:,} steps kept, "
         f"{acc.steps_recomputed:,} recomputed</p>"
+        + "".join(f"\n<p class='meta'>{_text(note)}</p>" for note in acc.ignored_notes())
     )
 
 

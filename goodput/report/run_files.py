@@ -9,17 +9,18 @@ every ``goodput launch --run-dir`` attempt, across the jobs of a chain), ``run.j
 complete checkpoints (``rundir.list_checkpoints``), the ``done`` marker, the blend's mixture
 report (``blend.json`` of the blend ``run.json`` names, when it is still there) and
 ``lr_find.json``. Missing files are fine (a run that never launched, a run not yet evaluated);
-a file that is there must parse. The JSONL files are read line by line with a bound on each
-line: a line past ``MAX_LINE_BYTES``, a line that is not an object of the expected fields, or
-a value that is not a finite number where one belongs is one ``GoodputError`` naming
-``FILE:LINE``. A last line without its newline (the writer was killed mid-write) is left out,
-as a reader of a live file must.
+a file that is there must be a regular file and parse. The JSONL files are read line by line
+(``io.read_json_lines``) with a bound on each line: a line past ``rundir.MAX_LINE_BYTES``, a
+line that is not an object of the expected fields, or a value that is not a finite number where
+one belongs is one ``GoodputError`` naming ``FILE:LINE``. A last line without its newline (the
+writer was killed mid-write) is left out, as a reader of a live file must.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +28,11 @@ from typing import Any
 
 from goodput import rundir
 from goodput.errors import GoodputError
-from goodput.io import read_json
+from goodput.io import read_json, read_json_lines
 from goodput.launch.history import AttemptRecord, read_attempts
 
-MAX_LINE_BYTES = 1 << 16
 MAX_LINES = 10_000_000  # a metrics file past this is not one run's
+MAX_TOKENS = float(1 << 62)  # a step's tokens, capped (the accounting leaves such a step out)
 FIX = "it is not what goodput wrote; restore it or move it out of the run directory"
 # The step record's fields the report reads, beside the series it plots (``Step.values``).
 STEP_TIMES = ("data_time_s", "checkpoint_stall_s", "checkpoint_load_s", "startup_s", "eval_time_s")
@@ -50,8 +51,9 @@ class Step:
     checkpoint_stall_s: float = 0.0
     checkpoint_load_s: float = 0.0
     startup_s: float | None = None  # only on the first step of a process
-    eval_time_s: float = 0.0  # after the step, outside step_time_s
+    eval_time_s: float = 0.0  # after the step, outside step_time_s, before ``time``
     values: dict[str, float] = field(default_factory=dict)  # every finite number of the line
+    line: int = 0  # its line in metrics.jsonl (what the accounting names when it leaves it out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +84,7 @@ def read_run(run_dir: Path) -> RunFiles:
         raise GoodputError.usage(run_dir, "no such run directory", "pass a train.run_dir")
     metrics = run_dir / rundir.METRICS
     attempts = run_dir / rundir.ATTEMPTS
-    if not metrics.is_file() and not attempts.is_file():
+    if not os.path.lexists(metrics) and not os.path.lexists(attempts):
         raise GoodputError.usage(
             run_dir,
             f"holds neither {rundir.METRICS} nor {rundir.ATTEMPTS}: no run to report",
@@ -93,7 +95,7 @@ def read_run(run_dir: Path) -> RunFiles:
         run_dir=run_dir,
         steps=[_step(raw, where) for raw, where in _json_lines(metrics)],
         evals=[_eval(raw, where) for raw, where in _json_lines(run_dir / rundir.EVALS)],
-        attempts=read_attempts(attempts) if attempts.is_file() else [],
+        attempts=read_attempts(attempts) if os.path.lexists(attempts) else [],
         record=record if isinstance(record, dict) else None,
         checkpoint_steps=[
             c.step for c in rundir.list_checkpoints(rundir.checkpoints_dir(run_dir)) if c.complete
@@ -105,29 +107,13 @@ def read_run(run_dir: Path) -> RunFiles:
 
 
 def _json_lines(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
-    """(object, "FILE:LINE") of every whole line of ``path`` (none when it is absent)."""
-    if not path.is_file():
+    """(object, "FILE:LINE") of every whole line of ``path`` (none when it is absent; one that
+    is there but is no regular file, a FIFO say, is refused, never waited on)."""
+    if not os.path.lexists(path):
         return
-    with open(path, "rb") as lines:
-        for number, line in enumerate(lines, 1):
-            where = f"{path}:{number}"
-            if number > MAX_LINES:
-                raise GoodputError(path, f"has more than {MAX_LINES:,} lines", FIX)
-            if len(line) > MAX_LINE_BYTES:
-                raise GoodputError(where, f"is longer than {MAX_LINE_BYTES:,} bytes", FIX)
-            if not line.endswith(b"\n"):
-                return  # cut short by a writer that died: not a record yet
-            try:
-                raw = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
-            except (ValueError, RecursionError):
-                raise GoodputError(where, "is not a JSON line", FIX) from None
-            if not isinstance(raw, dict):
-                raise GoodputError(where, "is not a JSON object", FIX)
-            yield raw, where
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+    lines = read_json_lines(path, rundir.MAX_LINE_BYTES, fix=FIX, max_lines=MAX_LINES)
+    for where, raw in lines:
+        yield raw, where
 
 
 def _number(raw: dict[str, Any], key: str, where: str, *, default: float | None = None) -> float:
@@ -164,13 +150,14 @@ def _step(raw: dict[str, Any], where: str) -> Step:
         step=step,
         time=_number(raw, "time", where),
         step_time_s=step_time,
-        tokens=round(tokens_per_s * step_time),
+        tokens=round(min(tokens_per_s * step_time, MAX_TOKENS)),  # inf: 1e300 x 1e300
         data_time_s=parts["data_time_s"],
         checkpoint_stall_s=parts["checkpoint_stall_s"],
         checkpoint_load_s=parts["checkpoint_load_s"],
         startup_s=parts["startup_s"] if "startup_s" in raw else None,
         eval_time_s=parts["eval_time_s"],
         values=values,
+        line=int(where.rpartition(":")[2]),  # where: "FILE:LINE"
     )
 
 
@@ -196,7 +183,7 @@ def _eval(raw: dict[str, Any], where: str) -> EvalLine:
 
 
 def _optional_json(path: Path) -> Any:
-    return read_json(path) if path.is_file() else None
+    return read_json(path) if os.path.lexists(path) else None
 
 
 def _mixture(record: Any) -> list[dict[str, Any]] | None:
@@ -218,7 +205,7 @@ def _mixture(record: Any) -> list[dict[str, Any]] | None:
 def _lr_find(path: Path) -> dict[str, Any] | None:
     """``lr_find.json``'s curve as ``{"lr": [...], "loss": [...], "suggested_lr": x}`` (the
     points whose LR and smoothed loss are finite)."""
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     found = read_json(path)
     curve = found.get("curve") if isinstance(found, dict) else None

@@ -24,7 +24,8 @@ def summary(run: RunFiles, acc: Accounting) -> Group:
         f"{acc.last_step if acc.last_step is not None else '-'}, {acc.steps_recomputed} "
         f"step(s) recomputed; tokens goodput {acc.token_goodput:.1%})",
     )
-    return Group(title, _time_table(acc), _step_table(acc), _attempt_table(acc))
+    notes = [Text(note, style="yellow") for note in acc.ignored_notes()]  # Text: never markup
+    return Group(title, *notes, _time_table(acc), _step_table(acc), _attempt_table(acc))
 
 
 def _time_table(acc: Accounting) -> Table:

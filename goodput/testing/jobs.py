@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import goodput
@@ -22,3 +25,23 @@ def outside_any_job(**extra: str) -> dict[str, str]:
     }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return {**env, **extra}
+
+
+def run_goodput(
+    *argv: object,
+    cwd: Path | None = None,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m goodput ARGV`` in a child, as a user runs it outside any job (``env`` on
+    top), with its output captured as text; ``timeout`` fails a test that would block."""
+    return subprocess.run(
+        [sys.executable, "-m", "goodput", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=outside_any_job(**(env or {})),
+        preexec_fn=preexec_fn,
+    )

@@ -42,17 +42,16 @@ class Attempt:
     host: str = "nid0001"
 
     def step_ends(self) -> list[float]:
+        """Each step record's ``time``: as the trainer writes it, after the step's eval."""
         ends, clock = [], self.start + self.startup_s
         for step in self.steps:
-            clock += self.step_time_s
+            clock += self.step_time_s + self.evals.get(step, 0.0)
             ends.append(clock)
-            clock += self.evals.get(step, 0.0)
         return ends
 
     def end(self) -> float:
         ends = self.step_ends()
-        last = ends[-1] + self.evals.get(self.steps[-1], 0.0) if ends else self.start
-        return max(last, self.start + self.startup_s) + self.tail_s
+        return (ends[-1] if ends else self.start + self.startup_s) + self.tail_s
 
 
 def write_run(

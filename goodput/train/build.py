@@ -45,9 +45,10 @@ from goodput.config import to_toml
 from goodput.data.blend import BlendSpec, build_blend, format_report
 from goodput.data.loader import DataLoader
 from goodput.data.manifest import git_sha
-from goodput.errors import GoodputError, from_exception
+from goodput.errors import GoodputError
 from goodput.eval.gate import EvalGate
 from goodput.io import write_json, write_text
+from goodput.outputs import RUN_DIR, check_output_dir
 from goodput.rundir import checkpoints_dir
 from goodput.train.config import BatchPlan, RunConfig
 from goodput.train.grad_tally import GradientTally
@@ -82,29 +83,11 @@ def decided_by_rank_zero(decide: Callable[[], Any]) -> Any:
 
 
 def require_run_dir(run_dir: Path) -> None:
-    """Refuse a run directory that is not ours: it must be absent, empty, a goodput run
-    directory (it has run.json) or hold only what goodput's launch and submit put there first.
-    Training into anything else would overwrite (config.toml) or mix with someone's files."""
-    fix = "set train.run_dir to a new or empty folder, or to an existing run directory"
-    try:
-        if not run_dir.exists():
-            return
-        if not run_dir.is_dir():
-            raise GoodputError.usage(run_dir, "is a file, not a folder", fix)
-        if (run_dir / rundir.RUN_RECORD).is_file():
-            return
-        foreign = sorted(
-            p.name for p in run_dir.iterdir() if not rundir.LAUNCHER_FILES.fullmatch(p.name)
-        )
-    except OSError as exc:
-        raise from_exception(exc) from None
-    if foreign:
-        raise GoodputError.usage(
-            run_dir,
-            f"is not a goodput run directory (no {rundir.RUN_RECORD}) and not empty: it holds "
-            f"{foreign[0]!r}" + (f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""),
-            fix,
-        )
+    """Refuse a run directory that is not ours (``goodput.outputs.RUN_DIR``): it must be absent,
+    empty, a goodput run directory or hold only what goodput's launch and submit put there
+    first, and lie in no other run or checkpoint. Training into anything else would overwrite
+    (config.toml) or mix with someone's files."""
+    check_output_dir(run_dir, RUN_DIR, "train.run_dir")
 
 
 def build_loader(cfg: RunConfig, plan: BatchPlan, mesh: ParallelMesh) -> DataLoader:
@@ -112,16 +95,7 @@ def build_loader(cfg: RunConfig, plan: BatchPlan, mesh: ParallelMesh) -> DataLoa
     rank's data-parallel share."""
 
     def build() -> str:
-        spec = BlendSpec(
-            file_list=Path(cfg.data.file_list),
-            seq_len=cfg.train.seq_len,
-            num_samples=cfg.train.steps * plan.global_batch_size,
-            seed=cfg.data.seed,
-            cache=Path(cfg.data.cache),
-            on_exhausted=cfg.data.on_exhausted,
-            holdout_samples=cfg.eval.holdout_samples,
-        )
-        blend_dir, manifest = build_blend(spec)
+        blend_dir, manifest = build_blend(blend_spec(cfg, plan))
         print(format_report(blend_dir, manifest), flush=True)
         return str(blend_dir)
 
@@ -132,7 +106,26 @@ def build_loader(cfg: RunConfig, plan: BatchPlan, mesh: ParallelMesh) -> DataLoa
         dp_size=plan.dp_size,
         hash_index=False,  # build_blend on rank 0 has just checked (or written) the hashes
     )
-    tokenizer = loader.samples.manifest.get("tokenizer")
+    check_tokenizer_fits(cfg, loader.samples.manifest)
+    return loader
+
+
+def blend_spec(cfg: RunConfig, plan: BatchPlan) -> BlendSpec:
+    """The blend a run of ``cfg`` trains on, sized for the whole run."""
+    return BlendSpec(
+        file_list=Path(cfg.data.file_list),
+        seq_len=cfg.train.seq_len,
+        num_samples=cfg.train.steps * plan.global_batch_size,
+        seed=cfg.data.seed,
+        cache=Path(cfg.data.cache),
+        on_exhausted=cfg.data.on_exhausted,
+        holdout_samples=cfg.eval.holdout_samples,
+    )
+
+
+def check_tokenizer_fits(cfg: RunConfig, manifest: dict[str, Any]) -> None:
+    """Refuse a blend whose tokenizer has ids the model has no embedding for."""
+    tokenizer = manifest.get("tokenizer")
     if tokenizer and tokenizer["vocab_size"] > cfg.model.vocab_size:
         raise GoodputError.usage(
             cfg.data.file_list,
@@ -140,7 +133,6 @@ def build_loader(cfg: RunConfig, plan: BatchPlan, mesh: ParallelMesh) -> DataLoa
             f"model.vocab_size ({cfg.model.vocab_size})",
             f"set model.vocab_size to at least {tokenizer['vocab_size']}",
         )
-    return loader
 
 
 def resume(

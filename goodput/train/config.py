@@ -22,8 +22,10 @@ from typing import Literal
 
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.config import NON_EMPTY, limits
+from goodput.data.interleave import MAX_SAMPLES
 from goodput.errors import GoodputError
 from goodput.eval.config import EvalConfig
+from goodput.train.loss_spikes import MAX_WINDOW, MIN_HISTORY
 from goodput.train.metrics_config import MetricsConfig
 from goodput.train.model_config import ModelConfig
 from goodput.train.optim_config import OptimConfig
@@ -51,7 +53,11 @@ class TrainConfig:
     max_grad_norm: float = field(default=1.0, metadata=limits(above=0, inf_ok=True))
     # Steps skipped in a row for a non-finite gradient norm before the run stops (step.py).
     max_skipped_steps: int = field(default=5, metadata=POSITIVE)
-    seed: int = 0  # model init; data order comes from [data] seed
+    # model init; data order comes from [data] seed. Every rank seeds numpy's global RNG with
+    # it, which takes 32 bits.
+    seed: int = field(
+        default=0, metadata=limits(at_most=2**32 - 1, why="numpy's global seed takes 32 bits")
+    )
     # Deprecated: [parallel] activation_checkpointing and compile; moved there by RunConfig.
     activation_checkpointing: bool | None = None
     compile: bool | None = None
@@ -67,6 +73,15 @@ class TrainConfig:
                 f"tokens_per_step {self.tokens_per_step} is not a multiple of seq_len "
                 f"{self.seq_len}",
                 f"use e.g. tokens_per_step = {_round_up(self.tokens_per_step, self.seq_len)}",
+            )
+        plan_batches(self, dp_size=1)  # what no world size can mend: refused now, not at start
+        samples = self.steps * (self.tokens_per_step // self.seq_len)
+        if samples > MAX_SAMPLES:  # the blend of the whole run could not be built
+            raise _usage_error(
+                "[train]",
+                f"steps {self.steps} x {self.tokens_per_step // self.seq_len} samples per step "
+                f"= {samples:,} samples, more than a blend holds ({MAX_SAMPLES:,})",
+                "lower train.steps or train.tokens_per_step",
             )
 
     def _move_output(self) -> None:
@@ -109,11 +124,25 @@ class DiagnosticsConfig:
     freeze_check_interval: int = field(default=100, metadata=limits(at_least=0))
     # a tensor is frozen when more than this share of its entries' updates rounded away
     freeze_threshold: float = field(default=0.5, metadata=limits(above=0, below=1))
-    # loss spikes: the robust z-score of the loss against this many previous steps
-    loss_spike_window: int = field(default=100, metadata=limits(at_least=5))
+    # loss spikes: the robust z-score of the loss against this many previous steps (at least
+    # the history a z-score needs; at most what a checkpoint's state may hold)
+    loss_spike_window: int = field(
+        default=100,
+        metadata=limits(
+            at_least=MIN_HISTORY,
+            at_most=MAX_WINDOW,
+            why=f"a z-score needs {MIN_HISTORY} losses; a checkpoint keeps at most {MAX_WINDOW}",
+        ),
+    )
     loss_spike_z: float = field(default=6.0, metadata=limits(above=0))
     # the gradient noise scale's smoothing (an EMA of each of its two estimates)
     gns_ema: float = field(default=0.99, metadata=limits(above=0, below=1))
+
+    def inert_keys(self) -> dict[str, str]:
+        """What does nothing with its diagnostic off (config.py refuses it when set)."""
+        if self.freeze_check_interval:
+            return {}
+        return {"freeze_threshold": "freeze_check_interval > 0"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

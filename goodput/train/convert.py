@@ -18,7 +18,6 @@ never arbitrary pickled objects.
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import shutil
@@ -51,11 +50,13 @@ from goodput.io import (
     atomic_path,
     fsync_dir,
     is_complete,
+    open_regular,
     read_json,
     write_json,
     write_marker,
     write_text,
 )
+from goodput.outputs import NEW_DIR, RUN_DIR, TORCH_FILE, check_output_dir, check_output_file
 from goodput.rundir import CONFIG, LATEST, TRAIN_STATE, checkpoints_dir, step_dir
 from goodput.train import hf
 from goodput.train.hf_tokenizer import find_pinned_tokenizer, write_hf_tokenizer
@@ -203,6 +204,7 @@ def export_hf(directory: Path, out_dir: Path, tokenizer_path: Path | None = None
     tokenizer: ``tokenizer_path``, else the one the run pinned (``hf_tokenizer``)."""
     from safetensors.torch import save_file
 
+    check_output_dir(out_dir, NEW_DIR, "OUT_DIR", [directory])
     require_complete(directory)
     cfg = read_model_config(directory)
     if cfg.moe is not None:
@@ -211,7 +213,6 @@ def export_hf(directory: Path, out_dir: Path, tokenizer_path: Path | None = None
             "a mixture-of-experts model cannot be exported as HF Llama",
             "export dense models only; `goodput ckpt to-torch` writes MoE weights",
         )
-    _require_empty(out_dir)
     tokenizer = _export_tokenizer(directory, tokenizer_path, cfg)
     print(f"reading {directory}", flush=True)
     state = load_model_state(directory, cfg, torch.float32)
@@ -223,7 +224,7 @@ def export_hf(directory: Path, out_dir: Path, tokenizer_path: Path | None = None
         config = hf.hf_config(cfg)
         if tokenizer is not None:
             config.update(write_hf_tokenizer(tokenizer, staging, cfg.max_seq_len))
-        (staging / HF_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        write_json(staging / HF_CONFIG, config)
     return out_dir
 
 
@@ -249,6 +250,7 @@ def import_hf(hf_dir: Path, run_dir: Path) -> Path:
     """An HF Llama folder as a model-only goodput checkpoint under ``run_dir``. Everything read
     is checked before anything is written: config.json, every safetensors header, then the
     tensors' names, shapes and values against the config."""
+    check_output_dir(run_dir, RUN_DIR, "OUT_DIR", [hf_dir])
     config_path = hf_dir / HF_CONFIG
     if not config_path.is_file():
         raise GoodputError.usage(
@@ -268,9 +270,8 @@ def import_hf(hf_dir: Path, run_dir: Path) -> Path:
 def to_torch(directory: Path, file: Path) -> Path:
     """The consolidated model state dict of a complete checkpoint as one ``torch.save`` file
     of plain tensors (dtypes as saved)."""
+    check_output_file(file, TORCH_FILE, "FILE", [directory])
     require_complete(directory)
-    if file.exists():
-        raise GoodputError.usage(file, "already exists", "choose another file name")
     cfg = read_model_config(directory)
     print(f"reading {directory}", flush=True)
     state = load_model_state(directory, cfg)
@@ -282,12 +283,15 @@ def to_torch(directory: Path, file: Path) -> Path:
 
 def from_torch(file: Path, config: Path, run_dir: Path) -> Path:
     """A ``.pt`` state dict plus a TOML ``[model]`` table as a model-only checkpoint."""
+    check_output_dir(run_dir, RUN_DIR, "OUT_DIR", [file, config])
     cfg = load_section(ModelConfig, config, "model")
     print(f"reading {file}", flush=True)
     try:
-        loaded = torch.load(file, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise GoodputError.usage(file, "not found", "check the path") from None
+        # Opened here, a regular file only: torch.load would wait on a FIFO forever.
+        with open_regular(file) as stream:
+            loaded = torch.load(stream, map_location="cpu", weights_only=True)
+    except GoodputError as exc:  # missing, unreadable or not a regular file: a bad argument
+        raise GoodputError.usage(exc.where, exc.what, exc.fix) from None
     except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
         raise GoodputError(
             file,
@@ -447,21 +451,12 @@ def _is_file_name(name: str) -> bool:
 
 def _check_safetensors_header(path: Path) -> None:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             length = hf.safetensors_header_length(f.read(8), size, str(path))
             hf.check_safetensors_header(f.read(length), size - 8 - length, str(path))
     except OSError as exc:
         raise from_exception(exc) from None
-
-
-def _require_empty(out_dir: Path) -> None:
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise GoodputError.usage(
-            out_dir,
-            "already exists and is not empty",
-            "choose another OUT_DIR or remove it",
-        )
 
 
 @contextmanager

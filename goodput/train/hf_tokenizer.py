@@ -37,7 +37,7 @@ from goodput.data.blend import blend_dir
 from goodput.data.manifest import check_run_manifest, read_run_manifest
 from goodput.data.tokenizer import Tokenizer, load_tokenizer
 from goodput.errors import GoodputError
-from goodput.io import read_json, sha256_file, write_bytes, write_json
+from goodput.io import json_text, read_json, sha256_file, write_bytes, write_json
 from goodput.rundir import CONFIG, TRAIN_STATE
 
 NO_TOKENIZER_FIX = "pass the tokenizer file with --tokenizer"
@@ -174,7 +174,8 @@ def _tokenizers_files(
     spec = json.loads(data)
     if spec.get("post_processor") is not None:
         spec["post_processor"] = None
-        data = (json.dumps(spec, ensure_ascii=False, indent=2) + "\n").encode()
+        text = json_text(spec, where=tokenizer.path, indent=2, ensure_ascii=False)
+        data = (text + "\n").encode()
     eod = tokenizers.Tokenizer.from_str(data.decode()).id_to_token(tokenizer.eod_id)
     assert eod is not None, "the loaded tokenizer found its eod id in this file"
     config = {"tokenizer_class": "PreTrainedTokenizerFast"}

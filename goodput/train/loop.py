@@ -51,7 +51,7 @@ from goodput.train.mesh import build_mesh
 from goodput.train.metrics import Metrics, peak_flops
 from goodput.train.optim import Optimizers
 from goodput.train.parallelize import compute_dtype
-from goodput.train.pipeline import model_parts
+from goodput.train.pipeline import model_parts, pipeline_microbatches
 from goodput.train.schedule import learning_rate
 from goodput.train.setup import setup_torch
 from goodput.train.step import SkippedSteps, train_step
@@ -73,8 +73,16 @@ def train(cfg: RunConfig) -> list[float]:
     runtime = setup_torch(seed=cfg.train.seed)
     rank, device = runtime.rank, runtime.device
     try:
+        if faults is not None:  # a fault that could never fire: refused on every rank alike
+            faults.check_reachable(
+                world_size=runtime.world_size,
+                steps=cfg.train.steps,
+                saves=bool(cfg.checkpoint.interval_steps or cfg.checkpoint.interval_minutes),
+            )
         mesh = build_mesh(cfg.parallel, device, runtime.ranks_per_host)
         plan = plan_batches(cfg.train, dp_size=mesh.dp_size)
+        if mesh.degrees.pp > 1:  # refused before the blend is built, not when the model is
+            pipeline_microbatches(cfg.parallel, plan.local_batch_size, plan.grad_accumulation)
         run_dir = Path(cfg.train.run_dir)
         decided_by_rank_zero(lambda: require_run_dir(run_dir))  # before anything is written
         decided_by_rank_zero(cfg.metrics.check_sinks)  # wandb asked for is installed, or one line

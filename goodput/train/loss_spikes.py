@@ -25,6 +25,7 @@ from collections import deque
 from typing import Any
 
 MAX_WINDOW = 2**16  # bounds the saved state a checkpoint may hand back
+MIN_HISTORY = 20  # finite losses before the first z; the floor of [diagnostics] loss_spike_window
 NORMAL_MAD_SCALE = 1.4826  # 1 / Φ⁻¹(3/4): MAD → standard deviation for normal noise
 NORMAL_MEAN_AD_SCALE = 1.2533  # √(π/2): mean absolute deviation → standard deviation
 FP32_SPACING = 2.0**-23  # relative spacing of fp32 values, the precision of the loss
@@ -34,7 +35,9 @@ FP32_TINY = 2.0**-126  # the smallest normal fp32: the spacing floor at a median
 class LossSpikes:
     """Robust z-scores of the loss, and a warning line for a spike."""
 
-    def __init__(self, window: int = 100, threshold: float = 6.0, min_history: int = 20) -> None:
+    def __init__(
+        self, window: int = 100, threshold: float = 6.0, min_history: int = MIN_HISTORY
+    ) -> None:
         if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
             raise ValueError(
                 f"loss spikes: window {window!r} must be an integer in [1, {MAX_WINDOW}]"

@@ -24,7 +24,6 @@ trainer process, finished by ``close``).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -34,6 +33,7 @@ from typing import Any, TextIO
 import torch
 
 from goodput import rundir
+from goodput.io import json_text, open_append
 from goodput.progress import print_line
 from goodput.train.device import device_name, peak_memory_bytes
 from goodput.train.metrics_config import MetricsConfig
@@ -115,7 +115,7 @@ class Metrics:
         self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
         self.peak = peak_flops_per_device
         self.enabled = rank == 0
-        self.jsonl = open(run_dir / rundir.METRICS, "a") if self.enabled else None  # noqa: SIM115
+        self.jsonl = open_append(run_dir / rundir.METRICS) if self.enabled else None
         self.tensorboard = tensorboard_writer(run_dir) if self.enabled and tensorboard else None
         sinks = sinks if sinks is not None else MetricsConfig()
         self.wandb = _wandb_run(sinks, run_dir) if self.enabled and sinks.wandb else None
@@ -159,7 +159,7 @@ class Metrics:
     def _write(self, record: dict[str, Any]) -> None:
         assert self.jsonl is not None
         finite = {k: None if _not_finite(v) else v for k, v in record.items()}
-        self.jsonl.write(json.dumps(finite, allow_nan=False) + "\n")
+        self.jsonl.write(json_text(finite, where=self.jsonl.name) + "\n")
         self.jsonl.flush()
         scalars = scalars_of(finite)
         if self.tensorboard is not None:
@@ -168,7 +168,7 @@ class Metrics:
         if self.wandb is not None:
             self.wandb.log(scalars, step=record["step"])
         print_line(step_line(record))
-        beat = json.dumps({"step": record["step"], "time": record["time"]})
+        beat = json_text({"step": record["step"], "time": record["time"]}, where=rundir.HEARTBEAT)
         for heartbeat in self.heartbeats:  # the run's, and goodput launch's when it is another
             tmp = heartbeat.with_name(f".heartbeat.{os.getpid()}.tmp")
             tmp.write_text(beat)

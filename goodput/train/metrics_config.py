@@ -19,6 +19,8 @@ from typing import Literal
 from goodput.config import NON_EMPTY
 from goodput.errors import GoodputError
 
+WANDB_KEYS = ("wandb_project", "wandb_mode", "wandb_dir")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsConfig:
@@ -27,6 +29,10 @@ class MetricsConfig:
     wandb_mode: Literal["online", "offline"] = "offline"  # offline: `wandb sync` uploads later
     # wandb's dir: runs go to <wandb_dir>/wandb/; None: the run directory (RUN/wandb/)
     wandb_dir: str | None = field(default=None, metadata=NON_EMPTY)
+
+    def inert_keys(self) -> dict[str, str]:
+        """The sink's options, which do nothing with it off (config.py refuses them when set)."""
+        return {} if self.wandb else dict.fromkeys(WANDB_KEYS, "wandb = true")
 
     def check_sinks(self) -> None:
         """Refuse a sink asked for that is not installed; called before the run writes

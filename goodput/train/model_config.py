@@ -80,6 +80,15 @@ class ModelConfig:
                 "lower top_k or add experts",
             )
 
+    def inert_keys(self) -> dict[str, str]:
+        """The rope-scaling keys its kind does not read (config.py refuses them when set)."""
+        rules: dict[str, str] = {}
+        if self.rope_scaling == "none":
+            rules["rope_scaling_factor"] = "rope_scaling = 'linear' or 'llama3'"
+        if self.rope_scaling != "llama3":
+            rules["rope_original_max_seq_len"] = "rope_scaling = 'llama3'"
+        return rules
+
     @property
     def head_dim(self) -> int:
         return self.dim // self.num_heads

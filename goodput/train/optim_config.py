@@ -1,8 +1,9 @@
 """The ``[optim]`` table, torch-free (the optimizers it builds are ``optim.py``'s).
 
 One table for every kind: ``betas``, ``eps`` and ``weight_decay`` are AdamW's, and also LAMB's,
-SophiaG's (``betas`` = (momentum, Hessian EMA)) and those of the AdamW that Muon and Mano run on
-the parameters that are not hidden matrices. The keys of one kind only are named after it.
+SophiaG's (``betas`` = (momentum, Hessian EMA); not ``eps``) and those of the AdamW that Muon and
+Mano run on the parameters that are not hidden matrices. The keys of one kind only are named
+after it (``KIND_KEYS``); one set with another kind is refused, naming the kind it needs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,23 @@ from goodput.errors import GoodputError
 
 OptimizerKind = Literal["adamw", "lamb", "sophiag", "muon", "mano"]
 MATRIX_KINDS = ("muon", "mano")  # hidden matrices get the kind's update, the rest AdamW
+# Newton-Schulz iterations: the quintic's singular values settle in about 5; more only add three
+# matmuls per matrix per step each (and 10**9 of them would never let a step end).
+MAX_NS_STEPS = 20
+
+
+# The keys only some kinds read (config.py refuses one set for another kind). SophiaG keeps
+# its own eps (1e-15, sophia.py): [optim] eps is not passed to it.
+KIND_KEYS: dict[str, tuple[str, ...]] = {
+    "lamb_max_weight_norm": ("lamb",),
+    "sophia_rho": ("sophiag",),
+    "sophia_hessian_interval": ("sophiag",),
+    "momentum": MATRIX_KINDS,
+    "nesterov": MATRIX_KINDS,
+    "muon_ns_steps": ("muon",),
+    "muon_lr_rule": ("muon",),
+    "eps": ("adamw", "lamb", "muon", "mano"),
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,7 +53,14 @@ class OptimConfig:
     # muon: Newton-Schulz iterations, and how the orthogonal update is scaled per shape:
     # "match_rms_adamw" (0.2 sqrt(max(out, in)): AdamW's learning rate and decay carry over) or
     # "spectral" (sqrt(max(1, out/in)): lr in spectral-norm units, ~0.02)
-    muon_ns_steps: int = field(default=5, metadata=limits(at_least=1))
+    muon_ns_steps: int = field(
+        default=5,
+        metadata=limits(
+            at_least=1,
+            at_most=MAX_NS_STEPS,
+            why="5 converge; each more is three matmuls per matrix in every step",
+        ),
+    )
     muon_lr_rule: Literal["match_rms_adamw", "spectral"] = "match_rms_adamw"
     # QK-clip: after each step, heads whose largest attention logit passed this are scaled
     # back to it (Kimi K2's fix for Muon's logit growth; 100 there); None: off
@@ -53,6 +78,15 @@ class OptimConfig:
                 "lr_reference_tokens is set but lr_scaling is none",
                 'set lr_scaling = "sqrt" or "linear", or drop lr_reference_tokens',
             )
+
+    def inert_keys(self) -> dict[str, str]:
+        """The keys of other kinds than ``kind``, and the kind each needs (config.py refuses
+        them when set)."""
+        return {
+            key: " or ".join(f"kind = '{kind}'" for kind in kinds)
+            for key, kinds in KIND_KEYS.items()
+            if self.kind not in kinds
+        }
 
     def lr_multiplier(self, tokens_per_step: int, reference_tokens: int) -> float:
         """The factor on the schedule's lr at ``tokens_per_step`` for an lr tuned at

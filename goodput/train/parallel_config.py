@@ -22,6 +22,8 @@ from goodput.train.model_config import ModelConfig
 
 DEGREE = limits(at_least=1, at_most=2**20)
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+PIPELINE_KEYS = ("pp_schedule", "pp_microbatches", "pp_stages_per_rank", "pp_layers_per_stage")
+FSDP_KEYS = ("reshard_after_forward", "sync_every_micro_batch")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,6 +102,25 @@ class ParallelConfig:
                 "wrong gradients on torch 2.13",
                 "set compile = false for tensor-parallel runs (compile works with dp and pp)",
             )
+        if self.pp > 1:  # with pp = 1 the pipeline keys are refused as inert (inert_keys)
+            self._check_pipeline()
+
+    def inert_keys(self) -> dict[str, str]:
+        """The keys that do nothing in this layout, and what would enable each (config.py
+        refuses them when set)."""
+        rules: dict[str, str] = {}
+        if self.pp == 1:
+            rules |= dict.fromkeys(PIPELINE_KEYS, "pp > 1")
+        if self.tp == 1:
+            rules["loss_parallel"] = "tp > 1"
+        if self.data_parallel == "replicate":  # FSDP's own options
+            rules |= dict.fromkeys(FSDP_KEYS, "data_parallel = 'fsdp'")
+        return rules
+
+    def _check_pipeline(self) -> None:
+        def refuse(what: str, fix: str) -> None:
+            raise GoodputError.usage("[parallel]", what, fix)
+
         interleaved = self.pp_schedule == "interleaved_1f1b"
         if interleaved and self.stages_per_rank < 2:
             refuse(

@@ -23,6 +23,10 @@ class ScheduleConfig:
     min_lr_ratio: float = field(default=0.1, metadata=limits(at_most=1))
     decay_fraction: float = field(default=0.2, metadata=limits(at_most=1))  # wsd only
 
+    def inert_keys(self) -> dict[str, str]:
+        """What another kind does not read (config.py refuses it when set)."""
+        return {"decay_fraction": "kind = 'wsd'"} if self.kind != "wsd" else {}
+
 
 def _warmup_cosine(cfg: ScheduleConfig, step: int, total_steps: int) -> float:
     if step < cfg.warmup_steps:

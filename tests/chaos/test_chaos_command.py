@@ -130,7 +130,7 @@ def test_a_folder_goodput_did_not_make_is_refused_and_left_alone(tmp_path, capsy
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
     assert exit_code(["chaos", str(config), "--nproc", "2", "--output", str(out)]) == 2
-    assert "holds no campaign.json" in capsys.readouterr().err
+    assert "is not a folder that holds campaign.json" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 

@@ -4,13 +4,14 @@ node, device memory, the global batch, the sequence length and the micro-batch) 
 
 Property: exit 0 with a plan, or exit 1 (nothing fits) or 2 (bad input) with exactly one
 ``goodput: error:`` line and no traceback, within a bound of time; never another exception.
+The failure budget's ``--json`` is strict JSON (no ``NaN``/``Infinity``) with every probability
+in [0, 1], for any values the options admit, down to subnormal seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import json
 import math
 import os
 import time
@@ -18,7 +19,8 @@ import time
 from hypothesis import given
 from hypothesis import strategies as st
 
-from goodput import cli
+from goodput import argtypes, cli
+from goodput.testing.fuzz import strict_json
 from goodput.testing.jobs import REPO
 
 MAX_SECONDS = 5.0
@@ -103,6 +105,35 @@ def test_any_numbers_give_a_failure_budget_or_one_line(values, broken, junk, dro
     if broken is not None:
         values[broken] = junk
     values.pop(dropped, None)
+    _check_failure_budget(values)
+
+
+# Every value the options admit (argtypes' ranges), extremes and subnormals included.
+seconds = st.floats(min_value=0, max_value=argtypes.MAX_SECONDS, exclude_min=True)
+IN_RANGE = {
+    "--nodes": st.integers(1, argtypes.MAX_COUNT),
+    "--node-mtbf-days": seconds,
+    "--save-stall-s": seconds,
+    "--restart-s": st.just(0.0) | seconds,
+    "--walltime-h": seconds,
+    "--survival": seconds,
+    "--step-s": seconds,
+    "--interval-steps": st.integers(1, argtypes.MAX_COUNT),
+}
+
+
+@given(
+    values=st.fixed_dictionaries(IN_RANGE),
+    dropped=st.sampled_from([None, "--step-s", "--interval-steps"]),
+)
+def test_any_admitted_values_give_strict_json_or_one_line(values, dropped):
+    values.pop(dropped, None)
+    _check_failure_budget(values)
+
+
+def _check_failure_budget(values: dict[str, object]) -> None:
+    """Run the failure budget with ``values`` as --json: strict JSON with probabilities in
+    [0, 1], or one usage line."""
     argv = ["plan", "reliability", *(f"{option}={value}" for option, value in values.items())]
     argv.append("--json")
     out, err = io.StringIO(), io.StringIO()
@@ -114,9 +145,13 @@ def test_any_numbers_give_a_failure_budget_or_one_line(values, broken, junk, dro
             code = int(exit_.code or 0)
     assert time.monotonic() - began < MAX_SECONDS, argv
     if code == 0:
-        report = json.loads(out.getvalue())
-        assert 0 <= report["expected_goodput"] <= 1 and report["spare_nodes"] >= 0
-        assert report["optimal_interval_s"] > 0 and math.isfinite(report["failures_per_day"])
+        report = strict_json(out.getvalue())
+        for key in ("expected_goodput", "configured_goodput", "spare_nodes_survival"):
+            assert report[key] is None or 0 <= report[key] <= 1, (argv, key, report[key])
+        assert report["spare_nodes"] >= 0 and report["optimal_interval_s"] > 0, argv
+        steps = report["optimal_interval_steps"]
+        assert steps is None or 0 < steps <= argtypes.MAX_COUNT, argv
+        assert math.isfinite(report["failures_per_day"])
     else:
         assert code == 2, (argv, err.getvalue())
         assert err.getvalue().count("\n") == 1 and err.getvalue().startswith("goodput: error: ")

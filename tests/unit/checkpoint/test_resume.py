@@ -215,7 +215,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint(run_config, tmp_path, small_t
 
 
 def test_checkpoint_config_is_checked():
-    with pytest.raises(GoodputError, match=r"'keep_last' = 0 is out of range; use a value in \[1,"):
+    with pytest.raises(GoodputError, match=r"'keep_last' = 0 is not in \[1,"):
         from_table(CheckpointConfig, {"keep_last": 0}, "run.toml")
 
 

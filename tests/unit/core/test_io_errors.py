@@ -1,3 +1,4 @@
+import os
 import pickle
 
 import pytest
@@ -31,3 +32,70 @@ def test_error_is_one_line_and_survives_pickling():
     assert error.render() == "data/a.jsonl:3: malformed JSON; fix the line"
     clone = pickle.loads(pickle.dumps(error))
     assert clone.render() == error.render() and clone.code == ExitCode.USAGE
+
+
+@pytest.mark.timeout(20)  # the old open() blocked here until a writer came: forever
+def test_readers_refuse_what_is_not_a_regular_file_without_blocking(tmp_path):
+    import socket
+
+    from goodput.io import open_regular, read_json, read_text
+
+    fifo = tmp_path / "config.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(
+        GoodputError, match=r"config\.toml: is a FIFO \(named pipe\), not a regular"
+    ):
+        read_text(fifo)
+    with pytest.raises(GoodputError, match="is a folder, not a regular file"):
+        read_json(tmp_path)
+    with pytest.raises(GoodputError, match="is a device, not a regular file"):
+        open_regular("/dev/null")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(tmp_path / "sock"))
+    try:
+        with pytest.raises(GoodputError, match="is a socket, not a regular file"):
+            open_regular(tmp_path / "sock")
+    finally:
+        server.close()
+    with pytest.raises(GoodputError, match="No such file"):
+        open_regular(tmp_path / "absent")
+    (tmp_path / "real").write_bytes(b"data")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with open_regular(tmp_path / "link") as f:  # a link to a regular file is that file
+        assert f.read() == b"data"
+
+
+def test_a_folder_listing_keeps_regular_files_and_notes_the_rest(tmp_path, capsys):
+    from goodput.io import regular_files
+
+    (tmp_path / "b.yaml").write_text("b")
+    (tmp_path / "a.yaml").write_text("a")
+    os.mkfifo(tmp_path / "pipe.yaml")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    kept = regular_files(tmp_path.iterdir())
+    assert [p.name for p in kept] == ["a.yaml", "b.yaml"]
+    notes = capsys.readouterr().err.splitlines()
+    assert sorted(n.rsplit("/", 1)[1] for n in notes) == [
+        "dangling: not a regular file",
+        "pipe.yaml: not a regular file",
+        "sub: not a regular file",
+    ]
+    assert all(n.startswith("goodput: note: skipping ") for n in notes)
+
+
+def test_the_json_writer_refuses_non_finite_numbers_naming_the_key():
+    from goodput.io import json_text
+
+    assert json_text({"b": [1, 2.5], "a": None}, where="x", sort_keys=True) == (
+        '{"a": null, "b": [1, 2.5]}'
+    )
+    for bad, key in [
+        ({"runs": [{"goodput": float("nan")}]}, "runs.0.goodput"),
+        (float("inf"), "the top level"),
+        ((1, -float("inf")), "1"),
+    ]:
+        with pytest.raises(GoodputError) as caught:
+            json_text(bad, where="goodput report --json")
+        assert caught.value.where == "goodput report --json"
+        assert f"non-finite number at {key}," in caught.value.what

@@ -48,14 +48,14 @@ def test_tokenize(capsys, places, tokenizer):
     _, err = one_line_error(capsys, *tokenize, model, "--output", file / "sub")
     assert f"{file} is a file where a folder should be" in err
     _, err = one_line_error(capsys, *tokenize, folder, "--output", folder.parent / "out")
-    assert f"{folder}: cannot read the tokenizer: Is a directory" in err
+    assert f"{folder}: cannot read the tokenizer: is a folder, not a regular file" in err
 
 
 def test_blend(capsys, places, tmp_path):
     file, folder = places
     blend = ["--seq-len", 4, "--num-samples", 4, "--seed", 1, "--cache"]
     _, err = one_line_error(capsys, "data", "blend", folder, *blend, tmp_path / "c")
-    assert f"{folder}: Is a directory; pass a file, not a folder" in err
+    assert f"{folder}: is a folder, not a regular file; pass a regular file" in err
     _, err = one_line_error(capsys, "data", "blend", file, *blend, file / "cache")
     assert f"--cache {file / 'cache'}: {file} is a file where a folder should be" in err
     # The old spelling --output still reaches --cache, with one deprecation line first.
@@ -68,7 +68,7 @@ def test_blend(capsys, places, tmp_path):
 def test_inspect_and_verify(capsys, places, tmp_path):
     file, folder = places
     _, err = one_line_error(capsys, "data", "inspect", folder)
-    assert f"{folder}: Is a directory" in err
+    assert f"{folder}: is a folder, not a regular file" in err
     _, err = one_line_error(capsys, "data", "inspect", tmp_path)
     assert f"{tmp_path}.idx: missing" in err
     _, err = one_line_error(capsys, "data", "verify", tmp_path)

@@ -271,7 +271,7 @@ def test_cli_entry_point_installed():
     ("argv", "env", "message"),
     [
         (["--workers", "0"], {}, "argument --workers: 0 is not in [1,"),
-        (["--shard-size-mb", "-1"], {}, "argument --shard-size-mb: -1 is not a finite number > 0"),
+        (["--shard-size-mb", "-1"], {}, "argument --shard-size-mb: -1 is not in (0, 315360000]"),
         (["--pack-seq-len", "0"], {}, "argument --pack-seq-len: 0 is not in [1,"),
         ([], {"RANK": "2", "WORLD_SIZE": "2"}, "rank 2 is outside a world of 2"),
         ([], {"RANK": "x"}, "are not integers"),

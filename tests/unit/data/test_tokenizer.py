@@ -217,3 +217,15 @@ def test_corrupt_file(tmp_path, name, expected):
     path.write_bytes(b"\x00 definitely not a tokenizer {")
     message = error_of(load_tokenizer, path)
     assert str(path) in message and expected in message
+
+
+def test_a_model_is_trained_again_over_itself_but_never_over_another_file(corpus, tmp_path):
+    model = train_sentencepiece([corpus], 400, tmp_path / "tok.model")
+    assert train_sentencepiece([corpus], 400, model) == model  # its own earlier output
+    notes = tmp_path / "notes.model"
+    notes.write_text("mine")
+    for output, message in ((notes, "is not a SentencePiece model"), (corpus, "also reads")):
+        with pytest.raises(GoodputError, match=message) as exc:
+            train_sentencepiece([corpus], 400, output)
+        assert exc.value.render().startswith(f"--output {output}: ")
+    assert notes.read_text() == "mine"

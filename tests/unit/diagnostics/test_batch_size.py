@@ -13,14 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from goodput import rundir
 from goodput.cli import main
-from goodput.diagnostics.batch_size import (
-    MAX_LINE_BYTES,
-    read_estimates,
-    report,
-    windows,
-)
+from goodput.diagnostics.batch_size import read_estimates, report, windows
 from goodput.errors import ExitCode, GoodputError
+from goodput.testing.fuzz import strict_json
 from goodput.testing.jobs import REPO
 
 DOC_SERIES = [1000, 2000, 4000, 6000, 7000, 8000, 8000, 8000]
@@ -71,8 +68,18 @@ def test_a_batch_far_above_the_noise_scale_has_diminishing_returns(tmp_path):
     assert "well above the noise scale" in verdict and "1.06x" in verdict and "9.00x" in verdict
 
 
+def test_estimates_no_batch_could_be_are_ignored_and_the_json_is_strict(tmp_path, capsys):
+    # A subnormal B_simple made B/B_simple Infinity; one near float's limit, 2 B_simple.
+    run = make_run(tmp_path / "run", [5e-324, 1e-17, 100.0, 1e300, 2.0**54, 300.0])
+    found = report(run)
+    assert found.ignored_estimates == 4 and found.steps_with_estimate == 2
+    assert main(["diagnose", "batch-size", str(run), "--json"]) == 0
+    printed = strict_json(capsys.readouterr().out)
+    assert printed["ratio"] == 4096 / 300 and printed["recommended_tokens"] == [150.0, 600.0]
+
+
 def test_unusable_estimates_are_ignored_and_counted(tmp_path):
-    run = make_run(tmp_path / "run", [-5.0, 0.0, 100.0, 300.0], extra='{"step": 5, "gns": NaN}\n')
+    run = make_run(tmp_path / "run", [-5.0, 0.0, 100.0, 300.0], extra='{"step": 5, "gns": 1e999}\n')
     found = report(run)
     assert found.ignored_estimates == 3 and found.steps_with_estimate == 2
     assert found.median_last_quarter == 300
@@ -91,8 +98,9 @@ def test_a_torn_last_line_is_skipped(tmp_path):
 @pytest.mark.parametrize(
     ("line", "what"),
     [
-        ("[1, 2]", "not an object"),
-        ('"step"', "not an object"),
+        ("[1, 2]", "not a JSON object"),
+        ('"step"', "not a JSON object"),
+        ('{"step": 3, "gns": NaN}', "NaN is not JSON"),
         ("{broken", "not valid JSON"),
         ('{"step": 3, "gns": "NaN"}', '"gns" is "NaN"'),
         ('{"step": "3", "gns": 1.0}', '"step" is "3"'),
@@ -101,7 +109,7 @@ def test_a_torn_last_line_is_skipped(tmp_path):
         ('{"step": -1, "gns": 1.0}', '"step" is -1'),
         ("[" * 100_000 + "]" * 100_000, "not valid JSON"),
         ('{"step": 1' + "0" * 5000 + "}", "not valid JSON"),
-        ('{"step": 3, "pad": "' + "x" * MAX_LINE_BYTES + '"}', "longer than"),
+        ('{"step": 3, "pad": "' + "x" * rundir.MAX_LINE_BYTES + '"}', "longer than"),
     ],
     ids=lambda v: v[:30] if isinstance(v, str) else v,
 )
@@ -134,6 +142,7 @@ def test_a_run_without_an_estimate_says_why(tmp_path):
         ('[train]\ntokens_per_step = "4096"\n', "tokens_per_step is '4096'"),
         ("[train]\ntokens_per_step = true\n", "tokens_per_step is True"),
         ("train = 3\n", "tokens_per_step is None"),
+        ("[train]\ntokens_per_step = 9007199254740993\n", "not a whole number in [1, 2**53]"),
     ],
 )
 def test_a_missing_or_broken_config_is_named(tmp_path, config, what):

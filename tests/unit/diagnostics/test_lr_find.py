@@ -124,6 +124,7 @@ def test_without_json_it_prints_progress_and_a_summary(tmp_path):
         (["--min-lr", "0"], "--min-lr"),
         (["--max-lr", "-1"], "--max-lr"),
         (["--max-lr", "nan"], "--max-lr"),
+        (["--min-lr", "5e-324", "--max-lr", "10"], "--min-lr"),  # a ramp of infinite lrs
         (["--plot", "{tmp}/missing/lr.png"], "--plot"),
         (["--plot", "{tmp}/lr.jpg"], "--plot"),
     ],

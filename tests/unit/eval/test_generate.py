@@ -4,6 +4,8 @@ on a really trained run with a real SentencePiece tokenizer, and its one-line re
 
 import json
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -387,3 +389,32 @@ def test_bad_checkpoints_are_one_line(run, capsys, tmp_path, case):
     assert found == code and out == ""
     assert len(err.splitlines()) == 1, err
     assert says in err and "Traceback" not in err
+
+
+def run_generate(run_dir, *argv, timeout=300):
+    """``python -m goodput generate RUN ARGV`` as a user runs it (``argv`` may hold bytes, as a
+    shell passes them)."""
+    return subprocess.run(
+        [sys.executable, "-m", "goodput", "generate", str(run_dir), *argv],
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line_naming_prompt(run):
+    run_dir, _ = run
+    child = run_generate(run_dir, "--prompt", b"alpha \xff beta")
+    err = child.stderr.decode()
+    assert child.returncode == 2 and child.stdout == b"" and len(err.splitlines()) == 1
+    assert err.startswith("goodput: error: --prompt: is not UTF-8 text: byte 0xff at character 6")
+
+
+@pytest.mark.parametrize(
+    "sampling", [["--temperature", "1e-300"], ["--temperature", "1e300", "--top-p", "5e-324"]]
+)
+def test_extreme_documented_temperatures_and_top_p_generate(run, sampling):
+    run_dir, _ = run
+    child = run_generate(run_dir, "--prompt", "alpha", "--max-new-tokens", "4", "--json", *sampling)
+    assert child.returncode == 0, child.stderr.decode()
+    result = json.loads(child.stdout)
+    assert result["num_new_tokens"] + (result["stopped"] == "eod") >= 1

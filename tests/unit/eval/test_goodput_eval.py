@@ -8,6 +8,7 @@ import json
 import math
 import os
 import socket
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -369,7 +370,7 @@ def bad_task_files(folder: Path) -> dict[str, Path]:
         ("missing-yaml", 2, "no such task file"),
         ("broken-yaml", 2, "not an lm-eval task file: ParserError"),
         ("nameless-yaml", 2, "not an lm-eval task file"),
-        ("missing-data", 1, "could not be loaded: FileNotFoundError"),
+        ("missing-data", 1, "nothing.jsonl: No such file or directory (data of lm-eval task"),
         ("limit-0", 2, "argument --limit: 0 is not in"),
         ("limit-negative", 2, "argument --limit: -3 is not in"),
         ("batch-size-0", 2, "argument --batch-size"),
@@ -420,3 +421,90 @@ def test_bad_input_is_one_line(run, tasks, capsys, tmp_path, case, code, says):
     assert found == code and out == ""
     assert len(err.splitlines()) == 1, err
     assert err.startswith("goodput: error: ") and says in err and "Traceback" not in err
+
+
+# --- hostile task data: named by file and line, not as lm-eval's or datasets' own error -------
+
+GOOD_LINE = (
+    b'{"id": "Q1", "question": "alpha beta", "choices": {"text": ["gamma", "delta"], '
+    b'"label": ["A", "B"]}, "answerKey": "B"}\n'
+)
+HOSTILE_DATA = {
+    "malformed-line": (GOOD_LINE + b'{"id": bad\n', ":2: is not JSON"),
+    "not-utf8": (GOOD_LINE + b'{"question": "\xff"}\n', ":2: is not UTF-8: byte 0xff"),
+    "utf-16": (GOOD_LINE.decode().encode("utf-16"), ":1: is not UTF-8"),
+    "not-an-object": (GOOD_LINE + b"[1, 2]\n", ":2: is a JSON list, not an object"),
+    "broken-array": (b"[" + GOOD_LINE + b',{"id": }]\n', ":2: is not JSON"),
+    "wrong-fields": (
+        GOOD_LINE + b'{"id": 5, "question": 3, "choices": 7, "answerKey": "B"}\n',
+        "could not build its prompts from its data: UndefinedError",
+    ),
+}
+
+
+def hostile_task(folder: Path, case: str) -> tuple[Path, Path]:
+    """A choice task whose data file holds ``HOSTILE_DATA[case]`` (or is a FIFO)."""
+    task = write_choice_task(folder, name=f"hostile_{case.replace('-', '_')}", num_items=2)
+    data = task.with_suffix(".jsonl")
+    data.unlink()
+    if case == "fifo":
+        os.mkfifo(data)
+    else:
+        data.write_bytes(HOSTILE_DATA[case][0])
+    return task, data
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", [*HOSTILE_DATA, "fifo"])
+def test_hostile_task_data_is_one_line_naming_the_file(run, capsys, tmp_path, case):
+    run_dir, _ = run
+    task, data = hostile_task(tmp_path, case)
+    found, out, err = eval_cli(capsys, run_dir, "--tasks", task, "--json")
+    # lm-eval's and datasets' own progress and log lines come first on stderr (and, in one
+    # process, datasets' handler may still hold an earlier test's closed stream): ours is last.
+    errors = [line for line in err.splitlines() if line.startswith("goodput: error: ")]
+    assert found == 1 and out == ""
+    assert len(errors) == 1 and err.splitlines()[-1] == errors[0], err
+    says = "is not a regular file" if case == "fifo" else HOSTILE_DATA[case][1]
+    assert says in errors[0]
+    if case == "wrong-fields":  # the templates fail, not the file: the task file is named
+        assert str(task) in errors[0]
+    else:
+        assert str(data) in errors[0] and "DatasetGenerationError" not in errors[0]
+
+
+def test_a_malformed_data_line_is_named_by_the_command(run, tmp_path):
+    """The same, from the command a user runs: one line on stderr, exit 1, nothing on stdout."""
+    run_dir, _ = run
+    task, data = hostile_task(tmp_path, "malformed-line")
+    child = subprocess.run(
+        [sys.executable, "-m", "goodput", "eval", str(run_dir), "--tasks", str(task)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "hf")},
+    )
+    assert child.returncode == 1 and child.stdout == ""
+    last = child.stderr.splitlines()[-1]
+    assert last.startswith(f"goodput: error: {data}:2: is not JSON"), child.stderr
+    assert "Traceback" not in child.stderr
+
+
+def test_bad_generation_kwargs_name_the_task_not_an_option():
+    from goodput.errors import GoodputError
+
+    where = "lm-eval task t, document 0, request 0"
+    for kwargs, says in [
+        ({"do_sample": True, "temperature": -1.0, "until": ["x"]}, "temperature -1.0 is not"),
+        ({"do_sample": True, "temperature": "hot", "until": ["x"]}, "ValueError"),
+        ({"do_sample": True, "temperature": 1.0, "top_p": 2.0, "until": ["x"]}, "top_p 2.0"),
+        ({"max_gen_toks": "many", "until": ["x"]}, "ValueError"),
+    ]:
+        with pytest.raises(GoodputError) as caught:
+            lm_eval_model.generation_settings(kwargs, where)
+        assert caught.value.where == f"{where}: generation_kwargs" and caught.value.code == 2
+        assert says in caught.value.what
+    until, max_new, sampling = lm_eval_model.generation_settings(
+        {"do_sample": True, "temperature": 1e-300, "until": ["x"], "max_gen_toks": 3}, where
+    )
+    assert (until, max_new, sampling.temperature) == (["x"], 3, 1e-300)

@@ -364,7 +364,7 @@ def test_profiles_ship_with_the_package():
         ('name = "x"\n', "a profile has no 'name' key"),
         ('env = ["NO_EQUALS"]\n', "is not NAME=VALUE"),
         ('mpiexec = "openmpi"\n', "is not allowed"),
-        ("ppn = 0\n", r"'ppn' = 0 is out of range; use a value in \[1, 1024\]"),
+        ("ppn = 0\n", r"'ppn' = 0 is not in \[1, 1024\]"),
         ("cores = 4\n", "unknown key 'cores'"),
     ],
 )

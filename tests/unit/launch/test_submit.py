@@ -421,6 +421,7 @@ def test_submit_queues_job_1_and_prints_its_id(monkeypatch, tmp_path, capsys, st
     # Job 1 of a new chain, with no jobs before it: the other chain's never count in this one.
     assert _events(log) == [["qsub", "-v", "GOODPUT_CHAIN_JOB", script, "1", None]]
 
+    (tmp_path / "run" / "run.json").write_text("{}")  # what the trainer wrote first
     (tmp_path / "run" / "done").touch()
     assert cli.main(argv) == 2  # a finished run is not started again
     assert "done: exists: this run is complete" in capsys.readouterr().err

@@ -125,8 +125,14 @@ def test_the_text_names_the_configured_interval_against_the_optimum(capsys):
         (["--survival", "1"], "--survival: 1 is not a probability below 1"),
         (["--walltime-h", "1e8"], "failures expected in one walltime: more than 1e+06"),
         (["--nodes", "1000000"], "--nodes: 1000000 nodes is beyond any machine"),
-        (["--restart-s", "-1"], "argument --restart-s: -1 is not a finite number >= 0"),
-        (["--save-stall-s", "nan"], "argument --save-stall-s: nan is not a finite number > 0"),
+        (["--restart-s", "-1"], "argument --restart-s: -1 is not in [0, 315360000]"),
+        (["--save-stall-s", "nan"], "argument --save-stall-s: nan is not in (0, 315360000]"),
+        # Values the options admit, for which the model has no finite answer:
+        (["--step-s", "1e-320"], "--step-s: a step of 9.99989e-321 s makes the optimal interval"),
+        (["--step-s", "1e-12"], "more than 1,099,511,627,776 steps, beyond any run"),
+        (["--node-mtbf-days", "1e-320", "--walltime-h", "1e-300"], "--node-mtbf-days: "),
+        (["--node-mtbf-days", "1e-9", "--walltime-h", "1e-9"], "more than 1e+06 failures a day"),
+        (["--save-stall-s", "5e-324"], "--save-stall-s: 4.94066e-324 s is below 1e-06 s"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, extra, message):

@@ -6,9 +6,12 @@ import json
 
 import pytest
 
+from goodput import rundir
+from goodput.cli import main
 from goodput.errors import GoodputError
 from goodput.launch.history import Evidence
 from goodput.report.accounting import CAUSES, account
+from goodput.report.html import render_html
 from goodput.report.run_files import read_run
 from goodput.testing.run_dirs import TOKENS_PER_STEP, Attempt, write_run
 
@@ -122,7 +125,7 @@ def test_a_live_attempt_runs_to_now(tmp_path):
         ('{"step": 1, "time": 1, "step_time_s": "1"}', "'step_time_s'"),
         ('{"step": 1, "time": 1, "step_time_s": NaN}', "not a JSON line"),
         ("[1, 2]", "not a JSON object"),
-        ("x" * 70_000, "longer than"),
+        ("x" * (rundir.MAX_LINE_BYTES + 1), "longer than"),
     ],
 )
 def test_a_damaged_metrics_line_is_one_error_naming_it(tmp_path, line, message):
@@ -152,3 +155,130 @@ def test_run_json_naming_a_damaged_blend_is_one_error(tmp_path):
     (blend / "blend.json").unlink()
     with pytest.raises(GoodputError, match="lr-find"):
         read_run(tmp_path / "run")
+
+
+def _invariants_hold(acc):
+    """Every figure finite, none negative, goodput in [0, 1], the causes adding up."""
+    json.dumps(acc.as_json(), allow_nan=False)
+    assert 0 <= acc.goodput <= 1 and 0 <= acc.token_goodput <= 1
+    assert acc.productive_s >= 0 and min(acc.badput_s.values()) >= 0
+    assert acc.productive_s + sum(acc.badput_s.values()) == pytest.approx(acc.wall_s, abs=1e-6)
+
+
+def _keep_attempt_lines(run_dir, *numbers):
+    lines = (run_dir / "attempts.jsonl").read_text().splitlines(keepends=True)
+    (run_dir / "attempts.jsonl").write_text("".join(lines[n - 1] for n in numbers))
+
+
+def test_a_run_trained_by_hand_then_launched_is_one_timeline(tmp_path):
+    """`goodput train` by hand for steps 1-5, then `goodput launch --run-dir` on the same folder:
+    the hand process has no attempt record, and its steps still lie inside the wall time (the
+    report said 550 % when they did not)."""
+    by_hand = Attempt(start=T0, startup_s=5, steps=range(1, 6))
+    launched = Attempt(start=T0 + 30, startup_s=4, checkpoint_load_s=1, steps=range(6, 11),
+                       tail_s=2)  # fmt: skip
+    write_run(tmp_path, [by_hand, launched], checkpoints=[5, 10], done=True)
+    _keep_attempt_lines(tmp_path, 2)  # the hand process wrote no record
+    acc = account(read_run(tmp_path))
+    assert (acc.start, acc.end, acc.wall_s) == (T0, T0 + 41, 41)
+    assert acc.productive_s == pytest.approx(10) and acc.goodput == pytest.approx(10 / 41)
+    assert {cause: s for cause, s in acc.badput_s.items() if s} == pytest.approx(
+        {"startup": 5 + 3, "checkpoint_load": 1, "queue": 20, "shutdown": 2}
+    )
+    assert [(a.class_, a.first_step, a.last_step) for a in acc.attempts] == [
+        ("unrecorded", 1, 5),
+        ("success", 6, 10),
+    ]
+    assert acc.ignored == [] and acc.tokens_ideal == pytest.approx(41 * TOKENS_PER_STEP)
+    _invariants_hold(acc)
+
+
+def test_a_hand_process_that_ended_just_before_a_launch_keeps_its_steps(tmp_path):
+    """Its last steps end within the clocks' slack of the launched attempt's start: they are
+    still the hand process's, not the attempt's (which would cut them to nothing)."""
+    by_hand = Attempt(start=T0, startup_s=5, steps=range(1, 6), tail_s=0.2)
+    launched = Attempt(start=by_hand.end() + 0.1, startup_s=4, steps=range(6, 11), tail_s=2)
+    write_run(tmp_path, [by_hand, launched], checkpoints=[5, 10], done=True)
+    _keep_attempt_lines(tmp_path, 2)
+    acc = account(read_run(tmp_path))
+    assert [(a.class_, a.first_step, a.last_step) for a in acc.attempts] == [
+        ("unrecorded", 1, 5),
+        ("success", 6, 10),
+    ]
+    assert acc.productive_s == pytest.approx(10) and acc.ignored == []
+    _invariants_hold(acc)
+
+
+def test_a_hand_process_between_launched_attempts_and_after_them(tmp_path):
+    attempts = [
+        Attempt(start=T0, startup_s=2, steps=range(1, 4), tail_s=1, job="1"),
+        Attempt(start=T0 + 10, startup_s=2, steps=range(4, 7)),  # by hand
+        Attempt(start=T0 + 20, startup_s=2, steps=range(7, 9), tail_s=1, job="1"),
+        Attempt(start=T0 + 30, startup_s=2, steps=range(9, 11)),  # by hand, going on
+    ]
+    write_run(tmp_path, attempts, checkpoints=[10], done=False)
+    _keep_attempt_lines(tmp_path, 1, 3)
+    acc = account(read_run(tmp_path), now=T0 + 40)
+    assert [a.class_ for a in acc.attempts] == ["success", "unrecorded", "success", "running"]
+    assert acc.wall_s == 40 and acc.productive_s == pytest.approx(10)
+    # The hand processes stand between the two records of job 1: queue, not backoff.
+    assert acc.badput_s["queue"] == pytest.approx(4 + 5 + 5)
+    assert acc.badput_s["backoff"] == 0 and acc.badput_s["shutdown"] == pytest.approx(2 + 6)
+    _invariants_hold(acc)
+
+
+def test_records_that_break_the_timeline_are_named_and_left_out(tmp_path, capsys, monkeypatch):
+    lines = [
+        {"step": 1, "time": T0 + 10, "step_time_s": 1, "startup_s": 5},
+        {"step": 2, "time": T0 + 11, "step_time_s": 1},
+        {"step": 3, "time": T0 + 12, "step_time_s": 5},  # overlaps step 2 by 4 s
+        {"step": 3, "time": T0 + 12.5, "step_time_s": 1},
+        {"step": 4, "time": T0 + 2, "step_time_s": 1},  # the clock went back
+        {"step": 4, "time": T0 + 13.5, "step_time_s": 1e300},  # absurd
+        {"step": 4, "time": T0 + 13.3, "step_time_s": 0.1, "data_time_s": 4000.0},
+        {"step": 5, "time": T0 + 14.4, "step_time_s": 1, "data_time_s": 0.25},
+    ]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (tmp_path / "done").write_text("")
+    acc = account(read_run(tmp_path))
+    assert [(i.file, i.line) for i in acc.ignored] == [(str(metrics), n) for n in (3, 5, 6)]
+    assert "overlaps step 2 (line 2) by 4.000 s" in acc.ignored[0].why
+    assert "clock went back" in acc.ignored[1].why and "step_time_s 1e+300" in acc.ignored[2].why
+    # Process start T0 + 4; steps of lines 1, 2, 4, 7 (its data wait cut to its 0.1 s) and 8.
+    assert (acc.start, acc.wall_s) == (T0 + 4, pytest.approx(10.4))
+    assert acc.productive_s == pytest.approx(1 + 1 + 1 + 0 + 0.75)
+    assert acc.badput_s["data"] == pytest.approx(0.1 + 0.25)
+    assert acc.badput_s["startup"] == 5 and acc.badput_s["other"] == pytest.approx(0.5 + 0.7 + 0.1)
+    _invariants_hold(acc)
+    assert main(["report", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ignored_total"] == 3
+    assert report["ignored"][0] == {"file": str(metrics), "line": 3, "why": acc.ignored[0].why}
+    monkeypatch.setenv("COLUMNS", "300")  # rich: no line folded
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "3 record(s) left out" in out and f"  {metrics}:5: step 4 ends at " in out
+    assert f"{metrics}:6: step 4: step_time_s" in render_html(read_run(tmp_path), acc)
+
+
+def test_attempt_records_that_overlap_are_named_and_left_out(tmp_path):
+    first = Attempt(start=T0, startup_s=2, steps=range(1, 5), tail_s=1, job="1", wait_s=1)
+    again = Attempt(start=T0 + 3, startup_s=1, steps=range(1, 3), job="1")  # starts inside
+    write_run(tmp_path, [first, again], done=True)
+    acc = account(read_run(tmp_path))
+    attempts = str(tmp_path / "attempts.jsonl")
+    assert [(i.file, i.line) for i in acc.ignored][0] == (attempts, 2)
+    assert "before the attempt of line 1 ended" in acc.ignored[0].why
+    assert len(acc.attempts) == 1 and acc.wall_s == 7
+    _invariants_hold(acc)
+
+
+def test_a_step_reaching_before_its_attempt_is_left_out(tmp_path):
+    write_run(tmp_path, [Attempt(start=T0, startup_s=2, steps=range(1, 4), tail_s=1)], done=True)
+    with open(tmp_path / "metrics.jsonl", "a") as metrics:
+        metrics.write(json.dumps({"step": 4, "time": T0 + 5.5, "step_time_s": 4000.0}) + "\n")
+    acc = account(read_run(tmp_path))
+    assert [i.line for i in acc.ignored] == [4] and "step 4 overlaps step 3" in acc.ignored[0].why
+    assert acc.goodput == pytest.approx(3 / 6)
+    _invariants_hold(acc)

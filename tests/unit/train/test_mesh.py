@@ -138,8 +138,20 @@ def test_replicas_of_sharded_groups_train_like_one_process():
         (["parallel.pp=8"], "8 pipeline stages for 4 layers"),
         (["parallel.pp=2", "parallel.pp_layers_per_stage=[1, 2]"], "sums to 3 layers"),
         (["parallel.pp=2", "parallel.pp_layers_per_stage=[4]"], "lists 1 stages, but pp 2"),
-        (["parallel.pp_schedule=interleaved_1f1b", "parallel.pp_stages_per_rank=1"], ">= 2"),
-        (["parallel.pp_stages_per_rank=2"], "needs pp_schedule 'interleaved_1f1b'"),
+        (
+            [
+                "parallel.pp=2",
+                "parallel.pp_schedule=interleaved_1f1b",
+                "parallel.pp_stages_per_rank=1",
+            ],
+            ">= 2",
+        ),
+        (
+            ["parallel.pp=2", "parallel.pp_stages_per_rank=2"],
+            "needs pp_schedule 'interleaved_1f1b'",
+        ),
+        # Without a pipeline the pipeline's keys do nothing: refused as such, naming the key.
+        (["parallel.pp_stages_per_rank=2"], "'parallel.pp_stages_per_rank' is set but has no"),
         (["parallel.tp=2", "parallel.compile=true"], "compile = true with tp = 2"),
     ],
 )

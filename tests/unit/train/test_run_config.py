@@ -62,12 +62,12 @@ def test_a_batch_that_does_not_divide_names_the_numbers_and_a_value_that_works()
     ("override", "message"),
     [
         ("train.tokens_per_step=1000", "tokens_per_step 1000 is not a multiple of seq_len 128"),
-        ("train.micro_batch_size=0", "'train.micro_batch_size' = 0 is out of range"),
-        ("model.dim=-128", "'model.dim' = -128 is out of range; use a value in [1, 1048576]"),
-        ("model.num_layers=0", "'model.num_layers' = 0 is out of range"),
+        ("train.micro_batch_size=0", "'train.micro_batch_size' = 0 is not in"),
+        ("model.dim=-128", "'model.dim' = -128 is not in [1, 1048576]"),
+        ("model.num_layers=0", "'model.num_layers' = 0 is not in"),
         ("model.vocab_size=nan", "'model.vocab_size' must be int, got nan"),
-        ("schedule.lr=nan", "'schedule.lr' = nan is out of range; use a value in (0, 2**53]"),
-        ("schedule.lr=-3e-4", "'schedule.lr' = -0.0003 is out of range"),
+        ("schedule.lr=nan", "'schedule.lr' = nan is not in (0, 2**53]"),
+        ("schedule.lr=-3e-4", "'schedule.lr' = -0.0003 is not in"),
         ("train.seq_len=512", "seq_len 512 exceeds model.max_seq_len 256"),
         ("train.stesp=5", "unknown key 'train.stesp'"),
         ("model.num_heads=3", "dim 128 is not divisible by num_heads 3"),
@@ -123,14 +123,14 @@ def test_every_number_of_the_run_config_refuses_nan_and_negatives(key, hint):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("model.ffn_dim=9007199254740993", "'model.ffn_dim' = 9007199254740993 is out of"),
-        ("model.vocab_size=100000000", "use a value in [1, 16777216]"),
-        ("model.norm_eps=inf", "'model.norm_eps' = inf is out of range"),
-        ("model.moe.top_k=0", "'model.moe.top_k' = 0 is out of range"),
-        ("optim.betas=[0.9, 1.0]", "'optim.betas[1]' = 1.0 is out of range; use a value in [0, 1)"),
+        ("model.ffn_dim=9007199254740993", "'model.ffn_dim' = 9007199254740993 is not in"),
+        ("model.vocab_size=100000000", "is not in [1, 16777216]"),
+        ("model.norm_eps=inf", "'model.norm_eps' = inf is not in"),
+        ("model.moe.top_k=0", "'model.moe.top_k' = 0 is not in"),
+        ("optim.betas=[0.9, 1.0]", "'optim.betas[1]' = 1.0 is not in [0, 1)"),
         ("optim.betas=[0.9]", "'optim.betas' must be a list of 2"),
-        ("schedule.min_lr_ratio=1.5", "'schedule.min_lr_ratio' = 1.5 is out of range"),
-        ("checkpoint.keep_last=0", "'checkpoint.keep_last' = 0 is out of range"),
+        ("schedule.min_lr_ratio=1.5", "'schedule.min_lr_ratio' = 1.5 is not in"),
+        ("checkpoint.keep_last=0", "'checkpoint.keep_last' = 0 is not in"),
         ("checkpoint.resume=''", "'checkpoint.resume' is empty"),
         ("data.cache=' '", "'data.cache' is empty"),
         ("train.steps=true", "'train.steps' must be int, got True"),
@@ -146,7 +146,7 @@ def test_out_of_range_values_name_their_key(override, message):
 def test_inf_turns_clipping_off_and_nothing_else():
     cfg = load_config(RunConfig, CONFIGS / "tiny-cpu.toml", ["train.max_grad_norm=inf"])
     assert cfg.train.max_grad_norm == float("inf")
-    with pytest.raises(GoodputError, match="'train.max_grad_norm' = -inf is out of range"):
+    with pytest.raises(GoodputError, match="'train.max_grad_norm' = -inf is not in"):
         load_config(RunConfig, CONFIGS / "tiny-cpu.toml", ["train.max_grad_norm=-inf"])
 
 
@@ -186,8 +186,10 @@ def test_a_run_directory_is_new_empty_a_run_or_holds_only_launcher_files(tmp_pat
         require_run_dir(tmp_path)
     (tmp_path / "run.json").write_text("{}")
     require_run_dir(tmp_path)  # a goodput run directory: resumed or extended
-    with pytest.raises(GoodputError, match="is a file, not a folder"):
+    with pytest.raises(GoodputError, match="is a file where a folder should be"):
         require_run_dir(tmp_path / "run.json")
+    with pytest.raises(GoodputError, match="lies in the run directory"):
+        require_run_dir(tmp_path / "nested")  # a run inside a run would mix their files
 
 
 def test_a_missing_table_is_named(tmp_path):
