@@ -1,5 +1,6 @@
 """The smoke gate in CI: the demo config, on the data the demo builds from the embedded corpus,
-reproduces its committed baseline (configs/baselines/tiny-cpu.smoke.json) bit for bit. It fails
+reproduces its committed baseline (configs/baselines/tiny-cpu.smoke.json): bit for bit on the
+baseline's CPU model, within the gate's stated tolerance on another. It fails
 after a dependency upgrade that changes the numbers; refreshing the baseline is then a
 deliberate commit (docs/diagnose.md)."""
 
@@ -10,9 +11,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from goodput.demo import TRAIN_CONFIG, build_shards
 from goodput.testing.jobs import REPO, outside_any_job
+from goodput.train.device import device_name
 
 BASELINE = REPO / "configs" / "baselines" / "tiny-cpu.smoke.json"
 
@@ -42,6 +45,9 @@ def test_the_demo_config_reproduces_its_committed_baseline(tmp_path):
         timeout=840,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    # Bit for bit on the CPU model the baseline was recorded on; MKL's kernels differ on others.
+    recorded_on = json.loads(BASELINE.read_text())["environment"]["device_name"]
+    exact = "bit for bit" if device_name(torch.device("cpu")) == recorded_on else "within 0.1%"
     assert result.stdout.splitlines()[-1].startswith(
-        f"smoke: OK: {num_steps} steps match {BASELINE} (loss and grad_norm bit for bit"
+        f"smoke: OK: {num_steps} steps match {BASELINE} (loss and grad_norm {exact}"
     )
