@@ -26,13 +26,12 @@ import contextlib
 import glob
 import json
 import os
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from goodput.errors import GoodputError
-from goodput.io import SMALL_FILE_BYTES, open_regular
+from goodput.io import SMALL_FILE_BYTES, open_regular, require_regular
 
 MAX_CHECKED_LINE_BYTES = 64 << 20  # a longer line ends the search for the bad one
 MAX_CAUSES = 16  # how deep a chain of causes is followed
@@ -113,13 +112,11 @@ def local_data_files(config: Any) -> list[Path]:
         paths += [Path(match) for match in matches]
     for path in paths:
         try:
-            mode = path.stat().st_mode
-        except OSError as error:
+            require_regular(path)
+        except GoodputError as error:
             raise GoodputError(
-                path, f"{error.strerror} (data of {_task(config)})", DATA_FIX
+                error.where, f"{error.what} (data of {_task(config)})", DATA_FIX
             ) from None
-        if not stat.S_ISREG(mode):
-            raise GoodputError(path, f"is not a regular file (data of {_task(config)})", DATA_FIX)
     return paths
 
 

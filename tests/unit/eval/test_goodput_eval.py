@@ -465,7 +465,7 @@ def test_hostile_task_data_is_one_line_naming_the_file(run, capsys, tmp_path, ca
     errors = [line for line in err.splitlines() if line.startswith("goodput: error: ")]
     assert found == 1 and out == ""
     assert len(errors) == 1 and err.splitlines()[-1] == errors[0], err
-    says = "is not a regular file" if case == "fifo" else HOSTILE_DATA[case][1]
+    says = "is a FIFO (named pipe), not a regular file" if case == "fifo" else HOSTILE_DATA[case][1]
     assert says in errors[0]
     if case == "wrong-fields":  # the templates fail, not the file: the task file is named
         assert str(task) in errors[0]
