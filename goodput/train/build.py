@@ -6,11 +6,11 @@ tells the other ranks; an error there reaches every rank, so no rank waits out t
 timeout. With ``[checkpoint] local_dir`` each host then reads its node-local copy of
 that checkpoint instead, once the copy's checksums match (``checkpoint.local_copy``).
 
-The model is built whole on every rank from the same seed and laid out by ``parallelize``. When
-a checkpoint was found to resume from, it is built on the meta device instead and only
-allocated: the load overwrites every parameter, so the random init would be wasted (about a
-second per 100M parameters on a CPU). Should every checkpoint found be refused after all, the
-fresh init is copied in whole, the same values a fresh build draws.
+The model is built on the meta device, laid out by ``parallelize`` (or cut into pipeline
+stages) and only then allocated: each rank allocates and initialises its own shards
+(``goodput.train.init``), whose values do not depend on the layout. When a checkpoint was found
+to resume from, the init is skipped: the load overwrites every parameter. Should every
+checkpoint found be refused after all, the init runs then, the values a fresh build draws.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from goodput import __version__, rundir
 from goodput.checkpoint.config import CheckpointConfig
@@ -52,6 +51,7 @@ from goodput.outputs import RUN_DIR, check_output_dir
 from goodput.rundir import checkpoints_dir
 from goodput.train.config import BatchPlan, RunConfig
 from goodput.train.grad_tally import GradientTally
+from goodput.train.init import initialize_model
 from goodput.train.mesh import ParallelMesh
 from goodput.train.model import Transformer
 from goodput.train.optim import Optimizers
@@ -148,7 +148,7 @@ def resume(
     chosen = choice.finish()
     if chosen is None:
         if choice.found:  # the model was built empty for a checkpoint that was then refused
-            init_like_fresh(parts, cfg, device)
+            initialize_model(parts, cfg.model, cfg.train.seed)
         return None
     directory, copies = chosen
     saved, train_state = read_checkpoint(directory)
@@ -269,23 +269,29 @@ def build_model(
     tally: GradientTally | None = None,
 ) -> nn.Module | Pipeline:
     """The model on ``device``, laid out on ``mesh`` — this rank's pipeline stages and their
-    schedule when ``pp`` > 1; ``empty``: allocated, not initialised (every parameter is about
-    to be loaded). ``tally``: where FSDP's reduce-scatters add up each rank's own gradient."""
+    schedule when ``pp`` > 1. Built on the meta device and laid out there, so that only this
+    rank's shards are ever allocated; then initialised shard by shard (``goodput.train.init``),
+    or, ``empty``, left for a load that fills every parameter. ``tally``: where FSDP's
+    reduce-scatters add up each rank's own gradient."""
     if mesh.degrees.pp > 1:
         microbatches = pipeline_microbatches(
             cfg.parallel, plan.local_batch_size, default=plan.grad_accumulation
         )
-        return build_pipeline(
-            cfg.model, cfg.parallel, mesh, device, num_microbatches=microbatches, empty=empty
+        pipeline = build_pipeline(
+            cfg.model, cfg.parallel, mesh, device, num_microbatches=microbatches
         )
-    with torch.device("meta" if empty else device):
+        if not empty:
+            initialize_model(pipeline.parts, cfg.model, cfg.train.seed)
+        return pipeline
+    with torch.device("meta"):
         transformer = Transformer(cfg.model)
     # In place: the same module.
     model = parallelize(
         transformer, cfg.parallel, mesh, context=context_layout(cfg, mesh), tally=tally
     )
-    if empty:
-        transformer.allocate(device)
+    transformer.allocate(device)
+    if not empty:
+        initialize_model([transformer], cfg.model, cfg.train.seed)
     return model
 
 
@@ -315,18 +321,6 @@ def micro_batches_of(
             strict=True,
         )
     )
-
-
-def init_like_fresh(parts: list[nn.Module], cfg: RunConfig, device: torch.device) -> None:
-    """Give empty-built model ``parts`` the values a fresh build gives them: drawn from the
-    same seed by a whole model, then copied in (sharded where the parts are)."""
-    torch.manual_seed(cfg.train.seed)
-    with torch.device(device):
-        fresh = Transformer(cfg.model).state_dict()
-    options = StateDictOptions(full_state_dict=True)
-    for part in parts:
-        own = {name: fresh[name] for name in part.state_dict()}
-        set_model_state_dict(part, own, options=options)
 
 
 def write_run_record(

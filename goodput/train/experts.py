@@ -100,7 +100,7 @@ def shard_experts(model: nn.Module, ep_mesh: DeviceMesh) -> None:
         if isinstance(experts, GroupedExperts):
             for name in ("w1", "w3", "w2"):
                 full = getattr(experts, name)
-                split = distribute_tensor(full.data, ep_mesh, [Shard(0)])
+                split = distribute_tensor(full.data, ep_mesh, [Shard(0)], src_data_rank=None)
                 setattr(experts, name, nn.Parameter(split, requires_grad=full.requires_grad))
             experts.expert_group = ep_mesh.get_group()
 

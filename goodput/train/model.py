@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from goodput.train.experts import GroupedExperts
+from goodput.train.init import initialize_model
 from goodput.train.model_config import ModelConfig, MoEConfig
 from goodput.train.ring_attention import ContextLayout, ring_attention
 
@@ -269,6 +270,11 @@ class MoE(nn.Module):
         self.shared = SwiGLU(dim, cfg.expert_ffn_dim) if cfg.shared_expert else None
         self.register_buffer("selection_bias", torch.zeros(cfg.num_experts), persistent=True)
         self.register_buffer("tokens_per_expert", torch.zeros(cfg.num_experts), persistent=False)
+
+    def init_buffers(self) -> None:
+        """Start balanced: no selection bias, no tokens counted (a resume then loads the bias)."""
+        self.selection_bias.zero_()
+        self.tokens_per_expert.zero_()
         self.aux_loss = torch.zeros(())
         self.num_dropped = torch.zeros((), dtype=torch.int64)
 
@@ -358,6 +364,8 @@ class Transformer(nn.Module):
         for block in self.blocks.values():
             assert isinstance(block.attention, Attention)
             block.attention.init_buffers()
+        for moe in self.moe_layers():
+            moe.init_buffers()
 
     def allocate(self, device: torch.device) -> None:
         """Allocate a model built on the meta device, uninitialised, on ``device``: for a load
@@ -368,15 +376,15 @@ class Transformer(nn.Module):
             self.output.weight = self.embedding.weight
         self.init_buffers()
 
-    def reset_parameters(self) -> None:
-        std, depth_std = self.cfg.init_std, self.cfg.init_std / math.sqrt(2 * self.cfg.num_layers)
-        for name, parameter in self.named_parameters():
-            if name.endswith("norm.weight"):
-                nn.init.ones_(parameter)
-            elif name.endswith(("wo.weight", "w2.weight", "experts.w2")):
-                nn.init.normal_(parameter, std=depth_std)
-            else:
-                nn.init.normal_(parameter, std=std)
+    def reset_parameters(self, seed: int | None = None) -> None:
+        """Draw the init (``goodput.train.init``) into this whole model, allocated: from
+        ``seed``, or from one drawn from torch's global generator when built alone, so
+        ``torch.manual_seed`` still decides it. Built on the meta device: nothing to draw."""
+        if next(self.parameters()).is_meta:
+            return
+        if seed is None:
+            seed = int(torch.randint(2**62, (), device="cpu").item())
+        initialize_model([self], self.cfg, seed)
 
     def kv_cache(self, *, batch_size: int, capacity: int) -> KVCache:
         """An empty KV cache for this model's blocks, on the device and in the dtype of its

@@ -204,10 +204,10 @@ def build_pipeline(
     device: torch.device,
     *,
     num_microbatches: int,
-    empty: bool,
 ) -> Pipeline:
-    """Collective: this rank's stages, parallelized, and their schedule."""
-    with torch.device("meta" if empty else device):
+    """Collective: this rank's stages, parallelized and allocated on ``device`` but not
+    initialised (``goodput.train.init`` fills them), and their schedule."""
+    with torch.device("meta"):
         whole = Transformer(model_cfg)
     counts = layers_per_stage(cfg, model_cfg.num_layers)
     starts = [sum(counts[:stage]) for stage in range(len(counts))]
@@ -217,8 +217,7 @@ def build_pipeline(
         layers = range(starts[stage], starts[stage] + counts[stage])
         part = cut_stage(whole, layers, last=stage == cfg.num_stages - 1)
         parallelize(part, cfg, mesh)
-        if empty:
-            part.allocate(device)
+        part.allocate(device)
         parts.append(part)
     stages = [
         PipelineStage(part, stage, cfg.num_stages, device, group=mesh.pp_group)

@@ -10,8 +10,9 @@ from torch.distributed.tensor import DTensor
 
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import tiny_run_config
-from goodput.train.build import build_model, init_like_fresh
+from goodput.train.build import build_model
 from goodput.train.config import plan_batches
+from goodput.train.init import initialize_model
 from goodput.train.mesh import build_mesh
 
 
@@ -26,7 +27,6 @@ def build_empty_then_fresh(rank, world_size, cfg):
     device = torch.device("cpu")
     mesh = build_mesh(cfg.parallel, device, ranks_per_host=world_size)
     plan = plan_batches(cfg.train, mesh.dp_size)
-    torch.manual_seed(cfg.train.seed)
     fresh = build_model(cfg, device, mesh, plan, empty=False)
     empty = build_model(cfg, device, mesh, plan, empty=True)
     allocated = all(p.device == device for p in [*empty.parameters(), *empty.buffers()])
@@ -34,7 +34,7 @@ def build_empty_then_fresh(rank, world_size, cfg):
     same_buffers = tied and torch.equal(
         empty.blocks["0"].attention.inv_freq, fresh.blocks["0"].attention.inv_freq
     )
-    init_like_fresh([empty], cfg, device)
+    initialize_model([empty], cfg.model, cfg.train.seed)
     fresh_state, filled_state = full_state(fresh), full_state(empty)
     same = fresh_state.keys() == filled_state.keys() and all(
         torch.equal(fresh_state[name], filled_state[name]) for name in fresh_state
