@@ -2,8 +2,9 @@
 
 ``python -m benchmarks NAME ...`` runs only the named ones (``tokenize``, ``blend``, ``train``,
 ``checkpoint``, ``launch``, ``chaos``, ``layouts``, ``ring``, ``moe``, ``optim``, ``eval``,
-``report``); no names: all. Figures are printed and also written to ``bench-out/results.json``
-for the README; a run of some benchmarks replaces only their entries there, keeping the others'.
+``report``, ``init``); no names: all. Figures are printed and also written to
+``bench-out/results.json`` for the README; a run of some benchmarks replaces only their entries
+there, keeping the others'.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from benchmarks import (
     bench_chaos,
     bench_checkpoint,
     bench_eval,
+    bench_init,
     bench_launch,
     bench_layouts,
     bench_moe,
@@ -45,6 +47,7 @@ BENCHMARKS: dict[str, Callable[[], Any]] = {
     "optim": bench_optim.main,
     "eval": bench_eval.main,
     "report": bench_report.main,
+    "init": bench_init.main,
 }
 RESULTS = Path("bench-out/results.json")
 

@@ -118,7 +118,7 @@ def _compare(step: Path, hf: Path, task_file: Path) -> dict[str, Any]:
 
     from goodput.eval.lm_eval_model import GoodputLM
 
-    ours = GoodputLM.from_checkpoint(step, torch.device("cpu"), batch_size=BATCH_SIZE)
+    ours = GoodputLM.from_checkpoint(step, None, batch_size=BATCH_SIZE)
     eod_id = ours.tokenizer.eod_id
     with contextlib.redirect_stderr(io.StringIO()):
         theirs = HFLM(

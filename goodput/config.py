@@ -11,7 +11,9 @@ Every number is checked here, at parse time, naming its key: it must be finite a
 field(metadata=limits(at_least=1, at_most=2**17))``; ``inf_ok`` for a field where inf means "no
 limit"). A text field never holds a NUL byte, and one marked ``NON_EMPTY`` is never blank. That
 is the one way a config states a range; cross-field checks belong in each class's
-``__post_init__``, raising ``GoodputError``. A key that cannot take effect under its table's
+``__post_init__``, raising ``GoodputError``. A missing required key is named with the override
+that adds it (``[data] file_list is not set; add data.file_list=PATH ...``: ``example(...)``
+metadata says what its value is). A key that cannot take effect under its table's
 other values is refused, naming what would enable it (``refuse_inert_keys``). ``to_toml`` writes a
 built config back out (the run directory's resolved config); ``None`` fields are left out, so
 they must default to ``None``.
@@ -187,18 +189,13 @@ def from_table(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") 
             f"valid keys{' in [' + prefix.rstrip('.') + ']' if prefix else ''}: "
             + ", ".join(sorted(fields)),
         )
+    raw = _refuse_missing(fields, hints, raw, where, prefix)
     kwargs = {
         name: _coerce(hints[name], value, where, f"{prefix}{name}", fields[name].metadata)
         for name, value in raw.items()
     }
     try:
         config = cls(**kwargs)
-    except TypeError as exc:  # a required field is missing
-        raise GoodputError.usage(
-            where,
-            f"[{prefix.rstrip('.') or 'top level'}] {exc}",
-            "add the missing key",
-        ) from None
     except GoodputError as exc:
         if not exc.where.startswith("["):
             raise
@@ -206,6 +203,39 @@ def from_table(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") 
         raise GoodputError(f"{where} {exc.where}", exc.what, exc.fix, code=exc.code) from None
     refuse_inert_keys(config, raw, where, prefix)
     return config
+
+
+def _refuse_missing(
+    fields: Mapping[str, dataclasses.Field[Any]],
+    hints: Mapping[str, Any],
+    raw: dict[str, Any],
+    where: str,
+    prefix: str,
+) -> dict[str, Any]:
+    """``raw`` with each required table it lacks as an empty one, which is then refused for its
+    own first required key (``[data] file_list is not set``, not that ``[data]`` is); a missing
+    required value is refused here, naming the override that adds it (the field's
+    ``example(...)`` metadata says what its value is)."""
+    for name, field in fields.items():
+        if name in raw or not _required(field):
+            continue
+        if dataclasses.is_dataclass(hints[name]):
+            raw = {**raw, name: {}}
+            continue
+        key = f"[{prefix.rstrip('.')}] {name}" if prefix else f"'{name}'"
+        fix = f"add {prefix}{name}={field.metadata.get('example', 'VALUE')}"
+        raise GoodputError.usage(where, f"{key} is not set", fix)
+    return raw
+
+
+def _required(field: dataclasses.Field[Any]) -> bool:
+    return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+
+
+def example(value: str) -> dict[str, str]:
+    """Field metadata: what the key's value is, for the error that names it missing
+    (``add data.file_list=PATH (...)``)."""
+    return {"example": value}
 
 
 def refuse_inert_keys(config: Any, raw: Mapping[str, Any], where: str, prefix: str = "") -> None:

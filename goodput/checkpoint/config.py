@@ -18,6 +18,9 @@ class CheckpointConfig:
     interval_minutes: float = 0.0  # save when this much wall time has passed; 0: not by time
     # complete checkpoints kept; older ones are pruned after a new one completes
     keep_last: int = field(default=3, metadata=limits(at_least=1))
+    # Milestones: complete checkpoints whose step is a multiple of this are kept beyond
+    # keep_last (for a study that needs them later); 0: none.
+    keep_every_steps: int = field(default=0, metadata=limits(at_least=0, at_most=2**40))
     async_save: bool = True  # the step only waits for the snapshot to host memory
     # ranks writing at the same moment, in waves
     max_concurrent_writers: int = field(default=64, metadata=limits(at_least=1))

@@ -185,6 +185,14 @@ def load_checkpoint(
         set_rng_state(read_json(rank_file), device, rank_file)
 
 
+def load_model_weights(directory: Path, parts: list[nn.Module]) -> None:
+    """Load only the model tensors of ``directory`` into this rank's ``parts`` (sharded or not,
+    each tensor cast to its part's dtype): for inference. No optimizer, RNG or loader state is
+    read."""
+    source = directory / TRAIN_STATE
+    load_into(parts, None, lambda state: load_tensors(state, directory), None, source)
+
+
 def read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the saved config, the train state) of a checkpoint directory, both checked as data."""
     path = directory / CONFIG

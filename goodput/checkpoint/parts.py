@@ -46,10 +46,14 @@ def _renames(part: nn.Module) -> dict[str, str]:
 
 
 def _part_states(
-    parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]
+    parts: list[nn.Module], optimizers: list[torch.optim.Optimizer] | None
 ) -> Iterator[tuple[dict[str, Any], dict[str, Any], dict[str, str]]]:
-    for part, optimizer in zip(parts, optimizers, strict=True):
-        model_state, optimizer_state = get_state_dict(part, optimizer)
+    """Each part's (model state, optimizer state, renames); None: no optimizers, the model's
+    state alone."""
+    for index, part in enumerate(parts):
+        model_state, optimizer_state = get_state_dict(
+            part, [] if optimizers is None else optimizers[index]
+        )
         yield model_state, optimizer_state, _renames(part)
 
 
@@ -75,14 +79,15 @@ def gather(
 
 def load_into(
     parts: list[nn.Module],
-    optimizers: list[torch.optim.Optimizer],
+    optimizers: list[torch.optim.Optimizer] | None,
     load: Any,
     saved_groups: list[dict[str, Any]] | None,
     source: Path,
 ) -> None:
-    """Fill ``parts`` (and, unless ``saved_groups`` is None, their optimizers) by calling
-    ``load(state)`` once on the merged request ``{"model": ..., "optim": ...}``, which fills its
-    tensors in place."""
+    """Fill ``parts`` (and, unless ``saved_groups`` is None, their optimizers: one per part, or
+    None for a model without any) by calling ``load(state)`` once on the merged request
+    ``{"model": ..., "optim": ...}``, which fills its tensors in place."""
+    assert optimizers is not None or saved_groups is None, "optimizer state needs optimizers"
     states = list(_part_states(parts, optimizers))
     request: dict[str, Any] = {"model": {}}
     for model_state, _, _ in states:
@@ -94,13 +99,14 @@ def load_into(
                 {renames.get(k, k): v for k, v in optimizer_state["state"].items()}
             )
     load(request)
-    for part, optimizer, (model_state, optimizer_state, renames) in zip(
-        parts, optimizers, states, strict=True
+    for index, (part, (model_state, optimizer_state, renames)) in enumerate(
+        zip(parts, states, strict=True)
     ):
         model_state = {name: request["model"][name] for name in model_state}
-        if saved_groups is None:
+        if saved_groups is None or optimizers is None:
             set_model_state_dict(part, model_state)
             continue
+        optimizer = optimizers[index]
         own_groups = optimizer_state["param_groups"]
         if len(own_groups) != len(saved_groups):
             raise GoodputError(

@@ -19,7 +19,8 @@ Atomicity: every rank writes its RNG file (fsync'd) before the flush; DCP writes
 data (fsync'd), each rank hashes the files it wrote (``checksums``) and hands the digests to rank
 0, and then rank 0 writes the ``.metadata`` — only after every rank reported its write done.
 Rank 0 then writes ``checksums.json``, ``.complete``, moves ``latest`` and prunes to
-``keep_last``, in that order. The hashing runs in the flush, so the step's stall is unchanged.
+``keep_last`` (keeping the milestones of ``keep_every_steps`` too), in that order. The hashing
+runs in the flush, so the step's stall is unchanged.
 A save that fails on any rank — its small files, DCP's data or the hashing — is reported in one
 line naming the checkpoint, the failing ranks and the reason: every rank's outcome is gathered
 and handed to all of them (DCP does it for the flush), so all ranks agree it failed. So is one
@@ -400,10 +401,10 @@ class Checkpointer:
             return
         write_text(self.root / LATEST, directory.name + "\n")
         checkpoints = list_checkpoints(self.root)
-        kept = {c.step for c in checkpoints if c.complete}
-        kept = set(sorted(kept)[-self.cfg.keep_last :])
+        kept = kept_steps([c.step for c in checkpoints if c.complete], self.cfg)
         for old in checkpoints:
-            # Older complete ones beyond keep_last, and leftovers of killed or failed attempts.
+            # Older complete ones neither among the last nor milestones, and leftovers of killed
+            # or failed attempts.
             if old.step < step and old.step not in kept:
                 shutil.rmtree(old.path, ignore_errors=True)
         print_line(f"checkpoint: {directory} complete")
@@ -419,6 +420,14 @@ class Checkpointer:
         if self.rank == 0:
             shutil.rmtree(directory, ignore_errors=True)
             print_line(report)
+
+
+def kept_steps(complete: list[int], cfg: CheckpointConfig) -> set[int]:
+    """The steps of the ``complete`` checkpoints that pruning keeps: the newest ``keep_last``,
+    and every milestone (a step that is a multiple of ``keep_every_steps``, when set)."""
+    kept = set(sorted(complete)[-cfg.keep_last :])
+    every = cfg.keep_every_steps
+    return kept | ({step for step in complete if step % every == 0} if every else set())
 
 
 def _planned_bytes(plan: SavePlan) -> int:

@@ -1,7 +1,8 @@
 """``goodput eval``: EleutherAI lm-eval's own evaluator on a checkpoint, offline; one call of
 ``goodput.eval.lm_eval_tasks.evaluate_checkpoint``, on the device goodput detects
 (``GOODPUT_DEVICE`` overrides it), once per rank when launched on several
-(``goodput launch --nproc N -- goodput eval ...``: lm-eval splits the documents)."""
+(``goodput launch --nproc N -- goodput eval ...``: the model sharded over them, rank 0
+reporting)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """``goodput generate``: continue a prompt with a checkpoint's model, as a quick sanity check of
-what it learned; one call of ``goodput.eval.generate.generate_from_checkpoint``, in one process,
-on the device goodput detects (``GOODPUT_DEVICE`` overrides it)."""
+what it learned; one call of ``goodput.eval.generate.generate_from_checkpoint``, on the device
+goodput detects (``GOODPUT_DEVICE`` overrides it): in one process, or once per rank under
+``goodput launch --nproc N -- goodput generate ...`` (the model sharded over them, rank 0
+printing)."""
 
 from __future__ import annotations
 
@@ -18,8 +20,9 @@ def register(groups: Subparsers) -> None:
     generate = groups.add_parser(
         "generate",
         help="continue a prompt with a checkpoint's model (greedy or top-p sampling, KV cache)",
-        description="Load a checkpoint (or a run directory's newest complete one) whole in this "
-        "process and print the continuation of --prompt. Stops at the end-of-document token, "
+        description="Load a checkpoint (or a run directory's newest complete one) and print the "
+        "continuation of --prompt: whole in this process, or sharded over the ranks of goodput "
+        "launch. Stops at the end-of-document token, "
         "after --max-new-tokens, or when the model's max_seq_len is full.",
     )
     generate.set_defaults(handler=_generate)
@@ -82,6 +85,8 @@ def _generate(args: argparse.Namespace) -> ExitCode:
         sampling=sampling,
         tokenizer_path=args.tokenizer,
     )
+    if result is None:  # a rank other than 0 of a launch: rank 0 prints
+        return ExitCode.OK
     if args.json:
         print_json(result, where="goodput generate --json")
     else:

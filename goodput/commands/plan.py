@@ -1,12 +1,14 @@
 """``goodput plan``: plan a run before it starts. ``layout``: the parallel layout a model needs
-on a machine, climbing DP -> FSDP -> TP -> PP -> CP until one fits (``goodput.plan``); it
-allocates nothing. ``reliability``: the failure budget of a job (``goodput.plan.reliability``).
+on a machine, the cheapest step of those that fit (``goodput.plan``); it allocates nothing
+unless ``--verify`` asks ``goodput.plan.verify`` to build it. ``reliability``: the failure budget
+of a job (``goodput.plan.reliability``).
 
 The config is a run TOML: ``[model]`` is required; of ``[train]`` and ``[parallel]`` the planner
 reads what is there (seq_len, micro_batch_size, tokens_per_step; precision,
-activation_checkpointing, sync_every_micro_batch, tp), every key checked as the trainer checks
-it, and the options override it. Without them: seq_len = model.max_seq_len, micro-batch 1,
-precision fp32-master, no activation checkpointing; the global batch has no default. Option
+sync_every_micro_batch, tp; all of [parallel] with --layout-from-config), every key checked as
+the trainer checks it, and the options override it. Without them: seq_len = DEFAULT_SEQ_LEN
+(capped at model.max_seq_len), micro-batch 1, precision fp32-master; activation checkpointing
+is the planner's to choose unless an option forces it; the global batch has no default. Option
 errors are one line and exit 2, like every other usage error.
 """
 
@@ -22,12 +24,18 @@ from goodput.commands import Subparsers
 from goodput.errors import ExitCode, GoodputError
 
 if TYPE_CHECKING:
+    from goodput.plan.layout import Layout
     from goodput.plan.memory import Workload
     from goodput.train.model_config import ModelConfig
+    from goodput.train.parallel_config import ParallelConfig
 
 PRECISIONS = ("fp32-master", "pure-bf16", "fp32")
 MAX_NODES = 2**17  # above the largest machines (Aurora: 10,624 nodes)
 MAX_GPUS_PER_NODE = 2**10
+DEFAULT_SEQ_LEN = 8192  # Llama 3's pre-training length; capped at model.max_seq_len
+DEFAULT_TFLOPS = 400.0  # ~40% MFU of an H100's 989 dense bf16 TFLOP/s
+DEFAULT_INTRA_GBPS = 300.0  # NVLink-class: H100 NVLink 4 is 450 GB/s a direction
+DEFAULT_INTER_GBPS = 25.0  # one 200 Gb/s NIC per device (Polaris, Perlmutter)
 MAX_SURVIVAL = 0.999999  # closer to 1 asks the spare pool for a certainty floats cannot tell
 
 
@@ -40,17 +48,33 @@ def register(groups: Subparsers) -> None:
     commands = plan.add_subparsers(dest="command", required=True, metavar="COMMAND")
     layout = commands.add_parser(
         "layout",
-        help="the parallel layout that fits a model on a machine, in order of pain",
-        description="Climb DP -> FSDP (EP for MoE) -> TP within a node -> PP across nodes -> "
-        "CP until a layout's estimated memory per device fits; print each rung rejected, the "
-        "chosen layout's memory and its overrides. See docs/plan.md.",
+        help="the parallel layout that fits a model on a machine at the least cost per step",
+        description="Try every layout goodput's trainer could run, in order of pain (DP -> "
+        "FSDP (EP for MoE) -> activation checkpointing -> TP within a host -> PP across hosts "
+        "-> CP); of those whose estimated memory per device fits and that split the global "
+        "batch, choose the cheapest step by an estimate of its communication, recompute and "
+        "pipeline bubble (costs within 1% are a tie: the least painful wins). Print the "
+        "cheapest candidates, the closest rejection of each rung, the chosen layout's memory "
+        "and its overrides. See docs/plan.md.",
     )
     layout.add_argument("config", type=Path, help="a run TOML with a [model] table")
     layout.add_argument(
-        "--nodes", type=argtypes.positive_int, required=True, help="hosts of the machine"
+        "--nhosts",
+        "--nodes",  # the old spelling, deprecated
+        action=argtypes.renamed("--nodes", "--nhosts"),
+        dest="nhosts",
+        type=argtypes.positive_int,
+        required=True,
+        help="hosts of the machine",
     )
     layout.add_argument(
-        "--gpus-per-node", type=argtypes.positive_int, required=True, help="devices per host"
+        "--ppn",
+        "--gpus-per-node",  # the old spelling, deprecated
+        action=argtypes.renamed("--gpus-per-node", "--ppn"),
+        dest="ppn",
+        type=argtypes.positive_int,
+        required=True,
+        help="devices (ranks) per host",
     )
     layout.add_argument(
         "--gpu-mem-gb",
@@ -64,7 +88,9 @@ def register(groups: Subparsers) -> None:
         help="the global batch in tokens (default: train.tokens_per_step)",
     )
     layout.add_argument(
-        "--seq-len", type=argtypes.positive_int, help="default: train.seq_len, else max_seq_len"
+        "--seq-len",
+        type=argtypes.positive_int,
+        help=f"default: train.seq_len, else {DEFAULT_SEQ_LEN} (or model.max_seq_len if shorter)",
     )
     layout.add_argument(
         "--micro-batch-size",
@@ -77,7 +103,46 @@ def register(groups: Subparsers) -> None:
     layout.add_argument(
         "--activation-checkpointing",
         action=argparse.BooleanOptionalAction,
-        help="default: parallel.activation_checkpointing, else off",
+        help="force activation checkpointing on (or off with --no-...); default: the planner "
+        "weighs it as a rung",
+    )
+    layout.add_argument(
+        "--tflops",
+        type=argtypes.positive_float,
+        default=DEFAULT_TFLOPS,
+        help="TFLOP/s one device achieves in the compute dtype, for the step cost (default "
+        f"{DEFAULT_TFLOPS:g}: ~40%% of an H100's dense bf16 peak)",
+    )
+    layout.add_argument(
+        "--intra-gbps",
+        type=argtypes.positive_float,
+        default=DEFAULT_INTRA_GBPS,
+        help="GB/s per device to the devices of its host, for the step cost (default "
+        f"{DEFAULT_INTRA_GBPS:g}: NVLink-class)",
+    )
+    layout.add_argument(
+        "--inter-gbps",
+        type=argtypes.positive_float,
+        default=DEFAULT_INTER_GBPS,
+        help="GB/s per device to other hosts, for the step cost (default "
+        f"{DEFAULT_INTER_GBPS:g}: one 200 Gb/s NIC per device)",
+    )
+    layout.add_argument(
+        "--layout-from-config",
+        action="store_true",
+        help="report the config's own [parallel] layout (memory and cost) instead of the "
+        "planner's choice",
+    )
+    layout.add_argument(
+        "--verify",
+        action="store_true",
+        help="build the layout under a fake process group of the whole world on this CPU and "
+        "compare its state per device with the estimate; materialise one rank",
+    )
+    layout.add_argument(
+        "--rank",
+        type=argtypes.non_negative_int,
+        help="with --verify: the rank to materialise (default: the one with the most state)",
     )
     layout.add_argument("--json", action="store_true", help="print one JSON object")
     layout.set_defaults(handler=_layout)
@@ -91,7 +156,13 @@ def register(groups: Subparsers) -> None:
         "a job alive for its walltime with a stated probability. See docs/plan.md.",
     )
     reliability.add_argument(
-        "--nodes", type=argtypes.positive_int, required=True, help="nodes in the job"
+        "--nhosts",
+        "--nodes",  # the old spelling, deprecated
+        action=argtypes.renamed("--nodes", "--nhosts"),
+        dest="nhosts",
+        type=argtypes.positive_int,
+        required=True,
+        help="hosts (nodes) in the job",
     )
     reliability.add_argument(
         "--node-mtbf-days",
@@ -136,28 +207,147 @@ def register(groups: Subparsers) -> None:
 
 
 def _layout(args: argparse.Namespace) -> ExitCode:
+    from goodput.plan.cost import Rates
     from goodput.plan.ladder import Machine, plan_layout
-    from goodput.plan.layout import Layout
     from goodput.plan.report import format_text, to_json
 
     model, train, parallel = _read_config(args.config)
-    work = _workload(args, model, train, parallel)
-    if args.nodes > MAX_NODES or args.gpus_per_node > MAX_GPUS_PER_NODE:
+    work, seq_from = _workload(args, model, train, parallel)
+    if args.nhosts > MAX_NODES or args.ppn > MAX_GPUS_PER_NODE:
         raise GoodputError.usage(
-            "--nodes/--gpus-per-node",
-            f"{args.nodes} nodes x {args.gpus_per_node} devices is beyond any machine",
-            f"give at most {MAX_NODES} nodes of at most {MAX_GPUS_PER_NODE} devices",
+            "--nhosts/--ppn",
+            f"{args.nhosts} hosts x {args.ppn} devices is beyond any machine",
+            f"give at most {MAX_NODES} hosts of at most {MAX_GPUS_PER_NODE} devices",
         )
-    machine = Machine(
-        nodes=args.nodes, gpus_per_node=args.gpus_per_node, gpu_mem_gib=args.gpu_mem_gb
+    if args.rank is not None and not args.verify:
+        raise GoodputError.usage("--rank", "only --verify materialises a rank", "add --verify")
+    machine = Machine(nhosts=args.nhosts, ppn=args.ppn, gpu_mem_gib=args.gpu_mem_gb)
+    rates = Rates(
+        flops=args.tflops * 1e12,
+        intra_bytes=args.intra_gbps * 1e9,
+        inter_bytes=args.inter_gbps * 1e9,
+        ppn=args.ppn,
     )
-    given = Layout(tp=parallel["tp"]) if "tp" in parallel else None
-    plan = plan_layout(model, machine, work, given)
-    if plan.chosen is None:
+    given = _given_layout(args, model, parallel, machine.world)
+    plan = plan_layout(
+        model, machine, work, rates, checkpointing=args.activation_checkpointing, given=given
+    )
+    chosen = plan.chosen
+    if args.layout_from_config:
+        assert given is not None
+        chosen = _config_candidate(plan, model, given)
+    if chosen is None:
         what, fix = plan.failure()
+        if args.json:
+            print(to_json(plan, seq_from, error=f"{what}; {fix}"))
         raise GoodputError(args.config, what, fix)
-    print(to_json(plan) if args.json else format_text(plan, str(args.config)))
+    extra: dict[str, Any] = {}
+    verified = None
+    if args.verify:
+        verified = _verify(args, model, parallel, work, chosen)
+        extra["verified"] = verified.to_json()
+    if args.json:
+        print(to_json(plan, seq_from, chosen, extra=extra))
+    else:
+        print(format_text(plan, str(args.config), seq_from, chosen))
+        if verified is not None:
+            print(verified.format_text())
     return ExitCode.OK
+
+
+def _given_layout(
+    args: argparse.Namespace, model: ModelConfig, parallel: dict[str, Any], world: int
+) -> Layout | None:
+    """The config's own [parallel] as a layout: all of it with --layout-from-config (its unset
+    data-parallel degree resolved as the trainer resolves it), else its tp only (for the
+    warning when it spans hosts)."""
+    from goodput.plan.layout import Layout
+
+    if not args.layout_from_config:
+        return Layout(tp=parallel["tp"]) if "tp" in parallel else None
+    cfg = _parallel_config(parallel, args.config)
+    from goodput.train.parallel_config import resolve_degrees
+
+    try:
+        degrees = resolve_degrees(cfg, world)
+    except GoodputError as error:
+        raise GoodputError.usage(
+            f"{args.config} [parallel]", f"{error.what} (--layout-from-config)", error.fix
+        ) from None
+    return Layout(
+        dp_replicate=degrees.dp_replicate,
+        dp_shard=degrees.dp_shard,
+        tp=degrees.tp,
+        pp=degrees.pp,
+        cp=degrees.cp,
+        ep=degrees.ep,
+        activation_checkpointing=cfg.activation_checkpointing,
+        pp_layers_per_stage=cfg.pp_layers_per_stage,
+    )
+
+
+def _config_candidate(plan: Any, model: ModelConfig, given: Layout) -> Any:
+    """The config's layout evaluated as the planner evaluates its own; a layout the trainer
+    refuses is a usage error naming the config."""
+    from goodput.plan.ladder import evaluate
+    from goodput.plan.report import CONFIG
+
+    candidate = evaluate(model, plan.machine, plan.work, plan.rates, given, CONFIG)
+    if candidate.breakdown is None:
+        raise GoodputError.usage(
+            "[parallel]", f"{candidate.reason} (--layout-from-config)", "fix the config's layout"
+        )
+    return candidate
+
+
+def _verify(
+    args: argparse.Namespace,
+    model: ModelConfig,
+    parallel: dict[str, Any],
+    work: Workload,
+    chosen: Any,
+) -> Any:
+    """``plan.verify`` on the reported layout: the config's own [parallel] with
+    --layout-from-config, else the planner's choice with the settings it assumed."""
+    from goodput.plan.memory import GIB, state_bytes_per_device
+    from goodput.plan.verify import verify_layout
+
+    layout = chosen.layout
+    if args.layout_from_config:
+        cfg = _parallel_config(parallel, args.config)
+    else:
+        table: dict[str, Any] = {
+            **layout.degrees(),
+            "activation_checkpointing": layout.activation_checkpointing,
+            "precision": work.precision,
+            "sync_every_micro_batch": chosen.sync_every_micro_batch or work.sync_every_micro_batch,
+        }
+        if layout.pp_layers_per_stage is not None:
+            table["pp_layers_per_stage"] = layout.pp_layers_per_stage
+        cfg = _parallel_config(table, "the planner's layout")
+    return verify_layout(
+        args.config,
+        model,
+        cfg,
+        nhosts=args.nhosts,
+        ppn=args.ppn,
+        seq_len=work.seq_len,
+        micro_batch_size=work.micro_batch_size,
+        global_batch_size=work.global_batch_samples,
+        rank=args.rank,
+        estimated_state_gib=state_bytes_per_device(model, layout, work.precision) / GIB,
+    )
+
+
+def _parallel_config(parallel: dict[str, Any], where: Path | str) -> ParallelConfig:
+    """A whole [parallel] table (the config's, or the planner's layout) as the trainer reads
+    it."""
+    from goodput.config import from_table
+    from goodput.train.parallel_config import ParallelConfig
+
+    # _present coerced the lists to tuples (pp_layers_per_stage); the table takes TOML's lists.
+    table = {key: list(v) if isinstance(v, tuple) else v for key, v in parallel.items()}
+    return from_table(ParallelConfig, table, str(where), "parallel.")
 
 
 def _reliability(args: argparse.Namespace) -> ExitCode:
@@ -167,9 +357,9 @@ def _reliability(args: argparse.Namespace) -> ExitCode:
         raise GoodputError.usage(
             "--interval-steps", "needs --step-s to become seconds", "pass --step-s T as well"
         )
-    if args.nodes > MAX_NODES:
+    if args.nhosts > MAX_NODES:
         raise GoodputError.usage(
-            "--nodes", f"{args.nodes} nodes is beyond any machine", f"give at most {MAX_NODES}"
+            "--nhosts", f"{args.nhosts} hosts is beyond any machine", f"give at most {MAX_NODES}"
         )
     if args.survival > MAX_SURVIVAL:
         raise GoodputError.usage(
@@ -178,7 +368,7 @@ def _reliability(args: argparse.Namespace) -> ExitCode:
             "give e.g. 0.99",
         )
     budget = Budget(
-        nodes=args.nodes,
+        nodes=args.nhosts,
         node_mtbf_s=args.node_mtbf_days * DAY_S,
         save_stall_s=args.save_stall_s,
         restart_s=args.restart_s,
@@ -243,10 +433,19 @@ def _workload(
     model: ModelConfig,
     train: dict[str, Any],
     parallel: dict[str, Any],
-) -> Workload:
+) -> tuple[Workload, str]:
+    """The step's workload, and where its seq_len came from."""
     from goodput.plan.memory import Workload
 
-    seq_len = args.seq_len or train.get("seq_len") or model.max_seq_len
+    if args.seq_len:
+        seq_len, seq_from = args.seq_len, "--seq-len"
+    elif "seq_len" in train:
+        seq_len, seq_from = train["seq_len"], "train.seq_len"
+    else:
+        seq_len = min(DEFAULT_SEQ_LEN, model.max_seq_len)
+        seq_from = f"the default {DEFAULT_SEQ_LEN}, no train.seq_len"
+        if seq_len < DEFAULT_SEQ_LEN:
+            seq_from = f"model.max_seq_len, below the default {DEFAULT_SEQ_LEN}"
     if seq_len > model.max_seq_len:
         raise GoodputError.usage(
             "--seq-len" if args.seq_len else f"{args.config} [train]",
@@ -267,16 +466,11 @@ def _workload(
             f"the global batch of {gbs_tokens} tokens is not a multiple of seq_len {seq_len}",
             f"use a multiple of {seq_len}, e.g. {suggestion}",
         )
-    checkpointing = args.activation_checkpointing
-    if checkpointing is None:  # [train] activation_checkpointing is the deprecated spelling
-        checkpointing = parallel.get(
-            "activation_checkpointing", bool(train.get("activation_checkpointing"))
-        )
-    return Workload(
+    work = Workload(
         seq_len=seq_len,
         micro_batch_size=args.micro_batch_size or train.get("micro_batch_size") or 1,
         global_batch_samples=gbs_tokens // seq_len,
         precision=args.precision or parallel.get("precision", "fp32-master"),
-        activation_checkpointing=checkpointing,
         sync_every_micro_batch=parallel.get("sync_every_micro_batch", False),
     )
+    return work, seq_from

@@ -1,7 +1,8 @@
 """``goodput submit``: write (and queue) the Slurm or PBS job chain of ``goodput.launch.submit``
 around a ``goodput launch`` line. The line is parsed into the ``LaunchOptions`` each job will run
 and its machine profile loaded now, and the job's allocation is sized to fit it, so a typo or a
-line no job could run fails at once (exit 2), not hours later when the first job starts; nothing
+line no job could run fails at once (exit 2), not hours later when the first job starts; so does
+a ``goodput train`` line whose config no job could start (``train.config.check_world``). Nothing
 is run. Never imports torch."""
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def _submit(args: argparse.Namespace) -> ExitCode:
     launch_line = after_dashes(args.cmd)
     submit.check_launch_line(launch_line)
     options, profile = _check_launch_options(launch_line[2:])
+    ppn = submit.fit_launch(options, profile, args.nhosts)
+    _check_train_line(options, ppn, options.nhosts or args.nhosts)
     launch_run_dir = named_run_dir(options)
     chain = submit.Chain(
         scheduler=args.scheduler or submit.detect_scheduler(),
@@ -90,7 +93,7 @@ def _submit(args: argparse.Namespace) -> ExitCode:
         workdir=Path.cwd(),
         launch_line=tuple(launch_line),
         nhosts=args.nhosts,
-        ppn=submit.fit_launch(options, profile, args.nhosts),
+        ppn=ppn,
         whole_nodes=profile.whole_nodes,
         launch_run_dir=launch_run_dir.absolute() if launch_run_dir else None,
         walltime=args.time,
@@ -132,3 +135,28 @@ def _check_launch_options(argv: list[str]) -> tuple[LaunchOptions, ProfileConfig
     # Picked as goodput launch picks it: the jobs run in the environment submitted from (Slurm's
     # default, -V on PBS), so $GOODPUT_PROFILE there is the one here.
     return options, load_profile(options)
+
+
+def _check_train_line(options: LaunchOptions, ppn: int, nhosts: int) -> None:
+    """A chain of ``goodput train CONFIG ...``: the config is loaded as the trainer loads it and
+    checked on the ranks each job launches (``train.config.check_world``), so that one no job
+    could start (a missing data.file_list, a recipe for another machine) fails now. Torch-free:
+    the pipeline's micro-batches and the data are checked when the job starts."""
+    from goodput.commands import train
+    from goodput.train.config import check_world
+
+    if list(options.command[:2]) != ["goodput", "train"]:
+        return
+    args, unknown = train.parse(options.command[2:])
+    if unknown:
+        raise GoodputError.usage(
+            "submit -- goodput launch -- goodput train",
+            f"goodput train does not know {' '.join(unknown)}",
+            "see goodput train --help",
+        )
+    cfg = train.load_run_config(args)
+    try:
+        check_world(cfg, options.nproc or nhosts * ppn, ppn)
+    except GoodputError as error:  # it names the section; add the file
+        where = f"{args.config} {error.where}"
+        raise GoodputError(where, error.what, error.fix, code=error.code) from None

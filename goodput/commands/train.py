@@ -6,10 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from goodput.commands import Subparsers
+from goodput.commands import OneLineErrorParser, Subparsers
 from goodput.errors import ExitCode, GoodputError, from_exception
+
+if TYPE_CHECKING:
+    from goodput.train.config import RunConfig
 
 
 def register(groups: Subparsers) -> None:
@@ -38,17 +43,32 @@ def register(groups: Subparsers) -> None:
     train.set_defaults(handler=_train)
 
 
-def _train(args: argparse.Namespace) -> ExitCode:
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """``goodput train ARGV`` parsed as the command parses it (argparse's own errors: one line,
+    exit 2), and the arguments it does not know."""
+    parser = OneLineErrorParser(prog="goodput")
+    register(parser.add_subparsers())
+    return parser.parse_known_args(["train", *argv])
+
+
+def load_run_config(args: argparse.Namespace) -> RunConfig:
+    """The run config ``goodput train ARGS`` trains (its options are overrides too); torch-free,
+    for ``goodput submit`` to check a chain's line with."""
     from goodput.config import load_config
     from goodput.train.config import RunConfig
-    from goodput.train.loop import train
 
     overrides = list(args.overrides)
     if args.resume is not None:
         overrides.append(f"checkpoint.resume={json.dumps(args.resume)}")
     if args.allow_data_change:
         overrides.append("checkpoint.allow_data_change=true")
-    cfg = load_config(RunConfig, args.config, overrides)
+    return load_config(RunConfig, args.config, overrides)
+
+
+def _train(args: argparse.Namespace) -> ExitCode:
+    from goodput.train.loop import train
+
+    cfg = load_run_config(args)
     try:
         train(cfg)
     except Exception as error:

@@ -2,9 +2,9 @@
 
 Owns ``generate`` (a model and prompt ids -> new ids, with a KV cache), ``choose_token``
 (greedy or seeded top-p sampling), ``check_prompt``, ``CachedDecoder`` (prefill, then one
-position per token), ``load_for_inference`` (find the checkpoint, its tokenizer, load the whole
-model in this one process: shared with ``goodput eval``) and ``generate_from_checkpoint``, what
-``goodput generate`` calls.
+position per token) and ``generate_from_checkpoint``, what ``goodput generate`` calls (the
+checkpoint and tokenizer found and loaded by ``goodput.eval.inference``, shared with
+``goodput eval``).
 
 Decoding. The prompt runs once as a whole (prefill), filling the model's ``KVCache``; each new
 token then runs alone at the next position, so RoPE sees the positions a full forward would.
@@ -24,17 +24,12 @@ A model vocabulary larger than the tokenizer's (padded) never yields the ids pas
 The prompt must be text a tokenizer takes: a ``--prompt`` that is not UTF-8 (a shell passes
 bytes it cannot decode as lone surrogates) is refused, naming the first bad byte.
 
-Loading. ``CHECKPOINT`` is a ``step-N`` directory or a run directory, whose newest complete,
-undamaged checkpoint is taken as ``--resume auto`` takes it (``checkpoint.load.find_checkpoint``).
-Weights are read by ``train.convert.load_model_state``: complete and checksummed, no process
-group. The tokenizer is ``--tokenizer`` if given, else the one the run's blend pins: the
-checkpoint's ``train_state.json`` names the blend's fingerprint and its ``config.toml`` the
-blend cache (``[data] cache``), whose ``blend.json`` in ``blend.blend_dir`` (the layout of
-``data.blend.build_blend``) pins the tokenizer's path and sha256; a moved or changed file is
-refused with the fix, pass --tokenizer. Progress and warnings go to stderr; stdout carries
-only the result.
+Loading (``goodput.eval.inference``): a checkpoint or run directory, in the compute dtype of its
+precision policy; whole in one process, or sharded over the ranks of a ``goodput launch``, where
+every rank decodes the same tokens (each forward is a collective) and rank 0 alone returns
+them. Progress and warnings go to stderr; stdout carries only the result.
 
-It does not batch prompts, stream tokens, apply chat templates or run distributed.
+It does not batch prompts, stream tokens or apply chat templates.
 """
 
 from __future__ import annotations
@@ -49,15 +44,9 @@ from typing import Any
 
 import torch
 
-from goodput.checkpoint.load import find_checkpoint
-from goodput.data.tokenizer import Tokenizer, load_tokenizer
 from goodput.errors import GoodputError
-from goodput.rundir import STEP_DIR, checkpoints_dir
-from goodput.train.convert import load_model_state, read_model_config, require_complete
-from goodput.train.device import detect_device_type, local_device
-from goodput.train.hf_tokenizer import pinned_tokenizer
+from goodput.eval.inference import is_rank_zero, joined_ranks, load_for_inference
 from goodput.train.model import KVCache, Transformer
-from goodput.train.model_config import ModelConfig
 
 MAX_NEW_TOKENS = 65_536
 STOP_REASONS = ("eod", "max_new_tokens", "max_seq_len", "stop")
@@ -232,27 +221,31 @@ def generate_from_checkpoint(
     max_new_tokens: int,
     sampling: Sampling,
     tokenizer_path: Path | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """``goodput generate``: ``{"prompt", "completion", "tokens", "num_new_tokens",
-    "stopped"}`` of a checkpoint or run directory (see the module docstring)."""
+    "stopped"}`` of a checkpoint or run directory (see the module docstring); None on the ranks
+    of a launch other than 0."""
     check_prompt(prompt)
     if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise GoodputError.usage(
             "--max-new-tokens", f"{max_new_tokens} is not in [1, {MAX_NEW_TOKENS}]", "pass fewer"
         )
-    with contextlib.redirect_stdout(sys.stderr):  # warnings of the checks; stdout is the result
-        loaded = load_for_inference(path, tokenizer_path, local_device(detect_device_type(), 0))
-        print(f"generating from {loaded.directory}", flush=True)  # once loaded: one-line errors
-    model, tokenizer = loaded.model, loaded.tokenizer
-    prompt_ids = tokenizer.encode_batch([prompt])[0]
-    result = generate(
-        model,
-        prompt_ids,
-        max_new_tokens=max_new_tokens,
-        eod_id=tokenizer.eod_id,
-        sampling=sampling,
-        vocab_size=tokenizer.vocab_size,
-    )
+    # Warnings of the checks go to stderr: stdout is the result.
+    with contextlib.redirect_stdout(sys.stderr), joined_ranks() as runtime:
+        loaded = load_for_inference(path, tokenizer_path, runtime)
+        if is_rank_zero():
+            print(f"generating from {loaded.directory}", flush=True)  # once loaded: one-line errors
+        tokenizer = loaded.tokenizer
+        result = generate(
+            loaded.model,
+            tokenizer.encode_batch([prompt])[0],
+            max_new_tokens=max_new_tokens,
+            eod_id=tokenizer.eod_id,
+            sampling=sampling,
+            vocab_size=tokenizer.vocab_size,
+        )
+        if not is_rank_zero():
+            return None
     return {
         "prompt": prompt,
         "completion": tokenizer.decode(result.tokens),
@@ -260,65 +253,3 @@ def generate_from_checkpoint(
         "num_new_tokens": len(result.tokens),
         "stopped": result.stopped,
     }
-
-
-@dataclass(frozen=True, slots=True)
-class Loaded:
-    directory: Path  # the checkpoint directory the model came from
-    model: Transformer  # in eval mode, on the device asked for
-    tokenizer: Tokenizer
-
-
-def load_for_inference(path: Path, tokenizer_path: Path | None, device: torch.device) -> Loaded:
-    """The model of a checkpoint or run directory (see ``resolve_checkpoint``) and its
-    tokenizer: ``tokenizer_path`` if given, else the one the run's blend pins; a tokenizer
-    larger than the model's vocabulary is refused (see the module docstring)."""
-    directory = resolve_checkpoint(path)
-    tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else pinned_tokenizer(directory)
-    cfg = read_model_config(directory)
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise GoodputError.usage(
-            tokenizer.path,
-            f"the tokenizer's vocabulary ({tokenizer.vocab_size}) is larger than the "
-            f"model's ({cfg.vocab_size})",
-            "pass the tokenizer the model was trained with (--tokenizer)",
-        )
-    return Loaded(directory, load_model(directory, cfg, device), tokenizer)
-
-
-def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint directory as it is; a run directory's newest complete, undamaged one."""
-    if not path.is_dir():
-        raise GoodputError.usage(
-            path,
-            "no such checkpoint or run directory",
-            "pass RUN/checkpoints/step-N or a run directory",
-        )
-    root = checkpoints_dir(path)
-    if root.is_dir():
-        directory = find_checkpoint(root, "auto")
-        if directory is None:
-            raise GoodputError.usage(
-                path,
-                "has no complete checkpoint",
-                "`goodput ckpt list RUN_DIR` shows its checkpoints; pass one that is complete",
-            )
-        return directory
-    if not STEP_DIR.fullmatch(path.name):
-        raise GoodputError.usage(
-            path,
-            "is neither a checkpoint directory (step-N) nor a run directory (with checkpoints/)",
-            "pass RUN/checkpoints/step-N or a run directory",
-        )
-    require_complete(path)
-    return path
-
-
-def load_model(directory: Path, cfg: ModelConfig, device: torch.device) -> Transformer:
-    """The whole model of a complete, intact checkpoint on ``device``, in eval mode."""
-    state = load_model_state(directory, cfg)
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    model.allocate(device)
-    model.load_state_dict(state)
-    return model.eval()

@@ -19,18 +19,16 @@ Owns ``GoodputLM`` (a ``Transformer`` and its ``Tokenizer``; ``from_checkpoint``
   token, ``max_gen_toks``, the model's ``max_seq_len``, or once the decoded new text holds an
   ``until`` string; the text returned ends before the first ``until`` string.
 
-Distributed. ``rank`` and ``world_size`` are the default process group's when one is
-initialized (``goodput launch``/torchrun run ``goodput eval`` once per rank): lm-eval's
-evaluator then gives each rank every W-th document, pads the request counts, and gathers the
-per-document metrics on rank 0 through ``all_gather``, ``gather_object`` and ``barrier``
-(``torch.distributed``, between our own ranks). Each rank holds the whole model; requests never
-cross ranks, so ranks may make different numbers of forward calls.
+Distributed. Under ``goodput launch`` the model is sharded over the ranks
+(``goodput.eval.inference``): a forward is a collective, so every rank runs every request, in
+the same order, and lm-eval sees one process on each (its ``rank`` 0 of ``world_size`` 1: it
+splits and gathers nothing); rank 0 alone reports.
 
 Invariants: the scores do not depend on ``batch_size`` (up to the model's matmul rounding) or on
-the world size; a token id outside the model's vocabulary, a continuation that encodes to
+the layout; a token id outside the model's vocabulary, a continuation that encodes to
 nothing or is longer than ``max_len`` is a ``GoodputError`` naming the task and document.
 
-Progress. Each request type's share of rank 0 is shown on stderr as it is scored
+Progress. Each request type is shown, by rank 0, on stderr as it is scored
 (``goodput.progress``: a bar on a terminal, periodic lines otherwise); lm-eval's own bars (its
 contexts being built) are lm-eval's.
 
@@ -43,8 +41,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import LM
 from lm_eval.models.utils import normalize_gen_kwargs
@@ -52,17 +48,12 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from goodput.data.tokenizer import Tokenizer
 from goodput.errors import GoodputError
-from goodput.eval.generate import MAX_NEW_TOKENS, Sampling, generate, load_for_inference
-from goodput.eval.harness import (
-    Request,
-    Score,
-    build_request,
-    check_vocabulary,
-    rank_and_world_size,
-    score_requests,
-)
+from goodput.eval.generate import MAX_NEW_TOKENS, Sampling, generate
+from goodput.eval.harness import Request, Score, build_request, check_vocabulary, score_requests
+from goodput.eval.inference import is_rank_zero, load_for_inference
 from goodput.progress import Progress
 from goodput.train.model import Transformer
+from goodput.train.setup import Runtime
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own default for a task that names none
 
@@ -92,20 +83,20 @@ class GoodputLM(LM):
         self.max_len = max_len
         self.checkpoint = checkpoint
         self._device = next(model.parameters()).device
-        self._rank, self._world_size = rank_and_world_size()
 
     @classmethod
     def from_checkpoint(
         cls,
         path: Path,
-        device: torch.device,
+        runtime: Runtime | None,
         *,
         tokenizer_path: Path | None = None,
         batch_size: int = 16,
     ) -> GoodputLM:
-        """The model of a checkpoint or run directory on ``device`` and its tokenizer, found
-        as ``goodput generate`` finds them (``generate.load_for_inference``)."""
-        loaded = load_for_inference(path, tokenizer_path, device)
+        """The model of a checkpoint or run directory and its tokenizer, found and loaded as
+        ``goodput generate`` finds them (``inference.load_for_inference``: whole in one
+        process, sharded over ``runtime``'s ranks)."""
+        loaded = load_for_inference(path, tokenizer_path, runtime)
         return cls(
             loaded.model, loaded.tokenizer, batch_size=batch_size, checkpoint=loaded.directory
         )
@@ -170,28 +161,6 @@ class GoodputLM(LM):
                 done.advance(1)
         return results
 
-    # --- lm-eval's distributed primitives --------------------------------------------------
-
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Every rank's ``tensor``, concatenated in rank order (a 0-d one stacked)."""
-        if self.world_size == 1:
-            return tensor
-        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(parts, tensor.contiguous())
-        return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
-
-    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
-        """Every rank's ``obj`` on ``dst`` in rank order; None on the other ranks."""
-        if self.world_size == 1:
-            return [obj]
-        gathered: list[Any] | None = [None] * self.world_size if self.rank == dst else None
-        dist.gather_object(obj, gathered, dst=dst)
-        return gathered
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            dist.barrier()
-
     # --- helpers ---------------------------------------------------------------------------
 
     def _encode(self, texts: Iterable[str]) -> dict[str, list[int]]:
@@ -203,9 +172,9 @@ class GoodputLM(LM):
         return dict(zip(unique, ids, strict=True))
 
     def _progress(self, kind: str, total: int, unit: str, disable: bool) -> Progress:
-        """This rank's share of one request type, shown on rank 0 only (lm-eval gives every
-        rank a like share), on stderr."""
-        show = self.rank == 0 and not disable
+        """One request type's progress, shown by rank 0 only (every rank runs the same), on
+        stderr."""
+        show = is_rank_zero() and not disable
         return Progress(f"goodput eval: {kind}", total=total, unit=unit, show=show)
 
     def _score(self, requests: list[Request], kind: str, unit: str, disable: bool) -> list[Score]:

@@ -25,8 +25,8 @@ more: lm-eval's default seeds (Python 0, NumPy, torch and few-shot 1234), ``num_
 each task unless its config pins 0 (default 0), lm-eval's default bootstrap iterations
 (standard errors of means are closed-form, sqrt(p(1 - p) / (n - 1)) as goodput's harness). It
 skips what ``simple_evaluate`` adds after: environment and git probes (subprocesses) and model
-construction from a name. Distributed: only rank 0 gets results (lm-eval gathers there); the
-other ranks get None.
+construction from a name. Distributed (``goodput launch``): the model is sharded over the ranks,
+every rank runs every request (lm-eval sees one process on each) and only rank 0 reports.
 
 Recording. ``evaluate_checkpoint`` appends every metric to ``RUN/evals.jsonl``
 (``records.append_evals``, source ``"goodput eval"``) and, when tensorboard is installed, writes
@@ -280,42 +280,30 @@ def evaluate_checkpoint(
     tokenizer_path: Path | None = None,
     log_samples: bool = False,
 ) -> CheckpointEval | None:
-    """Run ``tasks`` on the checkpoint (or run directory's newest) at ``path`` on this rank's
-    device; record on rank 0 (see the module docstring). None on ranks other than 0."""
-    import torch.distributed as dist
-
-    from goodput.eval.generate import resolve_checkpoint
+    """Run ``tasks`` on the checkpoint (or run directory's newest) at ``path``: in this one
+    process, or sharded over the ranks of a launch (``goodput.eval.inference``); record on
+    rank 0 (see the module docstring). None on ranks other than 0."""
+    from goodput.eval.inference import is_rank_zero, joined_ranks, resolve_checkpoint
     from goodput.eval.lm_eval_model import GoodputLM
-    from goodput.launch.env import current_placement
-    from goodput.train.device import detect_device_type, local_device
-    from goodput.train.setup import setup_torch
 
-    placement = current_placement()
-    joined = placement.world_size > 1 and not dist.is_initialized()
     # Progress and warnings (ours and lm-eval's) go to stderr; stdout carries only the result.
-    with contextlib.redirect_stdout(sys.stderr):
+    with contextlib.redirect_stdout(sys.stderr), joined_ranks() as runtime:
         directory = resolve_checkpoint(path)
-        device = (
-            setup_torch().device
-            if joined
-            else local_device(detect_device_type(), placement.local_rank)
+        # The checkpoint's and tokenizer's refusals, then the data's (which may print
+        # progress): a refusal is the one line printed.
+        lm = GoodputLM.from_checkpoint(
+            directory, runtime, tokenizer_path=tokenizer_path, batch_size=batch_size
         )
-        try:
-            # The checkpoint's and tokenizer's refusals, then the data's (which may print
-            # progress): a refusal is the one line printed.
-            lm = GoodputLM.from_checkpoint(
-                directory, device, tokenizer_path=tokenizer_path, batch_size=batch_size
-            )
-            loaded = load_tasks(tasks)
-            print(f"goodput eval: {directory} on {device}", flush=True)
-            results = run_tasks(
-                lm, loaded, limit=limit, num_fewshot=num_fewshot, log_samples=log_samples
-            )
-        finally:
-            if joined:
-                dist.destroy_process_group()
-    if results is None:
-        return None
+        loaded = load_tasks(tasks)
+        if is_rank_zero():
+            ranks = f", sharded over {runtime.world_size} ranks" if runtime else ""
+            print(f"goodput eval: {directory} on {lm.device}{ranks}", flush=True)
+        results = run_tasks(
+            lm, loaded, limit=limit, num_fewshot=num_fewshot, log_samples=log_samples
+        )
+        if not is_rank_zero():  # every rank computed the same; rank 0 reports
+            return None
+    assert results is not None, "lm-eval returns results to a single process"
     metrics = metrics_of(results)
     step = checkpoint_step(directory)
     run_dir = run_dir_of(directory)

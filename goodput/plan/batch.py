@@ -15,9 +15,11 @@ For a mixture of experts N counts the active parameters, a rougher guess still.
 
 from __future__ import annotations
 
+from goodput.errors import GoodputError
 from goodput.plan.layout import Layout
 from goodput.train.flops import model_size
 from goodput.train.model_config import ModelConfig
+from goodput.train.parallel_config import ParallelConfig, pipeline_microbatches
 
 KAPLAN_N_C = 8.8e13  # non-embedding parameters
 KAPLAN_ALPHA_N = 0.076
@@ -57,11 +59,11 @@ def critical_batch_warning(model: ModelConfig, gbs_tokens: int) -> str | None:
 def batch_problem(
     model: ModelConfig, global_samples: int, micro_batch: int, layout: Layout
 ) -> str | None:
-    """Why the global batch does not split over ``layout``'s data-parallel ranks; None if it
-    does."""
+    """Why the global batch does not split over ``layout``'s data-parallel ranks, or its
+    pipeline's micro-batches do not suit the trainer's schedule; None if they do."""
     per_round = micro_batch * layout.dp
     if global_samples % per_round == 0:
-        return None
+        return pipeline_problem(global_samples // layout.dp, micro_batch, layout)
     critical = critical_batch_tokens(non_embedding_parameters(model))
     return (
         f"the global batch of {global_samples} samples does not split into micro-batches of "
@@ -69,6 +71,20 @@ def batch_problem(
         f"memory (a larger batch should stay under the critical batch, ~{_tokens(critical)} "
         "tokens)"
     )
+
+
+def pipeline_problem(local_samples: int, micro_batch: int, layout: Layout) -> str | None:
+    """The trainer's refusal of a pipeline's micro-batches (``pipeline_microbatches``: 1F1B,
+    its default schedule, needs at least ``pp`` of them); None without one."""
+    if layout.pp == 1:
+        return None
+    try:
+        pipeline_microbatches(
+            ParallelConfig(pp=layout.pp), local_samples, local_samples // micro_batch
+        )
+    except GoodputError as error:
+        return f"{error.what}; {error.fix}"
+    return None
 
 
 def _tokens(count: float) -> str:

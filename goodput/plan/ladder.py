@@ -1,27 +1,32 @@
-"""The ladder: add parallelism in order of pain, one rung at a time, until a layout fits.
+"""The ladder: every layout goodput's trainer could run, in order of pain; of those that fit in
+memory and split the global batch, the cheapest step by ``cost.step_cost`` wins, and the order
+of pain breaks ties (costs within ``TIE`` of the cheapest).
 
-Rungs, each tried only when every layout before it was rejected (world = nodes x devices per
-node, g = devices per node):
+Rungs, in order of pain (world = hosts x devices per host, g = devices per host):
 1. DP: every rank a whole replica (dp_replicate = world; goodput replicates through FSDP with
    dp_shard = 1, which fp32-master needs for its bf16 compute).
-2. FSDP: shard within a node (HSDP: dp_shard = g, a replica per node), then over 2, 4, ...
-   nodes (dp_shard = g x m for m dividing nodes) up to the whole world: the smallest shard
-   degree that fits. For a mixture of experts whose routed experts hold most parameters, each
-   shard degree is also tried with EP within a node (ep dividing g, the experts and dp_shard):
-   the experts' state shards the same, but FSDP gathers only the rank's own experts.
-3. TP within a node: tp dividing g, ascending (each must divide the heads, kv heads, ffn dim,
-   vocabulary and seq_len), FSDP over the rest, smallest shard first.
-4. PP across nodes: pp dividing nodes (at most num_layers), with the largest valid tp within a
-   node, FSDP over the rest.
-5. CP: cp dividing the data-parallel ranks of the smallest layout so far without pp (goodput
-   refuses cp inside pipeline stages today); its FSDP group keeps the same ranks (dp_shard x
-   cp), for sequences that still do not fit.
-Mixtures of experts skip TP, PP and CP: goodput's trainer refuses them with MoE today.
+2. FSDP: shard within a host (HSDP: dp_shard = g, a replica per host), then over 2, 4, ...
+   hosts (dp_shard = g x m for m dividing the hosts) up to the whole world.
+3. EP (a mixture of experts whose routed experts hold most parameters): each shard degree again
+   with ep within a host (ep dividing g, the experts and dp_shard).
+4. AC: activation checkpointing (the trainer's full per-block recompute) on any of the above.
+5. TP within a host: tp dividing g (each must divide the heads, kv heads, ffn dim, vocabulary
+   and seq_len), FSDP over the rest; with and without AC.
+6. PP across hosts: pp dividing the hosts (at most num_layers), each valid tp within a host,
+   FSDP over the rest; layers that do not divide are split by ``balanced_layer_split``.
+7. CP: cp dividing dp_shard of each layout without pp (goodput refuses cp inside pipeline
+   stages); its FSDP group keeps the same ranks (dp_shard x cp).
+Mixtures of experts skip TP, PP and CP: goodput's trainer refuses them with MoE today. A
+candidate's rung is the most painful one it uses (tp 2 + AC is TP).
 
-Every candidate must also split the global batch (``batch.batch_problem``). With more than one
-micro-batch a step, FSDP holds unsharded gradients through the accumulation unless
-``sync_every_micro_batch`` is set; when only that keeps a layout from fitting, the planner sets
-it (one reduce-scatter per micro-batch is cheaper than another rung) and says so.
+With more than one micro-batch a step, FSDP holds unsharded gradients through the accumulation
+unless ``sync_every_micro_batch`` is set; when only that keeps a layout from fitting, the
+planner sets it (one reduce-scatter per micro-batch, which its cost counts) and says so.
+
+When nothing splits the global batch, or what does costs more than ``BATCH_GAIN`` above the
+cheapest layout that fits in memory, ``nearest_batches`` are the closest global batches, below
+and above, that a layout fitting in memory splits (each checked by planning it; with a layout
+chosen, only those cheaper per sample): the error's fix, or a warning.
 """
 
 from __future__ import annotations
@@ -31,24 +36,29 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from goodput.plan.batch import batch_problem, critical_batch_warning
-from goodput.plan.layout import Layout, problems, tp_across_hosts
+from goodput.plan.cost import Cost, Rates, step_cost
+from goodput.plan.layout import Layout, balanced_layer_split, problems, tp_across_hosts
 from goodput.plan.memory import GIB, Breakdown, Parameters, Workload, estimate
 from goodput.train.flops import model_size
 from goodput.train.model_config import ModelConfig
 
-RUNGS = ("DP", "FSDP", "EP", "TP", "PP", "CP")
+RUNGS = ("DP", "FSDP", "EP", "AC", "TP", "PP", "CP")
 EXPERTS_DOMINATE = 0.5  # the routed experts' share of the parameters above which EP is tried
+TIE = 0.01  # costs this close to the cheapest are a tie: the least painful of them wins
+BATCH_GAIN = 0.1  # a batch forcing a layout this much costlier makes the planner look nearby
+NEAREST_TRIES = 4  # batches planned on each side, nearest first
+NEAREST_RANGE = 0.25  # how far from a batch that some layout runs the planner looks
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Machine:
-    nodes: int
-    gpus_per_node: int
+    nhosts: int
+    ppn: int  # devices (ranks) per host
     gpu_mem_gib: float
 
     @property
     def world(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return self.nhosts * self.ppn
 
     @property
     def device_bytes(self) -> float:
@@ -56,15 +66,18 @@ class Machine:
 
 
 @dataclass(frozen=True, slots=True)
-class Attempt:
-    """One rung's candidate: its layout (None: the rung was skipped), its memory (None: the
-    trainer would refuse the layout), and why it was rejected (None: it fits)."""
+class Candidate:
+    """One layout tried: its rung, its layout (None: the rung was skipped), its memory (None:
+    the trainer would refuse the layout) and step cost, and why it was rejected (None: it fits
+    and splits the batch)."""
 
     rung: str
     layout: Layout | None
     breakdown: Breakdown | None
+    cost: Cost | None
     reason: str | None
     sync_every_micro_batch: bool = False  # set by the planner to make it fit
+    fits_memory: bool = False
 
     @property
     def fits(self) -> bool:
@@ -72,56 +85,250 @@ class Attempt:
 
 
 @dataclass(frozen=True, slots=True)
+class Nearest:
+    """A global batch close to the asked one that a layout splits."""
+
+    samples: int
+    layout: Layout
+    total_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     machine: Machine
     work: Workload
-    attempts: tuple[Attempt, ...]  # in ladder order; the last one fits when chosen is set
-    chosen: Attempt | None
+    rates: Rates
+    candidates: tuple[Candidate, ...]  # in order of pain
+    chosen: Candidate | None
     warnings: tuple[str, ...]
+    nearest: tuple[Nearest, ...] = ()  # when no layout splits the batch: below, above
 
     @property
-    def rejected(self) -> tuple[Attempt, ...]:
-        return tuple(a for a in self.attempts if a is not self.chosen)
+    def fitting(self) -> list[Candidate]:
+        """The candidates that fit, cheapest first."""
+        fit = [c for c in self.candidates if c.fits and c.cost is not None]
+        return sorted(fit, key=_ranking)
 
     def failure(self) -> tuple[str, str]:
-        """(what, fix) when nothing fits: the smallest estimate found and what to change."""
-        estimated = [a for a in self.attempts if a.breakdown is not None]
+        """(what, fix) when nothing fits: the nearest batches, or the smallest estimate."""
+        estimated = [c for c in self.candidates if c.breakdown is not None]
         if not estimated:
-            return "no layout goodput accepts for this model", "see the rejected rungs"
-        best = min(estimated, key=lambda a: a.breakdown.total if a.breakdown else 0.0)
+            refused = next((c.reason for c in self.candidates if c.reason), "none tried")
+            return (
+                f"no layout goodput accepts for this model (e.g. {refused})",
+                "change the machine or the model's shape",
+            )
+        best = min(estimated, key=lambda c: c.breakdown.total if c.breakdown else 0.0)
         assert best.breakdown is not None and best.layout is not None
         memory = f"{best.breakdown.total / GIB:.1f} GiB per device"
-        if best.breakdown.total <= self.machine.device_bytes:
-            return (
-                f"no layout splits the global batch of {self.work.global_batch_samples} samples: "
-                f"the smallest estimate, {memory} ({best.rung} {best.layout.describe()}), fits "
-                "but its data-parallel ranks do not divide the batch",
-                "choose --gbs-tokens so that global samples divide by micro-batch x data-parallel "
-                "ranks, or use fewer nodes",
+        samples = self.work.global_batch_samples
+        if any(c.fits_memory for c in self.candidates):
+            what = (
+                f"no layout splits the global batch of {samples} samples: layouts fit in "
+                "memory, but their data-parallel ranks x the micro-batch do not divide it"
+            )
+            if not self.nearest:
+                return what, "choose another --gbs-tokens, or use fewer hosts"
+            options = [
+                f"{n.samples} samples (--gbs-tokens {n.samples * self.work.seq_len}: "
+                f"{n.layout.describe()}, {n.total_s:.3g} s a step)"
+                for n in self.nearest
+            ]
+            return f"{what}; the nearest that do: " + " or ".join(options), (
+                "pass one of those --gbs-tokens, or use fewer hosts"
             )
         return (
             f"no layout fits: the smallest estimate is {memory} ({best.rung} "
             f"{best.layout.describe()}) against {self.machine.gpu_mem_gib:.1f} GiB",
-            "use more nodes, turn on activation checkpointing (--activation-checkpointing), or "
-            "lower the micro-batch (--micro-batch-size)",
+            "use more hosts or lower the micro-batch (--micro-batch-size)"
+            + (
+                ""
+                if any(c.layout and c.layout.activation_checkpointing for c in estimated)
+                else ", or allow activation checkpointing (no --no-activation-checkpointing)"
+            ),
         )
 
 
 def plan_layout(
-    model: ModelConfig, machine: Machine, work: Workload, given: Layout | None = None
+    model: ModelConfig,
+    machine: Machine,
+    work: Workload,
+    rates: Rates,
+    *,
+    checkpointing: bool | None = None,
+    given: Layout | None = None,
 ) -> Plan:
-    """Climb the ladder until a layout fits. ``given``: the config's own [parallel] layout,
-    checked for warnings only."""
-    ladder = _Ladder(model, machine, work)
-    chosen = ladder.climb()
+    """Try every layout and choose the cheapest that fits. ``checkpointing``: None lets the
+    planner decide, True or False forces activation checkpointing on or off. ``given``: the
+    config's own [parallel] layout, checked for warnings only."""
+    ladder = _Ladder(model, machine, work, rates, checkpointing)
+    candidates = sorted(ladder.candidates(), key=lambda c: RUNGS.index(c.rung))
+    chosen = cheapest(candidates)
     warnings = [critical_batch_warning(model, work.global_batch_samples * work.seq_len)]
-    if given is not None and (
-        across := tp_across_hosts(given, machine.nodes, machine.gpus_per_node)
-    ):
+    if given is not None and (across := tp_across_hosts(given, machine.nhosts, machine.ppn)):
         warnings.append(f"the config's [parallel]: {across}")
-    if chosen is not None and chosen.layout is not None:
-        warnings.append(tp_across_hosts(chosen.layout, machine.nodes, machine.gpus_per_node))
-    return Plan(machine, work, tuple(ladder.attempts), chosen, tuple(w for w in warnings if w))
+    nearest: tuple[Nearest, ...] = ()
+    if _batch_costs_too_much(candidates, chosen):
+        nearest = nearest_batches(model, machine, work, rates, candidates, chosen)
+        if chosen is not None and nearest:
+            warnings.append(_cheaper_batches(work, chosen, nearest))
+    return Plan(
+        machine,
+        work,
+        rates,
+        tuple(candidates),
+        chosen,
+        tuple(w for w in warnings if w),
+        nearest,
+    )
+
+
+def cheapest(candidates: list[Candidate]) -> Candidate | None:
+    """The cheapest candidate that fits of the least painful rung that has one within ``TIE``
+    of the cheapest of all."""
+    fit = [c for c in candidates if c.fits and c.cost is not None]
+    if not fit:
+        return None
+    best = min(_total(c) for c in fit)
+    rung = min(RUNGS.index(c.rung) for c in fit if _total(c) <= best * (1 + TIE))
+    return min((c for c in fit if RUNGS.index(c.rung) == rung), key=_ranking)
+
+
+def _total(candidate: Candidate) -> float:
+    assert candidate.cost is not None
+    return candidate.cost.total
+
+
+def _ranking(candidate: Candidate) -> tuple[float, float, float]:
+    """Cost, then (between equal costs) the traffic the compute hides, then memory."""
+    assert candidate.cost is not None and candidate.breakdown is not None
+    cost = candidate.cost
+    return round(cost.total, 6), round(cost.fsdp, 6), candidate.breakdown.total
+
+
+def evaluate(
+    model: ModelConfig, machine: Machine, work: Workload, rates: Rates, layout: Layout, rung: str
+) -> Candidate:
+    """One layout's memory, cost and fit (setting ``sync_every_micro_batch`` when only that
+    makes it fit)."""
+    refused = problems(model, layout, work.seq_len)
+    if refused:
+        return Candidate(rung, layout, None, None, "; ".join(refused))
+    device = machine.device_bytes
+    breakdown = estimate(model, layout, work, device)
+    synced = False
+    reducible = layout.pp == 1 and not work.sync_every_micro_batch  # pp holds them anyway
+    if breakdown.total > device and breakdown.held_gradients > 0 and reducible:
+        work = replace(work, sync_every_micro_batch=True)
+        breakdown, synced = estimate(model, layout, work, device), True
+    cost = step_cost(model, layout, work, rates)
+    reasons = []
+    memory = f"{breakdown.total / GIB:.1f} GiB per device"
+    fits_memory = breakdown.total <= device
+    if not fits_memory:
+        every = " (reducing gradients every micro-batch)" if synced else ""
+        reasons.append(f"{memory}{every} > {machine.gpu_mem_gib:.1f} GiB")
+    batch = batch_problem(model, work.global_batch_samples, work.micro_batch_size, layout)
+    if batch:
+        reasons.append(batch if reasons else f"fits in {memory}, but {batch}")
+    reason = "; ".join(reasons) or None
+    return Candidate(rung, layout, breakdown, cost, reason, synced, fits_memory)
+
+
+def rung_of(layout: Layout) -> str:
+    """The most painful rung ``layout`` uses."""
+    for rung, used in (
+        ("CP", layout.cp > 1),
+        ("PP", layout.pp > 1),
+        ("TP", layout.tp > 1),
+        ("AC", layout.activation_checkpointing),
+        ("EP", layout.ep > 1),
+        ("FSDP", layout.shard > 1),
+    ):
+        if used:
+            return rung
+    return "DP"
+
+
+def _batch_costs_too_much(candidates: list[Candidate], chosen: Candidate | None) -> bool:
+    """Whether the global batch rules out every layout that fits in memory, or forces one
+    costing more than ``BATCH_GAIN`` above the cheapest of them."""
+    best = _cheapest_in_memory(candidates)
+    if best is None:
+        return False
+    return chosen is None or _total(chosen) > (1 + BATCH_GAIN) * best
+
+
+def _cheapest_in_memory(candidates: list[Candidate]) -> float | None:
+    """The cheapest step of the layouts that fit in memory, whether or not they split the
+    batch."""
+    costs = [_total(c) for c in candidates if c.fits_memory and c.cost is not None]
+    return min(costs, default=None)
+
+
+def nearest_batches(
+    model: ModelConfig,
+    machine: Machine,
+    work: Workload,
+    rates: Rates,
+    candidates: list[Candidate],
+    chosen: Candidate | None,
+) -> tuple[Nearest, ...]:
+    """The global batches nearest to ``work``'s, below and above, that a layout fitting in
+    memory splits (multiples of micro-batch x its data-parallel ranks), each planned again;
+    of the ``NEAREST_TRIES`` nearest on each side, the nearest whose cost per sample is within
+    ``BATCH_GAIN`` of theirs. With ``chosen`` set, only within ``NEAREST_RANGE`` of the batch
+    and ``BATCH_GAIN`` cheaper per sample than ``chosen``."""
+    samples = work.global_batch_samples
+    fit = [c.layout for c in candidates if c.fits_memory and c.layout is not None]
+    rounds = sorted({work.micro_batch_size * layout.dp for layout in fit})
+    below = sorted({samples // r * r for r in rounds if 0 < samples // r * r < samples})
+    above = sorted({-(-samples // r) * r for r in rounds if samples % r})
+    per_sample = _total(chosen) / samples / (1 + BATCH_GAIN) if chosen else math.inf
+    if chosen is not None:  # a layout runs this batch: look only close to it
+        below = [b for b in below if b >= samples * (1 - NEAREST_RANGE)]
+        above = [b for b in above if b <= samples * (1 + NEAREST_RANGE)]
+    # Only the layouts the trainer takes whose data-parallel ranks divide a batch can split it:
+    # those are evaluated again at that batch (memory and cost depend on the accumulation).
+    valid = [c for c in candidates if c.breakdown is not None and c.layout is not None]
+    found = []
+    for options in (below[::-1][:NEAREST_TRIES], above[:NEAREST_TRIES]):
+        planned = []
+        for batch in options:
+            again = replace(work, global_batch_samples=batch)
+            best = cheapest(
+                [
+                    evaluate(model, machine, again, rates, c.layout, c.rung)
+                    for c in valid
+                    if c.layout is not None and batch % (work.micro_batch_size * c.layout.dp) == 0
+                ]
+            )
+            if best is not None and best.layout is not None and best.cost is not None:
+                planned.append(Nearest(batch, best.layout, best.cost.total))
+        if not planned:
+            continue
+        lowest = min(n.total_s / n.samples for n in planned)
+        good = [
+            n
+            for n in planned  # nearest first
+            if n.total_s / n.samples <= min(per_sample, (1 + BATCH_GAIN) * lowest)
+        ]
+        found += good[:1]
+    return tuple(found)
+
+
+def _cheaper_batches(work: Workload, chosen: Candidate, nearest: tuple[Nearest, ...]) -> str:
+    assert chosen.layout is not None
+    options = " or ".join(
+        f"{n.samples} samples (--gbs-tokens {n.samples * work.seq_len}: {n.layout.describe()}, "
+        f"{n.total_s:.3g} s a step)"
+        for n in nearest
+    )
+    return (
+        f"the global batch of {work.global_batch_samples} samples leaves only costlier layouts "
+        f"({chosen.layout.describe()}, {_total(chosen):.3g} s a step); cheaper per sample: "
+        f"{options}"
+    )
 
 
 def divisors(n: int) -> list[int]:
@@ -130,50 +337,45 @@ def divisors(n: int) -> list[int]:
 
 
 class _Ladder:
-    def __init__(self, model: ModelConfig, machine: Machine, work: Workload):
-        self.model, self.machine, self.work = model, machine, work
-        self.attempts: list[Attempt] = []
+    def __init__(
+        self,
+        model: ModelConfig,
+        machine: Machine,
+        work: Workload,
+        rates: Rates,
+        checkpointing: bool | None,
+    ):
+        self.model, self.machine, self.work, self.rates = model, machine, work, rates
+        self.checkpointing = (False, True) if checkpointing is None else (checkpointing,)
 
-    def climb(self) -> Attempt | None:
-        for rung in (self._dp, self._fsdp, self._tp, self._pp, self._cp):
-            for name, candidate in rung():
-                attempt = (
-                    Attempt(name, None, None, f"skipped: {candidate}")
-                    if isinstance(candidate, str)
-                    else self._try(name, candidate)
+    def candidates(self) -> Iterator[Candidate]:
+        bases: list[Layout] = []
+        for rung in (self._dp, self._fsdp, self._tp, self._pp):
+            for name, layout in rung():
+                if isinstance(layout, str):
+                    yield Candidate(name, None, None, None, f"skipped: {layout}")
+                    continue
+                bases.append(layout)
+        for name, layout in self._cp(list(bases)):
+            if isinstance(layout, str):
+                yield Candidate(name, None, None, None, f"skipped: {layout}")
+                continue
+            bases.append(layout)
+        for base in bases:
+            if problems(self.model, base, self.work.seq_len):  # once, with the trainer's reason
+                yield evaluate(self.model, self.machine, self.work, self.rates, base, rung_of(base))
+                continue
+            for on in self.checkpointing:
+                layout = replace(base, activation_checkpointing=on)
+                yield evaluate(
+                    self.model, self.machine, self.work, self.rates, layout, rung_of(layout)
                 )
-                self.attempts.append(attempt)
-                if attempt.fits:
-                    return attempt
-        return None
-
-    def _try(self, rung: str, layout: Layout) -> Attempt:
-        refused = problems(self.model, layout, self.work.seq_len)
-        if refused:
-            return Attempt(rung, layout, None, "; ".join(refused))
-        device = self.machine.device_bytes
-        breakdown = estimate(self.model, layout, self.work, device)
-        synced = False
-        if breakdown.total > device and breakdown.held_gradients > 0:
-            reducing = replace(self.work, sync_every_micro_batch=True)
-            breakdown, synced = estimate(self.model, layout, reducing, device), True
-        reasons = []
-        memory = f"{breakdown.total / GIB:.1f} GiB per device"
-        if breakdown.total > device:
-            every = " (reducing gradients every micro-batch)" if synced else ""
-            reasons.append(f"{memory}{every} > {self.machine.gpu_mem_gib:.1f} GiB")
-        batch = batch_problem(
-            self.model, self.work.global_batch_samples, self.work.micro_batch_size, layout
-        )
-        if batch:
-            reasons.append(batch if reasons else f"fits in {memory}, but {batch}")
-        return Attempt(rung, layout, breakdown, "; ".join(reasons) or None, synced)
 
     def _dp(self) -> Iterator[tuple[str, Layout | str]]:
         yield "DP", Layout(dp_replicate=self.machine.world)
 
     def _fsdp(self) -> Iterator[tuple[str, Layout | str]]:
-        nodes, g = self.machine.nodes, self.machine.gpus_per_node
+        nodes, g = self.machine.nhosts, self.machine.ppn
         if self.machine.world == 1:
             yield "FSDP", "one device: nothing to shard over"
             return
@@ -198,13 +400,13 @@ class _Ladder:
             )
 
     def _tp(self) -> Iterator[tuple[str, Layout | str]]:
-        nodes, g = self.machine.nodes, self.machine.gpus_per_node
+        nodes, g = self.machine.nhosts, self.machine.ppn
         if self.model.moe is not None:
             yield "TP", "goodput refuses tp > 1 with a mixture-of-experts model today"
             return
         sizes = [tp for tp in divisors(g) if tp > 1]
         if not sizes:
-            yield "TP", "one device per node: TP stays within a node"
+            yield "TP", "one device per host: TP stays within a host"
         for tp in sizes:
             if problems(self.model, Layout(tp=tp), self.work.seq_len):
                 yield "TP", Layout(tp=tp, dp_replicate=nodes, dp_shard=g // tp)  # says why
@@ -213,43 +415,45 @@ class _Ladder:
                 yield "TP", Layout(tp=tp, dp_replicate=nodes // m, dp_shard=g // tp * m)
 
     def _pp(self) -> Iterator[tuple[str, Layout | str]]:
-        nodes, g = self.machine.nodes, self.machine.gpus_per_node
+        nodes, g = self.machine.nhosts, self.machine.ppn
         if self.model.moe is not None:
             yield "PP", "goodput refuses pp > 1 with a mixture-of-experts model today"
             return
         if nodes == 1:
-            yield "PP", "one node: pipeline stages go across nodes"
+            yield "PP", "one host: pipeline stages go across hosts"
             return
-        valid = [
+        sizes = [
             t for t in divisors(g) if not problems(self.model, Layout(tp=t), self.work.seq_len)
         ]
-        tp = max(valid, default=1)
+        layers = self.model.num_layers
         for pp in divisors(nodes)[1:]:
             per_stage = nodes // pp
-            if pp > self.model.num_layers:
-                yield "PP", Layout(pp=pp, tp=tp, dp_replicate=per_stage, dp_shard=g // tp)
-                return  # says why; a larger pp has even more stages
-            for m in divisors(per_stage):
-                yield "PP", Layout(pp=pp, tp=tp, dp_replicate=per_stage // m, dp_shard=g // tp * m)
+            if pp > layers:
+                yield "PP", Layout(pp=pp, dp_replicate=per_stage, dp_shard=g)  # says why
+                return  # a larger pp has even more stages
+            split = balanced_layer_split(layers, pp)
+            for tp in sizes:
+                for m in divisors(per_stage):
+                    yield (
+                        "PP",
+                        Layout(
+                            pp=pp,
+                            tp=tp,
+                            dp_replicate=per_stage // m,
+                            dp_shard=g // tp * m,
+                            pp_layers_per_stage=split,
+                        ),
+                    )
 
-    def _cp(self) -> Iterator[tuple[str, Layout | str]]:
+    def _cp(self, bases: list[Layout]) -> Iterator[tuple[str, Layout | str]]:
         if self.model.moe is not None:
             yield "CP", "goodput refuses cp > 1 with a mixture-of-experts model today"
             return
-        estimated = [
-            a for a in self.attempts if a.breakdown is not None and a.layout and a.layout.pp == 1
-        ]
-        if not estimated:
-            yield "CP", "no layout without pp so far to add cp to (goodput refuses cp with pp)"
-            return
-        best = min(estimated, key=lambda a: a.breakdown.total if a.breakdown else 0.0)
-        assert best.layout is not None
-        base = best.layout
-        for cp in divisors(base.dp)[1:]:
-            if base.dp_shard % cp == 0:
+        for base in bases:
+            if base.pp > 1 or base.dp_shard == 1 or problems(self.model, base, self.work.seq_len):
+                continue
+            for cp in divisors(base.dp_shard)[1:]:
                 yield "CP", replace(base, dp_shard=base.dp_shard // cp, cp=cp)
-            elif base.dp_replicate % cp == 0:
-                yield "CP", replace(base, dp_replicate=base.dp_replicate // cp, cp=cp)
 
     def _experts_share(self) -> float:
         """The routed experts' share of all parameters (0 for a dense model)."""

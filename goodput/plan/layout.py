@@ -1,10 +1,13 @@
-"""A parallel layout (the six degrees of ``[parallel]``) and what goodput's trainer accepts of it.
+"""A parallel layout (the six degrees of ``[parallel]``, activation checkpointing and the
+pipeline's layers per stage) and what goodput's trainer accepts of it.
 
-``Layout`` holds the degrees as ``[parallel]`` names them. The world it needs is pp x
-dp_replicate x dp_shard x cp x tp; ``ep`` borrows its ranks from ``dp_shard`` and adds none.
+``Layout`` holds them as ``[parallel]`` names them. The world it needs is pp x dp_replicate x
+dp_shard x cp x tp; ``ep`` borrows its ranks from ``dp_shard`` and adds none.
+``balanced_layer_split`` is the planner's split of layers that do not divide into the stages
+(the first and the last stage, which hold the embedding and the head, take fewer).
 ``problems`` says why the trainer would refuse a layout for a model: the trainer's own rules
 (``goodput.train.parallel_config``, torch-free). ``tp_across_hosts`` is the warning for a
-tensor-parallel group that spans hosts.
+tensor-parallel group that spans hosts; ``spans_hosts`` says which groups do.
 
 Invariants: degrees are whole numbers >= 1. Does not: read configs or build a mesh.
 """
@@ -15,7 +18,12 @@ from dataclasses import dataclass
 
 from goodput.errors import GoodputError
 from goodput.train.model_config import ModelConfig
-from goodput.train.parallel_config import ParallelConfig, check_tp_within_hosts, resolve_degrees
+from goodput.train.parallel_config import (
+    ParallelConfig,
+    check_tp_within_hosts,
+    even_layer_split,
+    resolve_degrees,
+)
 
 # In the order of the pasteable overrides; the mesh's own order is MESH_ORDER.
 DEGREES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
@@ -30,6 +38,8 @@ class Layout:
     pp: int = 1
     cp: int = 1
     ep: int = 1  # splits the routed experts over ranks of dp_shard
+    activation_checkpointing: bool = False  # each block recomputed in backward
+    pp_layers_per_stage: tuple[int, ...] | None = None  # None: the trainer's even split
 
     @property
     def world(self) -> int:
@@ -54,15 +64,46 @@ class Layout:
     def degrees(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in DEGREES}
 
+    def stage_layers(self, num_layers: int) -> list[int]:
+        """Layers per pipeline stage, in stage order, as the trainer cuts them."""
+        if self.pp_layers_per_stage is not None:
+            return list(self.pp_layers_per_stage)
+        return even_layer_split(num_layers, self.pp)
+
     def overrides(self) -> str:
-        """The layout as ``goodput train`` overrides, ready to paste."""
-        return " ".join(f"parallel.{name}={value}" for name, value in self.degrees().items())
+        """The layout as ``goodput train`` overrides, ready to paste: the six degrees, then
+        activation checkpointing and the layers per stage when they are set."""
+        items = [f"parallel.{name}={value}" for name, value in self.degrees().items()]
+        if self.activation_checkpointing:
+            items.append("parallel.activation_checkpointing=true")
+        if self.pp_layers_per_stage is not None:
+            items.append(
+                f"parallel.pp_layers_per_stage=[{','.join(map(str, self.pp_layers_per_stage))}]"
+            )
+        return " ".join(items)
 
     def describe(self) -> str:
-        """The degrees above 1 in the mesh's order, e.g. ``dp_shard 24 x tp 4``."""
+        """The degrees above 1 in the mesh's order, e.g. ``dp_shard 24 x tp 4 + AC``."""
         parts = [f"{name} {getattr(self, name)}" for name in MESH_ORDER if getattr(self, name) > 1]
         line = " x ".join(parts) or "1 device"
-        return line + (f" (ep {self.ep} within dp_shard)" if self.ep > 1 else "")
+        line += f" (ep {self.ep} within dp_shard)" if self.ep > 1 else ""
+        return line + (" + AC" if self.activation_checkpointing else "")
+
+
+def balanced_layer_split(num_layers: int, pp: int) -> tuple[int, ...] | None:
+    """The planner's layers per stage when ``num_layers`` does not divide by ``pp`` (None when
+    it does: the trainer's even split). The extra layers go to the middle stages first, then to
+    the last: the first stage holds the embedding and the most micro-batches in flight under
+    1F1B, the last the head and the logits (Llama 3's 405B run took one layer off each,
+    Dubey et al. 2024, "The Llama 3 Herd of Models", section 3.3.2)."""
+    base, extra = divmod(num_layers, pp)
+    if extra == 0:
+        return None
+    order = [*range(1, pp - 1), pp - 1, 0]  # who takes the next extra layer
+    split = [base] * pp
+    for stage in order[:extra]:
+        split[stage] += 1
+    return tuple(split)
 
 
 def problems(model: ModelConfig, layout: Layout, seq_len: int) -> list[str]:
@@ -77,6 +118,8 @@ def problems(model: ModelConfig, layout: Layout, seq_len: int) -> list[str]:
             pp=layout.pp,
             cp=layout.cp,
             ep=layout.ep,
+            activation_checkpointing=layout.activation_checkpointing,
+            pp_layers_per_stage=layout.pp_layers_per_stage,
         )
         cfg.check_model(model, seq_len)
         resolve_degrees(cfg, layout.world)
@@ -85,11 +128,27 @@ def problems(model: ModelConfig, layout: Layout, seq_len: int) -> list[str]:
     return []
 
 
-def tp_across_hosts(layout: Layout, nodes: int, gpus_per_node: int) -> str | None:
+def tp_across_hosts(layout: Layout, nhosts: int, ppn: int) -> str | None:
     """The warning for a layout whose tensor-parallel groups span hosts (the trainer's refusal,
     ``check_tp_within_hosts``); None when they do not."""
     try:
-        check_tp_within_hosts(layout.tp, nodes * gpus_per_node, gpus_per_node)
+        check_tp_within_hosts(layout.tp, nhosts * ppn, ppn)
     except GoodputError as error:
         return f"{error.what}; {error.fix} (goodput's trainer refuses it)"
     return None
+
+
+def spans_hosts(layout: Layout, group: str, ppn: int) -> bool:
+    """Whether ``layout``'s ``group`` (``tp``, ``cp``, ``ep``, ``fsdp``: dp_shard x cp,
+    ``dp_replicate``, ``pp``) has ranks on more than one host. Ranks go in the mesh's order, tp
+    fastest (``parallel_config.MESH_DIMS``), so a group spans the product of its own degree and
+    every degree inside it; it stays on a host when that block fits in one."""
+    inner = {
+        "tp": layout.tp,
+        "cp": layout.cp * layout.tp,
+        "ep": layout.ep * layout.cp * layout.tp,
+        "fsdp": layout.dp_shard * layout.cp * layout.tp,
+        "dp_replicate": layout.dp_replicate * layout.dp_shard * layout.cp * layout.tp,
+        "pp": layout.world,
+    }[group]
+    return inner > ppn or ppn % inner != 0

@@ -8,14 +8,18 @@ parameter of the precision policy (``flops.BYTES_PER_PARAMETER``: fp32-master 16
 2, fp32 4); d dim, h heads, kv = kv heads x head dim, e head dim, f ffn dim, V vocabulary.
 
 Where the parameters go. TP splits each block's matmul weights and the embedding and output
-head (by vocabulary) by tp; the norms (and an MoE router) stay whole. PP gives stage s
-layers // pp layers, the first layers % pp stages one more; the embedding lives on the first
-stage, the final norm and head on the last (a tied head is a copy there when pp > 1). EP
+head (by vocabulary) by tp; the norms (and an MoE router) stay whole. PP gives each stage the
+layers ``Layout.stage_layers`` says (``pp_layers_per_stage``, else the trainer's even split,
+the first layers % pp stages one more); the embedding lives on the first stage, the final norm
+and head on the last (a tied head is a copy there when pp > 1). EP
 splits the routed experts by ep. A stage's dense parameters are FSDP-sharded over dp_shard x
 cp ranks, its experts over dp_shard / ep; dp_replicate replicates.
 
 The terms (``Breakdown``):
-- state = B x (dense / (dp_shard x cp) + experts / (dp_shard / ep)).
+- state = B x (dense / (dp_shard x cp) + experts / (dp_shard / ep)), each tensor's rows
+  rounded up to whole rows per rank as FSDP splits them (``StageParameters.sharded``): the
+  weights, gradients and optimizer state one device holds (``state_bytes_per_device``, which
+  ``plan.verify`` compares with what the trainer builds).
 - gathered: FSDP's unsharded weights in the compute dtype, a x P: without pp, the 2 largest
   blocks (the one computing and the one prefetched) plus the root unit (embedding, final norm,
   head), which FSDP2 keeps unsharded from forward to backward; with pp > 1, the whole stage
@@ -24,7 +28,8 @@ The terms (``Breakdown``):
 - held_gradients: with FSDP, more than one micro-batch per step and
   ``sync_every_micro_batch = false`` (the default), FSDP keeps the unsharded gradients in the
   reduce dtype through the accumulation (torch's FSDP2 ``set_requires_gradient_sync(False)``);
-  they stand in for the sharded ones: g x (unsharded - sharded) parameters.
+  they stand in for the sharded ones: g x (unsharded - sharded) parameters. Under pp always
+  (torch's ``PipelineStage`` reduces them at the last micro-batch's backward only).
 - activations: what one block saves for backward, per token of a micro-batch, counted tensor
   by tensor for goodput's block (pre-norm RMSNorm, GQA attention through SDPA's flash kernel,
   which keeps the log-sum-exp and no t x t matrix, SwiGLU or top-k MoE); a test holds it to the
@@ -39,7 +44,8 @@ The terms (``Breakdown``):
   all of those are split by tp (heads and ffn by the matmuls, the rest by sequence
   parallelism); not split: the two norm outputs that the matmuls save, gathered over the
   sequence (2 a d), and the rotary cos/sin (4e). Tokens: micro_batch x the longest cp rank's
-  share of seq_len. With activation checkpointing a layer keeps only its input (a d / tp),
+  share of seq_len. With activation checkpointing (``Layout.activation_checkpointing``: the
+  trainer's full per-block checkpointing) a layer keeps only its input (a d / tp),
   plus one layer's full activations while it is recomputed. Under pp, 1F1B keeps up to
   pp - s micro-batches in flight on stage s (no more than the micro-batches of a step).
 - logits, on the last stage: micro_batch x tokens x (V (a + 4) / tp + (4d + 4 + a d) / tp + a d):
@@ -55,16 +61,13 @@ processes, or the start-up of a fresh run (which builds the whole model on every
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from goodput.plan.layout import Layout
 from goodput.train.flops import BYTES_PER_PARAMETER, model_size
 from goodput.train.model_config import ModelConfig
-from goodput.train.parallel_config import (
-    context_local_lengths,
-    even_layer_split,
-    fsdp_shards,
-)
+from goodput.train.parallel_config import context_local_lengths, fsdp_shards
 
 GIB = 2**30
 PRECISIONS = ("fp32-master", "pure-bf16", "fp32")
@@ -83,7 +86,6 @@ class Workload:
     micro_batch_size: int
     global_batch_samples: int  # sequences per optimizer step, all ranks together
     precision: str = "fp32-master"
-    activation_checkpointing: bool = False
     sync_every_micro_batch: bool = False
 
     def accumulation(self, layout: Layout) -> int:
@@ -161,29 +163,35 @@ def layer_activation_bytes(model: ModelConfig, compute_bytes: int, tp: int) -> f
     return (norms + attention + mlp) / tp + gathered_inputs + rotary
 
 
-def estimate(model: ModelConfig, layout: Layout, work: Workload, device_bytes: float) -> Breakdown:
-    """The per-device memory of ``layout``: the largest over its pipeline stages."""
-    layers = even_layer_split(model.num_layers, layout.pp)
-    # Only three stages can be the largest: the first (embedding, the most layers and
-    # micro-batches in flight), the first of those with one layer less, and the last (the
-    # head and logits); any other stage has no more layers and fewer micro-batches in flight
-    # than one of these.
-    fewer = model.num_layers % layout.pp
-    candidates = sorted({0, min(fewer, layout.pp - 1), layout.pp - 1})
-    stages = [_stage(model, layout, work, device_bytes, s, layers[s]) for s in candidates]
-    return max(stages, key=lambda breakdown: breakdown.total)
+@dataclass(frozen=True, slots=True)
+class StageParameters:
+    """One device's parameters on a pipeline stage, before FSDP shards them (TP and EP
+    splits applied): ``dense`` shards over dp_shard x cp ranks, ``experts`` over dp_shard /
+    ep; ``block_*`` are one block's, ``root`` the embedding, final norm and head it holds."""
+
+    dense: float
+    experts: float
+    block_dense: float
+    block_experts: float
+    root: float
+    # (how many, dim-0 rows, elements per row, an expert tensor) of the tensors above
+    tensors: tuple[tuple[int, int, int, bool], ...]
+
+    def sharded(self, layout: Layout) -> float:
+        """What the stage's fullest device keeps of them under FSDP, which splits each
+        tensor's dim 0 as torch.chunk does: ceil(rows / ranks) rows on the first ranks (FSDP2
+        pads every rank's shard to that), more than the average when ranks do not divide the
+        rows (the 80B's 1024 kv rows over 372 ranks; 8 experts over 16)."""
+        return sum(
+            count * math.ceil(rows / (layout.expert_shard if expert else layout.shard)) * width
+            for count, rows, width, expert in self.tensors
+        )
 
 
-def _stage(
-    model: ModelConfig,
-    layout: Layout,
-    work: Workload,
-    device_bytes: float,
-    stage: int,
-    layers: int,
-) -> Breakdown:
+def stage_parameters(model: ModelConfig, layout: Layout, stage: int) -> StageParameters:
+    """Pipeline stage ``stage``'s parameters on one of its devices (the module docstring)."""
     params = Parameters.of(model)
-    tp, a = layout.tp, COMPUTE_BYTES[work.precision]
+    tp, layers = layout.tp, layout.stage_layers(model.num_layers)[stage]
     first, last = stage == 0, stage == layout.pp - 1
     block_dense = params.block_split / tp + params.block_whole
     block_experts = params.block_experts / layout.ep
@@ -191,8 +199,86 @@ def _stage(
     if last:
         untied_or_copied = not params.tied or layout.pp > 1
         root += params.final_norm + (params.head / tp if untied_or_copied else 0.0)
-    dense, experts = layers * block_dense + root, layers * block_experts
-    sharded = dense / layout.shard + experts / layout.expert_shard
+    return StageParameters(
+        dense=layers * block_dense + root,
+        experts=layers * block_experts,
+        block_dense=block_dense,
+        block_experts=block_experts,
+        root=root,
+        tensors=_stage_tensors(model, layout, layers, first=first, last=last),
+    )
+
+
+def _stage_tensors(
+    model: ModelConfig, layout: Layout, layers: int, *, first: bool, last: bool
+) -> tuple[tuple[int, int, int, bool], ...]:
+    """The tensors of ``StageParameters.tensors``: the trainer's parameters, TP and EP splits
+    applied (``plan.verify`` holds the sum to what the trainer builds)."""
+    tp, d, moe = layout.tp, model.dim, model.moe
+    q, kv = model.num_heads * model.head_dim // tp, model.kv_heads * model.head_dim // tp
+    block = [(d, 1), (d, 1), (q, d), (kv, d), (kv, d), (d, q)]  # norms, wq, wk, wv, wo
+    experts = []
+    if moe is None:
+        f = model.mlp_dim // tp
+        block += [(f, d), (f, d), (d, f)]  # w1, w3, w2
+    else:
+        f = moe.expert_ffn_dim
+        block.append((moe.num_experts, d))  # the router
+        block += [(f, d), (f, d), (d, f)] if moe.shared_expert else []
+        experts = [(moe.num_experts // layout.ep, d * f)] * 3  # w1, w3, w2 stacked by expert
+    root = [(model.vocab_size // tp, d)] if first else []
+    if last:
+        root.append((d, 1))
+        root += [(model.vocab_size // tp, d)] if not model.tie_embeddings or layout.pp > 1 else []
+    return (
+        *((layers, rows, width, False) for rows, width in block),
+        *((layers, rows, width, True) for rows, width in experts),
+        *((1, rows, width, False) for rows, width in root),
+    )
+
+
+def state_bytes_per_device(
+    model: ModelConfig, layout: Layout, precision: str, stage: int | None = None
+) -> float:
+    """The weights, gradients and optimizer state one device holds, in bytes: on pipeline
+    stage ``stage``, or (None) on the stage holding the most. B x the device's FSDP shard of
+    its stage's parameters (B = ``flops.BYTES_PER_PARAMETER[precision]``); activations,
+    gathered weights and buffers are not state."""
+    stages = range(layout.pp) if stage is None else [stage]
+    sharded = max(stage_parameters(model, layout, s).sharded(layout) for s in stages)
+    return BYTES_PER_PARAMETER[precision] * sharded
+
+
+def estimate(model: ModelConfig, layout: Layout, work: Workload, device_bytes: float) -> Breakdown:
+    """The per-device memory of ``layout``: the largest over its pipeline stages."""
+    return max(
+        (_stage(model, layout, work, device_bytes, s) for s in worst_stages(model, layout)),
+        key=lambda breakdown: breakdown.total,
+    )
+
+
+def worst_stages(model: ModelConfig, layout: Layout) -> list[int]:
+    """The stages that can hold the most: the first (the embedding, the most micro-batches in
+    flight), the last (the head and the logits) and the earliest of the others with the most
+    layers; any other stage has no more layers and fewer micro-batches in flight than that one
+    (1F1B keeps pp - s in flight on stage s)."""
+    layers = layout.stage_layers(model.num_layers)
+    middle = range(1, layout.pp - 1)
+    stages = {0, layout.pp - 1}
+    if middle:
+        stages.add(max(middle, key=lambda s: (layers[s], -s)))
+    return sorted(stages)
+
+
+def _stage(
+    model: ModelConfig, layout: Layout, work: Workload, device_bytes: float, stage: int
+) -> Breakdown:
+    part = stage_parameters(model, layout, stage)
+    a = COMPUTE_BYTES[work.precision]
+    layers = layout.stage_layers(model.num_layers)[stage]
+    tp, last = layout.tp, stage == layout.pp - 1
+    dense, experts, sharded = part.dense, part.experts, part.sharded(layout)
+    block_dense, block_experts, root = part.block_dense, part.block_experts, part.root
 
     state = BYTES_PER_PARAMETER[work.precision] * sharded
     gathered = held = 0.0
@@ -202,13 +288,15 @@ def _stage(
             gathered = a * (dense + experts)
         else:
             gathered = a * (min(GATHERED_BLOCKS, layers) * (block_dense + block_experts) + root)
-        if accumulation > 1 and not work.sync_every_micro_batch:
+        # A pipeline stage holds them through the step whatever sync_every_micro_batch says
+        # (torch's PipelineStage defers the reduction to the last micro-batch's backward).
+        if accumulation > 1 and (layout.pp > 1 or not work.sync_every_micro_batch):
             held = GRADIENT_BYTES[work.precision] * (dense + experts - sharded)
 
     tokens = work.micro_batch_size * max(context_local_lengths(work.seq_len, layout.cp))
     per_layer = layer_activation_bytes(model, a, tp)
     in_flight = min(layout.pp - stage, accumulation)
-    if work.activation_checkpointing:
+    if layout.activation_checkpointing:
         kept = in_flight * layers * a * model.dim / tp + per_layer
     else:
         kept = in_flight * layers * per_layer

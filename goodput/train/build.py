@@ -55,8 +55,9 @@ from goodput.train.init import initialize_model
 from goodput.train.mesh import ParallelMesh
 from goodput.train.model import Transformer
 from goodput.train.optim import Optimizers
+from goodput.train.parallel_config import pipeline_microbatches
 from goodput.train.parallelize import parallelize
-from goodput.train.pipeline import Pipeline, build_pipeline, pipeline_microbatches
+from goodput.train.pipeline import Pipeline, build_pipeline
 from goodput.train.ring_attention import ContextLayout
 from goodput.train.watch import Watch
 

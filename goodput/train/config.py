@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.config import NON_EMPTY, limits
+from goodput.config import NON_EMPTY, example, limits
 from goodput.data.interleave import MAX_SAMPLES
 from goodput.errors import GoodputError
 from goodput.eval.config import EvalConfig
@@ -29,10 +29,16 @@ from goodput.train.loss_spikes import MAX_WINDOW, MIN_HISTORY
 from goodput.train.metrics_config import MetricsConfig
 from goodput.train.model_config import ModelConfig
 from goodput.train.optim_config import OptimConfig
-from goodput.train.parallel_config import ParallelConfig
+from goodput.train.parallel_config import (
+    ParallelConfig,
+    check_tp_within_hosts,
+    pipeline_microbatches,
+    resolve_degrees,
+)
 from goodput.train.schedule import ScheduleConfig
 
 POSITIVE = limits(at_least=1)
+FILE_LIST_EXAMPLE = "PATH (your corpora, see docs/data.md)"
 
 
 def _usage_error(where: str, what: str, fix: str) -> GoodputError:
@@ -109,8 +115,9 @@ class TrainConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DataConfig:
-    # "weight path-prefix corpus" lines, as for `goodput data blend`
-    file_list: str = field(metadata=NON_EMPTY)
+    # "weight path-prefix corpus" lines, as for `goodput data blend`. The one key a shipped
+    # recipe (configs/) leaves to its user: without it, the error names the override to add.
+    file_list: str = field(metadata={**NON_EMPTY, **example(FILE_LIST_EXAMPLE)})
     seed: int = 1234  # the blend's sample order
     cache: str = field(default="blend-cache", metadata=NON_EMPTY)  # blends built once, reused
     on_exhausted: Literal["repeat", "error"] = "repeat"
@@ -231,6 +238,19 @@ def plan_batches(train: TrainConfig, dp_size: int) -> BatchPlan:
             "micro_batch_size",
         )
     return BatchPlan(global_batch, train.micro_batch_size, dp_size, global_batch // per_round)
+
+
+def check_world(cfg: RunConfig, num_ranks: int, ranks_per_host: int) -> BatchPlan:
+    """What the trainer refuses of ``cfg`` on ``num_ranks`` ranks (``ranks_per_host`` to a host)
+    before it builds anything, without torch: the layout on the world size, tensor parallelism
+    within a host, the batch plan and the pipeline's micro-batches (``goodput submit`` checks a
+    chain's config with it, ``goodput chaos`` a campaign's, tests each recipe's)."""
+    degrees = resolve_degrees(cfg.parallel, num_ranks)
+    check_tp_within_hosts(degrees.tp, num_ranks, ranks_per_host)
+    plan = plan_batches(cfg.train, dp_size=degrees.dp)
+    if degrees.pp > 1:
+        pipeline_microbatches(cfg.parallel, plan.local_batch_size, plan.grad_accumulation)
+    return plan
 
 
 def _round_up(value: int, multiple: int) -> int:

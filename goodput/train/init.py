@@ -17,11 +17,12 @@ are the whole model's (pipeline stages keep them; wrappers' name parts are dropp
 tied output head draws the embedding's values, so the first and last stage agree.
 
 Cost per rank: the draws cover the rows its shard touches — its shard, or up to ``tp`` times it
-for a weight split by column — and the working set is one block (``BLOCK_ELEMENTS`` fp32 values,
-4 MiB) plus its slice on top of the shard itself. The distributions are the model's: norms at
-1, output projections (``wo``, ``w2``, the experts' ``w2``) normal with ``init_std / sqrt(2 ·
-layers)``, every other weight normal with ``init_std``. Values depend on the device type
-(each device's generator has its own stream), never on the layout.
+for a weight split by column, plus at most one block's rows at each end — and the working set
+is one block (``BLOCK_ELEMENTS`` fp32 values, 256 KiB) plus its slice on top of the shard. The
+distributions are the model's: norms at 1, output projections (``wo``, ``w2``, the experts'
+``w2``) normal with ``init_std / sqrt(2 · layers)``, every other weight normal with
+``init_std``. Values depend on the device type (each device's generator has its own stream),
+never on the layout.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from goodput.train.model_config import ModelConfig
 
-BLOCK_ELEMENTS = 1 << 20
+# 64 Ki values: big enough that drawing a block costs far more than seeding its generator,
+# small enough that a shard of a few rows (FSDP over thousands of ranks) draws little more.
+BLOCK_ELEMENTS = 1 << 16
 # Name parts that wrappers add (activation checkpointing, torch.compile): not the parameter's.
 WRAPPER_NAME_PARTS = frozenset({"_checkpoint_wrapped_module", "_orig_mod"})
 OUTPUT_PROJECTIONS = ("wo.weight", "w2.weight", "experts.w2")

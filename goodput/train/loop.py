@@ -50,8 +50,9 @@ from goodput.train.grad_tally import GradientTally
 from goodput.train.mesh import build_mesh
 from goodput.train.metrics import Metrics, peak_flops
 from goodput.train.optim import Optimizers
+from goodput.train.parallel_config import pipeline_microbatches
 from goodput.train.parallelize import compute_dtype
-from goodput.train.pipeline import model_parts, pipeline_microbatches
+from goodput.train.pipeline import model_parts
 from goodput.train.schedule import learning_rate
 from goodput.train.setup import setup_torch
 from goodput.train.step import SkippedSteps, train_step

@@ -348,3 +348,32 @@ def fsdp_shards(num_ranks: int, precision: str) -> bool:
     on one rank it shards nothing, yet its hooks cost ~12% of a CPU step (bench_train), so only
     fp32-master, whose bf16 compute comes from FSDP's policy, takes it there."""
     return num_ranks > 1 or precision == "fp32-master"
+
+
+def pipeline_microbatches(cfg: ParallelConfig, local_batch_size: int, default: int) -> int:
+    """The pipeline's micro-batches per step: ``pp_microbatches``, else ``default`` (the batch
+    plan's); refused unless it divides this rank's ``local_batch_size`` samples and the schedule
+    takes it (torch's: 1F1B at least ``pp``, interleaved 1F1B whole rounds of about ``pp``), so
+    that the loop can refuse it at start rather than ``_schedule`` after the blend is built."""
+    count = cfg.pp_microbatches or default
+    if local_batch_size % count:
+        raise GoodputError.usage(
+            "[parallel]",
+            f"pp_microbatches = {count} does not divide the {local_batch_size} samples each "
+            "pipeline runs per step",
+            "choose pp_microbatches dividing it, or leave it unset (one per micro-batch)",
+        )
+    rounds = max(1, count // cfg.pp)
+    needs = None
+    if cfg.pp_schedule == "1f1b" and count < cfg.pp:
+        needs = f"at least pp = {cfg.pp}"
+    elif cfg.pp_schedule == "interleaved_1f1b" and count % rounds:
+        needs = f"a multiple of its {rounds} rounds (micro-batches // pp)"
+    if needs is not None:
+        raise GoodputError.usage(
+            "[parallel]",
+            f"pp_schedule '{cfg.pp_schedule}' with {count} micro-batches on pp = {cfg.pp}: it "
+            f"needs {needs}",
+            "set parallel.pp_microbatches to a multiple of pp (and at least pp)",
+        )
+    return count

@@ -9,9 +9,8 @@ the output head. Each stage is a ``Transformer`` that keeps only its parts, unde
 whole-model names (checkpoints load across layouts by name), and ``parallelize`` lays it out
 (TP, checkpointing, compile, FSDP over its data-parallel ranks) as a model of its own.
 
-Init. The whole model is drawn from the seed on every rank and then cut, so every layout starts
-from the weights one process starts from; a run about to resume builds on the meta device and
-allocates its stages only.
+Init. The whole model is built on the meta device and cut there; each rank allocates only its
+own stages, which ``goodput.train.init`` fills with the values one process draws for them.
 
 Tied embeddings. In the whole model the embedding and the output head are one weight; here the
 first stage holds it as ``embedding.weight`` and the last a copy as ``output.weight``, equal at
@@ -269,35 +268,6 @@ def _tie_group(mesh: ParallelMesh) -> dist.ProcessGroup | None:
     pairs = [[int(a), int(b)] for a, b in zip(ranks[0].flatten(), ranks[-1].flatten(), strict=True)]
     group, _ = dist.new_subgroups_by_enumeration(pairs)
     return group
-
-
-def pipeline_microbatches(cfg: ParallelConfig, local_batch_size: int, default: int) -> int:
-    """The pipeline's micro-batches per step: ``pp_microbatches``, else ``default`` (the batch
-    plan's); refused unless it divides this rank's ``local_batch_size`` samples and the schedule
-    takes it (torch's: 1F1B at least ``pp``, interleaved 1F1B whole rounds of about ``pp``), so
-    that the loop can refuse it at start rather than ``_schedule`` after the blend is built."""
-    count = cfg.pp_microbatches or default
-    if local_batch_size % count:
-        raise GoodputError.usage(
-            "[parallel]",
-            f"pp_microbatches = {count} does not divide the {local_batch_size} samples each "
-            "pipeline runs per step",
-            "choose pp_microbatches dividing it, or leave it unset (one per micro-batch)",
-        )
-    rounds = max(1, count // cfg.pp)
-    needs = None
-    if cfg.pp_schedule == "1f1b" and count < cfg.pp:
-        needs = f"at least pp = {cfg.pp}"
-    elif cfg.pp_schedule == "interleaved_1f1b" and count % rounds:
-        needs = f"a multiple of its {rounds} rounds (micro-batches // pp)"
-    if needs is not None:
-        raise GoodputError.usage(
-            "[parallel]",
-            f"pp_schedule '{cfg.pp_schedule}' with {count} micro-batches on pp = {cfg.pp}: it "
-            f"needs {needs}",
-            "set parallel.pp_microbatches to a multiple of pp (and at least pp)",
-        )
-    return count
 
 
 def model_parts(model: nn.Module | Pipeline) -> list[nn.Module]:

@@ -1,7 +1,8 @@
 """The commands the README and docs/ show: the README's quick starts run as written, and every
 ``goodput`` command line in a code block of the README or docs/ parses with the real parser
 (most of those need a cluster, a GPU or a checkpoint to run; their features' own tests run
-them)."""
+them, and test_recipe_commands.py runs each line that names a shipped recipe up to where the
+hardware is needed)."""
 
 import contextlib
 import io

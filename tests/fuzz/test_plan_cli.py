@@ -1,6 +1,7 @@
-"""Fuzz the numbers ``goodput plan layout`` reads from its command line (nodes, devices per
-node, device memory, the global batch, the sequence length and the micro-batch) and those of
-``goodput plan reliability`` (nodes, MTBF, stall, restart, walltime, survival, step, interval).
+"""Fuzz the numbers ``goodput plan layout`` reads from its command line (hosts, devices per
+host, device memory, the global batch, the sequence length, the micro-batch and the step
+cost's rates) and those of ``goodput plan reliability`` (hosts, MTBF, stall, restart, walltime,
+survival, step, interval).
 
 Property: exit 0 with a plan, or exit 1 (nothing fits) or 2 (bad input) with exactly one
 ``goodput: error:`` line and no traceback, within a bound of time; never another exception.
@@ -35,11 +36,14 @@ numbers = st.one_of(
 # Values a real machine and batch might have; each example breaks at most one of them, so that
 # most examples reach the planner.
 PLAUSIBLE = {
-    "--nodes": st.integers(1, 300),
-    "--gpus-per-node": st.integers(1, 16),
+    "--nhosts": st.integers(1, 300),
+    "--ppn": st.integers(1, 16),
     "--gpu-mem-gb": st.floats(0.001, 200),
     "--gbs-tokens": st.integers(1, 2**12).map(lambda samples: samples * 256),
     "--seq-len": st.sampled_from([32, 64, 128, 256]),
+    "--tflops": st.floats(1e-3, 1e4),
+    "--intra-gbps": st.floats(1e-3, 1e4),
+    "--inter-gbps": st.floats(1e-3, 1e4),
 }
 
 
@@ -49,10 +53,13 @@ PLAUSIBLE = {
     broken=st.sampled_from([None, *PLAUSIBLE]),
     junk=numbers,
     micro_batch=st.none() | st.integers(1, 8),
-    checkpointing=st.booleans(),
+    checkpointing=st.sampled_from(
+        [None, "--activation-checkpointing", "--no-activation-checkpointing"]
+    ),
+    from_config=st.booleans(),
 )
 def test_any_numbers_give_a_plan_or_one_line(
-    config, values, broken, junk, micro_batch, checkpointing
+    config, values, broken, junk, micro_batch, checkpointing, from_config
 ):
     if broken is not None:
         values[broken] = junk
@@ -62,7 +69,9 @@ def test_any_numbers_give_a_plan_or_one_line(
     if micro_batch is not None:
         argv.append(f"--micro-batch-size={micro_batch}")
     if checkpointing:
-        argv.append("--activation-checkpointing")
+        argv.append(checkpointing)
+    if from_config:
+        argv.append("--layout-from-config")
     out, err = io.StringIO(), io.StringIO()
     began, here = time.monotonic(), os.getcwd()
     os.chdir(REPO)
@@ -84,7 +93,7 @@ def test_any_numbers_give_a_plan_or_one_line(
 
 
 RELIABILITY = {
-    "--nodes": st.integers(1, 2**17),
+    "--nhosts": st.integers(1, 2**17),
     "--node-mtbf-days": st.floats(0.01, 3650),
     "--save-stall-s": st.floats(0.001, 3600),
     "--restart-s": st.floats(0, 3600),
@@ -111,7 +120,7 @@ def test_any_numbers_give_a_failure_budget_or_one_line(values, broken, junk, dro
 # Every value the options admit (argtypes' ranges), extremes and subnormals included.
 seconds = st.floats(min_value=0, max_value=argtypes.MAX_SECONDS, exclude_min=True)
 IN_RANGE = {
-    "--nodes": st.integers(1, argtypes.MAX_COUNT),
+    "--nhosts": st.integers(1, argtypes.MAX_COUNT),
     "--node-mtbf-days": seconds,
     "--save-stall-s": seconds,
     "--restart-s": st.just(0.0) | seconds,

@@ -77,7 +77,10 @@ def test_cached_logits_equal_the_full_forwards_last_position_at_every_step(name)
         cached = [decoder.prefill(PROMPT)] + [decoder.step(token) for token in tokens]
     for i, logits_v in enumerate(cached):
         reference = full_logits(model, PROMPT + tokens[:i])
-        torch.testing.assert_close(logits_v, reference, atol=1e-5, rtol=0)
+        # fp32 rounding of matmuls of other shapes: MKL picks the kernels by shape and CPU (up to
+        # 1.01e-5 on logits near 2 on an Intel Xeon, 5e-6 relative), far below what a cache that
+        # attends wrongly changes (BASE makes peaked predictions for that).
+        torch.testing.assert_close(logits_v, reference, atol=1e-5, rtol=1e-5)
     assert decoder.cache.length == len(PROMPT) + len(tokens)
 
 

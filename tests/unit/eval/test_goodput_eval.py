@@ -218,7 +218,7 @@ def test_batch_size_changes_no_score(run, tasks):
     loaded = resolve_tasks([str(tasks.choice)])
     scores = []
     for batch_size in (1, 7):
-        lm = GoodputLM.from_checkpoint(run_dir, torch.device("cpu"), batch_size=batch_size)
+        lm = GoodputLM.from_checkpoint(run_dir, None, batch_size=batch_size)
         results = run_tasks(lm, load_tasks(loaded), log_samples=True)
         assert results is not None
         scores.append([s["filtered_resps"] for s in results["samples"]["tiny_arc"]])

@@ -13,7 +13,7 @@ import torch
 from goodput.data.loader import BlendedSamples
 from goodput.errors import GoodputError
 from goodput.eval.config import EvalConfig
-from goodput.eval.generate import load_for_inference
+from goodput.eval.inference import load_for_inference
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import tokenized_run_config, write_spelling_task
 from goodput.train.loop import train
@@ -87,7 +87,7 @@ def test_the_heldout_loss_is_the_checkpoint_models_mean_token_loss(eval_run):
     train(eval_run)
     run_dir = Path(eval_run.train.run_dir)
     logged = {r["step"]: r for r in records(eval_run)}[8]["heldout_loss"]
-    model = load_for_inference(run_dir, None, torch.device("cpu")).model
+    model = load_for_inference(run_dir, None, None).model
     blend = json.loads((run_dir / "run.json").read_text())["data"]["fingerprint"]
     samples = BlendedSamples(Path(eval_run.data.cache) / "blends" / blend[:20])
     total, tokens = 0.0, 0

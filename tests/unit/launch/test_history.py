@@ -75,7 +75,7 @@ def _edited(**changes) -> str:
         ("{not json", "is not a JSON line"),
         ("[1, 2]", "is not an object of attempt record keys"),
         (_edited(class_="bad-node"), "is not an object of attempt record keys"),
-        (_edited(**{"class": "DROP"}), "missing 1 required keyword-only argument: 'class'"),
+        (_edited(**{"class": "DROP"}), "'class' is not set"),
         (_edited(**{"class": "lucky"}), "'class' = 'lucky' is not allowed"),
         (_edited(colour="red"), "unknown key 'colour'"),
         (_edited(exit_code="137"), "'exit_code' must be int"),

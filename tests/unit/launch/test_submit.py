@@ -27,6 +27,8 @@ from goodput.launch.history import read_attempts
 from goodput.testing.jobs import outside_any_job
 
 BIN = Path(sys.executable).parent  # this venv's bin: the jobs' `goodput` is found here
+# A chain's `goodput train CONFIG` line is loaded when submitted: the tests' run.toml is the demo's.
+CONFIGS = Path(__file__).parents[3] / "configs"
 CHAIN_TIMEOUT_S = 90
 HOSTILE = ["$(touch PWNED)", ";", "a'b\"c", "`touch PWNED`", "$HOME", "x && touch PWNED"]
 
@@ -115,6 +117,7 @@ def _events(log: Path) -> list[list]:
 
 
 def test_slurm_script_headers_and_chain_steps(monkeypatch, tmp_path, capsys):
+    shutil.copy(CONFIGS / "tiny-cpu.toml", tmp_path / "run.toml")
     line = ["goodput", "launch", "--timeout", "1800", "--", "goodput", "train", "run.toml"]
     options = ["--scheduler", "slurm", "--account", "m4321", "--partition", "regular"]
     script = _write(monkeypatch, tmp_path, capsys, [*options, "--max-jobs", "4"], line)
@@ -144,6 +147,7 @@ def test_slurm_script_headers_and_chain_steps(monkeypatch, tmp_path, capsys):
 
 def test_old_nodes_spelling_writes_the_same_script_with_one_warning(monkeypatch, tmp_path, capsys):
     monkeypatch.chdir(tmp_path)
+    shutil.copy(CONFIGS / "tiny-cpu.toml", tmp_path / "run.toml")
     line = ["--", "goodput", "launch", "--", "goodput", "train", "run.toml"]
     new = [*_submit_args(tmp_path / "new", "--scheduler", "slurm", "--job-name", "r"), *line]
     assert cli.main(new) == 0
@@ -755,3 +759,47 @@ def test_a_slurm_chain_without_done_stops_after_max_jobs(tmp_path):
     assert events == [["run"], ["run"]]
     assert "job 2 of 2 (--max-jobs): the last one" in logs[1]
     assert "the chain ends without" in logs[1]
+
+
+@pytest.mark.parametrize(
+    ("launch", "train", "message"),
+    [
+        (
+            ["--nhosts", "1", "--ppn", "8"],
+            [],
+            "llama-8b.toml: [data] file_list is not set; add data.file_list=PATH",
+        ),
+        (
+            ["--nhosts", "1", "--ppn", "4"],
+            ["data.file_list=corpora.txt"],
+            "llama-8b.toml [parallel]: dp_replicate 1 x dp_shard 8 x tp 1 x pp 1 x cp 1 = 8 "
+            "ranks, but the world has 4",
+        ),
+        (["--nhosts", "1", "--ppn", "8"], ["data.file_list=x", "--bogus"], "does not know --bogus"),
+    ],
+)
+def test_a_train_line_no_job_could_start_is_refused_before_anything_is_written(
+    monkeypatch, tmp_path, capsys, launch, train, message
+):
+    monkeypatch.chdir(tmp_path)
+    line = ["goodput", "launch", *launch, "--", "goodput", "train", str(CONFIGS / "llama-8b.toml")]
+    argv = [*_submit_args(tmp_path / "run", "--scheduler", "slurm"), "--", *line, *train]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_recipes_chain_is_checked_without_torch(tmp_path):
+    """The 405B recipe (a pipeline) on its machine: loaded and checked on a login node."""
+    line = ["goodput", "launch", "--profile", "polaris", "--nhosts", "1024", "--ppn", "8", "--"]
+    line += ["goodput", "train", str(CONFIGS / "llama-405b.toml"), "data.file_list=corpora.txt"]
+    argv = [*_submit_args(tmp_path / "run", "--scheduler", "pbs", nhosts="1031"), "--", *line]
+    code = (
+        "import sys; from goodput.cli import main; "
+        f"rc = main({argv!r}); print('torch' in sys.modules, rc)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=_child_env(), capture_output=True, text=True
+    )
+    assert result.stdout.splitlines()[-1] == "False 0", result.stderr

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from goodput.plan.layout import Layout
+from goodput.plan.layout import Layout, balanced_layer_split
 from goodput.plan.memory import (
     COMPUTE_BYTES,
     GRADIENT_BYTES,
@@ -21,11 +21,12 @@ from goodput.plan.memory import (
     _stage,
     estimate,
     layer_activation_bytes,
+    state_bytes_per_device,
 )
 from goodput.train.flops import BYTES_PER_PARAMETER, model_size
 from goodput.train.model import Block, Transformer
 from goodput.train.model_config import ModelConfig, MoEConfig
-from goodput.train.parallel_config import even_layer_split
+from goodput.train.parallel_config import ParallelConfig, even_layer_split
 
 DENSE = ModelConfig(
     vocab_size=1000, dim=256, num_layers=3, num_heads=8, num_kv_heads=4, ffn_dim=768
@@ -54,7 +55,6 @@ def test_the_precisions_are_the_trainers():
     import typing
 
     from goodput.commands import plan
-    from goodput.train.parallel_config import ParallelConfig
 
     assert BYTES_PER_PARAMETER == {"fp32-master": 16, "pure-bf16": 8, "fp32": 16}
     trainer = typing.get_args(typing.get_type_hints(ParallelConfig)["precision"])
@@ -108,24 +108,61 @@ def test_tp_splits_all_but_the_gathered_matmul_inputs_and_the_rotary_tables():
 
 @pytest.mark.parametrize("pp", [2, 3, 4, 5, 7])
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_the_worst_stage_is_found_among_three(pp, checkpointing):
+@pytest.mark.parametrize("split", ["even", "balanced"])
+def test_the_worst_stage_is_found_among_three(pp, checkpointing, split):
     model = replace(DENSE, num_layers=11, tie_embeddings=True)
-    work = Workload(
-        seq_len=64,
-        micro_batch_size=1,
-        global_batch_samples=16,
-        activation_checkpointing=checkpointing,
+    work = Workload(seq_len=64, micro_batch_size=1, global_batch_samples=16)
+    layers = balanced_layer_split(11, pp) if split == "balanced" else None
+    layout = Layout(
+        pp=pp, dp_shard=2, activation_checkpointing=checkpointing, pp_layers_per_stage=layers
     )
-    layout = Layout(pp=pp, dp_shard=2)
-    every = [
-        _stage(model, layout, work, 2**30, stage, layers).total
-        for stage, layers in enumerate(even_layer_split(11, pp))
-    ]
+    every = [_stage(model, layout, work, 2**30, stage).total for stage in range(pp)]
     assert estimate(model, layout, work, 2**30).total == max(every)
 
 
+def test_the_balanced_split_gives_the_first_and_last_stages_fewer_layers():
+    # Llama 3 405B: 126 layers on 16 stages, one layer fewer on the first and the last (Dubey et
+    # al. 2024, section 3.3.2).
+    assert balanced_layer_split(126, 16) == (7, *[8] * 14, 7)
+    assert balanced_layer_split(88, 16) == (5, *[6] * 8, *[5] * 7)
+    assert balanced_layer_split(11, 4) == (2, 3, 3, 3)  # the last takes one once the middle has
+    assert balanced_layer_split(5, 2) == (2, 3)
+    assert balanced_layer_split(12, 4) is None  # divides: the trainer's even split
+    for layers in range(2, 40):
+        for pp in range(2, layers + 1):
+            split = balanced_layer_split(layers, pp)
+            if split is not None:
+                assert sum(split) == layers and max(split) - min(split) == 1
+                assert (
+                    ParallelConfig(pp=pp, pp_layers_per_stage=split).check_model(
+                        replace(DENSE, num_layers=layers), 64
+                    )
+                    is None
+                )
+
+
+def test_state_per_device_is_the_largest_stages_shard_of_the_state():
+    # 11 layers on 2 stages (5 + 6), untied: the first stage holds the embedding, the last the
+    # head and the final norm; fp32-master keeps 16 bytes a parameter, sharded over 2 ranks.
+    params = Parameters.of(DENSE)
+    model = replace(DENSE, num_layers=11)
+    block = params.block_split + params.block_whole
+    layout = Layout(pp=2, dp_shard=2, pp_layers_per_stage=(5, 6))
+    first = 16 * (5 * block + params.embedding) / 2
+    last = 16 * (6 * block + params.head + params.final_norm) / 2
+    assert state_bytes_per_device(model, layout, "fp32-master", stage=0) == first
+    assert state_bytes_per_device(model, layout, "fp32-master", stage=1) == last
+    assert state_bytes_per_device(model, layout, "fp32-master") == max(first, last)
+    assert state_bytes_per_device(model, Layout(tp=2, dp_shard=4), "pure-bf16") == pytest.approx(
+        8 * (11 * (params.block_split / 2 + params.block_whole) + 2 * params.head / 2 + 256) / 4
+    )
+    # The breakdown's state term is the same function's, for the stage it reports.
+    work = Workload(seq_len=64, micro_batch_size=1, global_batch_samples=4)
+    worst = estimate(model, layout, work, 2**30)
+    assert worst.state == state_bytes_per_device(model, layout, "fp32-master", worst.stage)
+
+
 def test_the_trainers_layer_split_is_even_with_the_first_stages_one_more():
-    from goodput.train.parallel_config import ParallelConfig
     from goodput.train.pipeline import layers_per_stage
 
     assert even_layer_split(13, 4) == [4, 3, 3, 3] and even_layer_split(8, 2) == [4, 4]
@@ -136,7 +173,6 @@ def test_the_trainers_layer_split_is_even_with_the_first_stages_one_more():
 
 
 def test_compute_bytes_follow_the_trainers_compute_dtype():
-    from goodput.train.parallel_config import ParallelConfig
     from goodput.train.parallelize import compute_dtype
 
     for precision, size in COMPUTE_BYTES.items():

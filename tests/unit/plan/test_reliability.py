@@ -92,7 +92,7 @@ def run(capsys, *argv: object) -> tuple[int, str, str]:
     return code, out, err
 
 
-SEED_ARGS = ["--nodes", 16000, "--node-mtbf-days", 365, "--save-stall-s", 23.6, "--restart-s", 60]
+SEED_ARGS = ["--nhosts", 16000, "--node-mtbf-days", 365, "--save-stall-s", 23.6, "--restart-s", 60]
 
 
 def test_the_json_has_the_documented_keys(capsys):
@@ -103,6 +103,12 @@ def test_the_json_has_the_documented_keys(capsys):
         assert isinstance(report[key], float)
     assert round(report["failures_per_day"]) == 44
     assert report["spare_nodes"] == 60 and report["configured_goodput"] is None
+
+
+def test_nodes_is_the_deprecated_spelling_of_nhosts(capsys):
+    code, out, err = run(capsys, "--nodes", *SEED_ARGS[1:], "--json")
+    assert code == 0 and json.loads(out)["spare_nodes"] == 60
+    assert err == "goodput: warning: --nodes is deprecated; use --nhosts\n"
 
 
 def test_the_text_names_the_configured_interval_against_the_optimum(capsys):
@@ -124,7 +130,7 @@ def test_the_text_names_the_configured_interval_against_the_optimum(capsys):
         (["--interval-steps", "10"], "--interval-steps: needs --step-s"),
         (["--survival", "1"], "--survival: 1 is not a probability below 1"),
         (["--walltime-h", "1e8"], "failures expected in one walltime: more than 1e+06"),
-        (["--nodes", "1000000"], "--nodes: 1000000 nodes is beyond any machine"),
+        (["--nhosts", "1000000"], "--nhosts: 1000000 hosts is beyond any machine"),
         (["--restart-s", "-1"], "argument --restart-s: -1 is not in [0, 315360000]"),
         (["--save-stall-s", "nan"], "argument --save-stall-s: nan is not in (0, 315360000]"),
         # Values the options admit, for which the model has no finite answer:

@@ -15,8 +15,7 @@ from goodput.errors import ExitCode, GoodputError
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import tiny_run_config
 from goodput.train.config import RunConfig
-from goodput.train.parallel_config import ParallelConfig
-from goodput.train.pipeline import pipeline_microbatches
+from goodput.train.parallel_config import ParallelConfig, pipeline_microbatches
 
 CONFIGS = Path(__file__).parents[3] / "configs"
 TINY = CONFIGS / "tiny-cpu.toml"

@@ -3,7 +3,7 @@ no matter which — bit for bit the values one process draws for the whole model
 
 Blocks are made small here (``BLOCK_ELEMENTS`` = 96) so that the tiny model's parameters span
 many blocks, rows are cut when a row is bigger than a block, and shards start and end inside
-blocks — the cases a real model's 1 Mi-element blocks meet at scale.
+blocks — the cases a real model's 64 Ki-element blocks meet at scale.
 """
 
 import math
@@ -30,6 +30,7 @@ from goodput.train.model_config import ModelConfig, MoEConfig
 from goodput.train.pipeline import Pipeline
 
 SMALL_BLOCK = 96
+DEFAULT_BLOCK = goodput.train.init.BLOCK_ELEMENTS
 SEED = 1234
 WORLD_SIZE = 4
 MOE = MoEConfig(num_experts=4, top_k=2, expert_ffn_dim=16)
@@ -58,7 +59,6 @@ def layout_config(base: RunConfig, name: str, **parallel: Any) -> RunConfig:
 
 def reference_values(model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """The whole model as one process draws it."""
-    goodput.train.init.BLOCK_ELEMENTS = SMALL_BLOCK
     model = Transformer(model_cfg)
     model.reset_parameters(SEED)
     return {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -84,7 +84,8 @@ def built_values(rank: int, world_size: int, cfgs: list[RunConfig]) -> list[dict
     return results
 
 
-def test_every_layout_draws_the_values_one_process_draws(tmp_path):
+def test_every_layout_draws_the_values_one_process_draws(tmp_path, monkeypatch):
+    monkeypatch.setattr(goodput.train.init, "BLOCK_ELEMENTS", SMALL_BLOCK)
     base = tiny_run_config(tmp_path)
     base = replace(base, train=replace(base.train, seed=SEED))
     cfgs = [layout_config(base, name, **parallel) for name, parallel in LAYOUTS.items()]
@@ -147,7 +148,7 @@ def test_any_region_gets_the_whole_tensors_values(region, block_elements):
         part = torch.empty(sizes)
         fill_region(part, shape, starts, draw)
     finally:
-        goodput.train.init.BLOCK_ELEMENTS = 1 << 20
+        goodput.train.init.BLOCK_ELEMENTS = DEFAULT_BLOCK
     expected = whole[tuple(slice(a, a + n) for a, n in zip(starts, sizes, strict=True))]
     assert torch.equal(part, expected)
 
@@ -193,5 +194,5 @@ def test_start_up_memory_follows_the_shard_not_the_model(tmp_path):
     assert child.exitcode == 0, "the sharded build failed: its traceback is above"
     growth, shard_bytes = queue.get(timeout=5)
     assert shard_bytes <= whole_bytes / world_size * 1.01
-    # The shard, one 4 MiB block and the allocator's slack: under a sixth of the whole model.
+    # The shard, one 256 KiB block and the allocator's slack: under a sixth of the whole model.
     assert growth < shard_bytes + 64 * 2**20 < whole_bytes / 6, (growth, shard_bytes, whole_bytes)

@@ -16,9 +16,13 @@ from goodput.testing.tiny import TINY_MODEL, rank_micro_batches, uneven_global_b
 from goodput.train.config import RunConfig
 from goodput.train.mesh import build_mesh
 from goodput.train.model import Transformer
-from goodput.train.parallel_config import ParallelConfig, check_tp_within_hosts, resolve_degrees
+from goodput.train.parallel_config import (
+    ParallelConfig,
+    check_tp_within_hosts,
+    pipeline_microbatches,
+    resolve_degrees,
+)
 from goodput.train.parallelize import parallelize
-from goodput.train.pipeline import pipeline_microbatches
 from goodput.train.step import train_step
 
 CONFIGS = Path(__file__).parents[3] / "configs"

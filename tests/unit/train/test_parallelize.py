@@ -1,6 +1,8 @@
 """FSDP2 on gloo: the same loss and the same update as one process, with gradients reduced
 once per step or after every micro-batch; precision policies in effect."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -10,6 +12,7 @@ from torch.distributed.tensor import DTensor
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL, rank_micro_batches, uneven_global_batch
 from goodput.train.model import Transformer
+from goodput.train.model_config import MoEConfig
 from goodput.train.parallel_config import ParallelConfig
 from goodput.train.parallelize import parallelize
 from goodput.train.step import train_step
@@ -58,11 +61,16 @@ def test_fp32_master_keeps_fp32_weights_but_computes_in_bf16():
         assert torch.allclose(rank_weights, weights, atol=1e-2)
 
 
-def test_pure_bf16_stores_bf16():
+def test_pure_bf16_stores_bf16_weights_and_keeps_its_buffers_fp32():
     model = parallelize(
-        Transformer(TINY_MODEL), ParallelConfig(data_parallel="replicate", precision="pure-bf16")
+        Transformer(replace(TINY_MODEL, tie_embeddings=True, moe=MoEConfig(num_experts=2))),
+        ParallelConfig(data_parallel="replicate", precision="pure-bf16"),
     )
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model.output.weight is model.embedding.weight  # still one weight
+    # bf16 rotary frequencies are off by ~0.4 rad at position 4096; bf16 counts stop at 256.
+    assert {b.dtype for b in model.buffers()} == {torch.float32}
+    model(torch.zeros(1, 4, dtype=torch.long))  # and the forward takes them as they are
 
 
 def is_sharded(rank, world_size, precision):
