@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from goodput.data.interleave import build_blend_index, greedy_blend_index, max_batch_deviation
+from goodput.train.device import process_peak_bytes
 
 NUM_SAMPLES = 10**8
 NUM_CORPORA = 100
@@ -135,23 +135,13 @@ def _measure_peak(num_samples: int, num_corpora: int) -> None:
     build_blend_index(weights, 1000)  # load the library and warm numpy before the baseline
     before = _resident_bytes()
     outputs = build_blend_index(weights, num_samples)
-    extra = _peak_resident_bytes() - before
+    extra = process_peak_bytes() - before
     del outputs
     print(json.dumps({"extra_bytes": extra}))
 
 
 def _resident_bytes() -> int:
-    return _proc_status_bytes("VmRSS") or _peak_resident_bytes()
-
-
-def _peak_resident_bytes() -> int:
-    """Peak RSS of this process image. On Linux ``ru_maxrss`` is not used: across exec it keeps
-    the peak of the process that spawned us (here the parent, holding 1 GB indices)."""
-    peak = _proc_status_bytes("VmHWM")
-    if peak:
-        return peak
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # elsewhere it is in KiB
+    return _proc_status_bytes("VmRSS") or process_peak_bytes()
 
 
 def _proc_status_bytes(field: str) -> int:

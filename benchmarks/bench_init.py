@@ -17,7 +17,6 @@ stays within the shard plus one 256 KiB block and the allocator's slack.
 from __future__ import annotations
 
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from goodput.testing.recipes import RECIPES, recipe_machine
 from goodput.testing.tiny import tiny_run_config
 from goodput.train.build import build_model, context_layout
 from goodput.train.config import RunConfig, plan_batches
+from goodput.train.device import process_peak_bytes, reset_process_peak
 from goodput.train.mesh import build_mesh
 from goodput.train.model import Transformer
 from goodput.train.model_config import ModelConfig
@@ -67,14 +67,15 @@ def measure(rank: int, world_size: int, cfg: RunConfig, method: str) -> dict[str
     device = torch.device("cpu")
     mesh = build_mesh(cfg.parallel, device, ranks_per_host=world_size)
     plan = plan_batches(cfg.train, mesh.dp_size)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    reset_process_peak()  # a spawned rank starts with its own peak: VmHWM, not ru_maxrss
+    before = process_peak_bytes()
     start = time.perf_counter()
     if method == "sharded":
         model = build_model(cfg, device, mesh, plan, empty=False)
     else:
         model = build_then_cut(cfg, device, mesh)
     seconds = time.perf_counter() - start
-    growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    growth = process_peak_bytes() - before
     shard = sum(4 * p.to_local().numel() for p in model.parameters())
     return {"seconds": seconds, "peak_growth_bytes": growth, "shard_bytes": shard}
 

@@ -21,8 +21,8 @@ to it). The most any rank holds is compared with the planner's estimate of the m
 Then one rank (``--rank R``, default the one with the most state) is built for real on this CPU
 as the trainer builds it (``build_model(..., empty=False)``: its shards allocated and
 initialised). Reported: its bytes (parameters and buffers, the storages it allocated), the
-build's seconds, and its peak memory: the child's ``ru_maxrss`` at the end minus its resident
-set just before the build (``/proc/self/statm``), an upper bound on what the build itself took.
+build's seconds, and its peak memory: the child's peak resident set over the build
+(``device.process_peak_bytes``, reset just before it) less its resident set just before.
 
 Each of the two steps runs in a child process (spawn), so that the fake process group never
 reaches the caller and the peak is the build's own; a child that dies or runs past its time is
@@ -32,8 +32,6 @@ one error line. torch is imported in the children only: ``goodput.plan`` stays t
 from __future__ import annotations
 
 import multiprocessing
-import os
-import resource
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -56,7 +54,6 @@ AGREEMENT = 0.02  # built and estimated state may differ by this share of the es
 # Per child. The largest rank tried, 3.2B parameters (the 405B at TP 8 x PP 16, no FSDP), took
 # 4 minutes on a loaded 2-core machine.
 DEFAULT_TIMEOUT_S = 3600.0
-KIB = 1024  # ru_maxrss is in KiB on Linux
 PLACEHOLDER_TRAIN = {"steps": 1, "run_dir": "<not written by --verify>"}
 PLACEHOLDER_FILE_LIST = "<not read by --verify>"
 
@@ -321,6 +318,7 @@ def materialize(cfg: RunConfig, world: int, ranks_per_host: int, rank: int) -> M
 
     from goodput.train.build import build_model
     from goodput.train.config import plan_batches
+    from goodput.train.device import process_peak_bytes, reset_process_peak
     from goodput.train.mesh import build_mesh
     from goodput.train.pipeline import model_parts
 
@@ -328,11 +326,12 @@ def materialize(cfg: RunConfig, world: int, ranks_per_host: int, rank: int) -> M
     with fake_world(rank, world):
         mesh = build_mesh(cfg.parallel, cpu, ranks_per_host)
         plan = plan_batches(cfg.train, dp_size=mesh.dp_size)
-        before = resident_bytes()
+        reset_process_peak()  # the peak is now the resident set: what the build adds shows
+        before = process_peak_bytes()
         start = time.perf_counter()
         parts = model_parts(build_model(cfg, cpu, mesh, plan, empty=False))
         seconds = time.perf_counter() - start
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KIB - before
+        peak = process_peak_bytes() - before
         return Materialized(
             rank=rank, num_bytes=allocated_bytes(parts), seconds=seconds, peak_rss_bytes=peak
         )
@@ -349,15 +348,6 @@ def allocated_bytes(parts: list[nn.Module]) -> int:
             storage = local_tensor(tensor).untyped_storage()
             storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values())
-
-
-def resident_bytes() -> int:
-    """This process's resident set now (Linux); elsewhere its peak so far, the safe side."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KIB
 
 
 def run_in_child(

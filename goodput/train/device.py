@@ -72,7 +72,33 @@ def peak_memory_bytes(device: Any) -> int:
 
     if device.type in ("cuda", "xpu"):
         return int(getattr(torch, device.type).max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return process_peak_bytes()
+
+
+def process_peak_bytes() -> int:
+    """This process's peak resident set since it started (or since ``reset_process_peak``).
+    On Linux /proc's ``VmHWM``: ``ru_maxrss`` keeps, across exec, the peak of the process that
+    started this one (a spawned rank or child would report its parent's); ``ru_maxrss`` only
+    where there is no /proc."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if platform.system() == "Darwin" else peak * 1024  # elsewhere it is in KiB
+
+
+def reset_process_peak() -> None:
+    """Start ``process_peak_bytes`` again from the resident set now (Linux: writing 5 to
+    /proc/self/clear_refs), so a peak measures what came after; a no-op without /proc."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        pass
 
 
 def _cpu_model() -> str:

@@ -43,7 +43,7 @@ def test_a_number_is_returned_exactly_when_it_is_in_the_stated_range(value):
 
 def test_the_command_line_states_the_range():
     run = subprocess.run(
-        [sys.executable, "-m", "goodput", "plan", "reliability", "--nodes", "1"]
+        [sys.executable, "-m", "goodput", "plan", "reliability", "--nhosts", "1"]
         + ["--node-mtbf-days", "1", "--restart-s", "1", "--save-stall-s", "1e9"],
         capture_output=True,
         text=True,

@@ -7,7 +7,6 @@ blocks — the cases a real model's 64 Ki-element blocks meet at scale.
 """
 
 import math
-import resource
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +22,7 @@ from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL, tiny_run_config
 from goodput.train.build import build_model
 from goodput.train.config import RunConfig, plan_batches
+from goodput.train.device import process_peak_bytes, reset_process_peak
 from goodput.train.init import fill_region, normal_blocks
 from goodput.train.mesh import build_mesh
 from goodput.train.model import Transformer
@@ -162,9 +162,10 @@ def peak_growth_of_a_sharded_build(cfg: RunConfig, world_size: int, queue: Any) 
     device = torch.device("cpu")
     mesh = build_mesh(cfg.parallel, device, ranks_per_host=world_size)
     plan = plan_batches(cfg.train, mesh.dp_size)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    reset_process_peak()
+    before = process_peak_bytes()
     built = build_model(cfg, device, mesh, plan, empty=False)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    after = process_peak_bytes()
     queue.put((after - before, sum(4 * p.to_local().numel() for p in built.parameters())))
 
 
