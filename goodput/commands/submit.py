@@ -140,8 +140,8 @@ def _check_launch_options(argv: list[str]) -> tuple[LaunchOptions, ProfileConfig
 def _check_train_line(options: LaunchOptions, ppn: int, nhosts: int) -> None:
     """A chain of ``goodput train CONFIG ...``: the config is loaded as the trainer loads it and
     checked on the ranks each job launches (``train.config.check_world``), so that one no job
-    could start (a missing data.file_list, a recipe for another machine) fails now. Torch-free:
-    the pipeline's micro-batches and the data are checked when the job starts."""
+    could start (a missing data.file_list, a recipe for another machine, a pipeline with too
+    few micro-batches) fails now. Torch-free; the data is checked when the job starts."""
     from goodput.commands import train
     from goodput.train.config import check_world
 

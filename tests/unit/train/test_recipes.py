@@ -80,6 +80,18 @@ def test_a_recipe_refuses_another_machine(path):
         resolve_degrees(cfg.parallel, other)
 
 
+def test_a_pipeline_with_fewer_micro_batches_than_stages_is_refused_without_torch():
+    """The 405B's 32 micro-batches a pipeline at 16M tokens; a quarter of the batch leaves 8,
+    fewer than its 16 stages, which 1F1B refuses: ``check_world`` (what ``goodput submit``
+    runs on a chain's config) says so before any job starts."""
+    path = CONFIGS / "llama-405b.toml"
+    nodes, per_node = machine(path)
+    check_world(load(path), nodes * per_node, per_node)
+    quarter = load(path, f"train.tokens_per_step={2048 * 8192 // 4}")
+    with pytest.raises(GoodputError, match="with 8 micro-batches on pp = 16: it needs at least"):
+        check_world(quarter, nodes * per_node, per_node)
+
+
 def test_the_published_layouts_are_the_sources():
     """The numbers the sources publish, as the recipes hold them (the comments cite each)."""
     layouts = {}
