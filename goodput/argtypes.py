@@ -65,9 +65,9 @@ positive_float = number(0.0, low_open=True)
 non_negative_float = number(0.0, low_open=False)
 
 
-def renamed(old: str, new: str) -> type[argparse.Action]:
-    """``action=`` for an option renamed from ``old`` to ``new`` (both option strings of the
-    one argument): the old spelling stores the same value and prints one deprecation line."""
+def add_renamed(parser: argparse.ArgumentParser, new: str, old: str, **options: Any) -> None:
+    """Add option ``new`` (``options`` as for ``add_argument``) with ``old``, its former
+    spelling, still accepted: the same value, and one deprecation line on stderr."""
 
     class Renamed(argparse.Action):
         def __call__(
@@ -81,4 +81,4 @@ def renamed(old: str, new: str) -> type[argparse.Action]:
                 print(f"goodput: warning: {old} is deprecated; use {new}", file=sys.stderr)
             setattr(namespace, self.dest, values)
 
-    return Renamed
+    parser.add_argument(new, old, action=Renamed, dest=new.lstrip("-").replace("-", "_"), **options)

@@ -68,11 +68,10 @@ def register(groups: Subparsers) -> None:
         help="fail unless this many hosts succeed (default: all)",
     )
     sub.add_argument("--simulate", action="store_true", help="predict makespans, copy nothing")
-    sub.add_argument(
+    argtypes.add_renamed(
+        sub,
         "--nhosts",
         "--nodes",  # the old spelling, deprecated
-        action=argtypes.renamed("--nodes", "--nhosts"),
-        dest="nhosts",
         type=argtypes.positive_int,
         help="hosts to simulate",
     )

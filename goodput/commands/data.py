@@ -114,11 +114,10 @@ def register(groups: Subparsers) -> None:
         help="global samples of seq_len+1 tokens (steps x global batch)",
     )
     sub.add_argument("--seed", type=argtypes.non_negative_int, required=True)
-    sub.add_argument(
+    argtypes.add_renamed(
+        sub,
         "--cache",
         "--output",  # the old spelling, deprecated
-        action=argtypes.renamed("--output", "--cache"),
-        dest="cache",
         type=Path,
         required=True,
         help="the blend cache ([data] cache); the blend lands in CACHE/blends/<fingerprint>",

@@ -58,20 +58,18 @@ def register(groups: Subparsers) -> None:
         "and its overrides. See docs/plan.md.",
     )
     layout.add_argument("config", type=Path, help="a run TOML with a [model] table")
-    layout.add_argument(
+    argtypes.add_renamed(
+        layout,
         "--nhosts",
         "--nodes",  # the old spelling, deprecated
-        action=argtypes.renamed("--nodes", "--nhosts"),
-        dest="nhosts",
         type=argtypes.positive_int,
         required=True,
         help="hosts of the machine",
     )
-    layout.add_argument(
+    argtypes.add_renamed(
+        layout,
         "--ppn",
         "--gpus-per-node",  # the old spelling, deprecated
-        action=argtypes.renamed("--gpus-per-node", "--ppn"),
-        dest="ppn",
         type=argtypes.positive_int,
         required=True,
         help="devices (ranks) per host",
@@ -155,11 +153,10 @@ def register(groups: Subparsers) -> None:
         "expected goodput at it and at the configured one, and the spare-node pool that keeps "
         "a job alive for its walltime with a stated probability. See docs/plan.md.",
     )
-    reliability.add_argument(
+    argtypes.add_renamed(
+        reliability,
         "--nhosts",
         "--nodes",  # the old spelling, deprecated
-        action=argtypes.renamed("--nodes", "--nhosts"),
-        dest="nhosts",
         type=argtypes.positive_int,
         required=True,
         help="hosts (nodes) in the job",

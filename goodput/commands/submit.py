@@ -41,11 +41,10 @@ def register(groups: Subparsers) -> None:
         help="the run's output folder (train.run_dir): the script, Slurm's job logs and the done "
         "marker live here",
     )
-    sub.add_argument(
+    argtypes.add_renamed(
+        sub,
         "--nhosts",
         "--nodes",  # the old spelling, deprecated
-        action=argtypes.renamed("--nodes", "--nhosts"),
-        dest="nhosts",
         type=argtypes.positive_int,
         required=True,
         help="hosts (nodes) per job",
