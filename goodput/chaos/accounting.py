@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from goodput.chaos.faults import Fault
 from goodput.chaos.records import FiredRecord, ResumeLoad, StepRecord
+from goodput.faults import Fault
 from goodput.launch.history import AttemptRecord
 
 ENDS_ATTEMPT = frozenset({"kill", "ckpt-kill", "hang", "bad-node"})  # the others: the run goes on

@@ -6,7 +6,7 @@ The campaign folder (``--output``; default ``chaos-<config stem>``)::
 
     OUT/
       campaign.json        what was asked and drawn; written first, it marks the folder as ours
-      plan.json            the faulted run's fault plan (GOODPUT_FAULTS; goodput.chaos.faults)
+      plan.json            the faulted run's fault plan (GOODPUT_FAULTS; goodput.faults)
       reference-plan.json  the straight run's: the same ``nan`` faults, when there are any
       fired/ reference-fired/   the faults' fired records
       reference/ faulted/  the two run directories (train.run_dir and launch --run-dir), each
@@ -42,8 +42,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from goodput import rundir
-from goodput.chaos import accounting, compare, faults, plan, records
+from goodput import faults, rundir
+from goodput.chaos import accounting, compare, plan, records
 from goodput.chaos.report import Report, write_report
 from goodput.config import load_config
 from goodput.errors import ExitCode, GoodputError

@@ -10,7 +10,7 @@ kind. Steps are distinct and leave the run its last step to finish after the las
     a failed save is never the final one, whose checkpoint the campaign compares;
   - every other kind gets any other step in [1, steps - 1].
 Ranks are drawn uniformly below ``num_ranks``. The file written is the one
-``goodput.chaos.faults`` reads (its docstring has the format); ids number the faults in step
+``goodput.faults`` reads (its docstring has the format); ids number the faults in step
 order. A plan that cannot fit (more faults than steps) is a usage error naming ``--faults``.
 """
 
@@ -20,8 +20,8 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
-from goodput.chaos.faults import IN_SAVE, Fault, parse_plan
 from goodput.errors import GoodputError
+from goodput.faults import IN_SAVE, Fault, parse_plan
 from goodput.io import write_json
 
 SAVES_PER_RUN = 10  # the interval chaos sets, when it must set one: steps // this

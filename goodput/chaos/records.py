@@ -1,5 +1,5 @@
 """What a chaos campaign reads back from its runs, besides ``attempts.jsonl`` (``launch.history``):
-the step records of ``metrics.jsonl``, the fired records of ``goodput.chaos.faults``, and the
+the step records of ``metrics.jsonl``, the fired records of ``goodput.faults``, and the
 trainer's ``resume: ... loaded in X s`` lines in the launch log.
 
 All three are outside input, read strictly and bounded, from regular files only (a FIFO is
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from goodput import rundir
-from goodput.chaos.faults import KINDS, MAX_FAULTS, MAX_ID, MAX_RANK, MAX_STEP
 from goodput.errors import GoodputError, from_exception
+from goodput.faults import KINDS, MAX_FAULTS, MAX_ID, MAX_RANK, MAX_STEP
 from goodput.io import read_json, read_json_lines, read_lines, regular_files
 
 # The launcher cuts a rank's line at 1 MiB and puts a host label before it; what is longer is

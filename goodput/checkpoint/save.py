@@ -32,7 +32,7 @@ Progress: rank 0 reports the bytes of its own files as DCP writes them (``Counti
 against the tensor bytes its plan holds — plain lines on stderr every 10 s, none for a save
 that takes less; every rank writes about as much, so rank 0's share tells how the save goes.
 
-Injected faults (``goodput.chaos.faults``) enter through ``WaveWriter``, once this rank's files
+Injected faults (``goodput.faults``) enter through ``WaveWriter``, once this rank's files
 of the checkpoint are written: ``save-fail`` raises there, ``ckpt-kill`` kills the rank there.
 """
 
@@ -64,11 +64,11 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.storage import WriteResult
 
-from goodput.chaos.faults import FaultPlan
 from goodput.checkpoint.checksums import file_digests, write_checksums
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.parts import gather
 from goodput.checkpoint.state import rng_state
+from goodput.faults import FaultPlan
 from goodput.io import write_json, write_marker, write_text
 from goodput.progress import BYTES, Progress, print_line
 from goodput.rundir import (

@@ -102,7 +102,7 @@ def add_campaign_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _kinds(text: str) -> tuple[str, ...]:
-    from goodput.chaos.faults import KINDS
+    from goodput.faults import KINDS
 
     kinds = tuple(text.split(","))
     unknown = [kind for kind in kinds if kind not in KINDS]
@@ -117,8 +117,8 @@ def _kinds(text: str) -> tuple[str, ...]:
 
 def _chaos(args: argparse.Namespace) -> ExitCode:
     from goodput.chaos.campaign import CampaignOptions, run_campaign
-    from goodput.chaos.faults import MAX_FAULTS
     from goodput.chaos.report import format_report
+    from goodput.faults import MAX_FAULTS
 
     words, launch_argv = _split_at_dashes(after_dashes(args.rest))
     if {"-h", "--help"} & set(words):

@@ -2,45 +2,22 @@
 written atomically. ``lr_find_plot``: the LR range test's loss against lr on a log axis (raw
 faint, smoothed bold), its regions shaded and labelled, the suggested LR as a vertical line.
 
-Reads only the finished result. matplotlib is imported here and nowhere else: ``agg_figure``
-and ``png_bytes`` are how any goodput plot (the run report's too) gets a figure and its PNG,
-and importing this module imports neither matplotlib nor torch (a report runs on a login node).
+Reads only the finished result; figures come from ``goodput.figures`` (importing this module
+imports neither matplotlib nor torch).
 """
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from goodput.figures import agg_figure, png_bytes
 from goodput.io import write_bytes
-from goodput.outputs import PNG_SOFTWARE
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
     from goodput.diagnostics.lr_find import LrFindResult
 
 REGION_COLOURS = {"plateau": "tab:gray", "basin": "tab:green", "cliff": "tab:red"}
-
-
-def agg_figure(width_in: float, height_in: float, dpi: int = 100) -> Figure:
-    """A figure of that size on the Agg canvas: no display, no pyplot state, the same pixels
-    everywhere."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # before anything draws: never a GUI backend
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width_in, height_in), dpi=dpi)
-
-
-def png_bytes(figure: Figure) -> bytes:
-    """``figure`` as one PNG file's bytes, signed as goodput's (``outputs.PNG_SOFTWARE`` in its
-    Software text): what lets ``--plot`` replace a plot of ours and nothing else."""
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", metadata={"Software": PNG_SOFTWARE})
-    return buffer.getvalue()
 
 
 def lr_find_plot(result: LrFindResult, path: Path) -> None:

@@ -51,7 +51,7 @@ from torch import nn
 from goodput.data.tokenizer import Tokenizer
 from goodput.errors import GoodputError
 from goodput.eval.choice_tasks import ChoiceItem
-from goodput.train.step import token_loss_sum
+from goodput.train.loss import token_loss_sum
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,7 +16,7 @@ into micro-batches as the step cuts them (``build.micro_batches_of``: under cont
 parallelism each rank its chunks of every row). Each rank's per-row sums are completed over the
 context-parallel group (each holds part of every row), then gathered over the data-parallel
 group, so every rank ends with every row's sum; tensor-parallel ranks compute the same sums
-from vocabulary shards (``step.row_loss_sums``) and pipeline stages get them from the last
+from vocabulary shards (``loss.row_loss_sums``) and pipeline stages get them from the last
 (``Pipeline.row_loss_sums``). No gradient is taken, no optimizer or RNG state moves: a run with
 evals trains exactly as one without.
 
@@ -49,10 +49,10 @@ from goodput.eval.records import EvalRecord
 from goodput.train.build import micro_batches_of
 from goodput.train.config import BatchPlan
 from goodput.train.hf_tokenizer import blend_tokenizer
+from goodput.train.loss import IGNORE_INDEX, row_loss_sums
 from goodput.train.mesh import ParallelMesh
 from goodput.train.pipeline import Pipeline
 from goodput.train.ring_attention import ContextLayout
-from goodput.train.step import IGNORE_INDEX, row_loss_sums
 
 HELDOUT = "heldout"  # evals.jsonl's task name prefix: heldout/<corpus>
 

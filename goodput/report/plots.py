@@ -7,7 +7,7 @@ Training curves are over steps and show each step's *last* run (the one the weig
 as faint grey points on the loss plot. The timeline is over wall-clock hours since the run's
 start (``Accounting.start``).
 
-Figures come from ``diagnostics.plots.agg_figure`` (matplotlib's Agg canvas, imported only
+Figures come from ``goodput.figures.agg_figure`` (matplotlib's Agg canvas, imported only
 there) and are 8 x 3.5 in (the badput bar 8 x 2.2) at 100 dpi, so that a page of them stays
 light. Names from the run (corpora, tasks) are drawn as plain text: ``$`` is escaped, since
 matplotlib reads ``$...$`` as math and raises on math it cannot parse. Nothing here writes a
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from goodput.diagnostics.plots import agg_figure, png_bytes
+from goodput.figures import agg_figure, png_bytes
 from goodput.report.accounting import CAUSES, Accounting
 from goodput.report.run_files import RunFiles, Step
 

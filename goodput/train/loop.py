@@ -10,7 +10,7 @@ step-1 loss of a fresh model against ln(vocab)); eval, every ``[eval] interval_s
 from the step) and the eval gate (``goodput.eval.gate``), whose alarm can stop the run; the
 non-finite guard (``train.max_skipped_steps``
 skips in a row stop the run); checkpoint/terminate (``Checkpointer.decide``, the same on every
-rank); injected faults, when ``goodput chaos`` set ``GOODPUT_FAULTS`` (``goodput.chaos.faults``).
+rank); injected faults, when ``goodput chaos`` set ``GOODPUT_FAULTS`` (``goodput.faults``).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from pathlib import Path
 import torch.distributed as dist
 
 from goodput import rundir
-from goodput.chaos.faults import load_plan
 from goodput.checkpoint.save import Checkpointer
 from goodput.config import to_toml
 from goodput.errors import ExitCode, GoodputError
 from goodput.eval.gate import EvalGate
 from goodput.eval.heldout import LoopEval
 from goodput.eval.records import append_evals
+from goodput.faults import load_plan
 from goodput.io import write_marker
 from goodput.progress import print_line
 from goodput.train.build import (

@@ -46,12 +46,12 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from goodput.errors import GoodputError
 from goodput.train.dtensors import local_tensor
+from goodput.train.loss import labels_from_model, row_loss_sums, token_loss_sum
 from goodput.train.mesh import ParallelMesh
 from goodput.train.model import Transformer
 from goodput.train.model_config import ModelConfig
 from goodput.train.parallel_config import ParallelConfig, even_layer_split
 from goodput.train.parallelize import parallelize
-from goodput.train.step import labels_from_model, row_loss_sums, token_loss_sum
 
 SINGLE_STAGE_SCHEDULES: dict[str, type[ScheduleGPipe | Schedule1F1B]] = {
     "gpipe": ScheduleGPipe,

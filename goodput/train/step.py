@@ -1,7 +1,7 @@
 """One optimizer step over a global batch: the honest loss and its gradients.
 
 The loss is the *global token-weighted mean*: every micro-batch's summed token loss
-(``token_loss_sum``) is divided by the number of target tokens in the whole global batch (all
+(``loss.token_loss_sum``) is divided by the number of target tokens in the whole global batch (all
 micro-batches, all data-parallel ranks, masked labels excluded), counted before the first
 forward. Gradients are therefore the gradient of that one number whatever the DP size or the
 grad-accumulation split — the per-micro-batch mean, which silently over-weights short or heavily
@@ -39,7 +39,7 @@ the assignments the capacity factor dropped, are the step's ``ExpertLoad`` (metr
 Split experts (``ep``) are DTensors on a mesh of their own, so the gradient norm is taken per
 mesh and the squares summed.
 
-Reused as-is by diagnostics, and ``row_loss_sums`` by evaluation (under ``no_grad``); the loop
+Reused as-is by diagnostics (the loss helpers, which evaluation shares, are ``loss.py``); the loop
 (``loop.py``) owns everything periodic.
 """
 
@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
@@ -62,13 +61,12 @@ from torch.distributed.tensor.parallel import loss_parallel
 from goodput.errors import GoodputError
 from goodput.train.dtensors import local_tensor
 from goodput.train.grad_tally import GradientTally
+from goodput.train.loss import labels_from_model, num_targets, token_loss_sum
 from goodput.train.model import Transformer
 
 if TYPE_CHECKING:
     from goodput.train.optim import Optimizers
     from goodput.train.pipeline import Pipeline
-
-IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,37 +141,6 @@ class SkippedSteps:
         return {"skipped_steps": self.total, "skipped_in_a_row": self.in_a_row}
 
 
-def token_loss_sum(logits_btv: torch.Tensor, labels_bt: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy summed over the target tokens (``IGNORE_INDEX`` left out), in fp32: the
-    caller divides by the token count its mean is over."""
-    return F.cross_entropy(
-        logits_btv.flatten(0, 1).float(),
-        labels_bt.flatten(),
-        ignore_index=IGNORE_INDEX,
-        reduction="sum",
-    )
-
-
-def row_loss_sums(logits_btv: torch.Tensor, labels_bt: torch.Tensor) -> torch.Tensor:
-    """``token_loss_sum`` of each row apart, ``[b]`` in fp32, as a plain tensor: evaluation's
-    loss (``goodput.eval.heldout``), where each row is its own sample or request. Vocabulary-
-    sharded logits need the caller's ``loss_parallel`` around it, as ``token_loss_sum`` does
-    (it cannot nest: the pipeline's schedule runs the loss inside its own)."""
-    per_token = F.cross_entropy(
-        logits_btv.flatten(0, 1).float(),
-        labels_bt.flatten(),
-        ignore_index=IGNORE_INDEX,
-        reduction="none",
-    )
-    if isinstance(per_token, DTensor):
-        per_token = per_token.full_tensor()
-    return per_token.view(labels_bt.shape).sum(1)
-
-
-def num_targets(labels_bt: torch.Tensor) -> int:
-    return int((labels_bt != IGNORE_INDEX).sum())
-
-
 def train_step(
     model: nn.Module | Pipeline,
     optimizer: torch.optim.Optimizer | Optimizers,
@@ -197,7 +164,7 @@ def train_step(
     (``grad_tally``). ``freeze``: check this step's update for entries that rounded away.
     ``hessian_labels``: after the step, refresh SophiaG's Hessian estimate on labels drawn with
     this generator (``refresh_hessian``). ``inject_nan``: an injected fault
-    (``goodput.chaos.faults``)."""
+    (``goodput.faults``)."""
     if isinstance(model, nn.Module):
         result = forward_backward(
             model,
@@ -372,19 +339,6 @@ def forward_backward(
         _expert_load(expert_loads, dropped) if moe_layers else None,
         mean_own_squared if math.isfinite(mean_own_squared) else None,
     )
-
-
-def labels_from_model(
-    logits_btv: torch.Tensor, labels_bt: torch.Tensor, generator: torch.Generator
-) -> torch.Tensor:
-    """Labels drawn from the model's predictive distribution at every target position (masked
-    positions stay masked). Vocabulary-sharded logits are gathered first, so every
-    tensor-parallel rank, drawing with the same generator state, draws the same labels."""
-    if isinstance(logits_btv, DTensor):
-        logits_btv = logits_btv.full_tensor()
-    probabilities = logits_btv.detach().float().softmax(-1).flatten(0, 1)
-    drawn = torch.multinomial(probabilities, 1, generator=generator).view_as(labels_bt)
-    return torch.where(labels_bt == IGNORE_INDEX, labels_bt, drawn)
 
 
 def _expert_load(loads: list[torch.Tensor], dropped: torch.Tensor) -> ExpertLoad:

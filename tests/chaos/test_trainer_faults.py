@@ -1,4 +1,4 @@
-"""Injected faults (``goodput.chaos.faults``) fire in real ``python -m goodput train`` processes:
+"""Injected faults (``goodput.faults``) fire in real ``python -m goodput train`` processes:
 SIGKILL really kills, SIGSTOP really stops, the bad-node line reaches stderr in the form the
 launcher reads, a failing save is reported while training goes on, NaN gradients are skipped and
 stop the run when too many come in a row — and each fault fires once, across restarts."""
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from goodput.chaos.faults import launcher_host, load_plan
 from goodput.config import to_toml
 from goodput.errors import GoodputError
+from goodput.faults import launcher_host, load_plan
 from goodput.launch.failover import BAD_NODE_PATTERNS
 from goodput.launch.launchers import free_port
 from goodput.rundir import LATEST, checkpoints_dir, list_checkpoints, step_dir

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from goodput.chaos.faults import FaultPlan, parse_plan
 from goodput.config import to_toml
 from goodput.errors import ExitCode, GoodputError
+from goodput.faults import FaultPlan, parse_plan
 from goodput.testing.tiny import tiny_run_config
 
 TIMEOUT_S = 240

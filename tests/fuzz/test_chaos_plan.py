@@ -1,4 +1,4 @@
-"""Fuzz the fault plan (``GOODPUT_FAULTS``, ``goodput.chaos.faults.load_plan``): any file gives
+"""Fuzz the fault plan (``GOODPUT_FAULTS``, ``goodput.faults.load_plan``): any file gives
 a plan or one usage-error line naming the variable and the file, never another exception; a
 valid plan with any key set to any JSON value is read or refused the same way; and every plan
 within the contract reads back exactly, each fault indexed on its own rank only."""
@@ -8,8 +8,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from goodput.chaos.faults import KINDS, MAX_FAULTS, MAX_RANK, MAX_STEP, load_plan
 from goodput.errors import GoodputError
+from goodput.faults import KINDS, MAX_FAULTS, MAX_RANK, MAX_STEP, load_plan
 from goodput.testing import fuzz
 
 VALID = {"fired_dir": "/tmp/fired", "faults": [{"id": 0, "kind": "kill", "step": 3, "rank": 1}]}

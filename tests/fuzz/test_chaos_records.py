@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from goodput.chaos import records
-from goodput.chaos.faults import KINDS
 from goodput.errors import GoodputError
+from goodput.faults import KINDS
 from goodput.testing.fuzz import json_values, result_or_refusal
 
 STEP = {"step": 3, "loss": 2.5, "grad_norm": None, "step_time_s": 0.1, "time": 1.7e9}

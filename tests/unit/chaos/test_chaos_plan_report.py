@@ -18,9 +18,9 @@ import torch
 
 from goodput import rundir
 from goodput.chaos import accounting, compare, plan, records
-from goodput.chaos.faults import IN_SAVE, KINDS, Fault, load_plan
 from goodput.config import to_toml
 from goodput.errors import GoodputError
+from goodput.faults import IN_SAVE, KINDS, Fault, load_plan
 from goodput.launch.history import AttemptRecord, read_attempts, timestamp
 from goodput.testing.jobs import outside_any_job
 from goodput.testing.tiny import tiny_run_config

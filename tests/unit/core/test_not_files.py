@@ -71,7 +71,7 @@ def test_a_fifo_smoke_baseline_is_refused(tmp_path):
 def test_a_fifo_fault_plan_is_refused(tmp_path):
     plan = fifo(tmp_path / "plan.json")
     result = python(f"""
-        from goodput.chaos.faults import load_plan
+        from goodput.faults import load_plan
         from goodput.errors import GoodputError
         try:
             load_plan({{"GOODPUT_FAULTS": {str(plan)!r}}})

@@ -30,8 +30,8 @@ from goodput.testing.eval_tasks import (
 from goodput.testing.tiny import TINY_MODEL, tokenized_run_config
 from goodput.train.convert import load_model_state, read_model_config, write_model_only_checkpoint
 from goodput.train.loop import train
+from goodput.train.loss import token_loss_sum
 from goodput.train.model import Transformer
-from goodput.train.step import token_loss_sum
 
 for _variable in OFFLINE_VARIABLES:  # before lm-eval (and datasets) are first imported
     os.environ.setdefault(_variable, "1")

@@ -17,7 +17,7 @@ from goodput.eval.inference import load_for_inference
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import tokenized_run_config, write_spelling_task
 from goodput.train.loop import train
-from goodput.train.step import token_loss_sum
+from goodput.train.loss import token_loss_sum
 
 
 def with_eval(cfg, **changes):

@@ -9,17 +9,11 @@ import torch
 
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL, rank_micro_batches, uneven_global_batch
+from goodput.train.loss import IGNORE_INDEX, num_targets, token_loss_sum
 from goodput.train.model import Transformer
 from goodput.train.model_config import MoEConfig
 from goodput.train.schedule import ScheduleConfig, learning_rate
-from goodput.train.step import (
-    IGNORE_INDEX,
-    clip_and_step,
-    forward_backward,
-    num_targets,
-    token_loss_sum,
-    train_step,
-)
+from goodput.train.step import clip_and_step, forward_backward, train_step
 
 GLOBAL_BATCH = 8
 
