@@ -7,7 +7,8 @@ parameters, 300 steps of 32 x 128 tokens, fp32, on 2 CPU ranks) with its data po
 step ~0.05 s, so saving every 10 bounds what a fault loses at 10 steps for <1% of the run).
 Each campaign is the real ``python -m goodput chaos`` with goodput launch's defaults (backoff
 5 s, grace 10 s; the idle timeout chaos derives from the straight run), outside any job, and
-its figures come from its ``report.json``:
+its figures come from its ``report.json`` (goodput and badput by cause: ``goodput report``'s account
+of each run, ``report.accounting``):
 
   - ``eight_faults``: 8 faults of every kind one machine can recover from (``bad-node`` needs a
     spare host), seed ``SEED``: goodput against the straight run, mean recovery time by kind,
@@ -46,7 +47,6 @@ CAMPAIGNS = {
     "eight_faults": (8, "kill,ckpt-kill,hang,save-fail,nan"),
     "one_per_100_steps": (3, "kill"),
 }
-BREAKDOWN = ("recomputed_s", "detection_s", "backoff_s", "startup_s", "load_s", "other_s")
 
 
 def _campaign(root: Path, name: str, file_list: Path) -> dict[str, Any]:
@@ -82,7 +82,7 @@ def _figures(report: dict[str, Any]) -> dict[str, Any]:
         "straight_wall_s": round(straight["wall_s"], 1),
         "productive_s": round(faulted["productive_s"], 1),
         "straight_productive_s": round(straight["productive_s"], 1),
-        "breakdown_s": {key: round(faulted[key], 2) for key in BREAKDOWN},
+        "badput_s": {cause: round(s, 2) for cause, s in faulted["badput_s"].items() if s > 0},
         "num_attempts": len(attempts),
         "mean_recovery_s_by_kind": {
             kind: round(statistics.mean(times), 2)
@@ -138,8 +138,8 @@ def main() -> dict[str, Any]:
             f"(straight run {found['straight_goodput']:.3f}), "
             f"wall {found['wall_s']:.1f} s against {found['straight_wall_s']:.1f} s; "
             f"recovery by kind {found['mean_recovery_s_by_kind']}; steps lost "
-            f"{found['steps_lost']}; backoff {found['breakdown_s']['backoff_s']:.2f} s, longest "
-            f"after progress {found['max_wait_after_progress_s']} s; killed ranks: "
+            f"{found['steps_lost']}; backoff {found['badput_s'].get('backoff', 0.0):.2f} s, "
+            f"longest after progress {found['max_wait_after_progress_s']} s; killed ranks: "
             + ", ".join(f"{k.get('recovery_s')} s vs {k.get('bound_s')} s" for k in kills)
             + f"; final state: {found['verdict']}"
         )

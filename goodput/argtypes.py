@@ -12,9 +12,10 @@ the other plain numbers; an option whose code works in a narrower range says so 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from goodput.errors import warn_deprecated
 
 MAX_COUNT = 1 << 40  # far above any real count of hosts, ranks, tokens or samples
 MAX_SECONDS = 10 * 365 * 86400.0  # a duration beyond ten years is a typo
@@ -78,7 +79,7 @@ def add_renamed(parser: argparse.ArgumentParser, new: str, old: str, **options: 
             option_string: str | None = None,
         ) -> None:
             if option_string == old:
-                print(f"goodput: warning: {old} is deprecated; use {new}", file=sys.stderr)
+                warn_deprecated(old, new)
             setattr(namespace, self.dest, values)
 
     parser.add_argument(new, old, action=Renamed, dest=new.lstrip("-").replace("-", "_"), **options)

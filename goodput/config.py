@@ -17,6 +17,11 @@ metadata says what its value is). A key that cannot take effect under its table'
 other values is refused, naming what would enable it (``refuse_inert_keys``). ``to_toml`` writes a
 built config back out (the run directory's resolved config); ``None`` fields are left out, so
 they must default to ``None``.
+
+A renamed key is listed in its class's ``RENAMED`` (old name -> new name, in the same table) and
+read for one more release under its new name, with one warning line (``read_renamed``): both
+spellings set differently in one file are refused; an override of either spelling replaces the
+file's value under the other (the command line wins).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from goodput.errors import GoodputError
+from goodput.errors import GoodputError, warn_deprecated
 from goodput.io import read_text
 
 T = TypeVar("T")
@@ -95,8 +100,51 @@ def load_config(cls: type[T], path: str | Path | None, overrides: Sequence[str] 
     """Read ``path`` (TOML; None for defaults), apply ``a.b=value`` overrides, build ``cls``."""
     raw = read_toml(path) if path is not None else {}
     for item in overrides:
-        apply_override(raw, item)
+        apply_override(raw, _command_line_wins(cls, raw, item))
     return from_table(cls, raw, str(path) if path is not None else "<defaults>")
+
+
+def _command_line_wins(cls: type, raw: dict[str, Any], item: str) -> str:
+    """Override ``item`` with a renamed key spelled by its new name (and the warning line); the
+    file's value under the other spelling is dropped from ``raw``, so the override wins."""
+    key, sep, value = item.partition("=")
+    *parents, leaf = key.strip().split(".")
+    table: Any = raw
+    for part in parents:
+        hint = typing.get_type_hints(cls).get(part) if dataclasses.is_dataclass(cls) else None
+        if not (isinstance(hint, type) and dataclasses.is_dataclass(hint)):
+            return item  # not a config table: apply_override or from_table names the error
+        cls, table = hint, table.get(part) if isinstance(table, dict) else None
+    renamed: Mapping[str, str] = getattr(cls, "RENAMED", {})
+    if not sep or not renamed:
+        return item
+    prefix = "".join(f"{part}." for part in parents)
+    if leaf in renamed:
+        warn_deprecated(f"{prefix}{leaf}", f"{prefix}{renamed[leaf]}")
+        leaf = renamed[leaf]
+    if isinstance(table, dict):
+        for old, new in renamed.items():
+            if new == leaf:
+                table.pop(old, None)
+    return f"{prefix}{leaf}={value}"
+
+
+def read_renamed(cls: type, table: dict[str, Any], where: str, prefix: str = "") -> dict[str, Any]:
+    """``table`` with each deprecated key of ``cls`` (its ``RENAMED``) under its new name, with
+    one warning line; the two spellings set differently are refused."""
+    renamed: Mapping[str, str] = getattr(cls, "RENAMED", {})
+    for old, new in renamed.items():
+        if old not in table:
+            continue
+        if new in table and table[new] != table[old]:
+            raise GoodputError.usage(
+                where,
+                f"{prefix}{new} and {prefix}{old} are both set, differently",
+                f"set {prefix}{new} only ({prefix}{old} is deprecated)",
+            )
+        warn_deprecated(f"{prefix}{old}", f"{prefix}{new}")
+        table = {**{k: v for k, v in table.items() if k != old}, new: table[old]}
+    return table
 
 
 def load_section(cls: type[T], path: str | Path, section: str, overrides: Sequence[str] = ()) -> T:
@@ -179,6 +227,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
 
 def from_table(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") -> T:
     """Build config ``cls`` from a nested dict, rejecting unknown keys and wrong types."""
+    raw = read_renamed(cls, raw, where, prefix)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     unknown = sorted(set(raw) - set(fields))

@@ -14,14 +14,14 @@ written first): the demo replaces its ``run`` folder.
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from goodput import cli, rundir
+from goodput import cli, rundir, runfiles
 from goodput.config import load_config
 from goodput.data.blend import BlendSpec, build_blend, format_report
 from goodput.data.loader import DataLoader
@@ -160,26 +160,31 @@ def main() -> None:
 
 
 def print_loss_curve(metrics_file: Path, num_points: int = 7) -> None:
-    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
-    picks = sorted({round(i * (len(records) - 1) / (num_points - 1)) for i in range(num_points)})
+    steps = list(runfiles.read_steps(metrics_file, require=("loss",)))
+    losses = [line.number("loss", math.nan) for line in steps]  # null: not finite
+    picks = sorted({round(i * (len(steps) - 1) / (num_points - 1)) for i in range(num_points)})
     print(f"\nloss curve ({metrics_file}):")
     for i in picks:
-        print(f"  step {records[i]['step']:>5}  loss {records[i]['loss']:.3f}")
-    first, last = records[0]["loss"], records[-1]["loss"]
+        print(f"  step {steps[i].step:>5}  loss {losses[i]:.3f}")
+    first, last = losses[0], losses[-1]
     print(f"loss fell from {first:.3f} to {last:.3f}" if last < first else "loss did not fall")
 
 
 def print_last_eval(evals_file: Path) -> None:
-    records = [json.loads(line) for line in evals_file.read_text().splitlines()]
-    step = records[-1]["step"]
-    last = {(r["task"], r["metric"]): r for r in records if r["step"] == step}
+    records = list(runfiles.read_evals(evals_file))
+    step = records[-1].step
+    last = {(r.task, r.metric): r for r in records if r.step == step}
     print(f"\neval at step {step} ({evals_file}):")
     for (task, metric), record in last.items():
         if metric in ("loss", "acc"):
-            stderr = f" ± {record['stderr']:.3f}" if record["stderr"] is not None else ""
+            stderr = f" ± {record.stderr:.3f}" if record.stderr is not None else ""
             chance = last.get((task, "chance"))
-            against = f" (chance {chance['value']:.3f})" if chance else ""
-            print(f"  {task:<22} {metric:<5} {record['value']:.3f}{stderr}{against}")
+            against = f" (chance {_shown(chance.value)})" if chance else ""
+            print(f"  {task:<22} {metric:<5} {_shown(record.value)}{stderr}{against}")
+
+
+def _shown(value: float | None) -> str:
+    return "null" if value is None else f"{value:.3f}"
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ Every failure a user can fix is a ``GoodputError``: it names *where* (a file, a 
 field), *what* went wrong and the *fix*, and renders as one line. ``assert`` is kept for
 invariants of our own code, never for user input. ``from_exception`` is the one boundary's
 translation: whatever escapes a command (an OS error, a bug) still reaches the user as one line.
+``warn_deprecated`` is the one line a renamed option or config key prints while its old
+spelling still works (one release).
 
 Bounded. Messages quote user data (paths, option values, JSON fragments) of any length, so
 ``one_line`` folds every run of whitespace to one space and keeps at most ``limit`` characters,
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import sys
 
 ELISION = " ... "
 MAX_WHERE_CHARS = 300
@@ -71,6 +74,11 @@ def one_line(text: str, limit: int) -> str:
     head = (limit - len(ELISION) + 1) // 2
     tail = limit - len(ELISION) - head
     return f"{line[:head]}{ELISION}{line[len(line) - tail :]}"
+
+
+def warn_deprecated(old: str, new: str) -> None:
+    """The one warning line for a spelling still read for one release: ``old`` works as ``new``."""
+    print(f"goodput: warning: {old} is deprecated; use {new}", file=sys.stderr, flush=True)
 
 
 def _rebuild(where: str, what: str, fix: str, code: ExitCode) -> GoodputError:

@@ -1,1 +1,2 @@
-"""Chaos: injected faults (``faults``, hooked into the trainer) and the campaign that runs them."""
+"""Chaos: the campaign that injects faults into a run (the hooks are ``goodput.faults``) and
+checks that recovery lost nothing."""

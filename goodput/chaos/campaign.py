@@ -1,6 +1,8 @@
 """A chaos campaign: a run config trained twice under ``goodput.launch.run`` — straight, and with
 faults injected and recovery on — then the faulted run's accounting and its final state
-compared bit for bit with the straight run's.
+compared bit for bit with the straight run's. Each run is read as ``goodput report`` reads it
+(``report.run_files``) and accounted for by its ``account``: the campaign's goodput and badput are
+the report's, and the faults' outcomes are built on its timeline (``outcomes``).
 
 The campaign folder (``--output``; default ``chaos-<config stem>``)::
 
@@ -43,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from goodput import faults, rundir
-from goodput.chaos import accounting, compare, plan, records
+from goodput.chaos import compare, outcomes, plan, records
 from goodput.chaos.report import Report, write_report
 from goodput.config import load_config
 from goodput.errors import ExitCode, GoodputError
@@ -51,9 +53,10 @@ from goodput.io import write_json
 from goodput.launch import LaunchOptions, launchers
 from goodput.launch import run as launch_run
 from goodput.launch.env import current_placement
-from goodput.launch.history import AttemptRecord, read_attempts
 from goodput.launch.run import DEFAULT_IDLE_TIMEOUT_S, load_profile
 from goodput.outputs import check_output_dir, folder_holding
+from goodput.report.accounting import Accounting, account
+from goodput.report.run_files import RunFiles, read_run
 from goodput.train.config import RunConfig
 from goodput.train.preflight import check_launchable
 
@@ -98,7 +101,7 @@ def run_campaign(options: CampaignOptions) -> Report:
     reference = _run_straight(options, setup, bool(nans))
     idle_timeout_s = options.launch.idle_timeout_s
     if idle_timeout_s is None:
-        idle_timeout_s = _idle_timeout_s(reference.spans)
+        idle_timeout_s = _idle_timeout_s(reference.accounting)
         setup.notes.append(
             f"idle timeout {idle_timeout_s:.1f} s for the faulted run: {IDLE_TIMEOUT_FACTOR:g} x "
             "the straight run's start-up or slowest step (goodput launch --timeout sets it)"
@@ -177,7 +180,7 @@ def _prepare(options: CampaignOptions) -> _Setup:
     return _Setup(output, cfg.train.steps, launch_plan.nproc, kinds, drawn, notes, train)
 
 
-def _run_straight(options: CampaignOptions, setup: _Setup, with_nans: bool) -> _Run:
+def _run_straight(options: CampaignOptions, setup: _Setup, with_nans: bool) -> AccountedRun:
     """The straight run: one attempt, no retry; it must succeed, or there is nothing to compare."""
     straight = dataclasses.replace(
         options.launch,
@@ -196,18 +199,22 @@ def _run_straight(options: CampaignOptions, setup: _Setup, with_nans: bool) -> _
             f"the straight run failed (goodput launch exited {code}) before any fault",
             "fix what its log says: the campaign needs a config that trains",
         )
-    return _read_run(run_dir)
+    return account_run(run_dir)
 
 
 def _report(
-    options: CampaignOptions, setup: _Setup, reference: _Run, code: int, idle_timeout_s: float
+    options: CampaignOptions,
+    setup: _Setup,
+    reference: AccountedRun,
+    code: int,
+    idle_timeout_s: float,
 ) -> Report:
     """The faulted run read back, accounted for and compared (when it finished)."""
-    run = _read_run(setup.output / FAULTED)
+    run = account_run(setup.output / FAULTED)
     fired = records.read_fired(setup.output / FIRED)
     unfinished, comparison = None, None
     if code != ExitCode.OK:
-        reason = run.attempts[-1].reason if run.attempts else None
+        reason = run.files.attempts[-1].reason if run.files.attempts else None
         unfinished = f"the faulted run did not finish: goodput launch exited {code}" + (
             f" ({reason})" if reason else ""
         )
@@ -221,10 +228,10 @@ def _report(
         kinds=setup.kinds,
         notes=tuple(setup.notes),
         idle_timeout_s=idle_timeout_s,
-        faults=tuple(accounting.fault_outcomes(setup.faults, fired, run.spans)),
-        attempts=tuple(run.attempts),
-        faulted=accounting.account(run.spans, fired),
-        reference=accounting.account(reference.spans, ()),
+        faults=tuple(outcomes.fault_outcomes(setup.faults, fired, run.accounting.timeline)),
+        attempts=tuple(run.files.attempts),
+        faulted=run.accounting,
+        reference=reference.accounting,
         unfinished=unfinished,
         comparison=comparison,
     )
@@ -345,32 +352,33 @@ def _fault_plan(path: Path | None) -> Iterator[None]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Run:
-    attempts: list[AttemptRecord]
-    steps: list[records.StepRecord]
-    spans: list[accounting.Span]
+class AccountedRun:
+    files: RunFiles
+    accounting: Accounting
 
 
-def _read_run(run_dir: Path) -> _Run:
-    attempts = read_attempts(run_dir / rundir.ATTEMPTS)
-    steps = records.read_step_records(run_dir / rundir.METRICS)
-    loads = records.read_resume_loads(run_dir / LOG)
-    return _Run(attempts, steps, accounting.spans(attempts, steps, loads))
+def account_run(run_dir: Path) -> AccountedRun:
+    """One of the campaign's runs, read and accounted for as ``goodput report RUN`` does."""
+    files = read_run(run_dir)
+    return AccountedRun(files, account(files))
 
 
-def _compare(output: Path, num_steps: int, reference: _Run, faulted: _Run) -> compare.Comparison:
+def _compare(
+    output: Path, num_steps: int, reference: AccountedRun, faulted: AccountedRun
+) -> compare.Comparison:
     parts = compare.compare_checkpoints(
         compare.final_checkpoint(output / REFERENCE, num_steps),
         compare.final_checkpoint(output / FAULTED, num_steps),
     )
     return compare.Comparison(
-        losses=compare.compare_losses(reference.steps, faulted.steps, num_steps), **parts
+        losses=compare.compare_losses(reference.files.steps, faulted.files.steps, num_steps),
+        **parts,
     )
 
 
-def _idle_timeout_s(spans: list[accounting.Span]) -> float:
-    (span,) = spans  # the straight run: one attempt
-    startup_s = span.steps[0].time - span.started if span.steps else span.ended - span.started
+def _idle_timeout_s(straight: Accounting) -> float:
+    span = straight.timeline[0]  # the straight run: one attempt
+    startup_s = span.steps[0].time - span.start if span.steps else span.end - span.start
     slowest_s = max((step.step_time_s for step in span.steps), default=0.0)
     derived = max(MIN_IDLE_TIMEOUT_S, IDLE_TIMEOUT_FACTOR * max(startup_s, slowest_s))
     return math.ceil(derived * 10) / 10  # to 0.1 s up, as the launcher and the report print it

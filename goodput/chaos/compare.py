@@ -2,8 +2,8 @@
 weights, optimizer state, RNG states and train state, all compared bit for bit.
 
 Losses: the reference must have run each step once; every run of a step in the other run (a
-resumed run repeats the steps after its checkpoint) must have its loss, bit for bit (a NaN is
-equal to a NaN; a loss the trainer logged as null, not finite, only to a null). Checkpoints: the
+resumed run repeats the steps after its checkpoint) must have its loss, bit for bit (a loss the
+trainer logged as null, not finite, equals only a null). Checkpoints: the
 complete checkpoint of the last step of each run, its files verified against ``checksums.json``
 first (a damaged one is an error, not a difference), its tensors read through goodput's
 allow-listing metadata reader into plain CPU tensors, model and optimizer one after the other to
@@ -31,12 +31,12 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from goodput import rundir
-from goodput.chaos.records import StepRecord
 from goodput.checkpoint.checksums import first_mismatch, read_checksums
 from goodput.checkpoint.load import load_tensors
 from goodput.checkpoint.metadata import read_metadata
 from goodput.errors import GoodputError
 from goodput.io import is_complete, read_json
+from goodput.report.run_files import Step
 
 PARTS = ("losses", "weights", "optimizer", "rng", "train_state")
 STATE_PREFIXES = {"weights": "model.", "optimizer": "optim."}  # DCP names: {"model", "optim"}
@@ -65,15 +65,14 @@ class Comparison:
         return None
 
 
-def compare_losses(
-    reference: list[StepRecord], other: list[StepRecord], num_steps: int
-) -> str | None:
-    """The first step (in the other run's order) whose loss differs from the reference's."""
+def compare_losses(reference: list[Step], other: list[Step], num_steps: int) -> str | None:
+    """The first step (in the other run's order) whose loss differs from the reference's; the
+    step records as ``report.run_files`` reads them, every line in file order."""
     expected: dict[int, float | None] = {}
     for record in reference:
         if record.step in expected:
             return f"the reference ran step {record.step} twice"
-        expected[record.step] = record.loss
+        expected[record.step] = _loss(record)
     for runs, name in ((expected, "the reference"), ({r.step for r in other}, "the faulted run")):
         missing = sorted(set(range(1, num_steps + 1)) - set(runs))
         if missing:
@@ -81,18 +80,22 @@ def compare_losses(
     for record in other:
         if record.step not in expected:
             return f"the faulted run has a step {record.step} the reference never ran"
-        reference_loss = expected[record.step]
-        if _bits(record.loss) != _bits(reference_loss):
-            return f"step {record.step}: {record.loss!r} against the reference's {reference_loss!r}"
+        loss, reference_loss = _loss(record), expected[record.step]
+        if _bits(loss) != _bits(reference_loss):
+            return f"step {record.step}: {loss!r} against the reference's {reference_loss!r}"
     return None
 
 
+def _loss(record: Step) -> float | None:
+    """The step's loss; None where the trainer wrote null (not finite): ``values`` holds only
+    the line's finite numbers."""
+    return record.values.get("loss")
+
+
 def _bits(value: float | None) -> bytes:
-    """The loss as compared: its float64 bytes (every NaN one NaN); a non-finite loss the
-    trainer wrote as null compares equal only to another null."""
-    if value is None:
-        return b"null"
-    return struct.pack("<d", float("nan") if value != value else value)
+    """The loss as compared: its float64 bytes (-0.0 is not 0.0); a non-finite loss the trainer
+    wrote as null compares equal only to another null."""
+    return b"null" if value is None else struct.pack("<d", value)
 
 
 def final_checkpoint(run_dir: Path, num_steps: int) -> Path:

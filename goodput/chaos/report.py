@@ -1,9 +1,10 @@
 """A campaign's report: one value, printed as tables for a person and written as JSON for tools.
 
 It holds what was asked and changed (config, seed, ranks, the interval chaos had to set, the
-idle timeout), each fault and what became of it (``accounting.FaultOutcome``), the attempts and
-their classes, the goodput of the faulted and the straight run with the breakdown of the rest,
-and the verdict: whether the final state is bitwise equal to the straight run's, every planned
+idle timeout), each fault and what became of it (``outcomes.FaultOutcome``), the attempts and
+their classes, the goodput of the faulted and the straight run with the badput by cause (each
+run's ``report.accounting.Accounting``, in JSON as ``goodput report --json`` writes it), and the
+verdict: whether the final state is bitwise equal to the straight run's, every planned
 fault fired and the faulted run finished. ``passed`` is that verdict; ``goodput chaos`` exits 0
 only when it holds.
 """
@@ -16,19 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from goodput.chaos.accounting import FaultOutcome, Goodput
 from goodput.chaos.compare import PARTS, Comparison
+from goodput.chaos.outcomes import FaultOutcome
 from goodput.io import write_json
 from goodput.launch.history import AttemptRecord
-
-BREAKDOWN = (
-    ("recomputed_s", "recomputed steps"),
-    ("detection_s", "detection"),
-    ("backoff_s", "backoff"),
-    ("startup_s", "start-up"),
-    ("load_s", "load"),
-    ("other_s", "other"),
-)
+from goodput.report.accounting import Accounting
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,8 +35,8 @@ class Report:
     idle_timeout_s: float | None
     faults: tuple[FaultOutcome, ...]
     attempts: tuple[AttemptRecord, ...]
-    faulted: Goodput
-    reference: Goodput
+    faulted: Accounting
+    reference: Accounting
     unfinished: str | None  # why the faulted run did not finish; None when it did
     comparison: Comparison | None  # None when there was nothing to compare
 
@@ -71,10 +64,7 @@ class Report:
             "idle_timeout_s": self.idle_timeout_s,
             "faults": [_outcome_json(outcome) for outcome in self.faults],
             "attempts": [record.to_json() for record in self.attempts],
-            "goodput": {
-                "faulted": _goodput_json(self.faulted),
-                "straight": _goodput_json(self.reference),
-            },
+            "goodput": {"faulted": self.faulted.as_json(), "straight": self.reference.as_json()},
             "unfinished": self.unfinished,
             "comparison": None if self.comparison is None else _comparison_json(self.comparison),
             "passed": self.passed,
@@ -89,10 +79,6 @@ def _outcome_json(outcome: FaultOutcome) -> dict[str, Any]:
     fields = dataclasses.asdict(outcome)
     fault, fired = fields.pop("fault"), fields.pop("fired")
     return {**fault, "fired_step": fired["step"] if fired else None, **fields}
-
-
-def _goodput_json(goodput: Goodput) -> dict[str, Any]:
-    return {**dataclasses.asdict(goodput), "goodput": goodput.goodput}
 
 
 def _comparison_json(comparison: Comparison) -> dict[str, Any]:
@@ -169,14 +155,18 @@ def _attempt_table(attempts: Sequence[AttemptRecord]) -> list[str]:
     return ["attempts (the faulted run's attempts.jsonl)", *_columns(rows)]
 
 
-def _goodput_lines(faulted: Goodput, reference: Goodput) -> list[str]:
-    rest = ", ".join(f"{name} {getattr(faulted, key):.2f} s" for key, name in BREAKDOWN)
+def _goodput_lines(faulted: Accounting, reference: Accounting) -> list[str]:
+    """Both runs' goodput as ``goodput report`` counts it, and the faulted run's badput causes
+    that cost anything, largest first."""
+    causes = sorted(faulted.badput_s.items(), key=lambda item: -item[1])
+    rest = ", ".join(f"{cause.replace('_', ' ')} {s:.2f} s" for cause, s in causes if s > 0)
     return [
-        f"goodput {faulted.goodput:.3f} (straight run {reference.goodput:.3f}): "
-        f"{faulted.productive_s:.2f} s of {faulted.num_steps} steps in {faulted.wall_s:.2f} s "
-        f"(straight run {reference.wall_s:.2f} s); {faulted.num_step_runs - faulted.num_steps} "
-        "step(s) run again",
-        f"  the rest: {rest}",
+        f"goodput {faulted.goodput:.1%} (straight run {reference.goodput:.1%}): "
+        f"{faulted.productive_s:.2f} s productive in {faulted.wall_s:.2f} s "
+        f"(straight run {reference.wall_s:.2f} s); {faulted.steps_kept} step(s) kept, "
+        f"{faulted.steps_recomputed} run again",
+        f"  badput by cause, as goodput report counts it: {rest or 'none'}",
+        *(f"  {note}" for note in faulted.ignored_notes()),
     ]
 
 

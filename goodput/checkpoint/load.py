@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from goodput.checkpoint.metadata import MetadataReader, files_and_sizes, read_metadata
 from goodput.checkpoint.parts import load_into
-from goodput.checkpoint.state import set_rng_state
+from goodput.checkpoint.state import CheckpointContents, set_rng_state
 from goodput.errors import GoodputError
 from goodput.io import is_complete, read_json, read_text
 from goodput.progress import BYTES, Progress
@@ -161,19 +161,20 @@ def checkpoint_problem(directory: Path) -> str | None:
 
 def load_checkpoint(
     directory: Path,
-    parts: list[nn.Module],
-    optimizers: list[torch.optim.Optimizer],
+    contents: CheckpointContents,
     train_state: dict[str, Any],
     device: torch.device,
 ) -> None:
-    """Load ``directory`` into this rank's model ``parts`` and their ``optimizers`` (only the
-    model for a model-only checkpoint, as ``goodput ckpt import-hf`` writes), and this rank's
-    RNG state when the world size is the one it was saved at."""
+    """Load ``directory`` into ``contents``: its ``train_state`` (read from there) into the
+    registered parts, before any tensor is read, then the model parts and their optimizers
+    (only the model for a model-only checkpoint, as ``goodput ckpt import-hf`` writes), and
+    this rank's RNG state when the world size is the one it was saved at."""
+    contents.load_train_state(train_state, directory / TRAIN_STATE)
     model_only = bool(train_state.get("model_only"))
     saved_groups = None if model_only else train_state["optimizer_param_groups"]
     load_into(
-        parts,
-        optimizers,
+        contents.parts,
+        contents.optimizers,
         lambda state: load_tensors(state, directory, live=False),
         saved_groups,
         directory / TRAIN_STATE,

@@ -56,7 +56,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystem
@@ -67,7 +66,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from goodput.checkpoint.checksums import file_digests, write_checksums
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.parts import gather
-from goodput.checkpoint.state import rng_state
+from goodput.checkpoint.state import CheckpointContents, rng_state
 from goodput.faults import FaultPlan
 from goodput.io import write_json, write_marker, write_text
 from goodput.progress import BYTES, Progress, print_line
@@ -233,9 +232,11 @@ class Checkpointer:
         cfg: CheckpointConfig,
         root: Path,
         device: torch.device,
+        contents: CheckpointContents,
         faults: FaultPlan | None = None,
     ):
         self.cfg, self.root, self.device = cfg, Path(root), device
+        self.contents = contents  # what every save writes
         self.faults = faults
         # Collective: every rank, same moment. The flush's group, and the decisions' group
         # (the main thread's, used while a flush runs).
@@ -264,19 +265,9 @@ class Checkpointer:
             return Decision.PERIODIC
         return Decision.NONE
 
-    def save(
-        self,
-        step: int,
-        parts: list[nn.Module],
-        optimizers: list[torch.optim.Optimizer],
-        train_state: dict[str, Any],
-        config_toml: str,
-        *,
-        blocking: bool = False,
-    ) -> float:
-        """Save ``step`` of this rank's model ``parts`` (one per pipeline stage it runs, else
-        the whole model) and their ``optimizers``; return the seconds the caller was held (wait
-        + snapshot)."""
+    def save(self, step: int, *, blocking: bool = False) -> float:
+        """Save ``step`` of the registered contents; return the seconds the caller was held
+        (wait + snapshot)."""
         start = time.perf_counter()
         self.wait()
         directory = step_dir(self.root, step)
@@ -287,9 +278,15 @@ class Checkpointer:
             except OSError as exc:
                 error = _reason(exc, directory)
         dist.barrier(group=self.group)
-        model_state, optimizer_state, param_groups = gather(parts, optimizers)
-        train_state = {**train_state, "optimizer_param_groups": param_groups}
-        if not self._write_small_files(directory, step, train_state, config_toml, error):
+        contents = self.contents
+        model_state, optimizer_state, param_groups = gather(contents.parts, contents.optimizers)
+        # The world size decides whether a resume restores each rank's RNG state (load.py).
+        train_state = {
+            **contents.train_state(),
+            "world_size": dist.get_world_size(),
+            "optimizer_param_groups": param_groups,
+        }
+        if not self._write_small_files(directory, step, train_state, contents.config_toml, error):
             return time.perf_counter() - start
         own_files = [str(rng_file(directory, self.rank).relative_to(directory))]
         if self.rank == 0:

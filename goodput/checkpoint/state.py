@@ -1,20 +1,78 @@
-"""Every random generator of one rank, as JSON: Python's, NumPy's, torch's CPU and device ones.
+"""What a checkpoint holds besides tensors: the run's registered parts, and every RNG of a rank.
 
-JSON, not pickle: a checkpoint is read back on another day, maybe from another user's folder,
-and must never be able to run code. Byte states travel as base64.
+``CheckpointContents`` is what a run registers with its ``Checkpointer`` once: this rank's model
+parts and their optimizers (the tensors), its config, and the ``Stateful`` parts whose entries
+make up ``train_state.json`` (the loader's position, the trainer's counters and diagnostics). The
+same contents are what a resume loads into (``load.load_checkpoint``). Each part owns fixed
+top-level keys of that file — the keys it always had, so checkpoints saved before the parts were
+registered load unchanged — and no two parts share one.
+
+RNG states: Python's, NumPy's, torch's CPU and device ones, as JSON. JSON, not pickle: a
+checkpoint is read back on another day, maybe from another user's folder, and must never be able
+to run code. Byte states travel as base64.
 """
 
 from __future__ import annotations
 
 import base64
 import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
+from torch import nn
 
 from goodput.errors import GoodputError
+
+
+class Stateful(Protocol):
+    """A part of the run whose state travels in ``train_state.json``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Its entries of the train state, under its own fixed keys (JSON values)."""
+        ...
+
+    def load_state_dict(self, train_state: Mapping[str, Any]) -> None:
+        """Take its entries back from ``train_state`` (which may hold others'); an entry that is
+        absent (a checkpoint saved before the part existed) leaves the part as it was built. A
+        damaged entry is a ``ValueError`` (or a ``GoodputError`` naming what is wrong)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointContents:
+    """What a run saves and resumes, registered once: this rank's model ``parts`` (one per
+    pipeline stage it runs, else the whole model), their ``optimizers``, the train state's
+    ``states`` by part name, and the resolved config as TOML."""
+
+    parts: list[nn.Module]
+    optimizers: list[torch.optim.Optimizer]
+    states: Mapping[str, Stateful] = field(default_factory=dict)
+    config_toml: str = ""
+
+    def train_state(self) -> dict[str, Any]:
+        """Every part's entries, in one table."""
+        merged: dict[str, Any] = {}
+        for name, part in self.states.items():
+            entries = part.state_dict()
+            shared = merged.keys() & entries.keys()
+            assert not shared, f"state part {name} writes keys another part owns: {shared}"
+            merged |= entries
+        return merged
+
+    def load_train_state(self, train_state: Mapping[str, Any], source: Path) -> None:
+        """Hand ``train_state`` (read from ``source``) to every part; a damaged entry is one
+        line naming the file."""
+        for part in self.states.values():
+            try:
+                part.load_state_dict(train_state)
+            except ValueError as error:
+                raise GoodputError(
+                    source, f"damaged: {error}", "resume from another checkpoint (--resume)"
+                ) from None
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:

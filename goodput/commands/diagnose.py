@@ -1,5 +1,5 @@
 """``goodput diagnose``: questions answered by running the real trainer or reading its run.
-``smoke`` records a config's per-step numbers, or compares them bit for bit with a baseline;
+``smoke`` records a config's per-step numbers in a layout, or compares them with a baseline;
 ``lr-find`` runs the LR range test on a fresh model of a config; ``batch-size`` reads a run's
 gradient noise scale against its global batch (``goodput.diagnostics`` does the work)."""
 
@@ -33,9 +33,11 @@ def register(groups: Subparsers) -> None:
         commands,
         "smoke",
         _smoke,
-        "run a config for a few steps as one rank and record each step's loss, gradient norm "
-        "and peak memory (--record), or compare them with a baseline (--baseline): bit for bit "
-        "on CPU; exit 1 at the first step and metric that differ",
+        "run a config for a few steps under goodput launch (--nproc local ranks, the layout of "
+        "its [parallel] table) and record each step's loss, gradient norm and peak memory "
+        "(--record), or compare them with a baseline (--baseline): bit for bit on CPU in the "
+        "baseline's layout, to the layouts' tolerance in another against a one-process "
+        "baseline; exit 1 at the first step and metric that differ",
     )
     smoke.add_argument("config", type=Path, help="the run config (TOML)")
     smoke.add_argument(
@@ -51,6 +53,12 @@ def register(groups: Subparsers) -> None:
         type=argtypes.positive_int,
         help=f"steps to run (default: {DEFAULT_STEPS} with --record, the baseline's with "
         "--baseline)",
+    )
+    smoke.add_argument(
+        "--nproc",
+        type=argtypes.positive_int,
+        help="local ranks to run on, under goodput launch (default: 1 with --record, the "
+        "baseline's with --baseline)",
     )
     _register_lr_find(commands)
     _register_batch_size(commands)
@@ -118,9 +126,10 @@ def _smoke(args: argparse.Namespace) -> ExitCode:
 
         check_output_file(args.record, SMOKE_RECORD, "--record", [args.config])
         steps = DEFAULT_STEPS if args.steps is None else args.steps
-        print(smoke.record(args.config, args.overrides, steps, args.record), flush=True)
+        nproc = 1 if args.nproc is None else args.nproc
+        print(smoke.record(args.config, args.overrides, steps, nproc, args.record), flush=True)
         return ExitCode.OK
-    code, line = smoke.check(args.config, args.overrides, args.steps, args.baseline)
+    code, line = smoke.check(args.config, args.overrides, args.steps, args.nproc, args.baseline)
     print(line, file=sys.stdout if code == ExitCode.OK else sys.stderr, flush=True)
     return code
 

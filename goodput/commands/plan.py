@@ -404,13 +404,15 @@ def _read_config(path: Path) -> tuple[ModelConfig, dict[str, Any], dict[str, Any
 
 
 def _present(cls: type, raw: dict[str, Any], section: str, path: Path) -> dict[str, Any]:
-    """The keys of ``[section]`` that are there, each coerced as ``cls``'s field (type and
-    range); an unknown key is refused, a missing one is simply absent."""
-    from goodput.config import coerce_field
+    """The keys of ``[section]`` that are there (a renamed one under its new name), each coerced
+    as ``cls``'s field (type and range); an unknown key is refused, a missing one is simply
+    absent."""
+    from goodput.config import coerce_field, read_renamed
 
     table = raw.get(section, {})
     if not isinstance(table, dict):
         raise GoodputError.usage(path, f"'{section}' is not a table", f"write it as [{section}]")
+    table = read_renamed(cls, table, str(path), f"{section}.")
     names = {field.name for field in dataclasses.fields(cls)}
     unknown = sorted(set(table) - names)
     if unknown:

@@ -9,10 +9,11 @@ S/S_min = 1 + B_noise/B and E/E_min = 1 + B/B_noise. This module reports B_simpl
 and those two factors, as efficiencies S_min/S = B/(B + B_noise) and E_min/E = B_noise/(B +
 B_noise) (they add up to 1; both are 1/2 at the critical batch B = B_noise).
 
-Both files come from outside (a live run, a copied folder) and are read strictly and in bounds:
-every metrics line must be a JSON object with an integer ``step``; a broken line is one error
-naming the file and line, except a torn last line (no newline yet: a live run is writing it),
-which is skipped. A gns outside [2**-53, 2**53] tokens (not finite, not > 0, or an estimator
+Both files come from outside (a live run, a copied folder) and are read strictly and in bounds,
+the metrics by their schema's reader (``runfiles.read_steps``: a line is a JSON object with a
+whole ``step`` and a ``gns`` that is a number or null; a broken line is one error naming the
+file and line, except a torn last line, no newline yet: a live run is writing it, which is
+skipped). A gns outside [2**-53, 2**53] tokens (not finite, not > 0, or an estimator
 that divided by a near-zero |G|² or tr(Σ)) is ignored and counted, so that every figure of the
 report is a finite number and its JSON strict. A step logged
 twice (a resumed run repeats steps after its checkpoint) keeps its later line. Standard library
@@ -21,17 +22,15 @@ only: no torch.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from goodput import rundir
+from goodput import rundir, runfiles
 from goodput.config import MAX_NUMBER, read_toml
 from goodput.errors import ExitCode, GoodputError
-from goodput.io import read_json_lines
 
 NUM_WINDOWS = 8
 # A usable B_simple, in tokens: 2**53 is the largest global batch a config admits; a larger
@@ -196,40 +195,23 @@ def read_global_batch(config: Path) -> int:
 
 
 def read_estimates(path: Path) -> Estimates:
-    """Every step's usable gns from the metrics file ``path`` (read as every reader of a run's
-    metrics reads it: ``io.read_json_lines``)."""
+    """Every step's usable gns from the metrics file ``path`` (``runfiles.read_steps``)."""
     by_step: dict[int, float] = {}
     num_lines = num_ignored = 0
     try:
-        for where, entry in read_json_lines(path, rundir.MAX_LINE_BYTES, fix=_FIX):
+        for line in runfiles.read_steps(path, fix=_FIX):
             num_lines += 1
-            step, gns = _step_and_gns(entry, where)
+            gns = line.number("gns")
             if gns is None:
-                by_step.pop(step, None)  # a repeated step without one: no estimate now
+                by_step.pop(line.step, None)  # a repeated step without one: no estimate now
             elif MIN_GNS_TOKENS <= gns <= MAX_GNS_TOKENS:  # False for NaN
-                by_step[step] = gns
+                by_step[line.step] = gns
             else:
                 num_ignored += 1
-                by_step.pop(step, None)
+                by_step.pop(line.step, None)
     except GoodputError as exc:  # a broken metrics file is bad input to this command
         raise GoodputError.usage(exc.where, exc.what, exc.fix) from None
     return Estimates(dict(sorted(by_step.items())), num_lines, num_ignored)
-
-
-def _step_and_gns(entry: dict[str, Any], where: str) -> tuple[int, float | None]:
-    step = entry.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        what = f'"step" is {_short(step)}, not a whole number >= 0'
-        raise GoodputError.usage(where, what, _FIX)
-    gns = entry.get("gns")
-    if gns is None:
-        return step, None
-    if isinstance(gns, bool) or not isinstance(gns, int | float):
-        raise GoodputError.usage(where, f'"gns" is {_short(gns)}, not a number or null', _FIX)
-    try:
-        return step, float(gns)
-    except OverflowError:  # an integer past float's range
-        return step, math.inf
 
 
 def summarise(estimates: Estimates, global_batch_tokens: int) -> BatchSizeReport:
@@ -276,8 +258,3 @@ def no_estimate_error(metrics: Path, estimates: Estimates) -> GoodputError:
 
 
 _FIX = "restore the file, or delete the broken line"
-
-
-def _short(value: object) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,9 +1,9 @@
 """``goodput diagnose lr-find``: the LR range test, run by the trainer's own builders and step.
 
 A fresh model of the config, built exactly as ``goodput train`` builds it (``setup_torch``,
-``build_mesh``, ``plan_batches``, ``build_loader``, ``build_model``, ``Optimizers``), takes
-``train_step`` steps on the config's data while the LR ramps exponentially from ``min_lr`` to
-``max_lr``; every optimizer group gets the step's LR, as the trainer sets its schedule's. It
+``build_run``: the same mesh, batch plan, loader, model and optimizers), takes ``train_step``
+steps on the config's data while the LR ramps exponentially from ``min_lr`` to ``max_lr``;
+every optimizer group gets the step's LR, as the trainer sets its schedule's. It
 stops at the cliff (``lr_regions``: ŝ past 4 x its best, or a loss or gradient norm that is not
 finite: ``train_step`` skips such a step). One process or every rank under a launcher; rank 0
 writes ``<run_dir>/lr_find.json`` (after the trainer's run-directory check) and nothing else
@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -25,21 +24,10 @@ from goodput import rundir
 from goodput.diagnostics.lr_regions import Regions, SmoothedLoss, find_regions, ramp
 from goodput.errors import GoodputError
 from goodput.io import write_json
-from goodput.train.build import (
-    build_loader,
-    build_model,
-    context_layout,
-    decided_by_rank_zero,
-    micro_batches_of,
-    require_run_dir,
-)
-from goodput.train.config import RunConfig, plan_batches
-from goodput.train.mesh import build_mesh
-from goodput.train.optim import Optimizers
-from goodput.train.pipeline import model_parts
+from goodput.train.build import build_run
+from goodput.train.config import RunConfig
 from goodput.train.setup import setup_torch
 from goodput.train.step import train_step
-from goodput.train.watch import label_generator, replica_group
 
 MIN_STEPS = 10  # fewer points cannot show three regions
 MAX_STEPS = 100_000
@@ -144,40 +132,29 @@ def lr_find(
 ) -> LrFindResult | None:
     """Run the ramp on this rank; the result on rank 0 (which wrote it to the run directory),
     None on the others. ``progress``: called on rank 0 about every tenth of the steps."""
-    # The blend is sized by train.steps: exactly the ramp's.
-    cfg = replace(cfg, train=replace(cfg.train, steps=settings.num_steps))
+    lrs = ramp(settings.min_lr, settings.max_lr, settings.num_steps)
+    # The blend is sized by train.steps: exactly the ramp's; the optimizer starts at its first LR.
+    cfg = replace(
+        cfg,
+        train=replace(cfg.train, steps=settings.num_steps),
+        schedule=replace(cfg.schedule, lr=lrs[0]),
+    )
     owns_process_group = not dist.is_initialized()
     runtime = setup_torch(seed=cfg.train.seed)
     try:
-        mesh = build_mesh(cfg.parallel, runtime.device, runtime.ranks_per_host)
-        plan = plan_batches(cfg.train, dp_size=mesh.dp_size)
-        run_dir = Path(cfg.train.run_dir)
-        decided_by_rank_zero(lambda: require_run_dir(run_dir))  # before anything is written
-        loader = build_loader(cfg, plan, mesh)
-        model = build_model(cfg, runtime.device, mesh, plan, empty=False)
-        lrs = ramp(settings.min_lr, settings.max_lr, settings.num_steps)
-        optimizer = Optimizers(model_parts(model), cfg.optim, lrs[0], replica_group(mesh))
-        context = context_layout(cfg, mesh)
-        positions_t = context.positions(mesh.cp_rank).to(runtime.device) if context else None
+        run = build_run(cfg, runtime, trains=False)
         curve = Curve()
-        batches = iter(loader)
+        batches = iter(run.loader)
         every = max(1, settings.num_steps // NUM_PROGRESS_LINES)
         for index, lr in enumerate(lrs):
-            for group in optimizer.param_groups:
+            for group in run.optimizer.param_groups:
                 group["lr"] = lr
             result = train_step(
-                model,
-                optimizer,
-                micro_batches_of(next(batches), context, mesh.cp_rank, plan, runtime.device),
-                max_grad_norm=cfg.train.max_grad_norm,
-                token_group=mesh.token_group,
-                positions_t=positions_t,
-                sync_every_micro_batch=cfg.parallel.sync_every_micro_batch,
-                hessian_labels=(
-                    label_generator(cfg.train.seed, index + 1, mesh, runtime.device)
-                    if optimizer.wants_hessian(index + 1)
-                    else None
-                ),
+                run.model,
+                run.optimizer,
+                run.micro_batches(next(batches)),
+                run.step_settings,
+                hessian_labels=run.hessian_labels(index + 1),
             )
             # The loss and norm are the same on every rank, so every rank stops at one step.
             at_cliff = curve.add(lr, result.loss, result.grad_norm, skipped=result.skipped)
@@ -188,13 +165,13 @@ def lr_find(
         if runtime.rank != 0:
             return None
         found = curve.result(settings)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run.run_dir.mkdir(parents=True, exist_ok=True)
         ramp_settings = {
             "steps": settings.num_steps,
             "min_lr": settings.min_lr,
             "max_lr": settings.max_lr,
         }
-        write_json(run_dir / rundir.LR_FIND, {**found.as_json(), "ramp": ramp_settings})
+        write_json(run.run_dir / rundir.LR_FIND, {**found.as_json(), "ramp": ramp_settings})
         return found
     finally:
         if owns_process_group and dist.is_initialized():

@@ -4,7 +4,8 @@ One JSON object, written atomically (``goodput.io.write_json``)::
 
     {
       "format": "goodput-smoke",
-      "version": 1,
+      "version": 2,
+      "world_size": 2,
       "config": ["[model]", "vocab_size = 4096", ...],
       "environment": {"torch": "2.13.0+cpu", "device": "cpu", "device_name": "AMD EPYC",
                       "cpu_capability": "AVX512", "goodput": "0.1.0", "git_sha": "1a2b...",
@@ -15,16 +16,19 @@ One JSON object, written atomically (``goodput.io.write_json``)::
 
 ``config`` is the run config as the smoke ran it, as TOML lines, with the paths that only mean
 something on the recording machine replaced (lines, so that a refreshed baseline diffs well).
+The layout is ``world_size`` (the ranks ``goodput launch`` started) with the config's
+``[parallel]`` table. Version 1, written before the smoke ran layouts, has no ``world_size``: it
+was one process, and reads as ``world_size`` 1 (the committed demo baseline is one).
 Every number is a float64 written as Python's ``repr``: the shortest decimal that reads back to
 the same double, so the values in a record are the run's bits. Which values are compared bit for
 bit and which within a tolerance is ``smoke.py``'s.
 
 Reading a record is a trust boundary (a baseline comes from a repository or a colleague): the
 file is bounded in size, every key is required and no other is allowed, every type is checked,
-every number is finite and >= 0, the steps run 1..N with N at most ``MAX_STEPS``, environment
-values are short printable text. Any failure is one ``GoodputError`` naming the file and the
-field, with exit code 2 (a bad input, like a bad option), so that exit 1 from the gate always
-means "the numbers differ".
+every number is finite and >= 0, the steps run 1..N with N at most ``MAX_STEPS``, the world size
+is a whole number from 1 to ``MAX_RANKS``, environment values are short printable text. Any
+failure is one ``GoodputError`` naming the file and the field, with exit code 2 (a bad input, like
+a bad option), so that exit 1 from the gate always means "the numbers differ".
 """
 
 from __future__ import annotations
@@ -38,9 +42,11 @@ from typing import Any
 
 from goodput.errors import GoodputError
 from goodput.io import read_json, write_json
+from goodput.launch.env import MAX_RANKS
 
 FORMAT = "goodput-smoke"
-VERSION = 1
+VERSION = 2
+VERSION_WITHOUT_LAYOUT = 1  # one process: read as world_size 1
 MAX_RECORD_BYTES = 4 << 20  # 10,000 steps take about 1 MB
 MAX_STEPS = 10_000  # a smoke run is minutes; beyond this it is a training run
 MAX_CONFIG_CHARS = 64 << 10  # all lines together
@@ -58,7 +64,8 @@ ENVIRONMENT_LABELS = {
     "python": "python",
     "data_fingerprint": "data fingerprint",
 }
-KEYS = ("format", "version", "config", "environment", "steps")
+KEYS = ("format", "version", "world_size", "config", "environment", "steps")
+KEYS_WITHOUT_LAYOUT = tuple(key for key in KEYS if key != "world_size")
 STEP_KEYS = ("step", *METRICS)
 FIX = "restore it from version control, or record it again with `goodput diagnose smoke --record`"
 
@@ -71,9 +78,10 @@ class StepValues:
     peak_memory_gib: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SmokeRecord:
-    config: str  # TOML text, newline-terminated
+    config: str  # TOML text, newline-terminated; its [parallel] table is half the layout
+    world_size: int  # the ranks it ran on: the other half
     environment: Mapping[str, str]  # ENVIRONMENT_LABELS' keys
     steps: tuple[StepValues, ...]  # steps 1..N
 
@@ -86,6 +94,7 @@ def write_record(path: Path, record: SmokeRecord) -> None:
         {
             "format": FORMAT,
             "version": VERSION,
+            "world_size": record.world_size,
             "config": record.config.splitlines(),
             "environment": dict(record.environment),
             "steps": [asdict(values) for values in record.steps],
@@ -99,23 +108,34 @@ def read_record(path: Path) -> SmokeRecord:
         raw = read_json(path, MAX_RECORD_BYTES)
     except GoodputError as error:
         raise GoodputError.usage(error.where, error.what, error.fix) from None
-    top = _object(path, "the file", raw, KEYS)
+    version = raw.get("version") if isinstance(raw, dict) else None
+    without_layout = type(version) is int and version == VERSION_WITHOUT_LAYOUT
+    top = _object(path, "the file", raw, KEYS_WITHOUT_LAYOUT if without_layout else KEYS)
     if top["format"] != FORMAT:
         raise _refusal(
             path, "format", f"is {_show(top['format'])}, not {FORMAT!r}: not a smoke record"
         )
-    if type(top["version"]) is not int or top["version"] != VERSION:
+    if not without_layout and (type(version) is not int or version != VERSION):
         raise GoodputError.usage(
             path,
-            f"version {_show(top['version'])} is not the smoke record version this goodput reads "
-            f"({VERSION})",
+            f"version {_show(version)} is not a smoke record version this goodput reads "
+            f"({VERSION_WITHOUT_LAYOUT} or {VERSION})",
             "record the baseline again with this goodput (`goodput diagnose smoke --record`)",
         )
     return SmokeRecord(
         config=_config(path, top["config"]),
+        world_size=1 if without_layout else _world_size(path, top["world_size"]),
         environment=_environment(path, top["environment"]),
         steps=_steps(path, top["steps"]),
     )
+
+
+def _world_size(path: Path, value: Any) -> int:
+    if type(value) is not int or not 1 <= value <= MAX_RANKS:
+        raise _refusal(
+            path, "world_size", f"is {_show(value)}, not a whole number from 1 to {MAX_RANKS:,}"
+        )
+    return value
 
 
 def _config(path: Path, value: Any) -> str:

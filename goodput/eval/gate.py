@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from goodput.errors import ExitCode, GoodputError
@@ -45,28 +44,6 @@ class EvalGate:
     stop_on_alarm: bool  # [eval] stop_on_alarm
     at_chance_in_a_row: int = 0
     losses: list[float] = field(default_factory=list)  # the training losses since the last eval
-
-    @classmethod
-    def resumed(
-        cls, alarm_evals: int, stop_on_alarm: bool, train_state: Mapping[str, Any] | None
-    ) -> EvalGate:
-        gate = cls(alarm_evals, stop_on_alarm)
-        state = (train_state or {}).get("eval_gate")
-        if state is not None:
-            gate.load_state_dict(state)
-        return gate
-
-    @staticmethod
-    def check_state(train_state: Mapping[str, Any], path: Path) -> None:
-        """Refuse a gate state in a checkpoint's train state (``path``) that ``state_dict``
-        does not write, naming the file."""
-        if "eval_gate" in train_state:
-            try:
-                EvalGate(1, False).load_state_dict(train_state["eval_gate"])
-            except ValueError as error:
-                raise GoodputError(
-                    path, f"damaged: {error}", "resume from another checkpoint (--resume)"
-                ) from None
 
     def observe(
         self,
@@ -122,8 +99,12 @@ class EvalGate:
     def state_dict(self) -> dict[str, Any]:
         return {"eval_gate": {"at_chance_in_a_row": self.at_chance_in_a_row}}
 
-    def load_state_dict(self, state: Any) -> None:
-        """Refuse what ``state_dict`` does not write: a checkpoint is outside input."""
+    def load_state_dict(self, train_state: Mapping[str, Any]) -> None:
+        """The count of a checkpoint's train state (none before the gate existed); refuse what
+        ``state_dict`` does not write with a ``ValueError``: a checkpoint is outside input."""
+        if "eval_gate" not in train_state:
+            return
+        state = train_state["eval_gate"]
         count = state.get("at_chance_in_a_row") if isinstance(state, dict) else None
         if (
             not isinstance(state, dict)

@@ -12,7 +12,7 @@ and scores its continuation only, so its summed loss is minus its log-likelihood
 are ``harness.summarize``'s. Rows go through in batches shaped exactly as the step's global
 batch (the pipeline's schedule fixed its shapes at the first step; the last batch is padded with
 rows that score nothing): data-parallel rank ``r`` takes rows ``[r·L, (r+1)·L)`` of each, cut
-into micro-batches as the step cuts them (``build.micro_batches_of``: under context
+into micro-batches as the step cuts them (``step.micro_batches_of``: under context
 parallelism each rank its chunks of every row). Each rank's per-row sums are completed over the
 context-parallel group (each holds part of every row), then gathered over the data-parallel
 group, so every rank ends with every row's sum; tensor-parallel ranks compute the same sums
@@ -46,13 +46,13 @@ from goodput.eval.choice_tasks import ChoiceItem, read_choice_task
 from goodput.eval.config import EvalConfig
 from goodput.eval.harness import ChoiceScores, choice_requests, summarize
 from goodput.eval.records import EvalRecord
-from goodput.train.build import micro_batches_of
 from goodput.train.config import BatchPlan
 from goodput.train.hf_tokenizer import blend_tokenizer
 from goodput.train.loss import IGNORE_INDEX, row_loss_sums
 from goodput.train.mesh import ParallelMesh
 from goodput.train.pipeline import Pipeline
 from goodput.train.ring_attention import ContextLayout
+from goodput.train.step import micro_batches_of
 
 HELDOUT = "heldout"  # evals.jsonl's task name prefix: heldout/<corpus>
 
@@ -139,9 +139,6 @@ class LoopEval:
         self.corpora = samples.corpus_names if cfg.holdout_samples else []
         self.heldout_rows = _heldout_rows(samples) if cfg.holdout_samples else None
         self.tasks = _choice_tasks(cfg, samples, seq_len, vocab_size)
-
-    def due(self, step: int, last_step: int) -> bool:
-        return bool(self.interval) and (step % self.interval == 0 or step == last_step)
 
     def describe(self) -> str:
         if not self.interval:

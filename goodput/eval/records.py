@@ -1,17 +1,14 @@
 """``RUN/evals.jsonl``: one line per eval metric, whoever evaluated — the training loop's
 in-loop evals and ``goodput eval`` on a checkpoint alike — so a run's evals read as one table.
 
-A line is ``{"step", "task", "metric", "value", "stderr", "source", "time"}``: ``step`` the
-optimizer step of the weights evaluated, ``task`` a held-out corpus (``heldout/<corpus>``), a
-multiple-choice task or an lm-eval task, ``stderr`` null where the metric has none, ``source``
-``"train"`` (the loop) or ``"goodput eval"``. Non-finite values are written as null (strict
-JSON). One evaluation's lines go in one ``write`` of an append-mode file, flushed and synced,
-so a crash leaves whole lines before it; a reader skips a torn last line.
+A line is a ``runfiles.EvalLine`` (``step``, the optimizer step of the weights evaluated, then
+``task``, ``metric``, ``value``, ``stderr``, ``source`` and ``time``), non-finite values as null
+(strict JSON). One evaluation's lines go in one ``write`` of an append-mode file, flushed and
+synced, so a crash leaves whole lines before it; a reader skips a torn last line.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Iterable
@@ -19,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from goodput import rundir
-from goodput.io import json_text, open_append
+from goodput.io import open_append
+from goodput.runfiles import EvalLine, evals_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,28 +33,20 @@ def append_evals(run_dir: Path, step: int, records: Iterable[EvalRecord], source
     now = time.time()
     path = run_dir / rundir.EVALS
     lines = [
-        json_text(
-            {
-                "step": step,
-                "task": record.task,
-                "metric": record.metric,
-                "value": _finite(record.value),
-                "stderr": _finite(record.stderr),
-                "source": source,
-                "time": now,
-            },
-            where=path,
+        EvalLine(
+            step=step,
+            task=record.task,
+            metric=record.metric,
+            value=record.value,
+            stderr=record.stderr,
+            source=source,
+            time=now,
         )
-        + "\n"
         for record in records
     ]
     if not lines:
         return
     with open_append(path) as out:
-        out.write("".join(lines))
+        out.write(evals_text(lines, where=path))
         out.flush()
         os.fsync(out.fileno())
-
-
-def _finite(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else float(value)

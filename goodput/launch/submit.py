@@ -197,8 +197,10 @@ class Chain:
         assert self.run_dir.is_absolute() and self.workdir.is_absolute()
         assert self.launch_run_dir is None or self.launch_run_dir.is_absolute()
         if not WALLTIME.fullmatch(self.walltime) or not self.walltime.strip("0:"):
-            raise _usage(
-                "--time", f"{self.walltime!r} is not HH:MM:SS above zero", "e.g. --time 06:00:00"
+            raise GoodputError.usage(
+                "submit --time",
+                f"{self.walltime!r} is not HH:MM:SS above zero",
+                "e.g. --time 06:00:00",
             )
         for option, count, most in (
             ("--nhosts", self.nhosts, MAX_HOSTS),
@@ -206,9 +208,11 @@ class Chain:
             ("-- goodput launch --ppn", self.ppn, MAX_PPN),
         ):
             if not 1 <= count <= most:
-                raise _usage(option, f"is {count}", f"give 1 to {most}")
+                raise GoodputError.usage(f"submit {option}", f"is {count}", f"give 1 to {most}")
         if self.filesystems is not None and self.scheduler != "pbs":
-            raise _usage("--filesystems", "is a PBS resource", "drop it for Slurm")
+            raise GoodputError.usage(
+                "submit --filesystems", "is a PBS resource", "drop it for Slurm"
+            )
         names = "up to 64 letters, digits and ._-"
         checks = [
             ("--job-name", self.job_name, JOB_NAME, f"{names}, first a letter"),
@@ -220,8 +224,10 @@ class Chain:
             checks.append(("--run-dir", str(self.run_dir), PATH, "letters, digits and ._/+-"))
         for option, value, pattern, allowed in checks:
             if value is not None and not pattern.fullmatch(value):
-                raise _usage(
-                    option, f"{value!r} cannot go into a #SBATCH/#PBS line", f"use {allowed}"
+                raise GoodputError.usage(
+                    f"submit {option}",
+                    f"{value!r} cannot go into a #SBATCH/#PBS line",
+                    f"use {allowed}",
                 )
 
     @property
@@ -236,8 +242,8 @@ class Chain:
 def check_launch_line(argv: list[str]) -> None:
     """Refuse anything but a ``goodput launch ...`` line (its options are the CLI's to parse)."""
     if len(argv) < 2 or Path(argv[0]).name != "goodput" or argv[1] != "launch":
-        raise _usage(
-            "--",
+        raise GoodputError.usage(
+            "submit --",
             f"is followed by {shlex.join(argv[:2]) or 'nothing'}, not a goodput launch line",
             "end with the line each job runs, e.g. -- goodput launch --timeout 1800 -- "
             "goodput train run.toml",
@@ -249,8 +255,8 @@ def fit_launch(options: LaunchOptions, profile: ProfileConfig, nhosts: int) -> i
     run in it, by the rule ``goodput launch`` plans with; a line that cannot run in such a job
     is a usage error naming the option at fault."""
     if options.nhosts is not None and options.nhosts > nhosts:
-        raise _usage(
-            "-- goodput launch --nhosts",
+        raise GoodputError.usage(
+            "submit -- goodput launch --nhosts",
             f"{options.nhosts} hosts do not fit a job of --nhosts {nhosts}",
             f"submit with --nhosts {options.nhosts} or more (the extra hosts are spares), or "
             f"launch on {nhosts} or fewer",
@@ -259,7 +265,9 @@ def fit_launch(options: LaunchOptions, profile: ProfileConfig, nhosts: int) -> i
     try:
         ppn, _ = rank_counts(profile, num_hosts, ppn=options.ppn, nproc=options.nproc)
     except GoodputError as error:
-        raise _usage(f"-- goodput launch {error.where}", error.what, error.fix) from None
+        raise GoodputError.usage(
+            f"submit -- goodput launch {error.where}", error.what, error.fix
+        ) from None
     return ppn
 
 
@@ -267,7 +275,9 @@ def detect_scheduler() -> str:
     found = [name for name, client in CLIENTS.items() if shutil.which(client)]
     if len(found) != 1:
         what = "both sbatch and qsub are" if found else "neither sbatch nor qsub is"
-        raise _usage("--scheduler", f"not given, and {what} on PATH", "pass --scheduler slurm|pbs")
+        raise GoodputError.usage(
+            "submit --scheduler", f"not given, and {what} on PATH", "pass --scheduler slurm|pbs"
+        )
     return found[0]
 
 
@@ -336,13 +346,15 @@ def write_script(chain: Chain) -> Path:
     """Write ``chain.script`` atomically; the same script again is fine, a different one is not."""
     text, path = render(chain), chain.script
     if chain.run_dir.exists() and not chain.run_dir.is_dir():
-        raise _usage("--run-dir", f"{chain.run_dir} is a file", "give a folder")
+        raise GoodputError.usage("submit --run-dir", f"{chain.run_dir} is a file", "give a folder")
     if not path.exists():
         try:
             write_text(path, text)
         except OSError as exc:
             error = from_exception(exc)
-            raise _usage(f"--run-dir {error.where}", error.what, error.fix) from None
+            raise GoodputError.usage(
+                f"submit --run-dir {error.where}", error.what, error.fix
+            ) from None
     elif read_text(path) != text:
         raise GoodputError.usage(
             path,
@@ -386,10 +398,6 @@ def submit(chain: Chain) -> str:
             f"fix what it says (the script is {chain.script}) and submit again",
         )
     return result.stdout.strip().split(";")[0]  # sbatch --parsable prints ID or ID;CLUSTER
-
-
-def _usage(option: str, what: str, fix: str) -> GoodputError:
-    return GoodputError.usage(f"submit {option}", what, fix)
 
 
 # --- the guard, run by each job ----------------------------------------------------------------

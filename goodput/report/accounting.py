@@ -1,7 +1,9 @@
 """Where a run's wall time went: goodput, and badput by cause, from ``RunFiles`` alone.
 
-Owns ``account`` (``RunFiles`` -> ``Accounting``), its parts' names (``CAUSES``) and the records
-it leaves out (``Ignored``).
+Owns ``account`` (``RunFiles`` -> ``Accounting``), its parts' names (``CAUSES``), the records
+it leaves out (``Ignored``) and the timeline it lays them on (``Span``, ``Accounting.timeline``):
+the one definition of goodput. ``goodput chaos`` reports this account of its runs and builds its
+per-fault figures on the timeline (``chaos.outcomes``); the benchmarks read it from there.
 
 Every figure is a sum of **non-overlapping intervals of wall time**: the run is laid out on one
 timeline and each second of it gets exactly one cause, so, whatever the files say, 0 <= goodput
@@ -132,6 +134,7 @@ class Accounting:
     done: bool
     step_time: dict[str, float | int]  # median, p90, p99, max, slow_steps (kept steps)
     attempts: list[AttemptSummary]
+    timeline: tuple[Span, ...]  # the attempts with their steps, in time order (not in --json)
     ignored: list[Ignored] = field(default_factory=list)  # records left out, in file order
 
     @property
@@ -183,10 +186,30 @@ class Accounting:
         }
 
 
-@dataclass(slots=True)
-class _Span:
+@dataclass(frozen=True, slots=True)
+class Span:
     """One attempt on the timeline: ``[start, end]``, its record and line in attempts.jsonl
-    (None: a process started by hand) and its steps, in time order."""
+    (None: a process started by hand) and the steps placed in it, in time order."""
+
+    start: float
+    end: float
+    record: AttemptRecord | None
+    line: int | None
+    steps: tuple[Step, ...]
+
+    def lead_in(self) -> tuple[float, float]:
+        """(start-up, checkpoint load): its start to its first step's start, as the account
+        charges them; (0, 0) without a step (the account's ``failed_start``)."""
+        if not self.steps:
+            return 0.0, 0.0
+        first = self.steps[0]
+        load, rest = _split_gap(first, _clip(_begins(first), self.start, self.end) - self.start)
+        return rest, load
+
+
+@dataclass(slots=True)
+class _Draft:
+    """A ``Span`` while the timeline is laid: its end and steps still grow."""
 
     start: float
     end: float
@@ -200,9 +223,10 @@ def account(run: RunFiles, now: float | None = None) -> Accounting:
     """The accounting of ``run`` (see the module docstring); ``now``: the end of a live
     attempt's wall time (default: its last step)."""
     ignored: list[Ignored] = []
-    spans, steps = _timeline(run, ignored)
-    if spans and spans[-1].record is None and now is not None and now > spans[-1].end:
-        spans[-1].end = min(now, MAX_INSTANT)
+    drafts, steps = _timeline(run, ignored)
+    if drafts and drafts[-1].record is None and now is not None and now > drafts[-1].end:
+        drafts[-1].end = min(now, MAX_INSTANT)
+    spans = tuple(Span(d.start, d.end, d.record, d.line, tuple(d.steps)) for d in drafts)
     last_index = {step.step: index for index, step in enumerate(steps)}
     kept = [s for i, s in enumerate(steps) if last_index[s.step] == i]
     newest = max(run.checkpoint_steps, default=0)
@@ -236,16 +260,17 @@ def account(run: RunFiles, now: float | None = None) -> Accounting:
         done=run.done,
         step_time=_step_time(kept),
         attempts=_attempt_summaries(spans, run.done),
+        timeline=spans,
         ignored=ignored,
     )
 
 
-def _timeline(run: RunFiles, ignored: list[Ignored]) -> tuple[list[_Span], list[Step]]:
+def _timeline(run: RunFiles, ignored: list[Ignored]) -> tuple[list[_Draft], list[Step]]:
     """Every attempt, recorded or started by hand, with its steps: disjoint, in time order;
     and the steps placed, in file order. What cannot be placed goes to ``ignored``."""
     recorded = _recorded_spans(run, ignored)
     starts = [span.start for span in recorded]
-    by_hand: list[_Span] = []
+    by_hand: list[_Draft] = []
     metrics = str(run.run_dir / rundir.METRICS)
     placed: list[Step] = []
     for step in run.steps:
@@ -259,10 +284,10 @@ def _timeline(run: RunFiles, ignored: list[Ignored]) -> tuple[list[_Span], list[
     return sorted(recorded + by_hand, key=lambda span: (span.start, span.end)), placed
 
 
-def _recorded_spans(run: RunFiles, ignored: list[Ignored]) -> list[_Span]:
+def _recorded_spans(run: RunFiles, ignored: list[Ignored]) -> list[_Draft]:
     """The attempt records that fit one after another, in file order."""
     attempts = str(run.run_dir / rundir.ATTEMPTS)
-    spans: list[_Span] = []
+    spans: list[_Draft] = []
     for line, record in enumerate(run.attempts, 1):  # read_attempts: every line is one
         start, end = _instant(record.started), _instant(record.ended)
         before = spans[-1] if spans else None
@@ -277,7 +302,7 @@ def _recorded_spans(run: RunFiles, ignored: list[Ignored]) -> list[_Span]:
             ignored.append(Ignored(attempts, line, why))
             continue
         start = max(start, before.end) if before is not None else start
-        spans.append(_Span(start, max(end, start), record, line))
+        spans.append(_Draft(start, max(end, start), record, line))
     return spans
 
 
@@ -312,7 +337,7 @@ def _out_of_order(step: Step, last: Step | None) -> str | None:
 
 
 def _place(
-    step: Step, recorded: list[_Span], starts: list[float], by_hand: list[_Span]
+    step: Step, recorded: list[_Draft], starts: list[float], by_hand: list[_Draft]
 ) -> str | None:
     """Add ``step`` to the recorded attempt that holds its time, or else to the process started
     by hand it belongs to (a new one at a start, or past a recorded attempt); why it fits
@@ -342,7 +367,7 @@ def _place(
         start = max(begins - (step.startup_s or 0.0), floor)
         start = min(max(start, by_hand[-1].end) if by_hand else start, ceiling)
         end = _clip(step.time, start, ceiling)
-        by_hand.append(_Span(start, end, None, None, [step], gap=held))
+        by_hand.append(_Draft(start, end, None, None, [step], gap=held))
     else:
         current.end = _clip(step.time, current.end, ceiling)
         current.steps.append(step)
@@ -353,7 +378,7 @@ def _begins(step: Step) -> float:
     return step.time - step.eval_time_s - step.step_time_s
 
 
-def _charge(spans: list[_Span], fates: dict[int, str]) -> dict[str, float]:
+def _charge(spans: tuple[Span, ...], fates: dict[int, str]) -> dict[str, float]:
     """Seconds by cause (and ``PRODUCTIVE``): every second of the wall time given one;
     ``fates``: each placed step's (by ``id``): recomputed, not_checkpointed or productive."""
     seconds = dict.fromkeys(CAUSES, 0.0) | {PRODUCTIVE: 0.0}
@@ -367,7 +392,7 @@ def _charge(spans: list[_Span], fates: dict[int, str]) -> dict[str, float]:
     return seconds
 
 
-def _charge_span(span: _Span, fates: dict[int, str], seconds: dict[str, float]) -> None:
+def _charge_span(span: Span, fates: dict[int, str], seconds: dict[str, float]) -> None:
     """Tile ``span``: start-up, each step with the gap before it, and the tail. A step's interval
     is its measured duration (``step_time_s``, then ``eval_time_s``: a monotonic clock's),
     laid from its stamped start or from where the step before it ended, whichever is later (the
@@ -380,15 +405,20 @@ def _charge_span(span: _Span, fates: dict[int, str], seconds: dict[str, float]) 
         begin = _clip(_begins(step), cursor, span.end)
         length = min(step.step_time_s, span.end - begin)
         evaluating = min(step.eval_time_s, span.end - begin - length)
-        gap = begin - cursor
-        load = min(step.checkpoint_load_s, gap)
+        load, rest = _split_gap(step, begin - cursor)
         seconds["checkpoint_load"] += load
-        seconds["startup" if index == 0 or step.startup_s is not None else "other"] += gap - load
+        seconds["startup" if index == 0 or step.startup_s is not None else "other"] += rest
         _charge_step(step, length, fates[id(step)], seconds)
         seconds["eval"] += evaluating
         cursor = min(begin + length + evaluating, span.end)
     timed_out = span.record is not None and span.record.timed_out
     seconds["hang" if timed_out else "shutdown"] += span.end - cursor
+
+
+def _split_gap(step: Step, gap: float) -> tuple[float, float]:
+    """The ``gap`` seconds before ``step``: its checkpoint load (as far as it fits), the rest."""
+    load = min(step.checkpoint_load_s, gap)
+    return load, gap - load
 
 
 def _charge_step(step: Step, length: float, fate: str, seconds: dict[str, float]) -> None:
@@ -408,7 +438,7 @@ def _clip(value: float, low: float, high: float) -> float:
     return min(max(value, low), high)
 
 
-def _attempt_summaries(spans: list[_Span], done: bool) -> list[AttemptSummary]:
+def _attempt_summaries(spans: tuple[Span, ...], done: bool) -> list[AttemptSummary]:
     """One per span; a span without a record is ``running`` when it is the run's last and the
     run is not done, else ``unrecorded`` (a process started by hand, which no launcher saw)."""
     summaries: list[AttemptSummary] = []

@@ -9,33 +9,30 @@ every ``goodput launch --run-dir`` attempt, across the jobs of a chain), ``run.j
 complete checkpoints (``rundir.list_checkpoints``), the ``done`` marker, the blend's mixture
 report (``blend.json`` of the blend ``run.json`` names, when it is still there) and
 ``lr_find.json``. Missing files are fine (a run that never launched, a run not yet evaluated);
-a file that is there must be a regular file and parse. The JSONL files are read line by line
-(``io.read_json_lines``) with a bound on each line: a line past ``rundir.MAX_LINE_BYTES``, a
-line that is not an object of the expected fields, or a value that is not a finite number where
-one belongs is one ``GoodputError`` naming ``FILE:LINE``. A last line without its newline (the
-writer was killed mid-write) is left out, as a reader of a live file must.
+a file that is there must be a regular file and parse. ``metrics.jsonl`` and ``evals.jsonl``
+are read by their schema's reader (``runfiles.read_steps``, ``runfiles.read_evals``: strict and
+bounded, one ``GoodputError`` naming ``FILE:LINE``, a torn last line left out); a step line
+must have ``step``, ``step_time_s`` and ``time``, and a part of the step time it lacks is 0.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from goodput import rundir
+from goodput import rundir, runfiles
 from goodput.errors import GoodputError
-from goodput.io import read_json, read_json_lines
+from goodput.io import read_json
 from goodput.launch.history import AttemptRecord, read_attempts
+from goodput.runfiles import EvalLine
 
-MAX_LINES = 10_000_000  # a metrics file past this is not one run's
 MAX_TOKENS = float(1 << 62)  # a step's tokens, capped (the accounting leaves such a step out)
-FIX = "it is not what goodput wrote; restore it or move it out of the run directory"
 # The step record's fields the report reads, beside the series it plots (``Step.values``).
 STEP_TIMES = ("data_time_s", "checkpoint_stall_s", "checkpoint_load_s", "startup_s", "eval_time_s")
+REQUIRED = ("step_time_s", "time")  # of every step line (its kinds: runfiles.STEP_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,16 +51,6 @@ class Step:
     eval_time_s: float = 0.0  # after the step, outside step_time_s, before ``time``
     values: dict[str, float] = field(default_factory=dict)  # every finite number of the line
     line: int = 0  # its line in metrics.jsonl (what the accounting names when it leaves it out)
-
-
-@dataclass(frozen=True, slots=True)
-class EvalLine:
-    step: int
-    task: str
-    metric: str
-    value: float | None
-    stderr: float | None
-    source: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +80,8 @@ def read_run(run_dir: Path) -> RunFiles:
     record = _optional_json(run_dir / rundir.RUN_RECORD)
     return RunFiles(
         run_dir=run_dir,
-        steps=[_step(raw, where) for raw, where in _json_lines(metrics)],
-        evals=[_eval(raw, where) for raw, where in _json_lines(run_dir / rundir.EVALS)],
+        steps=_steps(metrics),
+        evals=_evals(run_dir / rundir.EVALS),
         attempts=read_attempts(attempts) if os.path.lexists(attempts) else [],
         record=record if isinstance(record, dict) else None,
         checkpoint_steps=[
@@ -106,80 +93,33 @@ def read_run(run_dir: Path) -> RunFiles:
     )
 
 
-def _json_lines(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
-    """(object, "FILE:LINE") of every whole line of ``path`` (none when it is absent; one that
-    is there but is no regular file, a FIFO say, is refused, never waited on)."""
+def _steps(path: Path) -> list[Step]:
     if not os.path.lexists(path):
-        return
-    lines = read_json_lines(path, rundir.MAX_LINE_BYTES, fix=FIX, max_lines=MAX_LINES)
-    for where, raw in lines:
-        yield raw, where
+        return []
+    return [_step(line) for line in runfiles.read_steps(path, require=REQUIRED)]
 
 
-def _number(raw: dict[str, Any], key: str, where: str, *, default: float | None = None) -> float:
-    value: Any = raw.get(key, default)
-    if value is None and default is not None:
-        return default
-    if not _is_number(value) or not math.isfinite(value) or value < 0:
-        raise GoodputError(where, f"{key!r} is {_shown(value)}, not a finite number >= 0", FIX)
-    return float(value)
-
-
-def _is_number(value: Any) -> bool:
-    return type(value) in (int, float)  # not bool, a subclass of int
-
-
-def _count(raw: dict[str, Any], key: str, where: str) -> int:
-    value = raw.get(key)
-    if type(value) is not int or not 0 <= value < 1 << 62:
-        raise GoodputError(where, f"{key!r} is {_shown(value)}, not a whole number >= 0", FIX)
-    return value
-
-
-def _step(raw: dict[str, Any], where: str) -> Step:
-    step = _count(raw, "step", where)
-    step_time = _number(raw, "step_time_s", where)
-    tokens_per_s = _number(raw, "tokens_per_s", where, default=0.0)
-    parts = {key: _number(raw, key, where, default=0.0) for key in STEP_TIMES}
-    values = {
-        key: float(value)
-        for key, value in raw.items()
-        if type(value) in (int, float) and math.isfinite(value)
-    }
+def _step(line: runfiles.StepLine) -> Step:
+    step_time = line.number("step_time_s", 0.0)
+    tokens_per_s = line.number("tokens_per_s", 0.0)
+    parts = {key: line.number(key, 0.0) for key in STEP_TIMES}
     return Step(
-        step=step,
-        time=_number(raw, "time", where),
+        step=line.step,
+        time=line.number("time", 0.0),
         step_time_s=step_time,
         tokens=round(min(tokens_per_s * step_time, MAX_TOKENS)),  # inf: 1e300 x 1e300
         data_time_s=parts["data_time_s"],
         checkpoint_stall_s=parts["checkpoint_stall_s"],
         checkpoint_load_s=parts["checkpoint_load_s"],
-        startup_s=parts["startup_s"] if "startup_s" in raw else None,
+        startup_s=parts["startup_s"] if "startup_s" in line.raw else None,
         eval_time_s=parts["eval_time_s"],
-        values=values,
-        line=int(where.rpartition(":")[2]),  # where: "FILE:LINE"
+        values=line.numbers(),
+        line=line.line,
     )
 
 
-def _eval(raw: dict[str, Any], where: str) -> EvalLine:
-    texts = {key: raw.get(key) for key in ("task", "metric", "source")}
-    for key, text in texts.items():
-        if not isinstance(text, str) or not 0 < len(text) <= 200:
-            raise GoodputError(where, f"{key!r} is {_shown(text)}, not a name", FIX)
-    numbers = {}
-    for key in ("value", "stderr"):
-        value = raw.get(key)
-        if value is not None and (type(value) not in (int, float) or not math.isfinite(value)):
-            raise GoodputError(where, f"{key!r} is {_shown(value)}, not a number or null", FIX)
-        numbers[key] = None if value is None else float(value)
-    return EvalLine(
-        _count(raw, "step", where),
-        str(texts["task"]),
-        str(texts["metric"]),
-        numbers["value"],
-        numbers["stderr"],
-        str(texts["source"]),
-    )
+def _evals(path: Path) -> list[EvalLine]:
+    return list(runfiles.read_evals(path)) if os.path.lexists(path) else []
 
 
 def _optional_json(path: Path) -> Any:
@@ -210,7 +150,7 @@ def _lr_find(path: Path) -> dict[str, Any] | None:
     found = read_json(path)
     curve = found.get("curve") if isinstance(found, dict) else None
     if not isinstance(curve, list) or not all(isinstance(p, dict) for p in curve):
-        raise GoodputError(path, "is not what goodput diagnose lr-find writes", FIX)
+        raise GoodputError(path, "is not what goodput diagnose lr-find writes", runfiles.FIX)
     points = [(p.get("lr"), p.get("smoothed_loss")) for p in curve]
     points = [
         (float(lr), float(loss))
@@ -224,11 +164,3 @@ def _lr_find(path: Path) -> dict[str, Any] | None:
         "loss": [float(loss) for _, loss in points],
         "suggested_lr": float(suggested) if type(suggested) in (int, float) else None,
     }
-
-
-def _shown(value: Any) -> str:
-    return (
-        json.dumps(value)[:60]
-        if isinstance(value, str | int | float | bool)
-        else type(value).__name__
-    )

@@ -1,16 +1,15 @@
-"""Builders the loop calls in order: each turns its config table into one ready object.
+"""The run's builders: ``build_run`` returns the parts the loop and lr-find share (``Run``),
+each built from its config table, in the order they need.
 
 Rank 0 checks that the run directory is ours to write (new, empty, or a goodput run directory),
-builds the blend (a cache hit after the first run) and picks the checkpoint to resume from, and
-tells the other ranks; an error there reaches every rank, so no rank waits out the collective
-timeout. With ``[checkpoint] local_dir`` each host then reads its node-local copy of
-that checkpoint instead, once the copy's checksums match (``checkpoint.local_copy``).
+builds the blend (a cache hit after the first run) and tells the other ranks; an error there
+reaches every rank, so no rank waits out the collective timeout. The checkpoint to resume from
+is chosen before the model is built (``resume.CheckpointChoice``).
 
 The model is built on the meta device, laid out by ``parallelize`` (or cut into pipeline
 stages) and only then allocated: each rank allocates and initialises its own shards
 (``goodput.train.init``), whose values do not depend on the layout. When a checkpoint was found
-to resume from, the init is skipped: the load overwrites every parameter. Should every
-checkpoint found be refused after all, the init runs then, the values a fresh build draws.
+to resume from, the init is skipped: the load overwrites every parameter (``resume.resume``).
 """
 
 from __future__ import annotations
@@ -19,68 +18,149 @@ import importlib.metadata
 import math
 import sys
 import time
-import tomllib
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from goodput import __version__, rundir
-from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.load import (
-    check_model_shape,
-    config_diff,
-    find_checkpoint,
-    load_checkpoint,
-    read_checkpoint,
-)
-from goodput.checkpoint.local_copy import choose_copy
-from goodput.checkpoint.verify import PendingVerification, Verdict
 from goodput.config import to_toml
 from goodput.data.blend import BlendSpec, build_blend, format_report
 from goodput.data.loader import DataLoader
 from goodput.data.manifest import git_sha
 from goodput.errors import GoodputError
-from goodput.eval.gate import EvalGate
+from goodput.eval.config import EvalConfig
+from goodput.eval.heldout import LoopEval
 from goodput.io import write_json, write_text
 from goodput.outputs import RUN_DIR, check_output_dir
-from goodput.rundir import checkpoints_dir
-from goodput.train.config import BatchPlan, RunConfig
+from goodput.train.config import BatchPlan, RunConfig, plan_batches
+from goodput.train.flops import flops_per_token
 from goodput.train.grad_tally import GradientTally
 from goodput.train.init import initialize_model
-from goodput.train.mesh import ParallelMesh
+from goodput.train.mesh import ParallelMesh, build_mesh
+from goodput.train.metrics import Metrics
 from goodput.train.model import Transformer
 from goodput.train.optim import Optimizers
 from goodput.train.parallel_config import pipeline_microbatches
 from goodput.train.parallelize import parallelize
-from goodput.train.pipeline import Pipeline, build_pipeline
+from goodput.train.pipeline import Pipeline, build_pipeline, model_parts
+from goodput.train.resume import CheckpointChoice, checkpoint_root
 from goodput.train.ring_attention import ContextLayout
-from goodput.train.watch import Watch
+from goodput.train.setup import Runtime, decided_by_rank_zero
+from goodput.train.step import StepSettings, micro_batches_of
+from goodput.train.watch import label_generator, measures_noise, replica_group
 
 RECORDED_PACKAGES = ("torch", "numpy", "sentencepiece", "tokenizers", "tensorboard")
-# What goodput launch and goodput submit put into a run directory before its trainer first
-# starts: the job chain's script, Slurm's job logs (<job-name>-<id>.out), a launch --log, PBS
-# host files and the attempts log. The trainer writes none of these names, so it overwrites none.
 
 
-def decided_by_rank_zero(decide: Callable[[], Any]) -> Any:
-    """Run ``decide`` on rank 0 only and hand its result — or its GoodputError, so that no rank
-    waits out the collective timeout — to every rank."""
-    found: list[Any] = [None]
-    if dist.get_rank() == 0:
-        try:
-            found[0] = decide()
-        except GoodputError as error:
-            found[0] = error
-    if dist.get_world_size() > 1:
-        dist.broadcast_object_list(found, src=0)  # our own ranks' str/None/GoodputError
-    if isinstance(found[0], GoodputError):
-        raise found[0]
-    return found[0]
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run:
+    """The parts of one run on this rank that the loop and lr-find share, built by
+    ``build_run``."""
+
+    runtime: Runtime
+    seed: int  # train.seed
+    mesh: ParallelMesh
+    plan: BatchPlan
+    run_dir: Path
+    loader: DataLoader
+    loop_eval: LoopEval  # evaluates nothing for lr-find
+    checkpoint_choice: CheckpointChoice  # finds nothing for lr-find
+    model: nn.Module | Pipeline  # the whole model, or this rank's stages and their schedule
+    parts: list[nn.Module]  # the modules this rank holds (one per pipeline stage)
+    optimizer: Optimizers
+    step_settings: StepSettings
+    context: ContextLayout | None
+
+    def micro_batches(
+        self, batch: tuple[torch.Tensor, torch.Tensor]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's share of the global ``batch`` (under cp, its chunks of each sequence),
+        on its device, in micro-batches."""
+        return micro_batches_of(batch, self.context, self.mesh.cp_rank, self.plan, self.device)
+
+    def hessian_labels(self, step: int) -> torch.Generator | None:
+        """The generator of step ``step``'s sampled labels when SophiaG estimates its Hessian
+        after it, else None."""
+        if not self.optimizer.wants_hessian(step):
+            return None
+        return label_generator(self.seed, step, self.mesh, self.device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.runtime.device
+
+
+def build_run(cfg: RunConfig, runtime: Runtime, *, trains: bool = True) -> Run:
+    """Build the run's shared parts in the order they need: refusals before the blend is built,
+    the run directory checked before anything is written, the checkpoint chosen before the model
+    is built (so its checksums are hashed meanwhile). ``trains`` False (lr-find): no metrics
+    sinks, in-loop eval or gradient noise measurement, and a fresh model at the config's LR."""
+    mesh = build_mesh(cfg.parallel, runtime.device, runtime.ranks_per_host)
+    plan = plan_batches(cfg.train, dp_size=mesh.dp_size)
+    if mesh.degrees.pp > 1:  # refused before the blend is built, not when the model is
+        pipeline_microbatches(cfg.parallel, plan.local_batch_size, plan.grad_accumulation)
+    run_dir = Path(cfg.train.run_dir)
+    decided_by_rank_zero(lambda: require_run_dir(run_dir))  # before anything is written
+    if trains:
+        decided_by_rank_zero(cfg.metrics.check_sinks)  # wandb asked for is installed, or one line
+    loader = build_loader(cfg, plan, mesh)
+    # The held-out rows and the tasks, read and tokenized before anything is written.
+    loop_eval = LoopEval(
+        cfg.eval if trains else EvalConfig(),
+        loader.samples,
+        seq_len=cfg.train.seq_len,
+        vocab_size=cfg.model.vocab_size,
+    )
+    # Chosen before the model is built, so its checksums are hashed meanwhile.
+    resumes = cfg.checkpoint if trains else replace(cfg.checkpoint, resume="never")
+    choice = CheckpointChoice(resumes, checkpoint_root(cfg))
+    # Where the layout allows it, each rank's own gradient is measured on its way to the
+    # data-parallel sum (the gradient noise scale's small batch).
+    tally = GradientTally() if trains and measures_noise(cfg, mesh, plan) else None
+    model = build_model(cfg, runtime.device, mesh, plan, empty=choice.found, tally=tally)
+    parts = model_parts(model)
+    optimizer = Optimizers(parts, cfg.optim, cfg.schedule.lr, replica_group(mesh))
+    context = context_layout(cfg, mesh)
+    settings = StepSettings(
+        max_grad_norm=cfg.train.max_grad_norm,
+        token_group=mesh.token_group,
+        positions_t=context.positions(mesh.cp_rank).to(runtime.device) if context else None,
+        sync_every_micro_batch=cfg.parallel.sync_every_micro_batch,
+        tally=tally,
+    )
+    return Run(
+        runtime=runtime,
+        seed=cfg.train.seed,
+        mesh=mesh,
+        plan=plan,
+        run_dir=run_dir,
+        loader=loader,
+        loop_eval=loop_eval,
+        checkpoint_choice=choice,
+        model=model,
+        parts=parts,
+        optimizer=optimizer,
+        step_settings=settings,
+        context=context,
+    )
+
+
+def build_metrics(cfg: RunConfig, run: Run, peak_flops_per_device: float | None) -> Metrics:
+    """The step records (rank 0 writes them), against ``peak_flops_per_device`` for MFU."""
+    return Metrics(
+        run.run_dir,
+        rank=run.runtime.rank,
+        world_size=run.runtime.world_size,
+        device=run.device,
+        tokens_per_step=run.plan.global_batch_size * cfg.train.seq_len,
+        flops_per_token=flops_per_token(cfg.model, cfg.train.seq_len),
+        peak_flops_per_device=peak_flops_per_device,
+        tensorboard=cfg.train.tensorboard,
+        sinks=cfg.metrics,
+    )
 
 
 def require_run_dir(run_dir: Path) -> None:
@@ -136,130 +216,6 @@ def check_tokenizer_fits(cfg: RunConfig, manifest: dict[str, Any]) -> None:
         )
 
 
-def resume(
-    cfg: RunConfig,
-    choice: CheckpointChoice,
-    parts: list[nn.Module],
-    optimizers: Optimizers,
-    loader: DataLoader,
-    device: torch.device,
-) -> dict[str, Any] | None:
-    """Load the checkpoint ``choice`` settles on, if any; return its train state (``step``: the
-    step it was saved at, 0 for a model-only checkpoint), or None for a fresh start."""
-    chosen = choice.finish()
-    if chosen is None:
-        if choice.found:  # the model was built empty for a checkpoint that was then refused
-            initialize_model(parts, cfg.model, cfg.train.seed)
-        return None
-    directory, copies = chosen
-    saved, train_state = read_checkpoint(directory)
-    Watch.check_state(train_state, directory / rundir.TRAIN_STATE)
-    EvalGate.check_state(train_state, directory / rundir.TRAIN_STATE)
-    current = tomllib.loads(to_toml(cfg))
-    check_model_shape(directory, saved, current)
-    if "loader" in train_state:
-        if dist.get_rank() == 0:
-            for line in config_diff(saved, current):
-                print(f"resume: config differs from the checkpoint's: {line}", flush=True)
-        loader.load_state_dict(
-            train_state["loader"], allow_data_change=cfg.checkpoint.allow_data_change
-        )
-    start = time.perf_counter()
-    load_checkpoint(directory, parts, optimizers.optimizers, train_state, device)
-    if dist.get_rank() == 0:
-        print(
-            f"resume: from {directory} (step {train_state['step']}) loaded in "
-            f"{time.perf_counter() - start:.2f} s{copies}",
-            flush=True,
-        )
-    return train_state
-
-
-@dataclass(slots=True)
-class _Candidate:
-    saved: Path  # the checkpoint as saved
-    directory: Path  # the copy this rank reads: the saved one or its node-local copy
-    notes: list[str]
-    verification: PendingVerification | None  # None: nothing (more) to check
-
-
-class CheckpointChoice:
-    """Collective: which copy of which checkpoint this rank resumes from. Begun before the model
-    is built, so the checksum hashing runs meanwhile; ``finish`` after. A checkpoint whose files
-    do not match its checksums is refused by name; ``auto`` then falls back to the newest older
-    complete one (checked without overlap: a rare path)."""
-
-    def __init__(self, cfg: CheckpointConfig, root: Path) -> None:
-        self.cfg, self.root = cfg, root
-        self.refused: list[Path] = []
-        self.candidate = self._next()
-        self.found = self.candidate is not None  # so the model is built empty, for the load
-
-    def _next(self) -> _Candidate | None:
-        found = decided_by_rank_zero(
-            lambda: _path_or_none(find_checkpoint(self.root, self.cfg.resume, self.refused))
-        )
-        if found is None:
-            return None
-        saved = Path(found)
-        candidate = _Candidate(saved, saved, [], None)
-        every_host_local = False
-        if self.cfg.local_dir:
-            copy = choose_copy(saved, Path(self.cfg.local_dir))
-            candidate.directory = copy.directory
-            every_host_local = copy.num_local_hosts == copy.num_hosts
-            candidate.notes.append(
-                f"node-local copy read on {copy.num_local_hosts} of {copy.num_hosts} "
-                f"host(s), checksums checked in {copy.seconds:.2f} s"
-            )
-        if self.cfg.verify_checksums and not every_host_local:
-            candidate.verification = PendingVerification(saved)
-        return candidate
-
-    def finish(self) -> tuple[Path, str] | None:
-        """The copy to read and a note on how it was checked; None for a fresh start."""
-        while (candidate := self.candidate) is not None:
-            verdict = candidate.verification.result() if candidate.verification else None
-            if verdict is None or verdict.problem is None:
-                if verdict is not None:
-                    candidate.notes.append(_describe(verdict))
-                return candidate.directory, "".join(f"; {note}" for note in candidate.notes)
-            if self.cfg.resume != "auto":
-                raise GoodputError(
-                    candidate.saved,
-                    f"refused: {verdict.problem}",
-                    "resume from another checkpoint (--resume auto takes the newest intact one)",
-                )
-            if dist.get_rank() == 0:
-                print(
-                    f"warning: refusing checkpoint {candidate.saved}: {verdict.problem}; "
-                    "falling back to the newest older complete checkpoint",
-                    flush=True,
-                )
-            self.refused.append(candidate.saved)
-            self.candidate = self._next()
-        return None
-
-
-def _describe(verdict: Verdict) -> str:
-    if not verdict.checksummed:
-        return "not verified: it has no checksums.json (saved before goodput wrote them)"
-    return (
-        f"checksums of {verdict.num_bytes / 1e9:.2f} GB checked in {verdict.hashing_s:.2f} s "
-        f"({verdict.waited_s:.2f} s of it not hidden behind the model build)"
-    )
-
-
-def checkpoint_root(cfg: RunConfig) -> Path:
-    return (
-        Path(cfg.checkpoint.folder) if cfg.checkpoint.folder else checkpoints_dir(cfg.train.run_dir)
-    )
-
-
-def _path_or_none(path: Path | None) -> str | None:
-    return str(path) if path is not None else None
-
-
 def build_model(
     cfg: RunConfig,
     device: torch.device,
@@ -301,27 +257,6 @@ def context_layout(cfg: RunConfig, mesh: ParallelMesh) -> ContextLayout | None:
     if mesh.degrees.cp == 1:
         return None
     return ContextLayout(cfg.train.seq_len, mesh.degrees.cp)
-
-
-def micro_batches_of(
-    batch: tuple[torch.Tensor, torch.Tensor],
-    context: ContextLayout | None,
-    cp_rank: int,
-    plan: BatchPlan,
-    device: torch.device,
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's share of the global batch (under context parallelism its chunks of each
-    sequence), on ``device``, in micro-batches."""
-    input_ids, labels = batch
-    if context is not None:
-        input_ids, labels = (context.split(t, cp_rank) for t in (input_ids, labels))
-    return list(
-        zip(
-            input_ids.to(device).split(plan.micro_batch_size),
-            labels.to(device).split(plan.micro_batch_size),
-            strict=True,
-        )
-    )
 
 
 def write_run_record(

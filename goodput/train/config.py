@@ -10,15 +10,17 @@ the values and a value that would work.
 
 Deprecated keys, read for one more release with a one-line warning: ``[train]
 activation_checkpointing`` and ``[train] compile`` (now in ``[parallel]``) and ``[train] output``
-(now ``[train] run_dir``); the built config holds them in their new place only.
+(now ``[train] run_dir``, by ``TrainConfig.RENAMED``: see ``goodput.config``); the built config
+holds them in their new place only.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import ClassVar, Literal
 
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.config import NON_EMPTY, example, limits
@@ -41,10 +43,6 @@ POSITIVE = limits(at_least=1)
 FILE_LIST_EXAMPLE = "PATH (your corpora, see docs/data.md)"
 
 
-def _usage_error(where: str, what: str, fix: str) -> GoodputError:
-    return GoodputError.usage(where, what, fix)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig:
     steps: int = field(metadata=POSITIVE)
@@ -52,9 +50,7 @@ class TrainConfig:
     seq_len: int = field(metadata=POSITIVE)
     micro_batch_size: int = field(metadata=POSITIVE)  # samples per forward pass on one rank
     # The run directory: new, empty, or a goodput run directory (build.require_run_dir).
-    # Required; the default only lets the deprecated ``output`` stand in for it.
-    run_dir: str = field(default="", metadata=NON_EMPTY)
-    output: str | None = field(default=None, metadata=NON_EMPTY)  # deprecated: run_dir
+    run_dir: str = field(metadata={**NON_EMPTY, **example("runs/NAME")})
     # inf: no clipping
     max_grad_norm: float = field(default=1.0, metadata=limits(above=0, inf_ok=True))
     # Steps skipped in a row for a non-finite gradient norm before the run stops (step.py).
@@ -71,10 +67,11 @@ class TrainConfig:
     peak_tflops: float | None = field(default=None, metadata=limits(above=0))
     tensorboard: bool = True  # also write TensorBoard events when tensorboard is installed
 
+    RENAMED: ClassVar[Mapping[str, str]] = {"output": "run_dir"}  # config.read_renamed
+
     def __post_init__(self) -> None:
-        self._move_output()
         if self.tokens_per_step % self.seq_len:
-            raise _usage_error(
+            raise GoodputError.usage(
                 "[train]",
                 f"tokens_per_step {self.tokens_per_step} is not a multiple of seq_len "
                 f"{self.seq_len}",
@@ -83,33 +80,11 @@ class TrainConfig:
         plan_batches(self, dp_size=1)  # what no world size can mend: refused now, not at start
         samples = self.steps * (self.tokens_per_step // self.seq_len)
         if samples > MAX_SAMPLES:  # the blend of the whole run could not be built
-            raise _usage_error(
+            raise GoodputError.usage(
                 "[train]",
                 f"steps {self.steps} x {self.tokens_per_step // self.seq_len} samples per step "
                 f"= {samples:,} samples, more than a blend holds ({MAX_SAMPLES:,})",
                 "lower train.steps or train.tokens_per_step",
-            )
-
-    def _move_output(self) -> None:
-        """The deprecated ``output`` becomes ``run_dir`` (frozen: set once, here, before anyone
-        can see the config)."""
-        if self.output is not None:
-            if self.run_dir not in ("", self.output):
-                raise _usage_error(
-                    "[train]",
-                    "run_dir and output are both set, differently",
-                    "set run_dir only (train.output is deprecated)",
-                )
-            print(
-                "goodput: warning: train.output is deprecated; use train.run_dir",
-                file=sys.stderr,
-                flush=True,
-            )
-            object.__setattr__(self, "run_dir", self.output)
-            object.__setattr__(self, "output", None)
-        if not self.run_dir:
-            raise _usage_error(
-                "[train]", "missing key 'run_dir'", 'add e.g. run_dir = "runs/NAME" to [train]'
             )
 
 
@@ -168,13 +143,13 @@ class RunConfig:
     def __post_init__(self) -> None:
         self._move_deprecated_keys()
         if self.train.seq_len > self.model.max_seq_len:
-            raise _usage_error(
+            raise GoodputError.usage(
                 "[train]",
                 f"seq_len {self.train.seq_len} exceeds model.max_seq_len {self.model.max_seq_len}",
                 "lower train.seq_len or raise model.max_seq_len",
             )
         if self.optim.qk_clip is not None and self.parallel.cp > 1:
-            raise _usage_error(
+            raise GoodputError.usage(
                 "[optim]",
                 "qk_clip needs every key of a sequence on one rank; parallel.cp splits them",
                 "drop optim.qk_clip or set parallel.cp = 1",
@@ -189,7 +164,7 @@ class RunConfig:
         }
         for key, value in moved.items():
             if getattr(self.parallel, key) not in (value, False):  # False: the default
-                raise _usage_error(
+                raise GoodputError.usage(
                     "[train]",
                     f"{key} is set in both [train] and [parallel], differently",
                     f"set it in [parallel] only ([train] {key} is deprecated)",
@@ -228,7 +203,7 @@ def plan_batches(train: TrainConfig, dp_size: int) -> BatchPlan:
     global_batch = train.tokens_per_step // train.seq_len
     per_round = train.micro_batch_size * dp_size
     if global_batch % per_round:
-        raise _usage_error(
+        raise GoodputError.usage(
             "[train]",
             f"the global batch of {global_batch} samples (tokens_per_step "
             f"{train.tokens_per_step} / seq_len {train.seq_len}) does not split into micro-batches "

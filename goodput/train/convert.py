@@ -218,13 +218,13 @@ def export_hf(directory: Path, out_dir: Path, tokenizer_path: Path | None = None
     state = load_model_state(directory, cfg, torch.float32)
     print("converting to HF Llama names and RoPE layout", flush=True)
     tensors = hf.to_hf(state, cfg)
-    with _staged_dir(out_dir) as staging:
+    with _whole_dir(out_dir) as temp_dir:
         print(f"writing {out_dir}", flush=True)
-        save_file(tensors, str(staging / HF_WEIGHTS), metadata={"format": "pt"})
+        save_file(tensors, str(temp_dir / HF_WEIGHTS), metadata={"format": "pt"})
         config = hf.hf_config(cfg)
         if tokenizer is not None:
-            config.update(write_hf_tokenizer(tokenizer, staging, cfg.max_seq_len))
-        write_json(staging / HF_CONFIG, config)
+            config.update(write_hf_tokenizer(tokenizer, temp_dir, cfg.max_seq_len))
+        write_json(temp_dir / HF_CONFIG, config)
     return out_dir
 
 
@@ -460,21 +460,21 @@ def _check_safetensors_header(path: Path) -> None:
 
 
 @contextmanager
-def _staged_dir(out_dir: Path) -> Iterator[Path]:
+def _whole_dir(out_dir: Path) -> Iterator[Path]:
     """A temp folder beside ``out_dir``, renamed onto it once the body finished: readers see no
     folder or a whole one."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    temp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
-        yield staging
-        for path in staging.iterdir():
+        yield temp_dir
+        for path in temp_dir.iterdir():
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
-        os.chmod(staging, DIR_MODE)
-        os.rename(staging, out_dir)  # replaces an empty out_dir (checked before), nothing else
+        os.chmod(temp_dir, DIR_MODE)
+        os.rename(temp_dir, out_dir)  # replaces an empty out_dir (checked before), nothing else
         fsync_dir(out_dir.parent)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(temp_dir, ignore_errors=True)
         raise
 
 

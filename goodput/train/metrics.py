@@ -8,8 +8,9 @@ accelerator missing from the table gets no MFU rather than an invented one.
 
 Only rank 0 writes. Every step prints one line starting ``step=N`` (the launcher's progress
 signal) and replaces the ``heartbeat`` file (step and time); neither is fsync'd — they say "alive",
-they are not records. ``metrics.jsonl`` is appended and flushed per step, strict JSON: a loss or
-gradient norm that is not finite is written as null (the step line shows inf or nan). A step the
+they are not records. ``metrics.jsonl`` is appended and flushed per step, its line the schema's
+(``runfiles.StepRecord``, then what else the step measured), strict JSON: a loss or gradient norm
+that is not finite is written as null (the step line shows inf or nan). A step the
 non-finite guard skipped says so in both (``skipped``, and the run's ``skipped_steps`` so far).
 A mixture-of-experts model adds the step's expert load imbalance (the most loaded expert's
 tokens over the mean, worst layer) and the token-to-expert assignments its capacity dropped.
@@ -24,7 +25,6 @@ trainer process, finished by ``close``).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from pathlib import Path
@@ -35,6 +35,7 @@ import torch
 from goodput import rundir
 from goodput.io import json_text, open_append
 from goodput.progress import print_line
+from goodput.runfiles import StepRecord, json_line, nonfinite_as_null
 from goodput.train.device import device_name, peak_memory_bytes
 from goodput.train.metrics_config import MetricsConfig
 from goodput.train.step import StepResult
@@ -134,32 +135,33 @@ class Metrics:
         ``diagnosed``: the in-loop diagnostics' values (``watch.Watch.after_step``)."""
         tokens_per_s = self.tokens_per_step / step_time_s
         per_device = tokens_per_s / self.world_size
-        record: dict[str, Any] = {
-            "step": step,
-            "loss": result.loss,
-            "grad_norm": result.grad_norm,
-            "lr": lr,
-            "tokens_per_s": tokens_per_s,
-            "tokens_per_s_per_device": per_device,
-            "mfu": self.flops_per_token * per_device / self.peak if self.peak else None,
-            "peak_memory_gib": peak_memory_bytes(self.device) / 2**30,
-            "step_time_s": step_time_s,
-            "skipped": result.skipped,
-            "skipped_steps": skipped_steps,
-            "time": time.time(),
-        }
+        measured: dict[str, float | int | None] = {}
         if result.expert_load is not None:
-            record["expert_load_imbalance"] = result.expert_load.imbalance
-            record["dropped_tokens"] = result.expert_load.dropped_tokens
-        record.update(diagnosed or {})
+            measured["expert_load_imbalance"] = result.expert_load.imbalance
+            measured["dropped_tokens"] = result.expert_load.dropped_tokens
+        record = StepRecord(
+            step=step,
+            loss=result.loss,
+            grad_norm=result.grad_norm,
+            lr=lr,
+            tokens_per_s=tokens_per_s,
+            tokens_per_s_per_device=per_device,
+            mfu=self.flops_per_token * per_device / self.peak if self.peak else None,
+            peak_memory_gib=peak_memory_bytes(self.device) / 2**30,
+            step_time_s=step_time_s,
+            skipped=result.skipped,
+            skipped_steps=skipped_steps,
+            time=time.time(),
+            measured=measured | (diagnosed or {}),
+        ).as_json()
         if self.enabled:
             self._write(record)
         return record
 
     def _write(self, record: dict[str, Any]) -> None:
         assert self.jsonl is not None
-        finite = {k: None if _not_finite(v) else v for k, v in record.items()}
-        self.jsonl.write(json_text(finite, where=self.jsonl.name) + "\n")
+        finite = nonfinite_as_null(record)
+        self.jsonl.write(json_line(finite, where=self.jsonl.name))
         self.jsonl.flush()
         scalars = scalars_of(finite)
         if self.tensorboard is not None:
@@ -219,10 +221,6 @@ def scalars_of(record: dict[str, Any]) -> dict[str, float | int]:
         for key, value in record.items()
         if key not in ("step", "time") and isinstance(value, int | float)
     }
-
-
-def _not_finite(value: Any) -> bool:
-    return isinstance(value, float) and not math.isfinite(value)
 
 
 def _wandb_run(sinks: MetricsConfig, run_dir: Path) -> Any:

@@ -56,26 +56,27 @@ class ModelConfig:
     moe: MoEConfig | None = field(default=None)
 
     def __post_init__(self) -> None:
-        def fail(what: str, fix: str) -> None:
-            raise GoodputError.usage("[model]", what, fix)
-
         if self.dim % self.num_heads:
-            fail(
+            raise GoodputError.usage(
+                "[model]",
                 f"dim {self.dim} is not divisible by num_heads {self.num_heads}",
                 "choose num_heads dividing dim",
             )
         if self.num_heads % self.kv_heads:
-            fail(
+            raise GoodputError.usage(
+                "[model]",
                 f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.kv_heads}",
                 "choose num_kv_heads dividing num_heads",
             )
         if self.head_dim % 2:
-            fail(
+            raise GoodputError.usage(
+                "[model]",
                 f"head dim {self.head_dim} is odd; rotary embeddings need pairs",
                 "choose dim / num_heads even",
             )
         if self.moe is not None and self.moe.top_k > self.moe.num_experts:
-            fail(
+            raise GoodputError.usage(
+                "[model]",
                 f"moe.top_k {self.moe.top_k} must be in [1, {self.moe.num_experts}]",
                 "lower top_k or add experts",
             )

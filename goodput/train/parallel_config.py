@@ -57,17 +57,16 @@ class ParallelConfig:
     sync_every_micro_batch: bool = False
 
     def __post_init__(self) -> None:
-        def refuse(what: str, fix: str) -> None:
-            raise GoodputError.usage("[parallel]", what, fix)
-
         if self.ep > 1 and self.data_parallel == "replicate":
             # The ranks holding the same experts sum their gradients through FSDP.
-            refuse(
+            raise GoodputError.usage(
+                "[parallel]",
                 f"ep = {self.ep} needs data_parallel = 'fsdp'",
                 "use data_parallel = 'fsdp' (the default) with expert parallelism",
             )
         if self.cp > 1 and self.pp > 1:
-            refuse(
+            raise GoodputError.usage(
+                "[parallel]",
                 f"cp = {self.cp} with pp = {self.pp}: context parallelism inside pipeline stages "
                 "is not supported yet",
                 "set pp = 1 with cp, or cp = 1 with pp",
@@ -76,7 +75,8 @@ class ParallelConfig:
             if getattr(self, degree) > 1 and self.compile:
                 # Not shown to compute the right gradients compiled (a compiled tensor-parallel
                 # block did not, below): refused rather than trusted.
-                refuse(
+                raise GoodputError.usage(
+                    "[parallel]",
                     f"compile = true with {degree} = {getattr(self, degree)}: the {exchange} "
                     "exchanges are not compiled",
                     f"set compile = false with {degree} > 1",
@@ -84,12 +84,14 @@ class ParallelConfig:
         # fp32-master's bf16 compute comes from FSDP's mixed-precision policy; a replicated model
         # has no such hook and would silently train in fp32.
         if self.data_parallel == "replicate" and self.precision == "fp32-master":
-            refuse(
+            raise GoodputError.usage(
+                "[parallel]",
                 "precision 'fp32-master' needs data_parallel = 'fsdp'",
                 "use data_parallel = 'fsdp', or precision 'fp32' or 'pure-bf16' with 'replicate'",
             )
         if self.data_parallel == "replicate" and (self.dp_shard or 1) > 1:
-            refuse(
+            raise GoodputError.usage(
+                "[parallel]",
                 f"dp_shard = {self.dp_shard}, but data_parallel = 'replicate' shards nothing",
                 "leave dp_shard unset, or use data_parallel = 'fsdp'",
             )
@@ -97,7 +99,8 @@ class ParallelConfig:
             # Checked on CPU: a compiled block under tensor parallelism ran, with fp32-master,
             # to a gradient norm of 0.65 where every other layout gives 0.85 (and in fp32 did not
             # finish its first step in 5 minutes).
-            refuse(
+            raise GoodputError.usage(
+                "[parallel]",
                 f"compile = true with tp = {self.tp}: a compiled tensor-parallel block computes "
                 "wrong gradients on torch 2.13",
                 "set compile = false for tensor-parallel runs (compile works with dp and pp)",
@@ -118,17 +121,16 @@ class ParallelConfig:
         return rules
 
     def _check_pipeline(self) -> None:
-        def refuse(what: str, fix: str) -> None:
-            raise GoodputError.usage("[parallel]", what, fix)
-
         interleaved = self.pp_schedule == "interleaved_1f1b"
         if interleaved and self.stages_per_rank < 2:
-            refuse(
+            raise GoodputError.usage(
+                "[parallel]",
                 "pp_schedule 'interleaved_1f1b' needs pp_stages_per_rank >= 2",
                 "raise pp_stages_per_rank, or use pp_schedule '1f1b' or 'gpipe'",
             )
         if not interleaved and self.stages_per_rank != 1:
-            refuse(
+            raise GoodputError.usage(
+                "[parallel]",
                 f"pp_stages_per_rank = {self.stages_per_rank} needs pp_schedule 'interleaved_1f1b'",
                 f"set pp_schedule = 'interleaved_1f1b', or pp_stages_per_rank = 1 with "
                 f"'{self.pp_schedule}'",
@@ -136,7 +138,8 @@ class ParallelConfig:
         if self.pp_layers_per_stage is not None and len(self.pp_layers_per_stage) != (
             self.num_stages
         ):
-            refuse(
+            raise GoodputError.usage(
+                "[parallel]",
                 f"pp_layers_per_stage lists {len(self.pp_layers_per_stage)} stages, but pp "
                 f"{self.pp} x pp_stages_per_rank {self.stages_per_rank} = {self.num_stages}",
                 f"list {self.num_stages} layer counts, or leave it unset for an even split",
@@ -154,24 +157,23 @@ class ParallelConfig:
 
     def check_model(self, model: ModelConfig, seq_len: int) -> None:
         """Refuse a layout that cannot split ``model`` (a usage error naming what to change)."""
-
-        def refuse(what: str, fix: str) -> None:
-            raise GoodputError.usage("[parallel]", what, fix)
-
         if model.moe is not None and (self.tp > 1 or self.pp > 1 or self.cp > 1):
-            refuse(
+            raise GoodputError.usage(
+                "[parallel]",
                 f"tp = {self.tp}, pp = {self.pp}, cp = {self.cp} with a mixture-of-experts model: "
                 "not supported yet",
                 "set tp, pp and cp to 1 and split the MoE model with ep and FSDP (dp_shard)",
             )
         if self.ep > 1:
             if model.moe is None:
-                refuse(
+                raise GoodputError.usage(
+                    "[parallel]",
                     f"ep = {self.ep} needs a mixture-of-experts model (a [model.moe] table)",
                     "set ep = 1 for a dense model",
                 )
             elif model.moe.num_experts % self.ep:
-                refuse(
+                raise GoodputError.usage(
+                    "[parallel]",
                     f"ep = {self.ep} does not divide model.moe.num_experts = "
                     f"{model.moe.num_experts}",
                     "choose ep dividing the number of experts",
@@ -189,20 +191,23 @@ class ParallelConfig:
                 split["train.seq_len"] = seq_len
             for name, value in split.items():
                 if value % self.tp:
-                    refuse(
+                    raise GoodputError.usage(
+                        "[parallel]",
                         f"tp = {self.tp} does not divide {name} = {value}",
                         f"choose tp dividing {name}, or change {name}",
                     )
         if self.pp > 1:
             layers = self.pp_layers_per_stage
             if layers is not None and sum(layers) != model.num_layers:
-                refuse(
+                raise GoodputError.usage(
+                    "[parallel]",
                     f"pp_layers_per_stage sums to {sum(layers)} layers, but model.num_layers = "
                     f"{model.num_layers}",
                     "make the counts add up to model.num_layers",
                 )
             if layers is None and self.num_stages > model.num_layers:
-                refuse(
+                raise GoodputError.usage(
+                    "[parallel]",
                     f"{self.num_stages} pipeline stages for {model.num_layers} layers",
                     "lower pp or pp_stages_per_rank to at most model.num_layers stages",
                 )

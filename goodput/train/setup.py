@@ -7,18 +7,22 @@ seed on every rank (identical model init; data order comes from the blend, not f
 initialises the default process group with a timeout. A single process gets a world-size-1 group
 on an in-memory store: no port, no network. It returns the ``Runtime``: rank, world size and
 device, derived here once (how the ranks split into parallel dimensions is ``mesh.py``'s).
+``decided_by_rank_zero``: a check or choice made once, on rank 0, that every rank then shares.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from goodput.errors import GoodputError
 from goodput.launch.env import current_placement
 from goodput.train.device import backend_for, detect_device_type, local_device
 
@@ -69,3 +73,19 @@ def setup_torch(seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> Runtime:
     known = placement.world_size == world_size
     ranks_per_host = placement.local_world_size if known else world_size
     return Runtime(dist.get_rank(), world_size, device, ranks_per_host)
+
+
+def decided_by_rank_zero(decide: Callable[[], Any]) -> Any:
+    """Run ``decide`` on rank 0 only and hand its result — or its GoodputError, so that no rank
+    waits out the collective timeout — to every rank."""
+    found: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            found[0] = decide()
+        except GoodputError as error:
+            found[0] = error
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(found, src=0)  # our own ranks' str/None/GoodputError
+    if isinstance(found[0], GoodputError):
+        raise found[0]
+    return found[0]

@@ -39,15 +39,16 @@ the assignments the capacity factor dropped, are the step's ``ExpertLoad`` (metr
 Split experts (``ep``) are DTensors on a mesh of their own, so the gradient norm is taken per
 mesh and the squares summed.
 
-Reused as-is by diagnostics (the loss helpers, which evaluation shares, are ``loss.py``); the loop
-(``loop.py``) owns everything periodic.
+A step's input is this rank's share of the global batch in micro-batches (``micro_batches_of``,
+which the in-loop eval cuts its rows with too). Reused as-is by diagnostics (the loss helpers,
+which evaluation shares, are ``loss.py``); the loop (``loop.py``) owns everything periodic.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -65,8 +66,10 @@ from goodput.train.loss import labels_from_model, num_targets, token_loss_sum
 from goodput.train.model import Transformer
 
 if TYPE_CHECKING:
+    from goodput.train.config import BatchPlan
     from goodput.train.optim import Optimizers
     from goodput.train.pipeline import Pipeline
+    from goodput.train.ring_attention import ContextLayout
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +117,6 @@ class SkippedSteps:
     total: int = 0
     in_a_row: int = 0
 
-    @classmethod
-    def resumed(cls, max_in_a_row: int, train_state: dict[str, Any] | None) -> SkippedSteps:
-        """The count a checkpoint's train state carries (none: a fresh run, or a checkpoint
-        saved before the guard existed)."""
-        state = train_state or {}
-        return cls(max_in_a_row, state.get("skipped_steps", 0), state.get("skipped_in_a_row", 0))
-
     def count(self, step: int, skipped: bool) -> GoodputError | None:
         """Count step ``step``; the error that stops the run once ``max_in_a_row`` steps in a
         row were skipped, else None."""
@@ -140,48 +136,83 @@ class SkippedSteps:
     def state_dict(self) -> dict[str, int]:
         return {"skipped_steps": self.total, "skipped_in_a_row": self.in_a_row}
 
+    def load_state_dict(self, train_state: Mapping[str, Any]) -> None:
+        """The counts a checkpoint's train state carries (checked as data by
+        ``checkpoint.load.check_train_state``); none before the guard existed."""
+        self.total = train_state.get("skipped_steps", 0)
+        self.in_a_row = train_state.get("skipped_in_a_row", 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepSettings:
+    """What every step of a run does alike (``train_step``'s settings). ``token_group``: the
+    ranks whose tokens make up the global batch (``ParallelMesh.token_group``: data x context
+    parallel; None: the default group). ``positions_t``: the positions of this rank's tokens in
+    their sequences (context parallelism; None: 0..t-1). ``tally``: measure each rank's own
+    gradient norm (``grad_tally``)."""
+
+    max_grad_norm: float | None = 1.0  # None: no clipping
+    token_group: dist.ProcessGroup | None = None
+    positions_t: torch.Tensor | None = None
+    sync_every_micro_batch: bool = False
+    tally: GradientTally | None = None
+
+
+def micro_batches_of(
+    batch: tuple[torch.Tensor, torch.Tensor],
+    context: ContextLayout | None,
+    cp_rank: int,
+    plan: BatchPlan,
+    device: torch.device,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's share of the global batch (under context parallelism its chunks of each
+    sequence), on ``device``, in micro-batches."""
+    input_ids, labels = batch
+    if context is not None:
+        input_ids, labels = (context.split(t, cp_rank) for t in (input_ids, labels))
+    return list(
+        zip(
+            input_ids.to(device).split(plan.micro_batch_size),
+            labels.to(device).split(plan.micro_batch_size),
+            strict=True,
+        )
+    )
+
 
 def train_step(
     model: nn.Module | Pipeline,
     optimizer: torch.optim.Optimizer | Optimizers,
     micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+    settings: StepSettings = StepSettings(),
     *,
-    max_grad_norm: float | None = 1.0,
-    token_group: dist.ProcessGroup | None = None,
-    positions_t: torch.Tensor | None = None,
-    sync_every_micro_batch: bool = False,
-    tally: GradientTally | None = None,
     freeze: UpdateObserver | None = None,
     hessian_labels: torch.Generator | None = None,
     inject_nan: bool = False,
 ) -> StepResult:
     """Forward/backward every micro-batch of this rank (through the pipeline's schedule when
-    ``model`` is a ``Pipeline``), then clip and step (or skip, on a non-finite gradient norm).
-    ``token_group``: the ranks whose tokens make up the global batch
-    (``ParallelMesh.token_group``: data x context parallel; None: the default group).
-    ``positions_t``: the positions of this rank's tokens in their sequences (context
-    parallelism; None: 0..t-1). ``tally``: measure each rank's own gradient norm
-    (``grad_tally``). ``freeze``: check this step's update for entries that rounded away.
-    ``hessian_labels``: after the step, refresh SophiaG's Hessian estimate on labels drawn with
-    this generator (``refresh_hessian``). ``inject_nan``: an injected fault
-    (``goodput.faults``)."""
+    ``model`` is a ``Pipeline``), then clip and step (or skip, on a non-finite gradient norm),
+    as the run's ``settings`` say. This step's own: ``freeze`` checks its update for entries
+    that rounded away; ``hessian_labels``: after the step, refresh SophiaG's Hessian estimate
+    on labels drawn with this generator (``refresh_hessian``); ``inject_nan``: an injected
+    fault (``goodput.faults``)."""
+    token_group = settings.token_group
     if isinstance(model, nn.Module):
         result = forward_backward(
             model,
             micro_batches,
             token_group=token_group,
-            positions_t=positions_t,
-            sync_every_micro_batch=sync_every_micro_batch,
-            tally=tally,
+            positions_t=settings.positions_t,
+            sync_every_micro_batch=settings.sync_every_micro_batch,
+            tally=settings.tally,
             inject_nan=inject_nan,
         )
-        grad_norm = clip_and_step([model], optimizer, max_grad_norm, freeze=freeze)
+        grad_norm = clip_and_step([model], optimizer, settings.max_grad_norm, freeze=freeze)
     else:
         result = pipeline_forward_backward(
             model, micro_batches, token_group=token_group, inject_nan=inject_nan
         )
         grad_norm = clip_and_step(
-            model.parts, optimizer, max_grad_norm, model.pp_group, model.tied_copy, freeze
+            model.parts, optimizer, settings.max_grad_norm, model.pp_group, model.tied_copy, freeze
         )
     if hessian_labels is not None and math.isfinite(grad_norm):
         assert not isinstance(optimizer, torch.optim.Optimizer), "SophiaG runs as Optimizers"
@@ -191,7 +222,7 @@ def train_step(
             micro_batches,
             hessian_labels,
             token_group=token_group,
-            positions_t=positions_t,
+            positions_t=settings.positions_t,
         )
     return StepResult(
         result.loss_sum / result.num_tokens,

@@ -19,18 +19,17 @@ resumed run reports what a straight one does.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from goodput.errors import GoodputError
 from goodput.progress import print_line
 from goodput.train import grad_tally, qk_clip
-from goodput.train.config import BatchPlan, RunConfig
+from goodput.train.config import BatchPlan, DiagnosticsConfig, RunConfig
 from goodput.train.freeze import FreezeDetector, FreezeReport
 from goodput.train.loss_spikes import LossSpikes
 from goodput.train.mesh import ParallelMesh
@@ -63,36 +62,53 @@ def label_generator(
     return torch.Generator(device=device).manual_seed(mixed)
 
 
-@dataclass(frozen=True, slots=True)
 class LrScale:
-    """``[optim] lr_scaling`` against the global batch the LR was tuned at."""
+    """``[optim] lr_scaling`` against the global batch the LR was tuned at: the reference is
+    ``lr_reference_tokens``, else the global batch the run began with (kept in its checkpoints:
+    ``load_state_dict``), else this run's."""
 
-    factor: float
-    reference_tokens: int
-    tokens_per_step: int
-    rule: str
+    def __init__(self, cfg: RunConfig) -> None:
+        self.optim = cfg.optim
+        self.tokens_per_step = cfg.train.tokens_per_step
+        self._set(saved=self.tokens_per_step)
 
-    @classmethod
-    def resumed(cls, cfg: RunConfig, train_state: dict[str, Any] | None) -> LrScale:
-        """The reference is ``lr_reference_tokens``, else the global batch the run began with
-        (kept in its checkpoints), else this run's."""
-        # Checked as data with the rest of the train state (checkpoint.load.check_train_state).
-        saved = (train_state or {}).get("lr_reference_tokens", cfg.train.tokens_per_step)
-        tokens = cfg.train.tokens_per_step
-        factor = cfg.optim.lr_multiplier(tokens, saved)
-        reference = cfg.optim.lr_reference_tokens or saved
-        return cls(factor, reference, tokens, cfg.optim.lr_scaling)
+    def _set(self, saved: int) -> None:
+        self.factor = self.optim.lr_multiplier(self.tokens_per_step, saved)
+        self.reference_tokens = self.optim.lr_reference_tokens or saved
 
     def describe(self) -> str | None:
         if self.factor == 1.0:
             return None
         return (
-            f"train: lr x {self.factor:.4g} ({self.rule} rule: global batch "
+            f"train: lr x {self.factor:.4g} ({self.optim.lr_scaling} rule: global batch "
             f"{self.tokens_per_step:,} tokens, the lr was tuned at {self.reference_tokens:,})"
         )
 
     def state_dict(self) -> dict[str, int]:
         return {"lr_reference_tokens": self.reference_tokens}
+
+    def load_state_dict(self, train_state: Mapping[str, Any]) -> None:
+        # Checked as data with the rest of the train state (checkpoint.load.check_train_state).
+        self._set(saved=train_state.get("lr_reference_tokens", self.tokens_per_step))
+
+
+class RunningDiagnostics:
+    """The diagnostics' running state, part of every checkpoint: the noise-scale averages and
+    the loss window."""
+
+    def __init__(self, cfg: DiagnosticsConfig) -> None:
+        self.noise = NoiseScale(cfg.gns_ema)
+        self.spikes = LossSpikes(cfg.loss_spike_window, cfg.loss_spike_z)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"noise_scale": self.noise.state_dict(), "loss_spikes": self.spikes.state_dict()}
+
+    def load_state_dict(self, train_state: Mapping[str, Any]) -> None:
+        """Each one saved (none before they existed); a damaged one is a ``ValueError``
+        (outside input, like the rest of the train state)."""
+        for name, tracker in (("noise_scale", self.noise), ("loss_spikes", self.spikes)):
+            if name in train_state:
+                tracker.load_state_dict(train_state[name])
 
 
 @dataclass(slots=True)
@@ -118,7 +134,6 @@ class Watch:
         cfg: RunConfig,
         parts: list[nn.Module],
         mesh: ParallelMesh,
-        train_state: dict[str, Any] | None,
         *,
         measures_noise: bool,
     ) -> None:
@@ -126,12 +141,7 @@ class Watch:
         self.measures_noise = measures_noise
         self.loud = dist.get_rank() == 0
         diagnostics = cfg.diagnostics
-        state = train_state or {}
-        self.noise = NoiseScale(diagnostics.gns_ema)
-        self.spikes = LossSpikes(diagnostics.loss_spike_window, diagnostics.loss_spike_z)
-        for name, tracker in (("noise_scale", self.noise), ("loss_spikes", self.spikes)):
-            if name in state:  # checked by check_state when the checkpoint was read
-                tracker.load_state_dict(state[name])
+        self.running = RunningDiagnostics(diagnostics)
         named = [(name, p) for part in parts for name, p in part.named_parameters()]
         self.freeze = (
             FreezeDetector(named, diagnostics.freeze_check_interval, diagnostics.freeze_threshold)
@@ -143,19 +153,6 @@ class Watch:
         self.max_logit: float | None = None
         if cfg.optim.qk_clip is not None:
             qk_clip.track_logits(parts)
-
-    @staticmethod
-    def check_state(train_state: dict[str, Any], path: Path) -> None:
-        """Refuse diagnostics states in a checkpoint's train state (``path``) that are not what
-        ``state_dict`` writes: outside input, like the rest of it."""
-        for name, tracker in (("noise_scale", NoiseScale()), ("loss_spikes", LossSpikes())):
-            if name in train_state:
-                try:
-                    tracker.load_state_dict(train_state[name])
-                except ValueError as error:
-                    raise GoodputError(
-                        path, f"damaged: {error}", "resume from another checkpoint (--resume)"
-                    ) from None
 
     def describe(self) -> str:
         measured = (
@@ -193,13 +190,13 @@ class Watch:
         """The step's diagnostic values for its record; warnings printed (rank 0)."""
         values: dict[str, float | int | None] = {}
         if result.small_batch_sq_norm is not None:
-            values["gns"] = self.noise.update(
+            values["gns"] = self.running.noise.update(
                 result.small_batch_sq_norm,
                 result.num_tokens // self.mesh.dp_size,
                 result.grad_norm**2,
                 result.num_tokens,
             )
-        z, spike = self.spikes.update(step, result.loss)
+        z, spike = self.running.spikes.update(step, result.loss)
         values["loss_z"] = z
         warnings = [spike] if spike else []
         self.frozen = []
@@ -217,9 +214,3 @@ class Watch:
             for line in warnings:
                 print_line(line)
         return values
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "noise_scale": self.noise.state_dict(),
-            "loss_spikes": self.spikes.state_dict(),
-        }

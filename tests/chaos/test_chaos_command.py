@@ -43,7 +43,7 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.timeout(900)
-def test_seeded_faults_of_every_local_kind_end_bitwise_equal(tmp_path):
+def test_seeded_faults_of_every_local_kind_end_bitwise_equal(tmp_path, capsys):
     config, out = write_config(tmp_path, steps=30), tmp_path / "campaign"
     kinds = "kill,ckpt-kill,hang,save-fail,nan"
     result = goodput_chaos(
@@ -87,14 +87,26 @@ def test_seeded_faults_of_every_local_kind_end_bitwise_equal(tmp_path):
         assert skipped == {nan_step}, run
     assert (out / "reference-fired" / f"{faults['nan']['id']}.json").is_file()
 
-    # Goodput and its breakdown account for the whole wall time.
+    # Goodput is goodput report's, for each run: the same account, whose causes and productive
+    # time cover the whole wall time.
+    for run, name in (("faulted", "faulted"), ("reference", "straight")):
+        assert report["goodput"][name] == report_json(out / run, capsys), run
     goodput = report["goodput"]["faulted"]
-    parts = ("productive_s", "recomputed_s", "detection_s", "backoff_s", "load_s", "startup_s")
-    assert sum(goodput[p] for p in parts) + goodput["other_s"] == pytest.approx(goodput["wall_s"])
+    total = goodput["productive_s"] + sum(goodput["badput_s"].values())
+    assert total == pytest.approx(goodput["wall_s"])
     # Both are fractions of their run's wall time; which is larger is timing, not behaviour (on
     # a 30-step run the straight run's cold start can cost more than the faults do).
     assert 0 < goodput["goodput"] <= 1 and 0 < report["goodput"]["straight"]["goodput"] <= 1
-    assert goodput["recomputed_s"] > 0 and goodput["num_step_runs"] > goodput["num_steps"] == 30
+    assert goodput["badput_s"]["recomputed"] > 0 and goodput["badput_s"]["hang"] > 0
+    assert goodput["steps"]["recomputed"] > 0 and goodput["steps"]["kept"] == 30
+    assert "badput by cause, as goodput report counts it: " in result.stdout
+
+
+def report_json(run_dir: Path, capsys) -> dict:
+    """``goodput report RUN --json``, as a person runs it."""
+    capsys.readouterr()
+    assert cli.main(["report", str(run_dir), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
 
 
 @pytest.mark.timeout(900)

@@ -257,8 +257,8 @@ def test_every_layout_trains_the_demo_model_through_goodput_launch_alike(demo, t
 def test_the_walkthroughs_failure_and_report_run_as_written(demo, tmp_path):
     """docs/walkthrough.md's sections 4 and 5 on the demo's data, in a folder holding the
     shipped configs, as a user types them (the venv's goodput on PATH): a real faulted run (a
-    rank killed, a rank stopped until the watchdog fires), and the report of it, which agrees
-    with the campaign's own account of the same files."""
+    rank killed, a rank stopped until the watchdog fires), and the report of it, which is the
+    campaign's own account of the same files, figure for figure."""
     out, _ = demo
     shutil.copytree(REPO / "configs", tmp_path / "configs")
     (tmp_path / "demo").symlink_to(out)
@@ -276,17 +276,12 @@ def test_the_walkthroughs_failure_and_report_run_as_written(demo, tmp_path):
         outputs.append(result.stdout)
     assert "bitwise equal" in outputs[0]
     report = json.loads(outputs[2])
-    theirs = json.loads((out / "chaos" / "report.json").read_text())["goodput"]["faulted"]
+    assert report == json.loads((out / "chaos" / "report.json").read_text())["goodput"]["faulted"]
+    assert f"goodput {report['goodput']:.1%} " in outputs[0]  # as goodput report prints it
     classes = [attempt["class"] for attempt in report["attempts"]]
     assert classes[-1] == "success" and "hang" in classes and len(classes) == 3
-    assert report["steps"]["done"] and report["steps"]["kept"] == theirs["num_steps"] == 30
-    assert report["steps"]["recomputed"] == theirs["num_step_runs"] - 30
-    assert report["wall_s"] == pytest.approx(theirs["wall_s"], abs=0.01)
-    # The campaign counts the whole step time of each step's last run as productive; the report
-    # takes out what the trainer measured inside it that is not training.
-    inside = report["badput_s"]["data"] + report["badput_s"]["checkpoint_save"]
-    assert report["productive_s"] + inside == pytest.approx(theirs["productive_s"], rel=1e-6)
-    assert report["badput_s"]["recomputed"] == pytest.approx(theirs["recomputed_s"], rel=1e-6)
+    assert report["steps"]["done"] and report["steps"]["kept"] == 30
+    assert report["steps"]["recomputed"] > 0 and report["badput_s"]["recomputed"] > 0
     # The stopped rank, until the watchdog fired (chaos sets a short idle timeout).
     assert report["badput_s"]["hang"] > 0
     total = report["productive_s"] + sum(report["badput_s"].values())

@@ -24,8 +24,9 @@ TINY = Path(__file__).parents[2] / "configs" / "tiny-cpu.toml"
 
 
 def dotted_keys(cls: type, prefix: str = "") -> list[str]:
-    """Every key of a config class as a dotted path, nested tables included."""
-    keys = []
+    """Every key of a config class as a dotted path, nested tables and renamed keys (their
+    deprecated spellings) included."""
+    keys = [prefix + old for old in getattr(cls, "RENAMED", {})]
     for field in dataclasses.fields(cls):
         keys.append(prefix + field.name)
         hint = typing.get_type_hints(cls)[field.name]

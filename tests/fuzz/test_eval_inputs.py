@@ -7,6 +7,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
+from goodput.checkpoint.state import CheckpointContents
 from goodput.errors import ExitCode, GoodputError
 from goodput.eval.choice_tasks import LAYOUTS
 from goodput.eval.config import EvalConfig
@@ -40,10 +41,11 @@ GATE_STATES = fuzz.json_values("at_chance_in_a_row", 0, 3) | st.dictionaries(
 @given(state=GATE_STATES)
 def test_gate_states_load_as_written_or_are_refused_naming_the_file(state):
     path = Path("RUN/checkpoints/step-00000001/train_state.json")  # only named, never read
+    gate = EvalGate(3, False)
+    contents = CheckpointContents(parts=[], optimizers=[], states={"gate": gate})
     try:
-        EvalGate.check_state({"eval_gate": state}, path)
+        contents.load_train_state({"eval_gate": state}, path)
     except GoodputError as error:
         assert error.render().startswith(f"{path}: damaged: eval_gate")
         return
-    gate = EvalGate.resumed(3, False, {"eval_gate": state})
     assert gate.state_dict() == {"eval_gate": state}

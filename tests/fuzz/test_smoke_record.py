@@ -25,12 +25,14 @@ from goodput.diagnostics.smoke_record import (
     write_record,
 )
 from goodput.errors import ExitCode, GoodputError
+from goodput.launch.env import MAX_RANKS
 from goodput.testing.fuzz import json_values, result_or_refusal
 
 CONFIG = '[model]\ndim = 32\n\n[train]\nsteps = 2\nrun_dir = "(not compared)"\n'
 VALID = {
     "format": "goodput-smoke",
-    "version": 1,
+    "version": 2,
+    "world_size": 2,
     "config": CONFIG.splitlines(),
     "environment": {key: "x" for key in ENVIRONMENT_LABELS},
     "steps": [
@@ -89,7 +91,7 @@ environments = st.fixed_dictionaries(
 
 @given(steps, environments)
 def test_what_the_writer_writes_reads_back_bit_for_bit(steps, environment):
-    written = SmokeRecord(CONFIG, environment, steps)
+    written = SmokeRecord(config=CONFIG, world_size=1, environment=environment, steps=steps)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "record.json"
         write_record(path, written)
@@ -101,3 +103,17 @@ def test_what_the_writer_writes_reads_back_bit_for_bit(steps, environment):
 
     assert [s.step for s in read.steps] == [s.step for s in written.steps]
     assert bits(read) == bits(written)
+
+
+@given(st.integers(min_value=1, max_value=MAX_RANKS))
+def test_any_world_size_the_writer_writes_reads_back(world_size):
+    written = SmokeRecord(
+        config=CONFIG,
+        world_size=world_size,
+        environment=dict.fromkeys(ENVIRONMENT_LABELS, "x"),
+        steps=(StepValues(1, 4.1, 1.5, 0.5),),
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "record.json"
+        write_record(path, written)
+        assert read_record(path) == written

@@ -1,7 +1,7 @@
-"""The parts of a chaos campaign that need no faulted run: the plan drawn from a seed, the goodput
-accounting of a hand-made run (attempts, metrics, fired records, resume lines written as the
-launcher and the trainer write them), the strict readers, and the bitwise comparison of real
-tiny training runs."""
+"""The parts of a chaos campaign that need no faulted run: the plan drawn from a seed, the faults'
+outcomes and the goodput of a hand-made run (attempts, metrics and fired records written as the
+launcher, the trainer and the hooks write them) and of real tiny training runs, each the same
+figure as ``goodput report``'s, the fired records' reader, and the bitwise comparison."""
 
 from __future__ import annotations
 
@@ -17,11 +17,14 @@ import pytest
 import torch
 
 from goodput import rundir
-from goodput.chaos import accounting, compare, plan, records
+from goodput.chaos import campaign, compare, outcomes, plan, records
+from goodput.cli import main
 from goodput.config import to_toml
 from goodput.errors import GoodputError
 from goodput.faults import IN_SAVE, KINDS, Fault, load_plan
-from goodput.launch.history import AttemptRecord, read_attempts, timestamp
+from goodput.io import write_marker
+from goodput.launch.history import AttemptRecord, timestamp
+from goodput.report.run_files import read_run
 from goodput.testing.jobs import outside_any_job
 from goodput.testing.tiny import tiny_run_config
 
@@ -81,7 +84,7 @@ def test_a_plan_that_cannot_fit_is_a_usage_error_naming_faults():
         draw(0, num_faults=3, kinds=("save-fail",), steps=30, interval=10)  # saves 10 and 20
 
 
-# --- the accounting -------------------------------------------------------------------------
+# --- the faults' outcomes, on the report's account -----------------------------------------
 
 T0 = 1_700_000_000.0
 
@@ -116,17 +119,17 @@ def attempt(number, started, ended, first, last, *, success, wait_s=None):
     )
 
 
-def step_line(step: int, end: float, step_time_s: float = 1.0) -> str:
-    record = {"step": step, "loss": 4.0 - step / 10, "step_time_s": step_time_s, "time": T0 + end}
-    return json.dumps({**record, "grad_norm": 1.0, "mfu": None}) + "\n"
+def step_line(step: int, end: float, **timings: float) -> str:
+    record = {"step": step, "loss": 4.0 - step / 10, "step_time_s": 1.0, "time": T0 + end}
+    return json.dumps({**record, "grad_norm": 1.0, "mfu": None, **timings}) + "\n"
 
 
 @pytest.fixture
 def killed_once(tmp_path) -> Path:
     """Attempt 1: 2 s start-up, steps 1-5 of 1 s, a kill at 7.25 s (checkpoint at step 4), ended
     at 7.5 s; wait 0.5 s, 0.25 s of classifying. Attempt 2 from 8.25 s: resumes from step 4 with
-    a 0.5 s load, starts step 5 at 9.75 s, steps 5-8, a failed save at 11.8 s, ends at 14.25 s.
-    Written as the launcher, the trainer and the fault hooks write them."""
+    a 0.5 s load, starts step 5 at 9.75 s, steps 5-8, a failed save at 11.8 s, ends at 14.25 s,
+    done. Written as the launcher, the trainer and the fault hooks write them."""
     history = [
         attempt(1, 0.0, 7.5, 1, 5, success=False, wait_s=0.5),
         attempt(2, 8.25, 14.25, 5, 8, success=True),
@@ -134,15 +137,12 @@ def killed_once(tmp_path) -> Path:
     (tmp_path / rundir.ATTEMPTS).write_text(
         "".join(json.dumps(r.to_json()) + "\n" for r in history)
     )
-    ends = [3, 4, 5, 6, 7, 10.75, 11.75, 12.75, 13.75]
-    steps = [1, 2, 3, 4, 5, 5, 6, 7, 8]
-    (tmp_path / rundir.METRICS).write_text("".join(map(step_line, steps, ends)))
-    (tmp_path / "launch.log").write_text(
-        "[rank0] blend: ...\n"
-        "[rank0] resume: from /run/checkpoints/step-00000004 (step 4) loaded in 0.50 s; "
-        "checksums of 0.00 GB checked in 0.01 s\n"
-        "[rank0] step=5 loss=3.5\n"
-    )
+    lines = [step_line(step, end) for step, end in ((2, 4), (3, 5), (4, 6), (5, 7))]
+    lines.insert(0, step_line(1, 3, startup_s=2.0))
+    lines.append(step_line(5, 10.75, startup_s=2.5, checkpoint_load_s=0.5))
+    lines += [step_line(step, end) for step, end in ((6, 11.75), (7, 12.75), (8, 13.75))]
+    (tmp_path / rundir.METRICS).write_text("".join(lines))
+    write_marker(tmp_path, rundir.DONE)
     fired = tmp_path / "fired"
     fired.mkdir()
     for fault_id, kind, step, when in ((0, "kill", 5, 7.25), (1, "save-fail", 6, 11.8)):
@@ -152,48 +152,40 @@ def killed_once(tmp_path) -> Path:
     return tmp_path
 
 
-def read_run(run_dir: Path):
-    attempts = read_attempts(run_dir / rundir.ATTEMPTS)
-    steps = records.read_step_records(run_dir / rundir.METRICS)
-    loads = records.read_resume_loads(run_dir / "launch.log")
-    fired = records.read_fired(run_dir / "fired")
-    return accounting.spans(attempts, steps, loads), fired
+def report_json(run_dir: Path, capsys) -> dict:
+    """``goodput report RUN --json``, as a person runs it."""
+    capsys.readouterr()
+    assert main(["report", str(run_dir), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
 
 
-def test_goodput_and_every_part_of_the_rest_from_what_the_run_recorded(killed_once):
-    spans, fired = read_run(killed_once)
-    assert [span.load_s for span in spans] == [0.0, 0.5]
-    result = accounting.account(spans, fired)
-    expected = {
-        "wall_s": 14.25,
-        "productive_s": 8.0,  # steps 1-4 of attempt 1, 5-8 of attempt 2
-        "recomputed_s": 1.0,  # step 5 of attempt 1
-        "detection_s": 0.5,  # kill at 7.25 -> end at 7.5, + 0.25 s between attempts
-        "backoff_s": 0.5,
-        "load_s": 0.5,
-        "startup_s": 3.0,  # 2.0 + (9.75 - 8.25 - 0.5)
-        "other_s": 0.75,  # step 5's end -> the kill (0.25), the final exit (0.5)
-    }
-    for key, value in expected.items():
-        assert getattr(result, key) == pytest.approx(value, abs=2e-3), key
-    assert result.goodput == pytest.approx(8.0 / 14.25, abs=1e-3)
-    assert (result.num_steps, result.num_step_runs) == (8, 9)
+def test_a_campaign_counts_goodput_as_goodput_report_does(killed_once, capsys):
+    accounted = campaign.account_run(killed_once)
+    assert accounted.accounting.as_json() == report_json(killed_once, capsys)
+    acc = accounted.accounting
+    assert acc.wall_s == pytest.approx(14.25, abs=2e-3)
+    assert acc.productive_s == pytest.approx(8.0, abs=2e-3)  # steps 1-4, then 5-8 again
+    expected = {"startup": 3.0, "checkpoint_load": 0.5, "recomputed": 1.0, "backoff": 0.75,
+                "shutdown": 1.0}  # fmt: skip
+    for cause, seconds in acc.badput_s.items():
+        assert seconds == pytest.approx(expected.get(cause, 0.0), abs=2e-3), cause
 
 
 def test_each_fault_gets_its_detection_loss_and_recovery(killed_once):
-    spans, fired = read_run(killed_once)
+    timeline = campaign.account_run(killed_once).accounting.timeline
+    fired = records.read_fired(killed_once / "fired")
     planned = [
         Fault(0, "kill", 5, 1),
         Fault(1, "save-fail", 6, 1),
         Fault(2, "hang", 7, 0),  # never fired
     ]
-    kill, save_fail, hang = accounting.fault_outcomes(planned, fired, spans)
+    kill, save_fail, hang = outcomes.fault_outcomes(planned, fired, timeline)
     assert kill.attempt == 1 and kill.steps_lost == 1  # ran to 5, resumed from 4
     figures = {
         "at_s": 7.25,
-        "detection_s": 0.5,
+        "detection_s": 0.5,  # the kill at 7.25 -> its attempt's end at 7.5, + 0.25 s classifying
         "backoff_s": 0.5,
-        "startup_s": 1.0,
+        "startup_s": 1.0,  # 8.25 -> step 5's start at 9.75, less the load
         "load_s": 0.5,
         "first_step_s": 1.0,
         "recovery_s": 3.5,  # the fault at 7.25 -> step 5 back at 10.75
@@ -205,28 +197,15 @@ def test_each_fault_gets_its_detection_loss_and_recovery(killed_once):
     assert hang.fired is None and hang.attempt is None
 
 
-def test_a_straight_run_is_start_up_steps_and_its_exit(tmp_path):
-    (tmp_path / rundir.ATTEMPTS).write_text(
-        json.dumps(attempt(1, 0.0, 6.5, 1, 3, success=True).to_json()) + "\n"
-    )
-    (tmp_path / rundir.METRICS).write_text("".join(map(step_line, [1, 2, 3], [3, 4.5, 6])))
-    spans, _ = read_run(tmp_path)
-    result = accounting.account(spans, [])
-    assert result.productive_s == pytest.approx(3.0)
-    assert result.startup_s == pytest.approx(2.0, abs=2e-3)
-    assert result.other_s == pytest.approx(1.5, abs=2e-3)  # 0.5 s between steps twice, exit
-    assert result.detection_s == result.backoff_s == result.recomputed_s == 0
+def test_a_fault_outside_every_attempt_is_placed_in_none(killed_once):
+    timeline = campaign.account_run(killed_once).accounting.timeline
+    late = records.FiredRecord(0, "kill", 5, 1, T0 + 99.0)  # after the run ended
+    (outcome,) = outcomes.fault_outcomes([Fault(0, "kill", 5, 1)], [late], timeline)
+    assert outcome.at_s == pytest.approx(99.0) and outcome.attempt is None
+    assert outcome.detection_s is None and outcome.recovery_s is None
 
 
 # --- the readers ----------------------------------------------------------------------------
-
-
-def test_a_metrics_line_that_is_not_a_step_record_is_refused_by_file_and_line(tmp_path):
-    path = tmp_path / rundir.METRICS
-    path.write_text(step_line(1, 1) + '{"step": 2, "loss": 1.0, "time": 5}\n')
-    with pytest.raises(GoodputError) as refused:
-        records.read_step_records(path)
-    assert refused.value.where == f"{path}:2" and "step_time_s" in refused.value.what
 
 
 def test_a_fired_record_must_be_what_the_hooks_write(tmp_path):
@@ -280,17 +259,20 @@ def compare_runs(reference: Path, other: Path) -> compare.Comparison:
     parts = compare.compare_checkpoints(
         compare.final_checkpoint(reference, 8), compare.final_checkpoint(other, 8)
     )
-    losses = compare.compare_losses(
-        records.read_step_records(reference / rundir.METRICS),
-        records.read_step_records(other / rundir.METRICS),
-        8,
-    )
+    losses = compare.compare_losses(read_run(reference).steps, read_run(other).steps, 8)
     return compare.Comparison(losses=losses, **parts)
 
 
 def test_two_runs_of_one_config_are_bitwise_equal(three_runs):
     found = compare_runs(three_runs["a"], three_runs["b"])
     assert found.equal and found.first_difference is None
+
+
+def test_real_runs_have_the_goodput_goodput_report_gives(three_runs, capsys):
+    for run_dir in three_runs.values():
+        acc = campaign.account_run(run_dir).accounting
+        assert acc.as_json() == report_json(run_dir, capsys)
+        assert 0 < acc.goodput < 1 and (acc.steps_kept, acc.steps_recomputed) == (8, 0)
 
 
 def test_another_seed_differs_from_its_first_step_and_in_every_part(three_runs):
@@ -305,12 +287,16 @@ def test_another_seed_differs_from_its_first_step_and_in_every_part(three_runs):
 
 
 def test_a_repeated_step_must_repeat_its_loss(three_runs):
-    reference = records.read_step_records(three_runs["a"] / rundir.METRICS)
+    reference = read_run(three_runs["a"]).steps
     resumed = [*reference[:5], *reference[3:]]  # steps 4 and 5 run again, as after a resume
     assert compare.compare_losses(reference, resumed, 8) is None
-    changed = replace(resumed[4], loss=resumed[4].loss + 1e-7)  # step 5's first run
+    values = resumed[4].values
+    changed = replace(resumed[4], values={**values, "loss": values["loss"] + 1e-7})  # step 5
     found = compare.compare_losses(reference, [*resumed[:4], changed, *resumed[5:]], 8)
     assert found.startswith("step 5: ")
+    null = replace(resumed[4], values={})  # the trainer wrote null: the loss was not finite
+    found = compare.compare_losses(reference, [*resumed[:4], null, *resumed[5:]], 8)
+    assert found.startswith("step 5: None against the reference's ")
     assert (
         compare.compare_losses(reference, reference[:7], 8)
         == "the faulted run has no loss of step 8"

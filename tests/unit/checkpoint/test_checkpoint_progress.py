@@ -11,6 +11,7 @@ import goodput.progress
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.load import load_checkpoint
 from goodput.checkpoint.save import Checkpointer
+from goodput.checkpoint.state import CheckpointContents
 from goodput.io import read_json
 from goodput.rundir import TRAIN_STATE, step_dir
 from goodput.testing.dist import run_distributed
@@ -30,13 +31,15 @@ def save_and_load(rank, world_size, root):
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.zeros(1, 8, dtype=torch.long)).sum().backward()
     optimizer.step()  # the optimizer's state exists, so it is saved and loaded too
-    checkpointer = Checkpointer(CheckpointConfig(), root, torch.device("cpu"))
-    checkpointer.save(1, [model], [optimizer], {"world_size": world_size}, "", blocking=True)
+    contents = CheckpointContents(parts=[model], optimizers=[optimizer])
+    checkpointer = Checkpointer(CheckpointConfig(), root, torch.device("cpu"), contents)
+    checkpointer.save(1, blocking=True)
     checkpointer.close()
     fresh = parallelize(Transformer(TINY_MODEL), ParallelConfig(precision="fp32"))
     fresh_optimizer = torch.optim.AdamW(fresh.parameters())
     train_state = read_json(step_dir(root, 1) / TRAIN_STATE)
-    load_checkpoint(step_dir(root, 1), [fresh], [fresh_optimizer], train_state, torch.device("cpu"))
+    fresh_contents = CheckpointContents(parts=[fresh], optimizers=[fresh_optimizer])
+    load_checkpoint(step_dir(root, 1), fresh_contents, train_state, torch.device("cpu"))
     return captured.getvalue()
 
 

@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.load import find_checkpoint, load_tensors
 from goodput.checkpoint.save import Checkpointer, Decision
+from goodput.checkpoint.state import CheckpointContents
 from goodput.config import from_table, to_toml
 from goodput.errors import GoodputError
 from goodput.rundir import LATEST, checkpoints_dir, list_checkpoints, step_dir
@@ -53,7 +54,8 @@ def assert_bitwise_equal(a, b):
 def decisions(rank, world_size, tmp_path, cfg, sigterm_rank, late_rank):
     """Each step's decision of 8, with SIGTERM on ``sigterm_rank`` only at step 6 and the last
     save minutes ago on ``late_rank`` only (no save happens, so it stays minutes ago)."""
-    checkpointer = Checkpointer(CheckpointConfig(**cfg), tmp_path, torch.device("cpu"))
+    nothing = CheckpointContents(parts=[], optimizers=[])
+    checkpointer = Checkpointer(CheckpointConfig(**cfg), tmp_path, torch.device("cpu"), nothing)
     if rank == late_rank:
         checkpointer.last_save = time.monotonic() - 120
     try:

@@ -8,6 +8,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.save import Checkpointer
+from goodput.checkpoint.state import CheckpointContents
 from goodput.rundir import list_checkpoints
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL
@@ -34,8 +35,9 @@ def save_once(rank, world_size, root, max_writers):
     model = parallelize(Transformer(TINY_MODEL), ParallelConfig(precision="fp32"))
     optimizer = torch.optim.AdamW(model.parameters())
     cfg = CheckpointConfig(max_concurrent_writers=max_writers)
-    checkpointer = Checkpointer(cfg, root, torch.device("cpu"))
-    checkpointer.save(1, [model], [optimizer], {"world_size": world_size}, "", blocking=True)
+    contents = CheckpointContents(parts=[model], optimizers=[optimizer])
+    checkpointer = Checkpointer(cfg, root, torch.device("cpu"), contents)
+    checkpointer.save(1, blocking=True)
     checkpointer.close()
     return intervals[0]
 

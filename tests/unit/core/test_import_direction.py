@@ -47,10 +47,30 @@ def test_no_module_of_launch_imports_torch():
 
 
 def test_checkpoint_imports_neither_train_nor_launch():
-    # It knows no model code (conversions live in train/) and no scheduler.
+    # It knows no model code (conversions live in train/) and no scheduler; its fault hooks are
+    # goodput.faults, not the campaign that plans them.
     found = _import_all("goodput.checkpoint")
     assert "goodput.checkpoint.metadata" in found["modules"]
-    assert not [m for m in found["goodput"] if m.startswith(("goodput.train", "goodput.launch"))]
+    forbidden = ("goodput.train", "goodput.launch", "goodput.chaos")
+    assert not [m for m in found["goodput"] if m.startswith(forbidden)]
+    assert "goodput.faults" in found["goodput"]
+
+
+def test_train_imports_the_fault_hooks_not_the_campaign():
+    found = _import_all("goodput.train")
+    assert "goodput.faults" in found["goodput"]
+    forbidden = ("goodput.chaos", "goodput.diagnostics", "goodput.report")
+    assert not [m for m in found["goodput"] if m.startswith(forbidden)]
+
+
+def test_report_imports_neither_torch_nor_diagnostics():
+    # `goodput report` runs on login nodes; its figures come from goodput.figures.
+    found = _import_all("goodput.report")
+    assert {"goodput.report.accounting", "goodput.report.plots"} <= set(found["modules"])
+    assert found["torch"] == []
+    assert not [
+        m for m in found["goodput"] if m.startswith(("goodput.diagnostics", "goodput.train"))
+    ]
 
 
 def test_data_imports_neither_train_nor_launch():

@@ -1,8 +1,11 @@
 """``goodput diagnose smoke`` through the real CLI: a record holds the trainer's own numbers; a
 rerun against it passes; a baseline one ulp off at step k fails naming step k, the metric and
-both values, with the environment differences; a baseline of another config, step count or
-device is a usage error before anything runs; a hostile baseline is one line. The tolerances
-(peak memory, off-CPU devices) are checked on a real record."""
+both values, with the environment differences; a baseline of another config, step count,
+device or multi-rank layout is a usage error before anything runs; a hostile baseline is one
+line. A tensor-parallel run on 2 ranks matches the one-process record to the layouts' tolerance,
+and the same run with the seed's regression (its logged loss a share of the real one) fails at
+step 1's loss. The tolerances (peak memory, off-CPU devices, another layout) are checked on a
+real record."""
 
 from __future__ import annotations
 
@@ -17,13 +20,38 @@ import pytest
 import torch
 
 from goodput.config import to_toml
-from goodput.diagnostics.smoke import PEAK_MEMORY_TOLERANCE, first_difference
+from goodput.diagnostics.smoke import (
+    LAYOUT_TOLERANCE,
+    PEAK_MEMORY_TOLERANCE,
+    first_difference,
+    metric_tolerances,
+)
 from goodput.diagnostics.smoke_record import MAX_RECORD_BYTES, read_record
 from goodput.errors import ExitCode, GoodputError
 from goodput.testing.jobs import outside_any_job
 from goodput.testing.tiny import tiny_run_config
 
 NUM_STEPS = 6
+VOCAB_SIZE = 64  # divisible by tp = 2 (the tiny model's 61 is not)
+TP2 = ("parallel.tp=2", "--nproc", "2")
+# The seed's regression, on the children's PYTHONPATH as ``sitecustomize``: each launched rank
+# logs the loss sum divided by the tensor-parallel degree, as if one rank's share of a sum over
+# the wrong group were the whole; gradients and training are untouched, as in the seed.
+SEEDS_REGRESSION = """
+import dataclasses
+import os
+
+if "RANK" in os.environ:  # the launched ranks only
+    import goodput.train.step as step
+
+    real_forward_backward = step.forward_backward
+
+    def forward_backward(*args, **kwargs):
+        result = real_forward_backward(*args, **kwargs)
+        return dataclasses.replace(result, loss_sum=result.loss_sum / 2)
+
+    step.forward_backward = forward_backward
+"""
 
 
 def smoke(*args, env=None):
@@ -41,11 +69,18 @@ def recorded(tmp_path_factory):
     """(config file, record file) of a tiny run, recorded once."""
     folder = tmp_path_factory.mktemp("smoke")
     config = folder / "tiny.toml"
-    config.write_text(to_toml(tiny_run_config(folder)))
+    cfg = tiny_run_config(folder)
+    config.write_text(
+        to_toml(
+            dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=VOCAB_SIZE))
+        )
+    )
     record = folder / "record.json"
     result = smoke(config, "--steps", NUM_STEPS, "--record", record)
     assert result.returncode == 0, result.stderr
-    assert f"smoke: recorded {NUM_STEPS} steps of {config} in {record}" in result.stdout
+    assert f"smoke: recorded {NUM_STEPS} steps of {config} on 1 process in {record}" in (
+        result.stdout
+    )
     return config, record
 
 
@@ -84,7 +119,7 @@ def test_the_record_holds_the_trainers_own_numbers_bit_for_bit(recorded, tmp_pat
     assert [(s.loss, s.grad_norm) for s in steps] == [(m["loss"], m["grad_norm"]) for m in metrics]
     assert steps[-1].loss < steps[0].loss  # a real run: it learns
     raw = json.loads(record.read_text())
-    assert raw["format"] == "goodput-smoke" and raw["version"] == 1
+    assert raw["format"] == "goodput-smoke" and raw["version"] == 2 and raw["world_size"] == 1
     environment = raw["environment"]
     assert environment["torch"] == torch.__version__ and environment["device"] == "cpu"
     assert environment["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
@@ -95,15 +130,51 @@ def test_the_record_holds_the_trainers_own_numbers_bit_for_bit(recorded, tmp_pat
 
 def test_a_rerun_matches_its_record_even_inside_a_job(recorded):
     config, record = recorded
-    # Rank variables of some job around it: the smoke still runs as one process (without the
-    # placement stripped, the child would wait for 3 other ranks until the timeout).
-    env = outside_any_job(RANK="1", WORLD_SIZE="4", SLURM_PROCID="1", SLURM_NTASKS="4")
+    # Rank variables and the allocation of some Slurm job around it: the smoke still runs as one
+    # local process (without the placement stripped, the child would wait for 3 other ranks
+    # until the timeout; without the allocation, goodput launch would start it through srun).
+    env = outside_any_job(
+        RANK="1",
+        WORLD_SIZE="4",
+        SLURM_PROCID="1",
+        SLURM_NTASKS="4",
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NODELIST="node[1-2]",
+    )
     result = smoke(config, "--baseline", record, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == (
         f"smoke: OK: {NUM_STEPS} steps match {record} (loss and grad_norm bit for bit, peak "
-        f"memory within 50%; environment: no differences seen)"
+        f"memory within {100 * PEAK_MEMORY_TOLERANCE:g}%; environment: no differences seen)"
     )
+
+
+def test_a_tensor_parallel_run_logs_the_one_process_numbers(recorded):
+    config, record = recorded
+    result = smoke(config, *TP2, "--baseline", record)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == (
+        f"smoke: OK: {NUM_STEPS} steps match {record} (2 ranks (tp=2) against 1 process; loss "
+        f"within {100 * LAYOUT_TOLERANCE['loss']:g}%, grad_norm within "
+        f"{100 * LAYOUT_TOLERANCE['grad_norm']:g}%, peak memory not compared; environment: no "
+        "differences seen)"
+    )
+
+
+def test_the_seeds_regression_fails_the_gate_at_step_1s_loss(recorded, tmp_path):
+    config, record = recorded
+    (tmp_path / "sitecustomize.py").write_text(SEEDS_REGRESSION)
+    env = outside_any_job()
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    result = smoke(config, *TP2, "--baseline", record, env=env)
+    assert result.returncode == 1, result.stderr
+    expected = read_record(record).steps[0].loss
+    line = result.stderr.splitlines()[-1]
+    prefix = f"smoke: step 1 loss differs by more than {100 * LAYOUT_TOLERANCE['loss']:g}%: "
+    assert line.startswith(f"{prefix}baseline {expected!r} vs now ")
+    now = float(line.removeprefix(prefix).split(" vs now ")[1].split()[0])
+    assert now == pytest.approx(expected / 2, rel=LAYOUT_TOLERANCE["loss"])
+    assert "(2 ranks (tp=2) against 1 process; environment: " in line
 
 
 def test_one_ulp_at_step_k_fails_there_with_both_values_and_the_environment(recorded, tmp_path):
@@ -140,11 +211,19 @@ def test_one_ulp_at_step_k_fails_there_with_both_values_and_the_environment(reco
             "was recorded on cuda, this run would be on cpu;",
         ),
         (
-            lambda raw: raw.__setitem__("version", 2),
-            "version 2 is not the smoke record version this goodput reads (1);",
+            lambda raw: raw.__setitem__("version", 3),
+            "version 3 is not a smoke record version this goodput reads (1 or 2);",
+        ),
+        (
+            lambda raw: raw.update(
+                world_size=2,
+                config=[line.replace("tp = 1", "tp = 2") for line in raw["config"]],
+            ),
+            "was recorded on 2 ranks (tp=2), this run would be on 2 ranks: another layout is "
+            "compared with a one-process baseline only;",
         ),
     ],
-    ids=["config", "device", "version"],
+    ids=["config", "device", "version", "layout"],
 )
 def test_a_baseline_of_another_config_or_device_is_a_usage_error(
     recorded, tmp_path, edit, expected
@@ -169,6 +248,19 @@ def test_another_step_count_or_override_is_a_usage_error(recorded):
     assert "another config: schedule.lr: 0.01 -> 0.02;" in result.stderr
 
 
+def test_a_layout_the_trainer_would_refuse_is_a_usage_error_before_anything_runs(recorded):
+    config, record = recorded
+    result = smoke(config, "parallel.tp=4", "--nproc", "2", "--baseline", record)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "tp = 4" in result.stderr and "step=" not in result.stdout
+
+
+def compare(baseline, now, *, same_layout=True):
+    return first_difference(
+        baseline, now, metric_tolerances(baseline, now, same_layout=same_layout)
+    )
+
+
 def test_peak_memory_and_off_cpu_values_get_their_stated_tolerance(recorded):
     _, record = recorded
     baseline = read_record(record)
@@ -181,8 +273,8 @@ def test_peak_memory_and_off_cpu_values_get_their_stated_tolerance(recorded):
     memory = baseline.steps[2].peak_memory_gib
     inside = memory * (1 + PEAK_MEMORY_TOLERANCE * 0.9)
     outside = memory * (1 + PEAK_MEMORY_TOLERANCE * 1.1)
-    assert first_difference(baseline, now(3, peak_memory_gib=inside)) is None
-    found = first_difference(baseline, now(3, peak_memory_gib=outside))
+    assert compare(baseline, now(3, peak_memory_gib=inside)) is None
+    found = compare(baseline, now(3, peak_memory_gib=outside))
     assert found is not None and (found.step, found.metric, found.now) == (
         3,
         "peak_memory_gib",
@@ -191,19 +283,59 @@ def test_peak_memory_and_off_cpu_values_get_their_stated_tolerance(recorded):
     # A GPU baseline: kernels differ by version, so a stated relative tolerance, not bits.
     gpu = dataclasses.replace(baseline, environment={**baseline.environment, "device": "cuda"})
     loss = baseline.steps[1].loss
-    assert first_difference(gpu, now(2, loss=loss * (1 + 1e-6))) is None
-    found = first_difference(gpu, now(2, loss=loss * 1.01))
+    assert compare(gpu, now(2, loss=loss * (1 + 1e-6))) is None
+    found = compare(gpu, now(2, loss=loss * 1.01))
     assert found is not None and (found.step, found.metric) == (2, "loss")
     # On CPU the smallest change is a difference ...
-    found = first_difference(baseline, now(2, loss=math.nextafter(loss, 0)))
+    found = compare(baseline, now(2, loss=math.nextafter(loss, 0)))
     assert found is not None and (found.step, found.metric, found.tolerance) == (2, "loss", 0)
     # ... on the CPU model the baseline was recorded on; MKL's kernels differ on another.
     elsewhere = {**baseline.environment, "device_name": "Another CPU"}
     moved = dataclasses.replace(now(2, loss=loss * (1 + 1e-6)), environment=elsewhere)
-    assert first_difference(baseline, moved) is None
+    assert compare(baseline, moved) is None
     moved = dataclasses.replace(now(2, loss=loss * 1.01), environment=elsewhere)
-    found = first_difference(baseline, moved)
+    found = compare(baseline, moved)
     assert found is not None and (found.step, found.metric, found.tolerance) == (2, "loss", 1e-3)
+
+
+def test_another_layout_gets_the_layouts_tolerance_and_no_memory_comparison(recorded):
+    baseline = read_record(recorded[1])
+    step = baseline.steps[1]
+
+    def now(**changes):
+        return dataclasses.replace(
+            baseline,
+            steps=(baseline.steps[0], dataclasses.replace(step, **changes), *baseline.steps[2:]),
+        )
+
+    # The drift of a layout's summation order passes; a rank's share of the memory is no change.
+    drift = now(
+        loss=step.loss * (1 + LAYOUT_TOLERANCE["loss"] / 2),
+        grad_norm=step.grad_norm * (1 + LAYOUT_TOLERANCE["grad_norm"] / 2),
+        peak_memory_gib=step.peak_memory_gib / 2,
+    )
+    assert compare(baseline, drift, same_layout=False) is None
+    assert compare(baseline, drift) is not None  # in the baseline's own layout: bit for bit
+    for metric, tolerance in LAYOUT_TOLERANCE.items():
+        off = now(**{metric: getattr(step, metric) * (1 + 2 * tolerance)})
+        found = compare(baseline, off, same_layout=False)
+        assert found is not None and (found.step, found.metric, found.tolerance) == (
+            2,
+            metric,
+            tolerance,
+        )
+
+
+def test_a_record_of_version_1_reads_as_one_process(recorded, tmp_path):
+    def as_version_1(raw):  # as goodput wrote records before the smoke ran layouts
+        raw["version"] = 1
+        del raw["world_size"]
+
+    old = read_record(edited(recorded[1], tmp_path, as_version_1))
+    assert old == dataclasses.replace(read_record(recorded[1]), world_size=1)
+    # A version 1 record with a world size is a record of neither version.
+    with pytest.raises(GoodputError, match="has an unknown key 'world_size'"):
+        read_record(edited(recorded[1], tmp_path, lambda raw: raw.update(version=1)))
 
 
 def _valid(record: Path) -> dict:
@@ -238,6 +370,13 @@ HOSTILE = {
     ).encode(),
     "config not TOML": lambda raw: json.dumps({**raw, "config": ["[model", "dim ="]}).encode(),
     "config as one string": lambda raw: json.dumps({**raw, "config": "[model]"}).encode(),
+    "no world size": lambda raw: json.dumps(
+        {k: v for k, v in raw.items() if k != "world_size"}
+    ).encode(),
+    "a zero world size": lambda raw: json.dumps({**raw, "world_size": 0}).encode(),
+    "a float world size": lambda raw: json.dumps({**raw, "world_size": 2.0}).encode(),
+    "a boolean world size": lambda raw: json.dumps({**raw, "world_size": True}).encode(),
+    "a huge world size": lambda raw: json.dumps({**raw, "world_size": 10**30}).encode(),
 }
 
 

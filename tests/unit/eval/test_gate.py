@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from goodput.checkpoint.state import CheckpointContents
 from goodput.config import to_toml
 from goodput.errors import ExitCode, GoodputError
 from goodput.eval.choice_tasks import ChoiceItem
@@ -87,14 +88,16 @@ def test_the_freeze_check_raises_the_alarm_at_once():
 )  # fmt: skip
 def test_a_damaged_gate_state_is_refused_naming_the_file(state, tmp_path):
     path = tmp_path / "train_state.json"
+    contents = CheckpointContents(parts=[], optimizers=[], states={"gate": EvalGate(3, False)})
     with pytest.raises(GoodputError, match="damaged: eval_gate") as error:
-        EvalGate.check_state({"eval_gate": state}, path)
+        contents.load_train_state({"eval_gate": state}, path)
     assert error.value.render().startswith(str(path))
 
 
 def test_the_count_survives_a_checkpoint():
     gate = EvalGate(alarm_evals=3, stop_on_alarm=False, at_chance_in_a_row=2)
-    again = EvalGate.resumed(3, False, gate.state_dict())
+    again = EvalGate(3, False)
+    again.load_state_dict(gate.state_dict())
     assert again.at_chance_in_a_row == 2
 
 

@@ -362,7 +362,7 @@ def test_a_submit_run_dir_that_is_a_file_is_named(tmp_path, capsys):
         (a_file, f"--run-dir {a_file}: is a file where a folder should be"),
         (a_file / "run", f"--run-dir {a_file / 'run'}: {a_file} is a file where a folder"),
     ]:
-        code = cli.main(["submit", "--run-dir", str(run_dir), "--nodes", "1", "--time",
+        code = cli.main(["submit", "--run-dir", str(run_dir), "--nhosts", "1", "--time",
                          "01:00:00", "--scheduler", "slurm", "--", "goodput", "launch", "--",
                          "true"])  # fmt: skip
         refused(capsys, code, message)

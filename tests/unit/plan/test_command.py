@@ -95,6 +95,24 @@ def test_the_launchers_option_names_and_the_deprecated_ones(capsys):
     ]
 
 
+def test_a_renamed_train_key_is_read_as_the_trainer_reads_it(capsys, tmp_path):
+    recipe = (REPO / "configs/llama-20b.toml").read_text()
+    assert "\nrun_dir = " in recipe
+    new = run(capsys, "configs/llama-20b.toml", *MACHINE, *BATCH)
+    old = tmp_path / "old.toml"
+    old.write_text(recipe.replace("\nrun_dir = ", "\noutput = "))
+    code, out, err = run(capsys, old, *MACHINE, *BATCH)
+    assert (code, out.replace(str(old), "CONFIG")) == (
+        0,
+        new[1].replace("configs/llama-20b.toml", "CONFIG"),
+    )
+    assert err == "goodput: warning: train.output is deprecated; use train.run_dir\n"
+    both = tmp_path / "both.toml"
+    both.write_text(recipe.replace("\nrun_dir = ", '\noutput = "elsewhere"\nrun_dir = '))
+    code, _, err = run(capsys, both, *MACHINE, *BATCH)
+    assert code == 2 and "train.run_dir and train.output are both set, differently" in err
+
+
 def test_json_is_one_object_with_the_documented_keys(capsys):
     code, out, _ = run(capsys, "configs/llama-80b.toml", *MACHINE, *BATCH, "--json")
     assert code == 0

@@ -73,6 +73,21 @@ def test_every_second_of_a_crash_and_resume_is_accounted(tmp_path):
     json.dumps(data)  # the --json output is plain JSON
 
 
+def test_the_timeline_is_the_one_charged(tmp_path):
+    """What chaos builds its per-fault figures on: each attempt's span with its steps, and its
+    lead-in split as the account charged it."""
+    write_run(tmp_path, [CRASHED, RESUMED], checkpoints=[4, 8, 10], done=True)
+    acc = account(read_run(tmp_path))
+    spans = [(span.start, span.end) for span in acc.timeline]
+    assert spans == [(attempt.started, attempt.ended) for attempt in acc.attempts]
+    assert [[step.step for step in span.steps] for span in acc.timeline] == [
+        [1, 2, 3, 4, 5, 6],
+        [5, 6, 7, 8, 9, 10],
+    ]
+    lead_ins = [value for span in acc.timeline for value in span.lead_in()]
+    assert lead_ins == pytest.approx([10, 0, 6, 2])  # (start-up, checkpoint load) of each
+
+
 def test_steps_past_the_newest_checkpoint_are_not_preserved_yet(tmp_path):
     write_run(tmp_path, [CRASHED, RESUMED], checkpoints=[4, 8], done=False)
     acc = account(read_run(tmp_path))

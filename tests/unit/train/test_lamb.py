@@ -1,19 +1,15 @@
 """LAMB: several steps against a transcription of the rule tensor by tensor, the trust ratio's
-edge cases (zero weight, zero update, the weight-norm clamp), the zero-gradient lr = 0 step
-that distributed checkpointing takes to build a fresh state, a bit-exact resume, and FSDP2 on
-2 gloo ranks and a 2x2 mesh of Shard(0)/Shard(1) DTensors on 4 against one process."""
-
-import copy
+edge cases (zero weight, zero update, the weight-norm clamp), and a 2x2 mesh of
+Shard(0)/Shard(1) DTensors on 4 gloo ranks against one process. What every kind owes the
+trainer (checkpointing's initialisation step, resume, FSDP2): test_optimizer_contract.py."""
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import distribute_tensor
 
 from goodput.testing.dist import run_distributed
+from goodput.testing.optimizers import LAYOUTS_2D
 from goodput.train.lamb import Lamb
 
 BETAS = (0.9, 0.95)
@@ -112,98 +108,6 @@ def test_the_step_is_lr_times_the_weight_norm_clamped_at_max_weight_norm():
         weight *= weight_norm / torch.linalg.norm(weight)
         stepped = one_step(weight, torch.randn_like(weight), lr=0.01, max_weight_norm=10.0)
         assert abs(float(torch.linalg.norm(stepped - weight)) - 0.01 * step_norm) < 1e-12
-
-
-def small_model_and_lamb():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
-    return model, Lamb(groups(model), lr=0.05)
-
-
-def groups(model):
-    parameters = list(model.parameters())
-    return [
-        {"params": [p for p in parameters if p.ndim >= 2], "weight_decay": 0.1},
-        {"params": [p for p in parameters if p.ndim < 2], "weight_decay": 0.0},
-    ]
-
-
-def train(model, optimizer, batches):
-    for x in batches:
-        model(x).square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-
-def test_checkpointings_zero_gradient_initialisation_step_changes_nothing():
-    model, optimizer = small_model_and_lamb()
-    with torch.no_grad():
-        model[0].bias.zero_()  # ‖θ‖ = 0 with ‖u‖ = 0 too
-    before = copy.deepcopy(model.state_dict())
-    _, optimizer_state = get_state_dict(model, optimizer)  # steps once, lr = 0, zero grads
-    for name, tensor in model.state_dict().items():
-        assert torch.equal(tensor, before[name])
-    for state in optimizer_state["state"].values():
-        assert set(state) == {"step", "exp_avg", "exp_avg_sq"}
-        assert all(torch.isfinite(value).all() for value in state.values())
-
-
-def test_resuming_from_the_state_dicts_is_bit_exact():
-    batches = list(torch.randn(5, 8, 4))
-    straight, straight_optimizer = small_model_and_lamb()
-    train(straight, straight_optimizer, batches)
-    model, optimizer = small_model_and_lamb()
-    train(model, optimizer, batches[:2])
-    model_state, optimizer_state = copy.deepcopy(get_state_dict(model, optimizer))
-    resumed, resumed_optimizer = small_model_and_lamb()
-    set_state_dict(
-        resumed, resumed_optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state
-    )
-    train(resumed, resumed_optimizer, batches[2:])
-    for a, b in zip(straight.parameters(), resumed.parameters(), strict=True):
-        assert torch.equal(a, b)
-
-
-def lamb_under_fsdp(rank, world_size):
-    """Max gap between an FSDP2-sharded model (each rank its own slice of the batch) and the
-    same model stepped in this process on the whole batch, after 3 steps."""
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))  # 5 and 3 rows: uneven
-    reference = copy.deepcopy(model)
-    mesh = init_device_mesh("cpu", (world_size,))
-    for layer in (model[0], model[2]):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optimizer = Lamb(groups(model), lr=0.05)
-    reference_optimizer = Lamb(groups(reference), lr=0.05)
-    torch.manual_seed(1)
-    mine = slice(4 * rank, 4 * (rank + 1))
-    for _ in range(3):
-        x, y = torch.randn(4 * world_size, 6), torch.randn(4 * world_size, 3)
-        F.mse_loss(model(x[mine]), y[mine]).backward()
-        F.mse_loss(reference(x), y).backward()
-        for each in (optimizer, reference_optimizer):
-            each.step()
-            each.zero_grad()
-    return max(
-        (p.full_tensor() - r).abs().max().item()
-        for p, r in zip(model.parameters(), reference.parameters(), strict=True)
-    )
-
-
-def test_fsdp_sharded_steps_equal_one_process():
-    assert max(run_distributed(lamb_under_fsdp, 2, timeout_s=120)) < 1e-6
-
-
-# (shape, parameter placements on the (dp, tp) mesh, gradient placements, weight decay)
-LAYOUTS_2D = [
-    ((6, 4), (Shard(0), Shard(1)), (Replicate(), Replicate()), 0.1),  # gradient redistributed
-    ((5, 6), (Shard(1), Shard(0)), (Shard(1), Shard(0)), 0.1),  # 5 rows over tp: uneven
-    ((3, 4), (Replicate(), Shard(1)), (Replicate(), Shard(1)), 0.1),
-    ((4, 4), (Replicate(), Replicate()), (Replicate(), Replicate()), 0.1),
-    ((7,), (Shard(0), Replicate()), (Shard(0), Replicate()), 0.0),
-]
 
 
 def lamb_on_a_2d_mesh(rank, world_size):

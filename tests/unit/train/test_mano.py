@@ -1,7 +1,8 @@
 """Mano: the rule against a plain transcription of Algorithm 1, its invariants (update RMS 0.2·lr,
-the step tangent to the normalised weight, one axis a step for every matrix), its AdamW side,
-the zero-gradient step, and sharded parameters on 2 and 4 real gloo ranks (FSDP2, a 2x2 mesh)
-matching one process without ever gathering a matrix."""
+the step tangent to the normalised weight, one axis a step for every matrix), and sharded
+parameters on 2 and 4 real gloo ranks (FSDP2, a 2x2 mesh) matching one process without ever
+gathering a matrix. What every kind owes the trainer (the zero-gradient step, resume, the AdamW
+side): test_optimizer_contract.py."""
 
 import math
 
@@ -13,6 +14,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from goodput.testing.dist import run_distributed
+from goodput.testing.optimizers import matrix_groups, model_groups, random_problem, small_model
 from goodput.train.mano import Mano
 
 LR, WD, MU, EPS = 0.02, 0.1, 0.95, 1e-8
@@ -38,10 +40,7 @@ def transcribed_mano(weights, grads_by_step, transposed, nesterov):
 
 def run_mano(weights, grads_by_step, transposed, weight_decay=WD, **kwargs):
     params = [nn.Parameter(w.clone()) for w in weights]
-    groups = [
-        {"params": [p], "matrix": True, "transposed": t}
-        for p, t in zip(params, transposed, strict=True)
-    ]
+    groups = matrix_groups(params, transposed)
     optimizer = Mano(groups, lr=LR, weight_decay=weight_decay, momentum=MU, eps=EPS, **kwargs)
     for grads in grads_by_step:
         for p, g in zip(params, grads, strict=True):
@@ -54,16 +53,9 @@ SHAPES = [(6, 4), (5, 7), (3, 4, 6)]
 TRANSPOSED = [False, False, True]
 
 
-def random_problem(shapes, num_steps=4, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    weights = [torch.randn(s, generator=generator) * 0.3 for s in shapes]
-    grads = [[torch.randn(s, generator=generator) for s in shapes] for _ in range(num_steps)]
-    return weights, grads
-
-
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_mano_follows_its_transcription(nesterov):
-    weights, grads = random_problem(SHAPES)
+    weights, grads = random_problem(SHAPES, num_steps=4)
     got, _ = run_mano(weights, grads, TRANSPOSED, nesterov=nesterov)
     want = transcribed_mano(weights, grads, TRANSPOSED, nesterov)
     for a, b, w in zip(got, want, weights, strict=True):
@@ -75,7 +67,7 @@ def test_the_step_is_unit_tangent_rms_02_lr_and_its_axis_alternates_once_a_step(
     """Two matrices in two groups, stepped one step at a time with no decay: each step's
     V̂ = −Δθ / (0.2·lr·√n) has unit norm and is orthogonal to θ̂ along the step's axis — the
     columns (dim −2) at steps 1 and 3, the rows at 2 and 4, for both alike."""
-    weights, grads = random_problem([(8, 5), (6, 9)])
+    weights, grads = random_problem([(8, 5), (6, 9)], num_steps=4)
     params = [nn.Parameter(w.clone()) for w in weights]
     optimizer = Mano(
         [{"params": [p], "matrix": True} for p in params], lr=LR, weight_decay=0.0, eps=EPS
@@ -113,50 +105,6 @@ def test_a_matrix_that_missed_a_step_rejoins_the_common_axis():
     assert [optimizer.state[p]["step"].item() for p in params] == [3, 3]
 
 
-def test_the_adamw_side_is_torch_adamw():
-    torch.manual_seed(0)
-    tensors = [torch.randn(7), torch.randn(5, 3)]
-    ours = [nn.Parameter(t.clone()) for t in tensors]
-    theirs = [nn.Parameter(t.clone()) for t in tensors]
-    optimizer = Mano([{"params": ours, "matrix": False}], lr=1e-2, weight_decay=WD)
-    reference = torch.optim.AdamW(
-        theirs, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=WD, foreach=False
-    )
-    for _ in range(4):
-        grads = [torch.randn_like(t) for t in tensors]
-        for a, b, g in zip(ours, theirs, grads, strict=True):
-            a.grad, b.grad = g.clone(), g.clone()
-        optimizer.step()
-        reference.step()
-    for a, b in zip(ours, theirs, strict=True):
-        assert torch.allclose(a, b, atol=1e-6, rtol=0)
-
-
-def small_model():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 5), nn.Linear(5, 3))
-
-
-def model_groups(model):
-    return [
-        {"params": [m.weight for m in model], "matrix": True},
-        {"params": [m.bias for m in model], "matrix": False},
-    ]
-
-
-def test_a_zero_gradient_step_at_lr_0_changes_nothing():
-    model = small_model()
-    nn.init.zeros_(model[2].weight)  # zero columns: θ̂ must not divide 0 by 0
-    before = [p.detach().clone() for p in model.parameters()]
-    optimizer = Mano(model_groups(model), lr=0.0)
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    optimizer.step()
-    for p, b in zip(model.parameters(), before, strict=True):
-        assert torch.equal(p, b)
-        assert all(torch.isfinite(v).all() for v in optimizer.state[p].values())
-
-
 # --- distributed -------------------------------------------------------------------------------
 
 MESH_LAYOUTS = [  # shape, transposed, placements on a (2, 2) mesh
@@ -166,6 +114,8 @@ MESH_LAYOUTS = [  # shape, transposed, placements on a (2, 2) mesh
     ((4, 6, 2), True, [Shard(0), Replicate()]),  # split experts: no sum split
     ((2, 3, 5), True, [Shard(2), Shard(1)]),  # experts sharded along both matrix dims
 ]
+MESH_SHAPES = [shape for shape, _, _ in MESH_LAYOUTS]
+MESH_TRANSPOSED = [t for _, t, _ in MESH_LAYOUTS]
 
 
 def grads_like(params, seed):
@@ -211,18 +161,6 @@ def step_alone(params, groups):
     return [p.detach() for p in params]
 
 
-def mesh_weights():
-    weights, _ = random_problem([shape for shape, _, _ in MESH_LAYOUTS])
-    return weights
-
-
-def mesh_groups(params):
-    return [
-        {"params": [p], "matrix": True, "transposed": t}
-        for p, (_, t, _) in zip(params, MESH_LAYOUTS, strict=True)
-    ]
-
-
 def sharded_rank(rank, world_size):
     """FSDP2 over all ranks, and on 4 ranks a 2x2 mesh of mixed layouts."""
     torch.set_num_threads(1)
@@ -237,17 +175,17 @@ def sharded_rank(rank, world_size):
     mesh_2d = init_device_mesh("cpu", (2, 2))
     params = [
         nn.Parameter(distribute_tensor(w, mesh_2d, placements))
-        for w, (_, _, placements) in zip(mesh_weights(), MESH_LAYOUTS, strict=True)
+        for w, (_, _, placements) in zip(random_problem(MESH_SHAPES)[0], MESH_LAYOUTS, strict=True)
     ]
-    return fsdp, step_sharded(params, mesh_groups(params))
+    return fsdp, step_sharded(params, matrix_groups(params, MESH_TRANSPOSED))
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_sharded_params_match_one_process_without_gathering(world_size):
     model = small_model()
     fsdp_alone = step_alone(list(model.parameters()), model_groups(model))
-    params = [nn.Parameter(w.clone()) for w in mesh_weights()]
-    mesh_alone = step_alone(params, mesh_groups(params))
+    params = [nn.Parameter(w.clone()) for w in random_problem(MESH_SHAPES)[0]]
+    mesh_alone = step_alone(params, matrix_groups(params, MESH_TRANSPOSED))
     for fsdp, mesh in run_distributed(sharded_rank, world_size):
         for a, b in zip(fsdp, fsdp_alone, strict=True):
             assert torch.allclose(a, b, atol=1e-6, rtol=0)

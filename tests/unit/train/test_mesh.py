@@ -23,7 +23,7 @@ from goodput.train.parallel_config import (
     resolve_degrees,
 )
 from goodput.train.parallelize import parallelize
-from goodput.train.step import train_step
+from goodput.train.step import StepSettings, train_step
 
 CONFIGS = Path(__file__).parents[3] / "configs"
 
@@ -114,7 +114,9 @@ def hsdp_step(rank, world_size, dp_replicate):
     model = parallelize(Transformer(TINY_MODEL), cfg, mesh)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     micro = rank_micro_batches(*uneven_global_batch(), mesh.dp_rank, mesh.dp_size, 2)
-    result = train_step(model, optimizer, micro, max_grad_norm=None, token_group=mesh.token_group)
+    result = train_step(
+        model, optimizer, micro, StepSettings(max_grad_norm=None, token_group=mesh.token_group)
+    )
     weights = model.output.weight.full_tensor()[:3, :3].detach().clone()
     return mesh.dp_rank, mesh.dp_size, result.loss, result.grad_norm, weights
 
@@ -123,7 +125,9 @@ def test_replicas_of_sharded_groups_train_like_one_process():
     torch.manual_seed(0)
     model = Transformer(TINY_MODEL)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    reference = train_step(model, optimizer, [uneven_global_batch()], max_grad_norm=None)
+    reference = train_step(
+        model, optimizer, [uneven_global_batch()], StepSettings(max_grad_norm=None)
+    )
     weights = model.output.weight[:3, :3].detach()
     results = run_distributed(hsdp_step, 4, 2, timeout_s=300)  # 2 replicas x 2 shards
     assert [(dp_rank, dp_size) for dp_rank, dp_size, *_ in results] == [(r, 4) for r in range(4)]

@@ -1,7 +1,8 @@
-"""Muon: the rule against a plain transcription of it and against ``torch.optim.Muon``, its AdamW
-side against ``torch.optim.AdamW``, the zero-gradient step checkpoint loading takes, resume
-through ``get_state_dict``, and the split Newton–Schulz work on 2 and 4 real gloo ranks (plain
-replicas, FSDP2 shards, a 2x2 mesh) giving the bits of one process."""
+"""Muon: the rule against a plain transcription of it and against ``torch.optim.Muon``, its
+refusals, and the split Newton–Schulz work on 2 and 4 real gloo ranks (plain replicas, FSDP2
+shards, a 2x2 mesh) giving the bits of one process. What every kind owes the trainer (the
+zero-gradient step checkpoint loading takes, resume, the AdamW side):
+test_optimizer_contract.py."""
 
 import math
 
@@ -9,12 +10,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from goodput.testing.dist import run_distributed
+from goodput.testing.optimizers import matrix_groups, model_groups, random_problem, small_model
 from goodput.train import muon
 from goodput.train.muon import Muon
 
@@ -57,10 +58,7 @@ def transcribed_muon(weights, grads_by_step, transposed, nesterov, rule):
 
 def run_muon(weights, grads_by_step, transposed, **kwargs):
     params = [nn.Parameter(w.clone()) for w in weights]
-    groups = [
-        {"params": [p], "matrix": True, "transposed": t}
-        for p, t in zip(params, transposed, strict=True)
-    ]
+    groups = matrix_groups(params, transposed)
     optimizer = Muon(groups, lr=LR, weight_decay=WD, momentum=MU, **kwargs)
     for grads in grads_by_step:
         for p, g in zip(params, grads, strict=True):
@@ -71,13 +69,6 @@ def run_muon(weights, grads_by_step, transposed, **kwargs):
 
 SHAPES = [(6, 4), (5, 7), (3, 4, 6)]  # tall, wide, a stack of 3 stored [in, out]
 TRANSPOSED = [False, False, True]
-
-
-def random_problem(shapes, num_steps=3, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    weights = [torch.randn(s, generator=generator) * 0.3 for s in shapes]
-    grads = [[torch.randn(s, generator=generator) for s in shapes] for _ in range(num_steps)]
-    return weights, grads
 
 
 @pytest.mark.parametrize("nesterov", [False, True])
@@ -122,87 +113,6 @@ def test_muon_agrees_with_torch_muon_on_2d_matrices(nesterov, rule, torch_rule):
     for w, a, b in zip(weights, ours, params, strict=True):
         decayed = w * (1 - LR * WD) ** 3
         assert (a - b.detach()).norm() < 0.1 * (b.detach() - decayed).norm()
-
-
-def adamw_groups(params):
-    return [{"params": params, "matrix": False, "weight_decay": WD}]
-
-
-def test_the_adamw_side_is_torch_adamw():
-    torch.manual_seed(0)
-    tensors = [torch.randn(7), torch.randn(5, 3)]  # a bias, an embedding
-    ours = [nn.Parameter(t.clone()) for t in tensors]
-    theirs = [nn.Parameter(t.clone()) for t in tensors]
-    optimizer = Muon(adamw_groups(ours), lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
-    reference = torch.optim.AdamW(
-        theirs, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=WD, foreach=False
-    )
-    for _ in range(4):
-        grads = [torch.randn_like(t) for t in tensors]
-        for a, b, g in zip(ours, theirs, grads, strict=True):
-            a.grad, b.grad = g.clone(), g.clone()
-        optimizer.step()
-        reference.step()
-    for a, b in zip(ours, theirs, strict=True):
-        assert torch.allclose(a, b, atol=1e-6, rtol=0)
-        assert set(optimizer.state[a]) == {"step", "exp_avg", "exp_avg_sq"}
-
-
-def small_model():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 5), nn.Linear(5, 3))
-
-
-def model_groups(model):
-    weights = [m.weight for m in model]
-    biases = [m.bias for m in model]
-    return [{"params": weights, "matrix": True}, {"params": biases, "matrix": False}]
-
-
-def test_a_zero_gradient_step_at_lr_0_changes_nothing():
-    """What ``get_state_dict`` does to a fresh optimizer, zero weights (zero-initialised output
-    projections) included: no NaN, no change."""
-    model = small_model()
-    nn.init.zeros_(model[2].weight)
-    before = [p.detach().clone() for p in model.parameters()]
-    optimizer = Muon(model_groups(model), lr=0.0)
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    optimizer.step()
-    for p, b in zip(model.parameters(), before, strict=True):
-        assert torch.equal(p, b)
-        assert all(torch.isfinite(v).all() for v in optimizer.state[p].values())
-
-
-def train(model, optimizer, num_steps, seed):
-    generator = torch.Generator().manual_seed(seed)
-    for _ in range(num_steps):
-        optimizer.zero_grad()
-        model(torch.randn(8, 4, generator=generator)).square().mean().backward()
-        optimizer.step()
-
-
-def test_resume_through_get_state_dict_is_bit_exact():
-    straight = small_model()
-    optimizer = Muon(model_groups(straight), lr=LR, nesterov=True)
-    train(straight, optimizer, 2, seed=1)
-    saved_model, saved_optimizer = get_state_dict(straight, optimizer)
-    saved_model = {k: v.clone() for k, v in saved_model.items()}
-    saved_optimizer = {
-        "state": {
-            k: {n: t.clone() for n, t in s.items()} for k, s in saved_optimizer["state"].items()
-        },
-        "param_groups": saved_optimizer["param_groups"],
-    }
-    train(straight, optimizer, 2, seed=2)
-
-    resumed = small_model()
-    fresh = Muon(model_groups(resumed), lr=LR, nesterov=True)
-    set_state_dict(resumed, fresh, model_state_dict=saved_model, optim_state_dict=saved_optimizer)
-    assert fresh.state[resumed[0].weight]["step"].item() == 2
-    train(resumed, fresh, 2, seed=2)
-    for a, b in zip(straight.parameters(), resumed.parameters(), strict=True):
-        assert torch.equal(a, b)
 
 
 def test_unknown_lr_rule_and_unmarked_groups_are_refused():
@@ -323,18 +233,8 @@ MESH_LAYOUTS = [  # shape, transposed, placements on a (2, 2) mesh
     ((4, 6, 2), True, [Shard(0), Replicate()]),  # split experts: whole matrices on each rank
     ((2, 3, 5), True, [Shard(2), Replicate()]),  # experts tensor-parallel in their out dim
 ]
-
-
-def mesh_params():
-    weights, _ = random_problem([shape for shape, _, _ in MESH_LAYOUTS])
-    return weights
-
-
-def mesh_groups(params):
-    return [
-        {"params": [p], "matrix": True, "transposed": t}
-        for p, (_, t, _) in zip(params, MESH_LAYOUTS, strict=True)
-    ]
+MESH_SHAPES = [shape for shape, _, _ in MESH_LAYOUTS]
+MESH_TRANSPOSED = [t for _, t, _ in MESH_LAYOUTS]
 
 
 def mesh_rank(rank, world_size):
@@ -342,14 +242,16 @@ def mesh_rank(rank, world_size):
     calls = [0]
     muon.newton_schulz = counting_newton_schulz(calls)
     mesh = init_device_mesh("cpu", (2, 2))
-    _, grads = random_problem([shape for shape, _, _ in MESH_LAYOUTS])
+    _, grads = random_problem(MESH_SHAPES)
     results = []
     for distribute in (True, False):
         params = [
             nn.Parameter(distribute_tensor(w, mesh, placements))
-            for w, (_, _, placements) in zip(mesh_params(), MESH_LAYOUTS, strict=True)
+            for w, (_, _, placements) in zip(
+                random_problem(MESH_SHAPES)[0], MESH_LAYOUTS, strict=True
+            )
         ]
-        optimizer = Muon(mesh_groups(params), lr=LR, distribute=distribute)
+        optimizer = Muon(matrix_groups(params, MESH_TRANSPOSED), lr=LR, distribute=distribute)
         for step_grads in grads:
             for p, g in zip(params, step_grads, strict=True):
                 p.grad = distribute_tensor(g, mesh, p.placements)
@@ -360,9 +262,9 @@ def mesh_rank(rank, world_size):
 
 
 def test_a_2x2_mesh_gets_one_process_bits():
-    params = [nn.Parameter(w.clone()) for w in mesh_params()]
-    optimizer = Muon(mesh_groups(params), lr=LR)
-    _, grads = random_problem([shape for shape, _, _ in MESH_LAYOUTS])
+    params = [nn.Parameter(w.clone()) for w in random_problem(MESH_SHAPES)[0]]
+    optimizer = Muon(matrix_groups(params, MESH_TRANSPOSED), lr=LR)
+    _, grads = random_problem(MESH_SHAPES)
     for step_grads in grads:
         for p, g in zip(params, step_grads, strict=True):
             p.grad = g.clone()

@@ -15,7 +15,7 @@ from goodput.train.model import Transformer
 from goodput.train.model_config import MoEConfig
 from goodput.train.parallel_config import ParallelConfig
 from goodput.train.parallelize import parallelize
-from goodput.train.step import train_step
+from goodput.train.step import StepSettings, train_step
 
 
 def full(tensor):
@@ -27,7 +27,7 @@ def fsdp_step(rank, world_size, precision, accumulation):
     model = parallelize(Transformer(TINY_MODEL), ParallelConfig(precision=precision))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     micro = rank_micro_batches(*uneven_global_batch(), rank, world_size, accumulation)
-    result = train_step(model, optimizer, micro, max_grad_norm=None)
+    result = train_step(model, optimizer, micro, StepSettings(max_grad_norm=None))
     weight = full(model.output.weight)
     return result.loss, result.grad_norm, weight[:3, :3].clone(), str(weight.dtype)
 
@@ -39,7 +39,7 @@ def single_step(precision):
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     inputs, labels = uneven_global_batch()
-    result = train_step(model, optimizer, [(inputs, labels)], max_grad_norm=None)
+    result = train_step(model, optimizer, [(inputs, labels)], StepSettings(max_grad_norm=None))
     return result.loss, result.grad_norm, model.output.weight[:3, :3].detach().clone()
 
 
@@ -103,8 +103,7 @@ def accumulated_steps(rank, world_size, sync_every_micro_batch):
             model,
             optimizer,
             micro,
-            max_grad_norm=None,
-            sync_every_micro_batch=sync_every_micro_batch,
+            StepSettings(max_grad_norm=None, sync_every_micro_batch=sync_every_micro_batch),
         )
         for _ in range(2)
     ]

@@ -12,6 +12,9 @@ import pytest
 
 from goodput.config import from_table, load_config, load_section, to_toml
 from goodput.errors import GoodputError
+from goodput.rundir import CONFIG, METRICS
+from goodput.testing.jobs import outside_any_job
+from goodput.testing.tiny import tiny_run_config
 from goodput.train.build import require_run_dir
 from goodput.train.config import RunConfig, TrainConfig, plan_batches
 from goodput.train.model_config import ModelConfig
@@ -243,19 +246,48 @@ def test_deprecated_train_output_is_the_run_dir_with_one_warning_line(tmp_path, 
     (tmp_path / "old.toml").write_text(old)
     assert '\noutput = "demo/run"\n' in old
     (tmp_path / "own.toml").write_text(old.replace('"demo/run"', f'"{tmp_path}"'))
-    for path, overrides in [
-        (tmp_path / "own.toml", []),  # the old TOML key
-        (tmp_path / "old.toml", [f"train.output={tmp_path}"]),  # the old override
+    warning = "goodput: warning: train.output is deprecated; use train.run_dir"
+    for path, overrides, warnings in [
+        (tmp_path / "own.toml", [], [warning]),  # the old TOML key
+        (tmp_path / "old.toml", [f"train.output={tmp_path}"], [warning]),  # the old override
+        # The command line wins over the file, whichever spelling each uses.
+        (CONFIGS / "tiny-cpu.toml", [f"train.output={tmp_path}"], [warning]),
+        (tmp_path / "old.toml", [f"train.run_dir={tmp_path}"], []),
+        (tmp_path / "old.toml", ["train.output=elsewhere", f"train.run_dir={tmp_path}"], [warning]),
     ]:
         assert load_config(RunConfig, path, overrides) == cfg
-        assert cfg.train.output is None
-        warning = capsys.readouterr().err.splitlines()
-        assert warning == ["goodput: warning: train.output is deprecated; use train.run_dir"]
+        assert capsys.readouterr().err.splitlines() == warnings
     resolved = to_toml(cfg)
     assert "\noutput" not in resolved and from_table(RunConfig, tomllib.loads(resolved), "r") == cfg
-    with pytest.raises(GoodputError, match="run_dir and output are both set, differently"):
-        load_config(RunConfig, tmp_path / "old.toml", [f"train.run_dir={tmp_path}"])
+    (tmp_path / "both.toml").write_text(old.replace("\noutput = ", '\nrun_dir = "x"\noutput = '))
+    with pytest.raises(GoodputError, match="train.run_dir and train.output are both set, diff"):
+        load_config(RunConfig, tmp_path / "both.toml")
     without = old.replace("\noutput = ", "\n# output = ")
     (tmp_path / "none.toml").write_text(without)
-    with pytest.raises(GoodputError, match="missing key 'run_dir'"):
+    with pytest.raises(GoodputError, match=r"\[train\] run_dir is not set; add train.run_dir="):
         load_config(RunConfig, tmp_path / "none.toml")
+
+
+def test_goodput_train_puts_the_run_where_train_output_on_the_command_line_says(tmp_path):
+    """The deprecated override over a config that sets run_dir: the command line wins, with one
+    warning line, through the real command (one step of the tiny run)."""
+    config = tmp_path / "tiny.toml"
+    config.write_text(to_toml(tiny_run_config(tmp_path)))
+    assert f'run_dir = "{tmp_path / "run"}"' in config.read_text()
+    result = subprocess.run(
+        [sys.executable, "-m", "goodput", "train", str(config), "train.steps=1"]
+        + [f"train.output={tmp_path / 'moved'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=outside_any_job(OMP_NUM_THREADS="1"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        result.stderr.splitlines().count(
+            "goodput: warning: train.output is deprecated; use train.run_dir"
+        )
+        == 1
+    )
+    assert (tmp_path / "moved" / CONFIG).is_file() and (tmp_path / "moved" / METRICS).is_file()
+    assert not (tmp_path / "run").exists()

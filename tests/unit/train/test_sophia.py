@@ -1,21 +1,18 @@
 """SophiaG: steps and Hessian updates against a transcription of the rule (the clip acting on
 some coordinates and not on others), the signSGD step before any Hessian estimate, B_h
-recorded and used, the zero-gradient lr = 0 step that distributed checkpointing takes to build
-a fresh state, a bit-exact resume, and FSDP2 on 2 gloo ranks and a 2x2 mesh of
-Shard(0)/Shard(1) DTensors on 4 against one process — parameters and win rate."""
+recorded and used, and FSDP2 on 2 gloo ranks and a 2x2 mesh of Shard(0)/Shard(1) DTensors on 4
+against one process — parameters and win rate. What every kind owes the trainer
+(checkpointing's initialisation step, resume): test_optimizer_contract.py."""
 
-import copy
 import json
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import distribute_tensor
 
 from goodput.testing.dist import run_distributed
+from goodput.testing.optimizers import LAYOUTS_2D, backward_on_shares, sharded_and_whole
 from goodput.train.sophia import SophiaG
 
 BETAS = (0.965, 0.99)
@@ -138,57 +135,12 @@ def test_the_hessian_batch_tokens_are_recorded_saved_and_scale_the_clip():
     assert not torch.equal(stepped_once_after_a_hessian(rho=0.04, num_tokens=200)[0], reference)
 
 
-def small_model_and_sophia():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
-    return model, SophiaG(groups(model), lr=0.05)
-
-
 def groups(model):
     parameters = list(model.parameters())
     return [
         {"params": [p for p in parameters if p.ndim >= 2], "weight_decay": 0.1},
         {"params": [p for p in parameters if p.ndim < 2], "weight_decay": 0.0},
     ]
-
-
-def train(model, optimizer, batches):
-    """A Hessian estimate (a stand-in loss) before each step, with B_h = the batch's rows."""
-    for x in batches:
-        model(x).sum().backward()
-        optimizer.update_hessian(len(x))
-        optimizer.zero_grad()
-        model(x).square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-
-def test_checkpointings_zero_gradient_initialisation_step_changes_nothing():
-    model, optimizer = small_model_and_sophia()
-    before = copy.deepcopy(model.state_dict())
-    _, optimizer_state = get_state_dict(model, optimizer)  # steps once, lr = 0, zero grads
-    for name, tensor in model.state_dict().items():
-        assert torch.equal(tensor, before[name])
-    for state in optimizer_state["state"].values():
-        assert set(state) == {"step", "exp_avg", "hessian"}
-        assert all(torch.isfinite(value).all() for value in state.values())
-
-
-def test_resuming_from_the_state_dicts_is_bit_exact():
-    batches = list(torch.randn(5, 8, 4))
-    straight, straight_optimizer = small_model_and_sophia()
-    train(straight, straight_optimizer, batches)
-    model, optimizer = small_model_and_sophia()
-    train(model, optimizer, batches[:2])
-    model_state, optimizer_state = copy.deepcopy(get_state_dict(model, optimizer))
-    resumed, resumed_optimizer = small_model_and_sophia()
-    set_state_dict(
-        resumed, resumed_optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state
-    )
-    assert all(g["hessian_tokens"] == 8 for g in resumed_optimizer.param_groups)
-    train(resumed, resumed_optimizer, batches[2:])
-    for a, b in zip(straight.parameters(), resumed.parameters(), strict=True):
-        assert torch.equal(a, b)
 
 
 HESSIAN_SCALE = 10.0
@@ -199,28 +151,17 @@ def sophia_under_fsdp(rank, world_size):
     same model stepped in this process on the whole batch — step, Hessian estimate, 2 steps —
     and both models' unclipped fractions after each step."""
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))  # 5 and 3 rows: uneven
-    reference = copy.deepcopy(model)
-    mesh = init_device_mesh("cpu", (world_size,))
-    for layer in (model[0], model[2]):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model, reference = sharded_and_whole(init_device_mesh("cpu", (world_size,)))
     optimizers = [SophiaG(groups(m), lr=0.05, rho=RHO) for m in (model, reference)]
     torch.manual_seed(1)
-    mine = slice(4 * rank, 4 * (rank + 1))
     fractions = []
     for step in range(3):
         if step == 1:  # a stand-in for the sampled-label loss, scaled so the clip acts both ways
-            x, y = torch.randn(4 * world_size, 6), torch.randn(4 * world_size, 3)
-            (HESSIAN_SCALE * F.mse_loss(model(x[mine]), y[mine])).backward()
-            (HESSIAN_SCALE * F.mse_loss(reference(x), y)).backward()
+            rows = backward_on_shares(model, reference, rank, world_size, scale=HESSIAN_SCALE)
             for optimizer in optimizers:
-                optimizer.update_hessian(num_tokens=len(x))
+                optimizer.update_hessian(num_tokens=rows)
                 optimizer.zero_grad()
-        x, y = torch.randn(4 * world_size, 6), torch.randn(4 * world_size, 3)
-        F.mse_loss(model(x[mine]), y[mine]).backward()
-        F.mse_loss(reference(x), y).backward()
+        backward_on_shares(model, reference, rank, world_size)
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad()
@@ -243,16 +184,6 @@ def assert_same_steps_and_win_rates(results):
 
 def test_fsdp_sharded_steps_and_win_rate_equal_one_process():
     assert_same_steps_and_win_rates(run_distributed(sophia_under_fsdp, 2, timeout_s=120))
-
-
-# (shape, parameter placements on the (dp, tp) mesh, gradient placements, weight decay)
-LAYOUTS_2D = [
-    ((6, 4), (Shard(0), Shard(1)), (Replicate(), Replicate()), 0.1),  # gradient redistributed
-    ((5, 6), (Shard(1), Shard(0)), (Shard(1), Shard(0)), 0.1),  # 5 rows over tp: uneven
-    ((3, 4), (Replicate(), Shard(1)), (Replicate(), Shard(1)), 0.1),
-    ((4, 4), (Replicate(), Replicate()), (Replicate(), Replicate()), 0.1),
-    ((7,), (Shard(0), Replicate()), (Shard(0), Replicate()), 0.0),
-]
 
 
 def sophia_on_a_2d_mesh(rank, world_size):

@@ -13,7 +13,9 @@ from goodput.train.loss import IGNORE_INDEX, num_targets, token_loss_sum
 from goodput.train.model import Transformer
 from goodput.train.model_config import MoEConfig
 from goodput.train.schedule import ScheduleConfig, learning_rate
-from goodput.train.step import clip_and_step, forward_backward, train_step
+from goodput.train.step import StepSettings, clip_and_step, forward_backward, train_step
+
+NO_CLIP = StepSettings(max_grad_norm=None)
 
 GLOBAL_BATCH = 8
 
@@ -23,7 +25,7 @@ def one_step(rank, world_size, accumulation):
     model = Transformer(TINY_MODEL)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     micro = rank_micro_batches(*uneven_global_batch(), rank, world_size, accumulation)
-    result = train_step(model, optimizer, micro, max_grad_norm=None)
+    result = train_step(model, optimizer, micro, NO_CLIP)
     return result.loss, result.grad_norm, result.num_tokens, model.output.weight[:3, :3].clone()
 
 
@@ -110,7 +112,7 @@ def moe_step(rank, world_size):
             model(inputs).flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX
         )
     micro = rank_micro_batches(inputs, labels, rank, world_size, accumulation=2)
-    result = train_step(model, optimizer, micro, max_grad_norm=None)
+    result = train_step(model, optimizer, micro, NO_CLIP)
     biases = [layer.selection_bias.clone() for layer in model.moe_layers()]
     return result.loss, token_losses.item(), biases
 

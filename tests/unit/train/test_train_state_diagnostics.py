@@ -10,8 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from goodput.checkpoint.load import check_train_state
+from goodput.checkpoint.state import CheckpointContents
 from goodput.errors import GoodputError
-from goodput.train.watch import Watch
+from goodput.train.config import DiagnosticsConfig
+from goodput.train.watch import RunningDiagnostics
 
 PATH = Path("step-00000008/train_state.json")
 VALID = {
@@ -28,7 +30,8 @@ VALID = {
 def checked(state):
     """The train state as a resume reads it: the checkpoint's checks, then the loop's."""
     state = check_train_state(state, PATH)
-    Watch.check_state(state, PATH)
+    states = {"diagnostics": RunningDiagnostics(DiagnosticsConfig())}
+    CheckpointContents(parts=[], optimizers=[], states=states).load_train_state(state, PATH)
     return state
 
 

@@ -1,0 +1,117 @@
+"""What each planned fault cost: its outcome, built on the report's timeline of the faulted run.
+
+Goodput and badput by cause are not defined here: a campaign reports ``report.accounting``'s
+account of each run (the one definition), and this module adds, per fault, what that account
+does not say, from the same ``Span``s (attempts with the steps placed in them) and the fault's
+fired record (``records``):
+
+  - the **attempt** it fired in: the span whose ``[start, end]`` holds its time (the launcher's
+    times are to the millisecond); none when no span does, or the span was started by hand;
+  - for a fault that ends an attempt (``ENDS_ATTEMPT``), in an attempt that failed after a step:
+    **detection**, from the fault to the attempt's end plus the launcher's time to the next
+    attempt beyond the wait (classifying, probing hosts); **backoff**, the wait; the
+    **start-up** and **load** of the next attempt that made a step (``Span.lead_in``: as the
+    account charges them) and its **first step**; the **steps lost** (the last step its attempt
+    reached, less the step the next one resumed from) and the **recovery** time, from the fault
+    to the end of that first step back.
+
+Every figure is None where it does not apply, else finite and >= 0, whatever the files say: a
+fault is placed only inside an attempt, and the timeline's spans are disjoint and in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from goodput.chaos.records import FiredRecord
+from goodput.faults import Fault
+from goodput.report.accounting import RECORD_RESOLUTION_S, Span
+
+ENDS_ATTEMPT = frozenset({"kill", "ckpt-kill", "hang", "bad-node"})  # the others: the run goes on
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FaultOutcome:
+    """A planned fault and what became of it; None where it does not apply (not fired, or a kind
+    that does not end an attempt, or a run that never came back)."""
+
+    fault: Fault
+    fired: FiredRecord | None
+    at_s: float | None  # when it fired, from the run's start
+    attempt: int | None  # the attempt it fired in
+    detection_s: float | None
+    backoff_s: float | None
+    startup_s: float | None  # of the attempt that came back
+    load_s: float | None
+    first_step_s: float | None
+    steps_lost: int | None
+    recovery_s: float | None  # fault -> first step back
+
+
+def fault_outcomes(
+    faults: Sequence[Fault], fired: Sequence[FiredRecord], timeline: Sequence[Span]
+) -> list[FaultOutcome]:
+    """What became of each planned fault, in plan order; ``timeline``: the faulted run's
+    (``Accounting.timeline``)."""
+    by_id = {record.id: record for record in fired}
+    return [_outcome(fault, by_id.get(fault.id), timeline) for fault in faults]
+
+
+def _outcome(fault: Fault, fired: FiredRecord | None, timeline: Sequence[Span]) -> FaultOutcome:
+    empty = FaultOutcome(
+        fault=fault,
+        fired=fired,
+        at_s=None,
+        attempt=None,
+        detection_s=None,
+        backoff_s=None,
+        startup_s=None,
+        load_s=None,
+        first_step_s=None,
+        steps_lost=None,
+        recovery_s=None,
+    )
+    if fired is None or not timeline:
+        return empty
+    index = _holding(timeline, fired.time)
+    span = timeline[index] if index is not None else None
+    record = span.record if span is not None else None
+    at_s = max(0.0, fired.time - timeline[0].start)
+    placed = replace(empty, at_s=at_s, attempt=None if record is None else record.attempt)
+    if span is None or record is None or index is None:  # outside every launched attempt
+        return placed
+    if fault.kind not in ENDS_ATTEMPT or record.class_ == "success" or not span.steps:
+        return placed
+    beyond_wait = _beyond_wait_s(timeline, index, record.wait_s or 0.0)
+    detection_s = max(0.0, span.end - fired.time) + beyond_wait
+    after = next((later for later in timeline[index + 1 :] if later.steps), None)
+    if after is None:  # the run never came back
+        return replace(placed, detection_s=detection_s, backoff_s=record.wait_s)
+    first = after.steps[0]
+    startup_s, load_s = after.lead_in()
+    return replace(
+        placed,
+        detection_s=detection_s,
+        backoff_s=record.wait_s,
+        startup_s=startup_s,
+        load_s=load_s,
+        first_step_s=first.step_time_s,
+        steps_lost=max(0, max(step.step for step in span.steps) - (first.step - 1)),
+        recovery_s=max(0.0, first.time - fired.time),
+    )
+
+
+def _holding(timeline: Sequence[Span], when: float) -> int | None:
+    """The index of the span whose interval holds ``when`` (to the records' resolution)."""
+    for index, span in enumerate(timeline):
+        if span.start - RECORD_RESOLUTION_S <= when <= span.end + RECORD_RESOLUTION_S:
+            return index
+    return None
+
+
+def _beyond_wait_s(timeline: Sequence[Span], index: int, wait_s: float) -> float:
+    """The launcher's time from the span to the next one beyond the wait: classifying, probing."""
+    if index + 1 == len(timeline):
+        return 0.0
+    return max(0.0, timeline[index + 1].start - timeline[index].end - wait_s)

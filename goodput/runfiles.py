@@ -1,0 +1,280 @@
+"""The line schema of a run's JSON-lines files: what one line of ``metrics.jsonl`` and of
+``evals.jsonl`` holds, built and serialised here for their writers (``train/metrics.py``,
+``eval/records.py``) and parsed here for every reader (``report``, ``diagnose smoke`` and
+``batch-size``, the demo). ``rundir.py`` names the files; this module says what is in them.
+Standard library only. ``attempts.jsonl`` keeps its schema with its one writer and reader,
+``launch/history.py``.
+
+``metrics.jsonl``: one object per step, appended by rank 0. ``StepRecord`` is what the trainer
+writes of every step, its fields in the line's order, each carrying its kind (``STEP_KEYS``);
+what else the step measured (a mixture of experts' load, the diagnostics, the loop's timings,
+the in-loop evals) follows in the order measured. A float that is not finite is written as
+``null`` (strict JSON). Only ``step`` is required of every line; a reader names the other keys
+it cannot do without (``read_steps(require=...)``), so a line that holds fewer keys than the
+trainer writes (a synthetic run's, ``testing/run_dirs.py``) reads where it has what is asked.
+
+``evals.jsonl``: one object per eval metric, ``EvalLine``'s fields in order, every one of an
+evaluation's lines in one synced write.
+
+Reading is strict and bounded (``io.read_json_lines``): a line past ``rundir.MAX_LINE_BYTES``,
+past ``MAX_LINES`` lines, not one JSON object, a known key whose value is not of its kind, or a
+required key missing is one ``GoodputError`` naming ``FILE:LINE``. A key this module does not
+know is passed unchecked (a diagnostic's, a held-out corpus's). A last line without its newline
+(its writer died, or is writing it) is left out. Readers check their own bounds beyond a kind's
+(``diagnose batch-size``'s usable gns).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, overload
+
+from goodput import rundir
+from goodput.errors import GoodputError
+from goodput.io import json_text, read_json_lines
+
+FIX = "it is not what goodput wrote; restore it or move it out of the run directory"
+MAX_LINES = 10_000_000  # a run file past this is not one run's
+MAX_COUNT = 1 << 62  # a step, a count: far past any run's, and exact in a float
+MAX_NAME_CHARS = 200  # an eval's task, metric and source
+KIND = "kind"  # the key of a StepRecord field's kind in its metadata
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """What a key's value must be: ``what`` says it in an error, ``admits`` checks it."""
+
+    what: str
+    admits: Callable[[Any], bool]
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float)  # not bool, a subclass of int
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return _is_number(value) and math.isfinite(value)
+    except OverflowError:  # an integer past float's range
+        return False
+
+
+COUNT = Kind("a whole number >= 0", lambda v: type(v) is int and 0 <= v < MAX_COUNT)
+SECONDS = Kind("a finite number >= 0", lambda v: _finite(v) and v >= 0)
+AMOUNT = Kind("a finite number >= 0 or null", lambda v: v is None or (_finite(v) and v >= 0))
+VALUE = Kind("a finite number or null", lambda v: v is None or _finite(v))
+NUMBER = Kind("a number or null", lambda v: v is None or _is_number(v))
+FLAG = Kind("true or false", lambda v: type(v) is bool)
+NAME = Kind("a name", lambda v: isinstance(v, str) and 0 < len(v) <= MAX_NAME_CHARS)
+
+
+def _kind(kind: Kind) -> dict[str, Kind]:
+    return {KIND: kind}
+
+
+# --- metrics.jsonl --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRecord:
+    """What the trainer records of every step, in the order of its line; ``measured`` follows."""
+
+    step: int = field(metadata=_kind(COUNT))
+    loss: float = field(metadata=_kind(VALUE))  # null: not finite
+    grad_norm: float = field(metadata=_kind(AMOUNT))  # null: not finite (the step was skipped)
+    lr: float = field(metadata=_kind(AMOUNT))
+    tokens_per_s: float = field(metadata=_kind(AMOUNT))
+    tokens_per_s_per_device: float = field(metadata=_kind(AMOUNT))
+    mfu: float | None = field(metadata=_kind(AMOUNT))  # null: no peak FLOP/s known
+    peak_memory_gib: float = field(metadata=_kind(AMOUNT))
+    step_time_s: float = field(metadata=_kind(SECONDS))  # the whole iteration
+    skipped: bool = field(metadata=_kind(FLAG))  # the non-finite guard skipped the update
+    skipped_steps: int = field(metadata=_kind(COUNT))  # the run's so far
+    time: float = field(metadata=_kind(SECONDS))  # when it was recorded: time.time()
+    # Keys of MEASURED and any other number or null, in the order measured.
+    measured: Mapping[str, float | int | None] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        """The record's object, non-finite numbers still in (``nonfinite_as_null`` writes)."""
+        record: dict[str, Any] = {name: getattr(self, name) for name in RECORD_KEYS}
+        record.update(self.measured)
+        return record
+
+
+RECORD_KEYS = tuple(f.name for f in fields(StepRecord) if KIND in f.metadata)
+# The measured keys a reader may ask for, with their kinds. The diagnostics' others (loss_z,
+# frozen_fraction, max_attention_logit, ...) and the evals' (heldout_loss, acc/<task>, ...) pass.
+MEASURED = {
+    "expert_load_imbalance": AMOUNT,  # a mixture of experts: the worst layer's max over mean
+    "dropped_tokens": COUNT,  # token-to-expert assignments the capacity dropped
+    "gns": NUMBER,  # gradient noise scale in tokens (diagnose batch-size bounds it)
+    "startup_s": AMOUNT,  # only on the first step of a process: start to first step
+    "data_time_s": AMOUNT,  # the parts of step_time_s the loop timed
+    "checkpoint_stall_s": AMOUNT,
+    "checkpoint_load_s": AMOUNT,
+    "eval_time_s": AMOUNT,  # after the step, outside step_time_s, before time
+}
+STEP_KEYS: dict[str, Kind] = {
+    **{f.name: f.metadata[KIND] for f in fields(StepRecord) if KIND in f.metadata},
+    **MEASURED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StepLine:
+    """One parsed line of ``metrics.jsonl``: its keys of ``STEP_KEYS`` hold their kinds."""
+
+    where: str  # "FILE:LINE"
+    step: int
+    raw: Mapping[str, Any]  # the line's object
+
+    @property
+    def line(self) -> int:
+        return int(self.where.rpartition(":")[2])
+
+    @overload
+    def number(self, key: str) -> float | None: ...
+    @overload
+    def number(self, key: str, default: float) -> float: ...
+    def number(self, key: str, default: float | None = None) -> float | None:
+        """``key``'s number as a float (an integer past float's range: infinite); ``default``
+        when it is null or absent."""
+        value: Any = self.raw.get(key)
+        if not _is_number(value):
+            return default
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
+
+    def numbers(self) -> dict[str, float]:
+        """Every finite number of the line (not ``true``/``false``), by key."""
+        return {key: float(value) for key, value in self.raw.items() if _finite(value)}
+
+
+def parse_step(
+    raw: Mapping[str, Any], where: str, *, require: Collection[str] = (), fix: str = FIX
+) -> StepLine:
+    """The step of one ``metrics.jsonl`` object, or a ``GoodputError`` naming ``where``; the
+    keys of ``require`` must be there (null where their kind admits it)."""
+    _check(raw, STEP_KEYS, ("step", *require), where, fix)
+    return StepLine(where, raw["step"], raw)
+
+
+def read_steps(
+    path: Path, *, require: Collection[str] = (), fix: str = FIX, max_lines: int = MAX_LINES
+) -> Iterator[StepLine]:
+    """Every whole line of the ``metrics.jsonl`` at ``path``, in order (a step run again
+    appears again); the file must be there."""
+    assert set(require) <= STEP_KEYS.keys(), require
+    for where, raw in read_json_lines(path, rundir.MAX_LINE_BYTES, fix=fix, max_lines=max_lines):
+        yield parse_step(raw, where, require=require, fix=fix)
+
+
+def nonfinite_as_null(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``record`` with each float that is not finite as None: what JSON can hold."""
+    return {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()
+    }
+
+
+def json_line(record: Mapping[str, Any], *, where: object) -> str:
+    """``record`` as one line of a run file (strict JSON, its newline)."""
+    return json_text(record, where=where) + "\n"
+
+
+# --- evals.jsonl ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvalLine:
+    """One eval metric of the weights of ``step``: ``task`` a held-out corpus
+    (``heldout/<corpus>``), a multiple-choice or an lm-eval task; ``source`` ``"train"`` (the
+    loop) or ``"goodput eval"``; ``time`` when it was written (absent from old lines)."""
+
+    step: int
+    task: str
+    metric: str
+    value: float | None  # None: not finite
+    stderr: float | None  # None: the metric has none, or not finite
+    source: str
+    time: float | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "task": self.task,
+            "metric": self.metric,
+            "value": _finite_or_none(self.value),
+            "stderr": _finite_or_none(self.stderr),
+            "source": self.source,
+            "time": self.time,
+        }
+
+
+EVAL_KEYS = {
+    "step": COUNT,
+    "task": NAME,
+    "metric": NAME,
+    "value": VALUE,
+    "stderr": VALUE,
+    "source": NAME,
+    "time": SECONDS,
+}
+EVAL_REQUIRED = ("step", "task", "metric", "value", "stderr", "source")
+
+
+def read_evals(path: Path, *, fix: str = FIX, max_lines: int = MAX_LINES) -> Iterator[EvalLine]:
+    """Every whole line of the ``evals.jsonl`` at ``path``, in order; the file must be there."""
+    for where, raw in read_json_lines(path, rundir.MAX_LINE_BYTES, fix=fix, max_lines=max_lines):
+        yield parse_eval(raw, where, fix=fix)
+
+
+def evals_text(lines: Iterable[EvalLine], *, where: object) -> str:
+    """``lines`` as they are appended to ``evals.jsonl``, in one piece."""
+    return "".join(json_line(line.as_json(), where=where) for line in lines)
+
+
+def parse_eval(raw: Mapping[str, Any], where: str, *, fix: str = FIX) -> EvalLine:
+    """The metric of one ``evals.jsonl`` object, or a ``GoodputError`` naming ``where``."""
+    _check(raw, EVAL_KEYS, EVAL_REQUIRED, where, fix)
+    value, stderr, time = raw["value"], raw["stderr"], raw.get("time")
+    return EvalLine(
+        step=raw["step"],
+        task=raw["task"],
+        metric=raw["metric"],
+        value=None if value is None else float(value),
+        stderr=None if stderr is None else float(stderr),
+        source=raw["source"],
+        time=None if time is None else float(time),
+    )
+
+
+# --- both -----------------------------------------------------------------------------------
+
+
+def _check(
+    raw: Mapping[str, Any], kinds: Mapping[str, Kind], require: Iterable[str], where: str, fix: str
+) -> None:
+    for key in require:
+        if key not in raw:
+            raise GoodputError(where, f"{key!r} is missing, not {kinds[key].what}", fix)
+    for key, value in raw.items():
+        kind = kinds.get(key)
+        if kind is not None and not kind.admits(value):
+            raise GoodputError(where, f"{key!r} is {_shown(value)}, not {kind.what}", fix)
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+def _shown(value: Any) -> str:
+    if value is None or isinstance(value, str | int | float | bool):
+        text = json.dumps(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return "an object" if isinstance(value, dict) else "an array"
