@@ -73,7 +73,7 @@ from goodput.io import read_json
 from goodput.launch.env import LOCAL_RANK_FALLBACKS, LOCAL_SIZE_FALLBACKS, RANK_SOURCES
 from goodput.train.config import RunConfig, check_world
 from goodput.train.device import detect_device_type, device_name
-from goodput.train.parallel_config import FSDP_KEYS, PIPELINE_KEYS, ParallelConfig
+from goodput.train.parallel_config import FSDP_KEYS, MESH_DIMS, PIPELINE_KEYS, ParallelConfig
 
 KERNEL_TOLERANCE = (
     1e-3  # relative, loss and grad_norm on other kernels: a wrong reduction is far above
@@ -94,18 +94,7 @@ PEAK_MEMORY_TOLERANCE = 0.25
 NOT_COMPARED = "(a path on the recording machine: not compared)"
 # The [parallel] keys that place the work on ranks; the rest (precision, compile, activation
 # checkpointing) change what is computed or how, and count as config.
-LAYOUT_KEYS = (
-    "data_parallel",
-    "dp_replicate",
-    "dp_shard",
-    "tp",
-    "pp",
-    "cp",
-    "ep",
-    "loss_parallel",
-    *PIPELINE_KEYS,
-    *FSDP_KEYS,
-)
+LAYOUT_KEYS = ("data_parallel", *MESH_DIMS, "ep", "loss_parallel", *PIPELINE_KEYS, *FSDP_KEYS)
 # Whatever would make the launcher a rank of some job, or make it start its ranks through the
 # job's srun or mpiexec, rather than on this machine.
 PLACEMENT_VARIABLES = frozenset(name for source in RANK_SOURCES for name in source[1:]) | frozenset(

@@ -21,7 +21,6 @@ from goodput.errors import GoodputError
 from goodput.train.model_config import ModelConfig
 
 DEGREE = limits(at_least=1, at_most=2**20)
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 PIPELINE_KEYS = ("pp_schedule", "pp_microbatches", "pp_stages_per_rank", "pp_layers_per_stage")
 FSDP_KEYS = ("reshard_after_forward", "sync_every_micro_batch")
 
