@@ -42,6 +42,17 @@ steady-step median, from rank 0's ``metrics.jsonl``), and the ratio is the media
 ours step time within each repeat. Rank 0's peak resident memory is reported beside: the
 deferred sync holds unsharded gradients across the accumulation. Both sides must log the same
 losses.
+
+Beacon overhead (``goodput.beacon``): a small model (``BEACON_MODEL``, a few ms a step, so that
+the beacon's share of a step is as large as it gets) on ``ACCUM_RANKS`` gloo ranks, FSDP fp32,
+``ACCUM_MICRO_BATCHES`` micro-batches a step: every FSDP all-gather and reduce-scatter, every
+phase and step update goes through the beacon. Baseline: the same run without
+``GOODPUT_BEACON_DIR`` (the counters then live in process memory: the updates are the same, only
+the page differs); ours: with it (the mmap'd file, the stack dump's signal handler).
+``BEACON_REPEATS`` repeats, both sides back to back (order reversed on odd repeats); the ratio is
+the median of (with / without step time) within each repeat; the losses must be equal. Beside
+it, the ns per update (``Beacon.step``) and per bracket (``with collective``, two updates) of a
+file-backed beacon, the median of ``MICRO_REPEATS`` timed loops of ``MICRO_UPDATES``.
 """
 
 from __future__ import annotations
@@ -50,16 +61,18 @@ import contextlib
 import gc
 import itertools
 import json
+import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from goodput import rundir
+from goodput import beacon, rundir
 from goodput.data.blend import BlendSpec, build_blend
 from goodput.data.loader import DataLoader
 from goodput.testing.dist import run_distributed
@@ -95,6 +108,11 @@ ACCUM_RANKS = 2
 ACCUM_MICRO_BATCHES = 4  # per rank and step, one sample each
 ACCUM_REPEATS = 5
 SYNC_EVERY_MICRO_BATCH = {"last": False, "every": True}  # ours, then the baseline
+BEACON_MODEL = ModelConfig(vocab_size=MODEL.vocab_size, dim=64, num_layers=2, num_heads=2)
+BEACON_STEPS = 30
+BEACON_REPEATS = 5
+MICRO_UPDATES = 100_000
+MICRO_REPEATS = 5
 
 
 def _bare_loop(
@@ -144,11 +162,13 @@ def _run_config(
     *,
     batch: int = BATCH,
     micro_batch_size: int = BATCH,
+    model: ModelConfig = MODEL,
+    steps: int = STEPS,
 ) -> RunConfig:
     return RunConfig(
-        model=MODEL,
+        model=model,
         train=TrainConfig(
-            steps=STEPS,
+            steps=steps,
             tokens_per_step=batch * SEQ_LEN,
             seq_len=SEQ_LEN,
             micro_batch_size=micro_batch_size,
@@ -239,6 +259,84 @@ def _accumulation(tmp: Path, file_list: Path) -> dict[str, Any]:
     }
 
 
+def _beacon_overhead(tmp: Path, file_list: Path) -> dict[str, Any]:
+    """The same multi-rank run with and without beacon files (module docstring)."""
+    sides = ["without", "with"]
+    step_s: dict[str, list[float]] = {side: [] for side in sides}
+    losses: dict[str, list[float]] = {}
+    runs = itertools.count()
+    for repeat in range(BEACON_REPEATS):
+        for side in sides if repeat % 2 == 0 else reversed(sides):
+            output = tmp / f"beacon{next(runs)}"
+            output.mkdir()
+            cfg = _run_config(
+                tmp,
+                file_list,
+                ParallelConfig(precision="fp32"),
+                output,
+                batch=ACCUM_RANKS * ACCUM_MICRO_BATCHES,
+                micro_batch_size=1,
+                model=BEACON_MODEL,
+                steps=BEACON_STEPS,
+            )
+            with _beacon_dir(output / "beacons" if side == "with" else None):
+                run_distributed(_train_rank, ACCUM_RANKS, cfg, timeout_s=600)
+            lines = (output / rundir.METRICS).read_text().splitlines()
+            records = [json.loads(line) for line in lines]
+            step_s[side].append(_steady([r["step_time_s"] for r in records]))
+            losses.setdefault(side, [r["loss"] for r in records])
+    ratios = [w / wo for w, wo in zip(step_s["with"], step_s["without"], strict=True)]
+    return {
+        "step_seconds_each": step_s,
+        **{f"{side}_step_s": statistics.median(step_s[side]) for side in sides},
+        "ratio": statistics.median(ratios),
+        "ratio_each": ratios,
+        "losses_equal": losses["with"] == losses["without"],
+        **_beacon_update_ns(tmp / "micro"),
+    }
+
+
+@contextlib.contextmanager
+def _beacon_dir(directory: Path | None) -> Iterator[None]:
+    """``GOODPUT_BEACON_DIR`` set to ``directory`` (None: unset) for the ranks spawned inside."""
+    before = os.environ.pop(beacon.BEACON_DIR_VAR, None)
+    if directory is not None:
+        os.environ[beacon.BEACON_DIR_VAR] = str(directory)
+    try:
+        yield
+    finally:
+        os.environ.pop(beacon.BEACON_DIR_VAR, None)
+        if before is not None:
+            os.environ[beacon.BEACON_DIR_VAR] = before
+
+
+def _beacon_update_ns(directory: Path) -> dict[str, float]:
+    """ns per ``Beacon.step`` and per ``with collective`` on a file-backed beacon."""
+    opened = beacon.open_beacon(
+        {beacon.BEACON_DIR_VAR: str(directory)}, rank=0, world_size=1, local_rank=0, host="bench"
+    )
+    assert opened is not None
+    bracket = opened.collective("step.sums")
+    update_ns, bracket_ns = [], []
+    try:
+        for _ in range(MICRO_REPEATS):
+            start = time.perf_counter_ns()
+            for n in range(MICRO_UPDATES):
+                opened.step(n)
+            update_ns.append((time.perf_counter_ns() - start) / MICRO_UPDATES)
+            start = time.perf_counter_ns()
+            for _ in range(MICRO_UPDATES):
+                with bracket:
+                    pass
+            bracket_ns.append((time.perf_counter_ns() - start) / MICRO_UPDATES)
+    finally:
+        opened.close()
+    return {
+        "update_ns": statistics.median(update_ns),
+        "bracket_ns": statistics.median(bracket_ns),
+    }
+
+
 def main() -> dict[str, Any]:
     fpt = flops_per_token(MODEL, SEQ_LEN)
     tokens_per_step = BATCH * SEQ_LEN
@@ -284,6 +382,7 @@ def main() -> dict[str, Any]:
                 step_s[side].append(_steady(seconds))
                 losses.setdefault(side, side_losses)
         accumulation = _accumulation(tmp, file_list)
+        beacon_overhead = _beacon_overhead(tmp, file_list)
     peak = {side: statistics.median(peaks[side]) for side in OURS}
     peak["bare"] = peak["fp32"]
     ratios = {
@@ -306,6 +405,7 @@ def main() -> dict[str, Any]:
             abs(a - b) for a, b in zip(losses["bare"], losses["fp32"], strict=True)
         ),
         "accumulation": accumulation,
+        "beacon_overhead": beacon_overhead,
         "seconds": time.perf_counter() - start,
     }
     _print_summary(figures)
@@ -360,6 +460,26 @@ def _print_summary(figures: dict[str, Any]) -> None:
         )
     print(
         f"  sync once is {accumulation['ratio']:.3f}x faster (repeats {min(each):.2f}-"
-        f"{max(each):.2f}); losses equal to {accumulation['max_loss_difference']:.1e}; "
-        f"{figures['seconds']:.0f} s in all"
+        f"{max(each):.2f}); losses equal to {accumulation['max_loss_difference']:.1e}"
+    )
+    _print_beacon(figures["beacon_overhead"])
+    print(f"{figures['seconds']:.0f} s in all")
+
+
+def _print_beacon(overhead: dict[str, Any]) -> None:
+    each = overhead["ratio_each"]
+    parameters = model_size(BEACON_MODEL).total / 1e6
+    print(
+        f"beacon overhead: {ACCUM_RANKS} ranks, FSDP fp32, {parameters:.1f}M parameters, "
+        f"{ACCUM_MICRO_BATCHES} micro-batches a step, {BEACON_STEPS} steps; "
+        f"{BEACON_REPEATS} repeats"
+    )
+    for side in ("without", "with"):
+        print(
+            f"  {side + ' GOODPUT_BEACON_DIR':<36}: step {overhead[f'{side}_step_s'] * 1e3:.2f} ms"
+        )
+    print(
+        f"  with/without {overhead['ratio']:.3f} (repeats {min(each):.2f}-{max(each):.2f}); "
+        f"losses equal: {overhead['losses_equal']}; {overhead['update_ns']:.0f} ns an update, "
+        f"{overhead['bracket_ns']:.0f} ns a bracket (file-backed)"
     )

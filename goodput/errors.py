@@ -33,6 +33,7 @@ class ExitCode(enum.IntEnum):
     ERROR = 1
     USAGE = 2  # bad command line or config
     NOT_LEARNING = 3  # the eval gate stopped the run ([eval] stop_on_alarm)
+    STRAGGLER = 4  # stopped after a save, to replace a straggler's host (--evict-stragglers)
     IDLE_TIMEOUT = 124  # stdout-idle watchdog fired
     INTERRUPTED = 130  # SIGINT / Ctrl-C
     TERMINATED = 143  # SIGTERM, usually the scheduler's walltime

@@ -5,15 +5,20 @@ Off unless ``GOODPUT_FAULTS`` names a plan file by absolute path; ``load_plan`` 
 once, at start. Without it the trainer pays one environment lookup and nothing per step.
 
 The plan file: JSON, at most 1 MiB and 10,000 faults; an unknown key or kind, a missing key, a
-number out of range or a repeated ``id`` refuses the whole file::
+key the fault's kind does not take, a number out of range or a repeated ``id`` refuses the whole
+file::
 
     {"fired_dir": "/abs/path/fired",
-     "faults": [{"id": 0, "kind": "kill", "step": 37, "rank": 1}, ...]}
+     "faults": [{"id": 0, "kind": "kill", "step": 37, "rank": 1},
+                {"id": 1, "kind": "slow", "step": 40, "rank": 0, "seconds": 0.1, "steps": 25},
+                {"id": 2, "kind": "stall", "step": 70, "rank": 1, "where": "data"}, ...]}
 
 ``id`` is unique, 0 <= id < 2**31; ``step`` >= 1; ``rank`` >= 0 is the global rank the fault
-fires on (never on another). At start the trainer refuses, naming it, a fault that could never
-fire (``check_reachable``): a rank not below the world size, a step after ``train.steps``, a save
-fault in a run without periodic saves. The kinds, and when each fires:
+fires on (never on another). Every kind takes these four keys; ``slow`` and ``stall`` take keys
+of their own too (``KIND_KEYS``), which they must have and no other kind may. At start the
+trainer refuses, naming it, a fault that could never fire (``check_reachable``): a rank not
+below the world size, a step after ``train.steps``, a save fault in a run without periodic
+saves. The kinds, and when each fires:
 
 - ``kill``: once step ``step`` has completed (its metrics line written, its checkpoint decision
   taken and any save started), the rank SIGKILLs itself.
@@ -30,11 +35,21 @@ fault in a run without periodic saves. The kinds, and when each fires:
 - ``nan``: at step ``step``, after backward and before the gradients are reduced and their norm
   checked, one element of this rank's gradients becomes NaN. Every time that step runs: a
   resumed run replays it, and a reference run given the same ``nan`` faults skips the same steps.
+- ``slow`` (``seconds``: 0 < s <= 600; ``steps``: the window's length, >= 1): a straggler. On
+  every step of ``[step, step + steps)``, just before the step's work (``before_step``), the
+  rank sleeps ``seconds``; every time such a step runs, replays included. Its peers wait for it
+  in the step's first collective, so the time counts as this rank's busy time alone.
+- ``stall`` (``where``: ``data`` or ``collective``): a rank that stops making progress but stays
+  alive, unlike ``hang`` (its process keeps running and answers a stack dump). ``data``: in the
+  data phase of step ``step`` (``before_data``) it sleeps for ever, as a rank stuck reading its
+  batch; ``collective``: just before the step's first collective (``before_step``) it blocks for
+  ever, as a rank that never joins the collective its peers wait in. The launcher's watchdog
+  ends the attempt; it fires once, so the resumed attempt gets past it.
 
 Fire once: right before a fault fires, ``fired_dir/<id>.json`` is written atomically, ``{"id",
 "kind", "step" (the step it fired at), "rank", "time"}``; a fault whose record exists never
-fires again, so a resumed run is not killed twice by one fault. ``nan`` records its first firing
-only, and keeps firing.
+fires again, so a resumed run is not killed twice by one fault. ``nan`` and ``slow`` record
+their first firing only, and keep firing.
 
 Standard library only: ``train`` and ``checkpoint`` import this module; it imports neither of
 them, nor ``launch``, nor torch.
@@ -53,16 +68,18 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from goodput.errors import GoodputError
 from goodput.io import read_bytes, write_json
 
 ENV_VAR = "GOODPUT_FAULTS"
 HOSTS_VAR = "GOODPUT_LAUNCH_HOSTS"  # set by goodput launch: the attempt's hosts, in rank order
-KINDS = ("kill", "ckpt-kill", "hang", "bad-node", "save-fail", "nan")
+KINDS = ("kill", "ckpt-kill", "hang", "bad-node", "save-fail", "nan", "slow", "stall")
 AFTER_STEP = ("kill", "hang", "bad-node")
 IN_SAVE = ("ckpt-kill", "save-fail")
+STALL_WHERE = ("data", "collective")
+MAX_SLOW_S = 600.0
 MAX_PLAN_BYTES = 1 << 20
 MAX_FAULTS = 10_000
 MAX_ID = 2**31 - 1
@@ -70,7 +87,8 @@ MAX_STEP = 2**53
 MAX_RANK = 10_000_000 - 1  # launch.env's MAX_RANKS - 1: far past any machine
 MAX_PATH_CHARS = 4096
 PLAN_KEYS = frozenset({"fired_dir", "faults"})
-FAULT_KEYS = frozenset({"id", "kind", "step", "rank"})
+FAULT_KEYS = frozenset({"id", "kind", "step", "rank"})  # every kind's
+KIND_KEYS = {"slow": frozenset({"seconds", "steps"}), "stall": frozenset({"where"})}  # its own
 HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # always fullmatch
 COUNT = re.compile(r"[0-9]{1,9}")
 INJECTED = "(injected by goodput chaos)"
@@ -78,10 +96,30 @@ INJECTED = "(injected by goodput chaos)"
 
 @dataclass(frozen=True, slots=True)
 class Fault:
+    """One planned fault; the last three are the keys of ``slow`` and ``stall`` (None on the
+    kinds that do not take them)."""
+
     id: int
     kind: str
     step: int
     rank: int
+    seconds: float | None = None  # slow: the sleep per step
+    steps: int | None = None  # slow: the window's length, from ``step``
+    where: str | None = None  # stall: data | collective
+
+    def keys(self) -> dict[str, Any]:
+        """The fault as its plan entry: the four keys and those of its kind."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "step": self.step,
+            "rank": self.rank,
+            **{key: getattr(self, key) for key in sorted(KIND_KEYS.get(self.kind, ()))},
+        }
+
+    def in_window(self, step: int) -> bool:
+        """Whether a ``slow`` fault fires at ``step``: in ``[self.step, self.step + steps)``."""
+        return self.steps is not None and self.step <= step < self.step + self.steps
 
 
 class FaultPlan:
@@ -93,9 +131,12 @@ class FaultPlan:
         self.launch_hosts = environ.get(HOSTS_VAR, ""), environ.get("LOCAL_WORLD_SIZE", "")
         self.by_step: dict[tuple[int, int], list[Fault]] = {}  # (step, rank): at that step
         self.in_save: dict[int, list[Fault]] = {}  # rank: its save faults, by step
+        self.slow: dict[int, list[Fault]] = {}  # rank: its slow faults (windows), by step
         for fault in sorted(faults, key=lambda f: (f.step, f.id)):
             if fault.kind in IN_SAVE:
                 self.in_save.setdefault(fault.rank, []).append(fault)
+            elif fault.kind == "slow":
+                self.slow.setdefault(fault.rank, []).append(fault)
             else:
                 self.by_step.setdefault((fault.step, fault.rank), []).append(fault)
         self.fired: set[int] = set()  # ids known to have fired: their record exists
@@ -126,6 +167,25 @@ class FaultPlan:
         for fault in self.by_step.get((step, rank), ()):
             if fault.kind in AFTER_STEP and self._claim(fault, step):
                 self._fire(fault, rank)
+
+    def before_data(self, step: int, rank: int) -> None:
+        """Called in the data phase of step ``step``, before its batch is read: a ``stall``
+        with ``where = data`` blocks this rank for ever (its first time only)."""
+        for fault in self.by_step.get((step, rank), ()):
+            if fault.kind == "stall" and fault.where == "data" and self._claim(fault, step):
+                stall()
+
+    def before_step(self, step: int, rank: int) -> None:
+        """Called just before step ``step``'s work, before its first collective: a ``slow``
+        fault whose window holds the step sleeps its ``seconds`` (every time the step runs); a
+        ``stall`` with ``where = collective`` blocks this rank for ever (its first time only)."""
+        for fault in self.slow.get(rank, ()):
+            if fault.in_window(step) and fault.seconds is not None:
+                self._claim(fault, step)  # a record the first time; it fires every time regardless
+                time.sleep(fault.seconds)
+        for fault in self.by_step.get((step, rank), ()):
+            if fault.kind == "stall" and fault.where == "collective" and self._claim(fault, step):
+                stall()
 
     def nan_at(self, step: int, rank: int) -> bool:
         """Whether this rank's gradients of step ``step`` get a NaN (the caller puts it in)."""
@@ -176,6 +236,13 @@ class FaultPlan:
                 flush=True,
             )
             os._exit(1)
+
+
+def stall() -> NoReturn:
+    """Block for ever, alive: the rank still runs its signal handlers (a stack dump, SIGTERM's
+    flag) but never goes on; the launcher's watchdog ends it."""
+    while True:
+        time.sleep(3600)
 
 
 def launcher_host(rank: int, hosts: str, local_world_size: str) -> str:
@@ -232,21 +299,44 @@ def parse_plan(plan: Any) -> tuple[list[Fault], Path]:
     faults, ids = [], set()
     for index, entry in enumerate(entries):
         where = f"faults[{index}]"
-        _check_keys(entry, FAULT_KEYS, where)
-        if entry["kind"] not in KINDS:
-            kind = _short(entry["kind"])
-            raise ValueError(f"{where}.kind {kind} is not one of {', '.join(KINDS)}")
-        fault = Fault(
-            id=_int_in(entry["id"], 0, MAX_ID, f"{where}.id"),
-            kind=entry["kind"],
-            step=_int_in(entry["step"], 1, MAX_STEP, f"{where}.step"),
-            rank=_int_in(entry["rank"], 0, MAX_RANK, f"{where}.rank"),
-        )
+        fault = _fault(entry, where)
         if fault.id in ids:
             raise ValueError(f"{where}.id {fault.id} is used twice")
         ids.add(fault.id)
         faults.append(fault)
     return faults, Path(fired_dir)
+
+
+def _fault(entry: Any, where: str) -> Fault:
+    """One plan entry, checked: its kind first, then exactly the keys that kind takes."""
+    kind = entry.get("kind") if isinstance(entry, dict) else None
+    if kind not in KINDS:
+        _check_keys(entry, FAULT_KEYS, where)  # not an object, or a key unknown or missing
+        raise ValueError(f"{where}.kind {_short(kind)} is not one of {', '.join(KINDS)}")
+    own = KIND_KEYS.get(kind, frozenset())
+    _check_keys(entry, FAULT_KEYS | own, f"{where} (kind {kind})")
+    return Fault(
+        id=_int_in(entry["id"], 0, MAX_ID, f"{where}.id"),
+        kind=kind,
+        step=_int_in(entry["step"], 1, MAX_STEP, f"{where}.step"),
+        rank=_int_in(entry["rank"], 0, MAX_RANK, f"{where}.rank"),
+        seconds=_seconds_in(entry["seconds"], f"{where}.seconds") if "seconds" in own else None,
+        steps=_int_in(entry["steps"], 1, MAX_STEP, f"{where}.steps") if "steps" in own else None,
+        where=_where_in(entry["where"], f"{where}.where") if "where" in own else None,
+    )
+
+
+def _seconds_in(value: Any, where: str) -> float:
+    # The comparison refuses NaN and infinities too, and an int too large for a float.
+    if type(value) not in (int, float) or not 0 < value <= MAX_SLOW_S:
+        raise ValueError(f"{where} is {_short(value)}, not a number in (0, {MAX_SLOW_S:g}]")
+    return float(value)
+
+
+def _where_in(value: Any, where: str) -> str:
+    if value not in STALL_WHERE:
+        raise ValueError(f"{where} is {_short(value)}, not one of {', '.join(STALL_WHERE)}")
+    return str(value)
 
 
 def _check_keys(value: Any, keys: frozenset[str], where: str) -> None:

@@ -10,6 +10,7 @@ which never imports torch, spells the names from here too.
       run.json               what produced the run; its presence makes a folder a run directory
       metrics.jsonl          one JSON line per step (rank 0), appended
       evals.jsonl            one JSON line per eval metric (the loop's evals, goodput eval)
+      busy.jsonl             one JSON line per [watch] window: busy time per host (rank 0)
       heartbeat              {"step": N, "time": T}, replaced every step: the launcher's progress
       tensorboard/           the same scalars as event files
       attempts.jsonl         one line per launch attempt (goodput launch --run-dir)
@@ -44,6 +45,7 @@ CONFIG = "config.toml"
 RUN_RECORD = "run.json"
 METRICS = "metrics.jsonl"
 EVALS = "evals.jsonl"
+BUSY = "busy.jsonl"  # runfiles.BusyLine; train/stragglers.py writes it, the report draws it
 # The bound every reader puts on one line of metrics.jsonl and evals.jsonl: a line is written at
 # a few hundred bytes, so a longer one is damage, refused before it fills memory.
 MAX_LINE_BYTES = 1 << 20
@@ -120,6 +122,20 @@ def step_dir(root: Path, step: int) -> Path:
 
 def rng_file(directory: Path, rank: int) -> Path:
     return directory / RNG_DIR / f"rank-{rank:05d}.json"
+
+
+PROFILE = "profile"  # [profile]'s traces and out-of-memory snapshots (train/profiling.py)
+
+
+def profile_trace(run_dir: str | Path, rank: int, first: int, last: int) -> Path:
+    """A rank's Chrome trace of steps first-last; TensorBoard's profiler plugin lists files
+    ending ``.pt.trace.json``, and Perfetto opens them."""
+    return Path(run_dir) / PROFILE / f"rank-{rank:05d}.steps-{first}-{last}.pt.trace.json"
+
+
+def oom_snapshot(run_dir: str | Path, rank: int) -> Path:
+    """A rank's CUDA allocator snapshot at an out-of-memory error (pytorch.org/memory_viz)."""
+    return Path(run_dir) / PROFILE / f"oom-rank-{rank:05d}.pickle"
 
 
 def list_checkpoints(root: Path) -> list[Checkpoint]:

@@ -16,6 +16,10 @@ trainer writes (a synthetic run's, ``testing/run_dirs.py``) reads where it has w
 ``evals.jsonl``: one object per eval metric, ``EvalLine``'s fields in order, every one of an
 evaluation's lines in one synced write.
 
+``busy.jsonl``: one object per window of ``[watch] straggler_steps`` steps (``BusyLine``),
+appended by rank 0 (``train/stragglers.py``): the window's last step, its length, and per host
+(in rank order) the mean, least and most of its ranks' mean busy time a step over the window.
+
 Reading is strict and bounded (``io.read_json_lines``): a line past ``rundir.MAX_LINE_BYTES``,
 past ``MAX_LINES`` lines, not one JSON object, a known key whose value is not of its kind, or a
 required key missing is one ``GoodputError`` naming ``FILE:LINE``. A key this module does not
@@ -96,7 +100,7 @@ class StepRecord:
     skipped_steps: int = field(metadata=_kind(COUNT))  # the run's so far
     time: float = field(metadata=_kind(SECONDS))  # when it was recorded: time.time()
     # Keys of MEASURED and any other number or null, in the order measured.
-    measured: Mapping[str, float | int | None] = field(default_factory=dict)
+    measured: Mapping[str, float | int | str | None] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         """The record's object, non-finite numbers still in (``nonfinite_as_null`` writes)."""
@@ -117,6 +121,16 @@ MEASURED = {
     "checkpoint_stall_s": AMOUNT,
     "checkpoint_load_s": AMOUNT,
     "eval_time_s": AMOUNT,  # after the step, outside step_time_s, before time
+    # Busy time (train/stragglers.py): over ranks, the step's least, median and most, and the
+    # rank (and its host) with the most; on the step of a straggler warning, the rank it names
+    # and its ratio to the median over the window.
+    "busy_s_min": SECONDS,
+    "busy_s_median": SECONDS,
+    "busy_s_max": SECONDS,
+    "busy_slowest_rank": COUNT,
+    "busy_slowest_host": NAME,
+    "straggler_rank": COUNT,
+    "straggler_ratio": SECONDS,
 }
 STEP_KEYS: dict[str, Kind] = {
     **{f.name: f.metadata[KIND] for f in fields(StepRecord) if KIND in f.metadata},
@@ -252,6 +266,75 @@ def parse_eval(raw: Mapping[str, Any], where: str, *, fix: str = FIX) -> EvalLin
         source=raw["source"],
         time=None if time is None else float(time),
     )
+
+
+# --- busy.jsonl -----------------------------------------------------------------------------
+
+MAX_HOSTS = 10_000  # hosts of one line: at ~60 bytes each, well inside rundir.MAX_LINE_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class HostBusy:
+    """A host's ranks' mean busy time a step over a window: their mean, least and most."""
+
+    host: str
+    mean_s: float
+    min_s: float
+    max_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BusyLine:
+    """The window of ``steps`` steps that ended at ``step``, per host in rank order."""
+
+    step: int
+    steps: int
+    hosts: tuple[HostBusy, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        rows = [[h.host, h.mean_s, h.min_s, h.max_s] for h in self.hosts]
+        return {"step": self.step, "steps": self.steps, "hosts": rows}
+
+
+def read_busy(path: Path, *, fix: str = FIX, max_lines: int = MAX_LINES) -> Iterator[BusyLine]:
+    """Every whole line of the ``busy.jsonl`` at ``path``, in order; the file must be there."""
+    for where, raw in read_json_lines(path, rundir.MAX_LINE_BYTES, fix=fix, max_lines=max_lines):
+        yield parse_busy(raw, where, fix=fix)
+
+
+def parse_busy(raw: Mapping[str, Any], where: str, *, fix: str = FIX) -> BusyLine:
+    """The window of one ``busy.jsonl`` object, or a ``GoodputError`` naming ``where``."""
+    _check(raw, BUSY_KEYS, BUSY_KEYS, where, fix)
+    if len(raw) != len(BUSY_KEYS):
+        raise GoodputError(where, f"has keys other than {', '.join(BUSY_KEYS)}", fix)
+    rows = raw["hosts"]
+    if not isinstance(rows, list) or not 0 < len(rows) <= MAX_HOSTS:
+        raise GoodputError(where, f"'hosts' is not a list of 1 to {MAX_HOSTS} hosts", fix)
+    return BusyLine(
+        step=raw["step"],
+        steps=raw["steps"],
+        hosts=tuple(_host_busy(row, f"{where}: hosts[{i}]", fix) for i, row in enumerate(rows)),
+    )
+
+
+def _host_busy(row: Any, where: str, fix: str) -> HostBusy:
+    if not (
+        isinstance(row, list)
+        and len(row) == 4
+        and NAME.admits(row[0])
+        and all(SECONDS.admits(value) for value in row[1:])
+        and row[2] <= row[3]
+    ):
+        what = "is not [host, mean_s, min_s, max_s] with finite seconds >= 0, min <= max"
+        raise GoodputError(where, what, fix)
+    return HostBusy(row[0], float(row[1]), float(row[2]), float(row[3]))
+
+
+BUSY_KEYS = {
+    "step": COUNT,
+    "steps": Kind("a whole number >= 1", lambda v: type(v) is int and 1 <= v < MAX_COUNT),
+    "hosts": Kind("a list", lambda v: isinstance(v, list)),
+}
 
 
 # --- both -----------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ The campaign folder (``--output``; default ``chaos-<config stem>``)::
 
     OUT/
       campaign.json        what was asked and drawn; written first, it marks the folder as ours
-      plan.json            the faulted run's fault plan (GOODPUT_FAULTS; goodput.faults)
+                           (written again once the slow faults are timed)
+      plan.json            the faulted run's fault plan (GOODPUT_FAULTS; goodput.faults),
+                           written after the straight run
       reference-plan.json  the straight run's: the same ``nan`` faults, when there are any
       fired/ reference-fired/   the faults' fired records
       reference/ faulted/  the two run directories (train.run_dir and launch --run-dir), each
@@ -28,7 +30,12 @@ the report says so. ``bad-node`` needs a spare host per fault (``--nhosts N`` of
 without one it is left out of the default kinds and refused when asked for. A hang is caught
 by the idle watchdog: without the user's ``--timeout``, the faulted run gets
 ``IDLE_TIMEOUT_FACTOR`` times the straight run's longest quiet stretch it can see (its start-up
-or its slowest step), at least ``MIN_IDLE_TIMEOUT_S``.
+or its slowest step, that step slowed by a ``slow`` fault's sleep), at least
+``MIN_IDLE_TIMEOUT_S``; a ``stall`` is caught the same way, and sits out ``--grace`` too (its
+peers wait in a collective and never see SIGTERM's flag). A ``slow`` fault sleeps
+``max(MIN_SLOW_S, SLOW_FACTOR x the straight run's median step time)`` on each step of its
+window, a window ``watch.straggler_steps + 5`` steps long (``plan.slow_window``): a straggler
+the watch must name, and no hang.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -70,6 +78,10 @@ CAMPAIGN_DIR = folder_holding(MARKER)
 OURS = (PLAN, REFERENCE_PLAN, FIRED, REFERENCE_FIRED, REFERENCE, FAULTED, REPORT)
 IDLE_TIMEOUT_FACTOR = 2.0
 MIN_IDLE_TIMEOUT_S = 10.0
+SLOW_FACTOR = 3.0  # a slow rank's sleep, in the straight run's median step times
+MIN_SLOW_S = 0.05
+# Kinds that test the launcher's naming of a rank, with windows sized by [watch]: only on --kinds.
+ASKED_ONLY = ("slow", "stall")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,7 +93,8 @@ class CampaignOptions:
     perturb: tuple[str, ...] = ()  # overrides for the faulted run only
     num_faults: int = 8
     seed: int = 0
-    kinds: tuple[str, ...] | None = None  # None: every kind this launch can recover from
+    # None: every kind this launch can recover from, but those in ASKED_ONLY
+    kinds: tuple[str, ...] | None = None
     output: Path | None = None  # None: chaos-<config stem>
     # goodput launch's options for both runs (its command is the campaign's): nhosts, ppn,
     # nproc, profile, timeout, retries, backoff, grace, prefix.
@@ -94,20 +107,37 @@ def run_campaign(options: CampaignOptions) -> Report:
     setup = _prepare(options)
     _claim(setup.output)
     write_json(setup.output / MARKER, _campaign_record(options, setup))
-    plan.write_plan(setup.output / PLAN, setup.faults, setup.output / FIRED)
     nans = [fault for fault in setup.faults if fault.kind == "nan"]
     if nans:
         plan.write_plan(setup.output / REFERENCE_PLAN, nans, setup.output / REFERENCE_FIRED)
     reference = _run_straight(options, setup, bool(nans))
-    idle_timeout_s = options.launch.idle_timeout_s
-    if idle_timeout_s is None:
-        idle_timeout_s = _idle_timeout_s(reference.accounting)
+    setup = _time_slow_faults(setup, reference.accounting)
+    write_json(setup.output / MARKER, _campaign_record(options, setup))
+    plan.write_plan(setup.output / PLAN, setup.faults, setup.output / FIRED)
+    derived_idle_s, derived_startup_s = _quiet_bounds(reference.accounting, setup.slow_s)
+    idle_timeout_s = _or(options.launch.idle_timeout_s, derived_idle_s)
+    startup_timeout_s = options.launch.startup_timeout_s
+    if startup_timeout_s is None and options.launch.idle_timeout_s is None:
+        # --timeout alone keeps its meaning: the one bound, start-up included.
+        startup_timeout_s = derived_startup_s
+    if options.launch.idle_timeout_s is None:
         setup.notes.append(
             f"idle timeout {idle_timeout_s:.1f} s for the faulted run: {IDLE_TIMEOUT_FACTOR:g} x "
-            "the straight run's start-up or slowest step (goodput launch --timeout sets it)"
+            "the straight run's slowest step, plus a slow fault's sleep (goodput launch "
+            "--timeout sets it)"
+        )
+    if options.launch.startup_timeout_s is None and options.launch.idle_timeout_s is None:
+        setup.notes.append(
+            f"start-up timeout {derived_startup_s:.1f} s for the faulted run: "
+            f"{IDLE_TIMEOUT_FACTOR:g} x the straight run's start-up (goodput launch "
+            "--startup-timeout sets it)"
         )
     faulted = dataclasses.replace(
-        options.launch, nproc=setup.num_ranks, auto_retry=True, idle_timeout_s=idle_timeout_s
+        options.launch,
+        nproc=setup.num_ranks,
+        auto_retry=True,
+        idle_timeout_s=idle_timeout_s,
+        startup_timeout_s=startup_timeout_s,
     )
     _say(f"faulted run: {len(setup.faults)} fault(s), output in {setup.output / FAULTED / LOG}")
     perturbed = dataclasses.replace(
@@ -126,10 +156,12 @@ class _Setup:
     output: Path
     num_steps: int
     num_ranks: int
+    ranks_per_host: int
     kinds: tuple[str, ...]
-    faults: list[faults.Fault]
+    faults: list[faults.Fault]  # a slow fault's seconds: None until _time_slow_faults
     notes: list[str]  # what the campaign changed or left out; the report shows them
     train: _TrainCommand
+    slow_s: float = 0.0  # what a slow fault sleeps a step; 0 until timed, or without one
 
 
 def _prepare(options: CampaignOptions) -> _Setup:
@@ -165,6 +197,7 @@ def _prepare(options: CampaignOptions) -> _Setup:
         interval_steps=interval or cfg.checkpoint.interval_steps,
         num_ranks=launch_plan.nproc,
         seed=options.seed,
+        straggler_steps=cfg.watch.straggler_steps,
     )
     train = _TrainCommand(options.config, tuple(overrides), bool(cfg.checkpoint.folder))
     # Each run's whole command line, loaded as goodput train loads it (a mistyped --perturb
@@ -177,7 +210,28 @@ def _prepare(options: CampaignOptions) -> _Setup:
     ]
     for run_cfg in configs:
         check_launchable(run_cfg, launch_plan.nproc, launch_plan.ppn)
-    return _Setup(output, cfg.train.steps, launch_plan.nproc, kinds, drawn, notes, train)
+    return _Setup(
+        output, cfg.train.steps, launch_plan.nproc, launch_plan.ppn, kinds, drawn, notes, train
+    )
+
+
+def _time_slow_faults(setup: _Setup, straight: Accounting) -> _Setup:
+    """``setup`` with its slow faults' sleep set from the straight run's median step time."""
+    if not any(fault.kind == "slow" for fault in setup.faults):
+        return setup
+    times = [step.step_time_s for span in straight.timeline for step in span.steps]
+    median_s = statistics.median(times) if times else 0.0
+    slow_s = round(max(MIN_SLOW_S, SLOW_FACTOR * median_s), 3)
+    note = (
+        f"slow faults sleep {slow_s:.3f} s a step: {SLOW_FACTOR:g} x the straight run's median "
+        f"step time ({median_s:.3f} s), at least {MIN_SLOW_S:g} s"
+    )
+    return dataclasses.replace(
+        setup,
+        faults=plan.timed(setup.faults, slow_s),
+        notes=[*setup.notes, note],
+        slow_s=slow_s,
+    )
 
 
 def _run_straight(options: CampaignOptions, setup: _Setup, with_nans: bool) -> AccountedRun:
@@ -228,7 +282,11 @@ def _report(
         kinds=setup.kinds,
         notes=tuple(setup.notes),
         idle_timeout_s=idle_timeout_s,
-        faults=tuple(outcomes.fault_outcomes(setup.faults, fired, run.accounting.timeline)),
+        faults=tuple(
+            outcomes.fault_outcomes(
+                setup.faults, fired, run.accounting.timeline, ranks_per_host=setup.ranks_per_host
+            )
+        ),
         attempts=tuple(run.files.attempts),
         faulted=run.accounting,
         reference=reference.accounting,
@@ -255,10 +313,11 @@ def _check_config(cfg: RunConfig) -> None:
 def _kinds(asked: tuple[str, ...] | None, num_spares: int) -> tuple[tuple[str, ...], list[str]]:
     if asked is not None:
         return asked, []
+    default = tuple(kind for kind in faults.KINDS if kind not in ASKED_ONLY)
     if num_spares:
-        return faults.KINDS, []
+        return default, []
     note = "bad-node left out: this launch has no spare host to replace a bad one"
-    return tuple(kind for kind in faults.KINDS if kind != "bad-node"), [note]
+    return tuple(kind for kind in default if kind != "bad-node"), [note]
 
 
 def _check_spares(dealt: list[str], num_spares: int) -> None:
@@ -291,7 +350,7 @@ def _campaign_record(options: CampaignOptions, setup: _Setup) -> dict[str, objec
         "overrides": list(options.overrides),
         "perturb": list(options.perturb),
         "seed": options.seed,
-        "faults": [dataclasses.asdict(fault) for fault in setup.faults],
+        "faults": [fault.keys() for fault in setup.faults],
         "notes": list(setup.notes),
         "output": str(setup.output),
     }
@@ -376,11 +435,17 @@ def _compare(
     )
 
 
-def _idle_timeout_s(straight: Accounting) -> float:
+def _quiet_bounds(straight: Accounting, slow_s: float) -> tuple[float, float]:
+    """The faulted run's watchdog (idle, start-up) from the straight run's quiet stretches: its
+    slowest step and its start-up; ``slow_s``: what a slow fault adds to a step."""
     span = straight.timeline[0]  # the straight run: one attempt
     startup_s = span.steps[0].time - span.start if span.steps else span.end - span.start
-    slowest_s = max((step.step_time_s for step in span.steps), default=0.0)
-    derived = max(MIN_IDLE_TIMEOUT_S, IDLE_TIMEOUT_FACTOR * max(startup_s, slowest_s))
+    slowest_s = max((step.step_time_s for step in span.steps), default=0.0) + slow_s
+    return _bound(slowest_s), _bound(startup_s)
+
+
+def _bound(quiet_s: float) -> float:
+    derived = max(MIN_IDLE_TIMEOUT_S, IDLE_TIMEOUT_FACTOR * quiet_s)
     return math.ceil(derived * 10) / 10  # to 0.1 s up, as the launcher and the report print it
 
 

@@ -13,7 +13,13 @@ fired record (``records``):
     **start-up** and **load** of the next attempt that made a step (``Span.lead_in``: as the
     account charges them) and its **first step**; the **steps lost** (the last step its attempt
     reached, less the step the next one resumed from) and the **recovery** time, from the fault
-    to the end of that first step back.
+    to the end of that first step back;
+  - for a ``slow`` or ``stall`` fault (``NAMED``), the **host** it was injected on (its rank's
+    host in the attempt it fired in, as the ranks name it: ``faults.launcher_host``) and the
+    rank and host the launcher **named** for it, from the attempts' evidence
+    (``attempts.jsonl``): a stall takes the ``hang-suspect`` evidence of the attempt it fired
+    in (the first: suspects come first); a slow fault the first ``straggler`` evidence, in
+    attempt order, whose ``step`` falls in its window. None where no evidence says.
 
 Every figure is None where it does not apply, else finite and >= 0, whatever the files say: a
 fault is placed only inside an attempt, and the timeline's spans are disjoint and in order.
@@ -25,10 +31,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from goodput.chaos.records import FiredRecord
-from goodput.faults import Fault
+from goodput.faults import Fault, launcher_host
+from goodput.launch.history import Evidence
 from goodput.report.accounting import RECORD_RESOLUTION_S, Span
 
-ENDS_ATTEMPT = frozenset({"kill", "ckpt-kill", "hang", "bad-node"})  # the others: the run goes on
+ENDS_ATTEMPT = frozenset({"kill", "ckpt-kill", "hang", "bad-node", "stall"})  # others: it goes on
+NAMED = frozenset({"slow", "stall"})  # the kinds the launcher must name the rank and host of
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,15 +55,52 @@ class FaultOutcome:
     first_step_s: float | None
     steps_lost: int | None
     recovery_s: float | None  # fault -> first step back
+    host: str | None  # the host of the fault's rank in the attempt it fired in
+    named_rank: int | None  # slow and stall: the rank the launcher named for it
+    named_host: str | None
+
+    @property
+    def named_right(self) -> bool:
+        """Whether the launcher named the fault's own rank and host (a kind it must name)."""
+        return (self.named_rank, self.named_host) == (self.fault.rank, self.host) and (
+            self.host is not None
+        )
 
 
 def fault_outcomes(
-    faults: Sequence[Fault], fired: Sequence[FiredRecord], timeline: Sequence[Span]
+    faults: Sequence[Fault],
+    fired: Sequence[FiredRecord],
+    timeline: Sequence[Span],
+    *,
+    ranks_per_host: int,
 ) -> list[FaultOutcome]:
     """What became of each planned fault, in plan order; ``timeline``: the faulted run's
-    (``Accounting.timeline``)."""
+    (``Accounting.timeline``), whose ranks ran ``ranks_per_host`` to a host."""
     by_id = {record.id: record for record in fired}
-    return [_outcome(fault, by_id.get(fault.id), timeline) for fault in faults]
+    return [
+        _named(_outcome(fault, by_id.get(fault.id), timeline), timeline, ranks_per_host)
+        for fault in faults
+    ]
+
+
+def _named(outcome: FaultOutcome, timeline: Sequence[Span], ranks_per_host: int) -> FaultOutcome:
+    """``outcome`` with the injected host and, for a kind in ``NAMED``, whom the evidence named."""
+    fault, fired = outcome.fault, outcome.fired
+    index = None if fired is None else _holding(timeline, fired.time)
+    fired_in = None if index is None else timeline[index].record
+    if fired_in is None:
+        return outcome
+    records = [span.record for span in timeline if span.record is not None]
+    host = launcher_host(fault.rank, ",".join(fired_in.hosts), str(ranks_per_host))
+    named: Evidence | None = None
+    if fault.kind == "stall":
+        named = next((e for e in fired_in.evidence if e.source == "hang-suspect"), None)
+    elif fault.kind == "slow":
+        found = (e for r in records for e in r.evidence if e.source == "straggler")
+        named = next((e for e in found if e.step is not None and fault.in_window(e.step)), None)
+    if named is None:
+        return replace(outcome, host=host)
+    return replace(outcome, host=host, named_rank=named.rank, named_host=named.host)
 
 
 def _outcome(fault: Fault, fired: FiredRecord | None, timeline: Sequence[Span]) -> FaultOutcome:
@@ -71,6 +116,9 @@ def _outcome(fault: Fault, fired: FiredRecord | None, timeline: Sequence[Span]) 
         first_step_s=None,
         steps_lost=None,
         recovery_s=None,
+        host=None,
+        named_rank=None,
+        named_host=None,
     )
     if fired is None or not timeline:
         return empty

@@ -5,8 +5,10 @@ idle timeout), each fault and what became of it (``outcomes.FaultOutcome``), the
 their classes, the goodput of the faulted and the straight run with the badput by cause (each
 run's ``report.accounting.Accounting``, in JSON as ``goodput report --json`` writes it), and the
 verdict: whether the final state is bitwise equal to the straight run's, every planned
-fault fired and the faulted run finished. ``passed`` is that verdict; ``goodput chaos`` exits 0
-only when it holds.
+fault fired, the faulted run finished, and for every ``slow`` and ``stall`` fault the launcher
+named the rank and host it was injected on (``outcomes.NAMED``; each fault's ``host``,
+``named_rank`` and ``named_host`` are in the JSON). ``passed`` is that verdict; ``goodput
+chaos`` exits 0 only when it holds.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from goodput.chaos.compare import PARTS, Comparison
-from goodput.chaos.outcomes import FaultOutcome
+from goodput.chaos.outcomes import NAMED, FaultOutcome
 from goodput.io import write_json
 from goodput.launch.history import AttemptRecord
 from goodput.report.accounting import Accounting
@@ -45,10 +47,16 @@ class Report:
         return [outcome for outcome in self.faults if outcome.fired is None]
 
     @property
+    def misnamed(self) -> list[FaultOutcome]:
+        """The slow and stall faults whose rank and host the launcher did not name."""
+        return [o for o in self.faults if o.fault.kind in NAMED and not o.named_right]
+
+    @property
     def passed(self) -> bool:
         return (
             self.unfinished is None
             and not self.unfired
+            and not self.misnamed
             and self.comparison is not None
             and self.comparison.equal
         )
@@ -110,7 +118,7 @@ def format_report(report: Report) -> str:
 def _fault_table(faults: Sequence[FaultOutcome]) -> list[str]:
     header = (
         "id", "kind", "rank", "step", "fired", "at", "attempt", "detection", "backoff",
-        "start-up", "load", "1st step", "lost", "recovery",
+        "start-up", "load", "1st step", "lost", "recovery", "named",
     )  # fmt: skip
     rows = [header]
     for outcome in faults:
@@ -131,9 +139,24 @@ def _fault_table(faults: Sequence[FaultOutcome]) -> list[str]:
                 _seconds(outcome.first_step_s),
                 _count(outcome.steps_lost),
                 _seconds(outcome.recovery_s),
+                _named(outcome),
             )
         )
-    return ["faults (times in seconds; recovery = fault -> first step back)", *_columns(rows)]
+    return [
+        "faults (times in seconds; recovery = fault -> first step back; named: the rank the "
+        "launcher named, for slow and stall)",
+        *_columns(rows),
+    ]
+
+
+def _named(outcome: FaultOutcome) -> str:
+    if outcome.fault.kind not in NAMED:
+        return "-"
+    if outcome.named_rank is None:
+        return "NO ONE"
+    return f"rank {outcome.named_rank} on {outcome.named_host}" + (
+        "" if outcome.named_right else " WRONG"
+    )
 
 
 def _attempt_table(attempts: Sequence[AttemptRecord]) -> list[str]:
@@ -179,6 +202,17 @@ def _verdict_lines(report: Report) -> list[str]:
         lines.append(
             f"FAILED: fault {fault.id} ({fault.kind} at step {fault.step} on rank {fault.rank}) "
             "never fired: the campaign did not test it"
+        )
+    for outcome in report.misnamed:
+        fault = outcome.fault
+        named = (
+            "no one"
+            if outcome.named_rank is None
+            else f"rank {outcome.named_rank} on {outcome.named_host}"
+        )
+        lines.append(
+            f"FAILED: fault {fault.id} ({fault.kind} at step {fault.step} on rank {fault.rank} "
+            f"on {outcome.host or 'an unknown host'}): the launcher named {named}"
         )
     comparison = report.comparison
     if comparison is not None and comparison.equal:

@@ -3,10 +3,19 @@
 When to save is decided here too (``Checkpointer.decide``): by steps, by minutes, at the last
 step, and on SIGTERM (the scheduler's walltime warning) a final synchronous save before the
 run stops. Ranks see the clock and the signal at slightly different moments, so every rank
-takes each step's decision together (an all-reduce MAX over a gloo group of its own: the flush
+takes each step's decision together (one all-reduce SUM over a gloo group of its own: the flush
 of the previous save may still be running collectives on the checkpoint group from its thread,
 and two threads' collectives on one group pair up in a different order on each rank and hang);
 otherwise one rank would enter a save while another entered the next step, and both would hang.
+The vote carries each rank's share too (its busy time of the step, for the straggler watch):
+one float64 vector ``[sigterm, minutes_due, share_0 .. share_{W-1}]`` in which each rank writes
+its flags and only its own share's slot, so the sum hands every rank every share exactly,
+whatever the order of the reduction, with no collective of its own (``Checkpointer.shares``).
+
+Where the rank is (``goodput.beacon``): ``decide`` is the ``vote`` phase and ``save`` the
+``checkpoint-save`` phase; each of their collectives is bracketed (sites ``ckpt.vote``,
+``ckpt.barrier``, ``ckpt.gather``), and the flush's barriers and gather are ``ckpt.flush``, on
+the writer thread's own counters when it runs in the background.
 
 One save at a time: a save asked for while the previous one is still flushing waits for it (the
 wait is counted as stall). The snapshot goes into one host copy kept for the whole run.
@@ -63,6 +72,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.storage import WriteResult
 
+from goodput import beacon
 from goodput.checkpoint.checksums import file_digests, write_checksums
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.parts import gather
@@ -203,7 +213,8 @@ class WaveWriter(FileSystemWriter):
                     error = exc
                 finally:
                     self._progress = None
-            dist.barrier(group=self.group)  # every rank passes every barrier, failed or not
+            with _bracket("ckpt.flush"):  # every rank passes every barrier, failed or not
+                dist.barrier(group=self.group)
         # After the last wave, on every rank at once: no wave waits for another's hashing, and
         # the files were just written, so they are mostly read back from the page cache.
         digests: dict[str, str] = {}
@@ -215,7 +226,8 @@ class WaveWriter(FileSystemWriter):
             except OSError as exc:
                 error = exc
         gathered: list[Any] | None = [None] * world_size if rank == 0 else None
-        dist.gather_object(digests, gathered, group=self.group, group_dst=0)  # failed or not
+        with _bracket("ckpt.flush"):  # failed or not
+            dist.gather_object(digests, gathered, group=self.group, group_dst=0)
         if gathered is not None:
             self.digests = {name: digest for part in gathered for name, digest in part.items()}
         if error is not None:
@@ -245,18 +257,25 @@ class Checkpointer:
         self.rank = dist.get_rank()
         self.in_flight: threading.Event | None = None
         self.last_save = time.monotonic()
+        self.shares: list[float] | None = None  # every rank's share of the last vote, by rank
         # One host copy of the state, reused by every save (the previous flush is always over
         # before the next snapshot): a fresh 1.3 GB allocation per save tripled the stall of a
         # 100M model (bench_checkpoint). Plain memory, synchronous copy: works without a GPU.
         self.stager = DefaultStager(StagingOptions(False, False, False, False))
 
-    def decide(self, step: int, *, last_step: int, sigterm: bool) -> Decision:
+    def decide(
+        self, step: int, *, last_step: int, sigterm: bool, share: float | None = None
+    ) -> Decision:
         """Collective: after ``step``, save or stop? SIGTERM on any rank stops every rank; the
         minutes interval counts once it has passed on any rank; with an interval set, the last
-        step is always saved."""
+        step is always saved. ``share`` (given on every rank or on none) rides along: every
+        rank's is in ``shares`` afterwards, by rank."""
+        beacon.current().phase("vote")
         minutes = self.cfg.interval_minutes
         minutes_due = minutes > 0 and time.monotonic() - self.last_save >= 60 * minutes
-        sigterm, minutes_due = _any_rank([sigterm, minutes_due], self.decision_group)
+        (sigterm, minutes_due), self.shares = _vote(
+            [sigterm, minutes_due], share, self.decision_group
+        )
         if sigterm:
             return Decision.FINAL if self.cfg.save_on_sigterm else Decision.STOP
         interval = self.cfg.interval_steps
@@ -269,6 +288,7 @@ class Checkpointer:
         """Save ``step`` of the registered contents; return the seconds the caller was held
         (wait + snapshot)."""
         start = time.perf_counter()
+        beacon.current().phase("checkpoint-save")
         self.wait()
         directory = step_dir(self.root, step)
         error = None
@@ -277,7 +297,8 @@ class Checkpointer:
                 shutil.rmtree(directory)
             except OSError as exc:
                 error = _reason(exc, directory)
-        dist.barrier(group=self.group)
+        with beacon.current().collective("ckpt.barrier"):
+            dist.barrier(group=self.group)
         contents = self.contents
         model_state, optimizer_state, param_groups = gather(contents.parts, contents.optimizers)
         # The world size decides whether a resume restores each rank's RNG state (load.py).
@@ -344,7 +365,8 @@ class Checkpointer:
             except OSError as exc:
                 error = _reason(exc, directory)
         errors: list[str | None] = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(errors, error, group=self.group)
+        with beacon.current().collective("ckpt.gather"):
+            dist.all_gather_object(errors, error, group=self.group)
         failed = {rank: reason for rank, reason in enumerate(errors) if reason is not None}
         if failed:
             self._report_failure(step, failed)
@@ -436,13 +458,31 @@ def _planned_bytes(plan: SavePlan) -> int:
     )
 
 
-def _any_rank(flags: list[bool], group: dist.ProcessGroup) -> list[bool]:
-    """Each flag true on every rank if it is true on any."""
-    if dist.get_world_size(group) == 1:
-        return flags
-    votes = torch.tensor([int(flag) for flag in flags])
-    dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=group)
-    return [bool(vote) for vote in votes.tolist()]
+def _vote(
+    flags: list[bool], share: float | None, group: dist.ProcessGroup
+) -> tuple[list[bool], list[float] | None]:
+    """(each flag true on every rank if it is true on any, every rank's ``share`` by rank or
+    None): one SUM all-reduce in which this rank fills its flags and its own share's slot."""
+    world_size = dist.get_world_size(group)
+    slots = world_size if share is not None else 0
+    votes = torch.zeros(len(flags) + slots, dtype=torch.float64)
+    votes[: len(flags)] = torch.tensor(flags, dtype=torch.float64)
+    if share is not None:
+        votes[len(flags) + dist.get_rank(group)] = share
+    if world_size > 1:
+        with beacon.current().collective("ckpt.vote"):
+            dist.all_reduce(votes, op=dist.ReduceOp.SUM, group=group)
+    values = votes.tolist()
+    return [vote > 0 for vote in values[: len(flags)]], values[len(flags) :] if slots else None
+
+
+def _bracket(site: str) -> Any:
+    """A flush collective's bracket: the writer thread's counters when it runs in the background
+    (``dcp.async_save``), the training thread's when the save is synchronous."""
+    current = beacon.current()
+    if threading.current_thread() is threading.main_thread():
+        return current.collective(site)
+    return current.flush_collective(site)
 
 
 def _reason(error: BaseException, directory: Path) -> str:

@@ -1,6 +1,7 @@
 """``goodput chaos``: its options parsed into ``goodput.chaos.campaign.CampaignOptions``, one call
 of ``run_campaign``, and the report printed. Exit 0 only when the faulted run finished, every
-fault fired and the final state is bitwise equal to the straight run's; 1 otherwise.
+fault fired, every slow and stall fault's rank and host were named by the launcher, and the
+final state is bitwise equal to the straight run's; 1 otherwise.
 
 ``goodput chaos CONFIG [KEY=VALUE ...] [options] [-- LAUNCH OPTIONS]``: argparse cannot put
 options after a positional and still keep a ``--`` tail (it drops a ``--`` that follows a
@@ -39,7 +40,8 @@ def register(groups: Subparsers) -> None:
         "--auto-retry; report goodput, recovery and whether the final state is bitwise equal",
         description="Run CONFIG twice under goodput launch: straight, and with NUM faults "
         "injected at seeded steps (SIGKILL of a rank, SIGKILL during a checkpoint flush, "
-        "SIGSTOP of a rank, a rank dying like a bad node, a failing save, a NaN gradient) and "
+        "SIGSTOP of a rank, a rank dying like a bad node, a failing save, a NaN gradient; on "
+        "--kinds also a slow rank and a stalled one, which the launcher must name) and "
         "--auto-retry on. Report each fault's detection, steps lost and recovery time, the "
         "attempts, goodput and where the rest of the time went, and compare losses, weights, "
         "optimizer and RNG state bit for bit. Exit 0 only when they are equal.",
@@ -76,8 +78,9 @@ def add_campaign_options(parser: argparse.ArgumentParser) -> None:
         "--kinds",
         type=_kinds,
         metavar="LIST",
-        help="comma-separated, from kill,ckpt-kill,hang,bad-node,save-fail,nan (default: all; "
-        "bad-node only when the launch has spare hosts)",
+        help="comma-separated, from kill,ckpt-kill,hang,bad-node,save-fail,nan,slow,stall "
+        "(default: all but slow and stall; bad-node only when the launch has spare hosts). slow "
+        "and stall also check that the launcher names the faulted rank and host",
     )
     parser.add_argument(
         "--nproc",

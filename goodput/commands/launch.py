@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from goodput import argtypes
 from goodput.commands import OneLineErrorParser, Subparsers, after_dashes
-from goodput.errors import ExitCode
+from goodput.errors import ExitCode, GoodputError
 
 if TYPE_CHECKING:
     from goodput.launch import LaunchOptions
@@ -51,6 +51,13 @@ def register(groups: Subparsers) -> None:
         "with --auto-retry; 0: never)",
     )
     launch.add_argument(
+        "--startup-timeout",
+        type=argtypes.positive_float,
+        metavar="S",
+        help="the --timeout until an attempt's first step=N line: start-up (imports, the "
+        "rendezvous, a checkpoint load) may be quiet longer than a step (default: --timeout)",
+    )
+    launch.add_argument(
         "--retries",
         type=argtypes.non_negative_int,
         help="attempts after a failed one (default 0; with --auto-retry: no limit but its own)",
@@ -71,6 +78,13 @@ def register(groups: Subparsers) -> None:
         "failed health probe; a peer that went away only gets its host probed. Stop after 2 "
         "attempts without a step, at walltime, on Ctrl-C or when a bad host has no spare "
         "(--timeout defaults to 1800)",
+    )
+    launch.add_argument(
+        "--evict-stragglers",
+        action="store_true",
+        help="with --auto-retry, while a spare is left: a rank warned about as a straggler "
+        "makes the trainer stop after its next periodic save (exit 4); its host is replaced by "
+        "a spare and the run resumes",
     )
     launch.add_argument(
         "--grace",
@@ -105,6 +119,12 @@ def options(args: argparse.Namespace) -> LaunchOptions:
     """The parsed options of ``goodput launch``, as the Python API takes them."""
     from goodput.launch import LaunchOptions
 
+    if args.evict_stragglers and not args.auto_retry:
+        raise GoodputError.usage(
+            "--evict-stragglers",
+            "replaces hosts, which only --auto-retry does",
+            "add --auto-retry (and spare hosts: --nhosts N of a larger job)",
+        )
     return LaunchOptions(
         command=tuple(after_dashes(args.cmd)),
         nhosts=args.nhosts,
@@ -112,9 +132,11 @@ def options(args: argparse.Namespace) -> LaunchOptions:
         nproc=args.nproc,
         profile=args.profile,
         idle_timeout_s=args.timeout,
+        startup_timeout_s=args.startup_timeout,
         retries=args.retries,
         backoff_s=args.backoff,
         auto_retry=args.auto_retry,
+        evict_stragglers=args.evict_stragglers,
         grace_s=args.grace,
         log=args.log,
         run_dir=args.run_dir,

@@ -40,6 +40,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from goodput.beacon import current
 from goodput.data.loader import BlendedSamples
 from goodput.errors import GoodputError
 from goodput.eval.choice_tasks import ChoiceItem, read_choice_task
@@ -219,10 +220,12 @@ def score_rows(
             micro = micro_batches_of((input_ids, labels), context, mesh.cp_rank, plan, device)
             mine = _local_row_sums(model, micro, positions_t)
             if cp_group is not None:
-                dist.all_reduce(mine, group=cp_group)
+                with current().collective("eval.sums"):
+                    dist.all_reduce(mine, group=cp_group)
             if dp_group is not None:
                 everyone = torch.empty(global_rows, dtype=mine.dtype, device=mine.device)
-                dist.all_gather_into_tensor(everyone, mine, group=dp_group)
+                with current().collective("eval.sums"):
+                    dist.all_gather_into_tensor(everyone, mine, group=dp_group)
                 mine = everyone
             sums.append(mine.cpu())
     finally:

@@ -5,7 +5,11 @@ spawned (data-loader workers, compiler daemons). The attempt ends when every pro
 or is cut short — SIGTERM (and SIGCONT, which wakes a stopped process to act on it) to each
 group, SIGKILL to whatever is left ``grace_s`` later — when:
   - no process printed anything for ``idle_timeout_s`` (the idle watchdog, exit 124): a hung
-    collective keeps every rank alive by ``kill -0`` but quiets its output;
+    collective keeps every rank alive by ``kill -0`` but quiets its output. Until the first
+    ``step=N`` line the bound is ``startup_timeout_s`` when given: start-up (imports, the
+    rendezvous, a checkpoint load) is quiet far longer than a step. Before they are
+    stopped, ``on_idle_timeout`` (the hang forensics) may look at them, for at most
+    ``on_idle_timeout_bound_s``; the suspects it names go into the result;
   - one process failed while others still run, since the others would wait on the dead rank
     forever (exit code: the first failure's; a death by signal N reads as 128 + N);
   - the launcher itself got SIGINT or SIGTERM (exit 130 or 143), which it forwards. A second
@@ -35,6 +39,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from goodput.errors import ExitCode, GoodputError
+from goodput.launch.history import Evidence
 
 # A step number past 15 digits is no trainer's (and past 2**53 no record's): not a step line.
 STEP_LINE = re.compile(rb"step=(\d{1,15})(?!\d)")
@@ -64,30 +69,44 @@ class AttemptResult:
     tail_lines: list[bytes]  # the last lines as printed (prefixed), without newlines
     launcher_signal: int | None = None  # SIGINT/SIGTERM the launcher itself got, if any
     first_step_after_s: float | None = None  # when the first ``step=`` line came, from the start
+    suspects: tuple[Evidence, ...] = ()  # the hang forensics' suspects, when the watchdog fired
+
+
+# Called when the idle watchdog fires, with the attempt's notice (a line to stderr and the log):
+# the hang suspects. It runs in a thread of its own, and the attempt waits for it only so long.
+IdleHook = Callable[[Callable[[str], None]], tuple[Evidence, ...]]
+IDLE_HOOK_BOUND_S = 120.0
 
 
 def run_attempt(
     processes: list[ProcessSpec],
     *,
     idle_timeout_s: float | None,
+    startup_timeout_s: float | None = None,
     grace_s: float = 10.0,
     log_path: Path | None = None,
     prefix: bool = True,
     out: BinaryIO | None = None,
     on_line: Callable[[bytes], None] | None = None,
+    on_idle_timeout: IdleHook | None = None,
+    on_idle_timeout_bound_s: float = IDLE_HOOK_BOUND_S,
 ) -> AttemptResult:
     """Run ``processes`` to the end; ``out`` defaults to this process's stdout (as bytes).
-    ``on_line`` sees every output line (without prefix or newline), one at a time."""
+    ``on_line`` sees every output line (without prefix or newline), one at a time.
+    ``on_idle_timeout``: see the module docstring."""
     if not processes:
         raise ValueError("an attempt needs at least one process")
     started = time.monotonic()
+    suspects: tuple[Evidence, ...] = ()
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(open(log_path, "ab")) if log_path is not None else None
         received = stack.enter_context(_caught_stop_signals())
         attempt = _Attempt(out if out is not None else sys.stdout.buffer, log, prefix, on_line)
         try:
             attempt.start(processes)
-            exit_code, failed, timed_out = attempt.wait(idle_timeout_s, received)
+            exit_code, failed, timed_out = attempt.wait(idle_timeout_s, startup_timeout_s, received)
+            if timed_out and on_idle_timeout is not None:
+                suspects = attempt.investigate(on_idle_timeout, on_idle_timeout_bound_s, received)
         finally:
             attempt.stop(grace_s, received)
     duration_s = time.monotonic() - started
@@ -106,6 +125,7 @@ def run_attempt(
         list(attempt.tail),
         received[0] if received else None,
         first_step_after_s,
+        suspects,
     )
 
 
@@ -146,10 +166,12 @@ class _Attempt:
             self.readers.append(reader)
 
     def wait(
-        self, idle_timeout_s: float | None, received: list[int]
+        self, idle_timeout_s: float | None, startup_timeout_s: float | None, received: list[int]
     ) -> tuple[int, str | None, bool]:
         """Poll until all exit or one must stop the rest: (code, failed label, timed out)."""
         while True:
+            starting = startup_timeout_s is not None and self.first_step_time is None
+            quiet_s = startup_timeout_s if starting else idle_timeout_s
             alive = [process.poll() is None for _, process in self.running]
             failure = next(
                 ((label, p.returncode) for label, p in self.running if p.returncode), None
@@ -165,12 +187,39 @@ class _Attempt:
                 if any(alive):
                     self.notice(f"launch: process {label} exited {code}; stopping the others")
                 return code, label, False
-            if idle_timeout_s is not None and time.monotonic() - self.last_output > idle_timeout_s:
-                self.notice(f"launch: no output for {idle_timeout_s:g} s; stopping all processes")
+            if quiet_s is not None and time.monotonic() - self.last_output > quiet_s:
+                before = " before the first step" if starting else ""
+                self.notice(f"launch: no output for {quiet_s:g} s{before}; stopping all processes")
                 return ExitCode.IDLE_TIMEOUT, None, True
             if not any(alive):
                 return ExitCode.OK, None, False
             time.sleep(POLL_S)
+
+    def investigate(
+        self, hook: IdleHook, bound_s: float, received: list[int]
+    ) -> tuple[Evidence, ...]:
+        """``hook``'s suspects, or () when it fails, outlives ``bound_s`` or a signal comes: a
+        bug or a silent host there must not keep the ranks from being stopped."""
+        answer: list[tuple[Evidence, ...]] = []
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                answer.append(hook(self.notice))
+            except Exception as error:  # noqa: BLE001 - said below, then the ranks are stopped
+                failure.append(error)
+
+        worker = threading.Thread(target=run, name="hang-forensics", daemon=True)
+        worker.start()
+        deadline = time.monotonic() + bound_s
+        num_signals = len(received)
+        while worker.is_alive() and time.monotonic() < deadline and len(received) == num_signals:
+            worker.join(POLL_S)
+        if failure:
+            self.notice(f"launch: forensics failed: {type(failure[0]).__name__}: {failure[0]}")
+        elif not answer:
+            self.notice(f"launch: forensics gave no answer within {bound_s:g} s")
+        return answer[0] if answer else ()
 
     def stop(self, grace_s: float, received: list[int]) -> None:
         """SIGTERM every group, wait up to ``grace_s`` (or a further signal), SIGKILL the rest.

@@ -30,6 +30,7 @@ MAX_JSON_NODES = 100_000
 # uncontained ECC, 119/120 GSP errors.
 CRITICAL_XIDS = frozenset({48, 63, 64, 74, 79, 94, 95, 119, 120})
 VENDORS = ("nvidia", "amd", "intel")
+MAX_DEVICES = 1024  # the most devices one host may be expected to have (--expect-devices)
 COUNT = re.compile(r"[0-9]{1,18}")  # ASCII only: str.isdigit takes "²", which int() refuses
 
 

@@ -10,7 +10,10 @@ Each attempt gets one class, from its exit code, its progress (``step=N`` lines 
     did with no host evidence);
   - ``bad-node``: an output line is host evidence against a host of the pool (or, decided
     by ``retry`` after a crash, a suspect failed its health probe);
-  - ``hang``: the idle watchdog fired (124);
+  - ``hang``: the idle watchdog fired (124); a hang suspect (``AttemptResult.suspects``) is
+    evidence, never host evidence: the attempt stays a hang whatever its forensics named;
+  - ``straggler``: the trainer stopped after a save to have a straggler's host replaced (exit 4,
+    ``--evict-stragglers``);
   - ``stuck-pre-training``: no step this attempt;
   - ``error``: any other failure.
 
@@ -23,6 +26,10 @@ them) whose ``host`` group names a host, or whose ``addr`` group gives an addres
     connection, a rank there exited with an error. Processes die on healthy hosts (a bug, an
     exception, a kill), so this only makes the host a suspect for ``probe_hosts``, which runs
     the profile's health probe on it; only a failed probe evicts it.
+A third kind is neither: the trainer's straggler warning (``stragglers_line``), read in every
+launch mode (plain, ``--retries``, ``--auto-retry``) where the other two are read only under
+``--auto-retry``. It becomes evidence of source ``straggler`` with the rank and the last step of
+its window; it blames no host unless the trainer then stops for eviction (class ``straggler``).
 Names match by their first label (``x1.hsn.cm`` in a log is host ``x1``); names outside the pool
 are ignored. Evidence text is bounded and free of NUL bytes, so its record reads back.
 Standard library only.
@@ -33,6 +40,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import ipaddress
 import math
 import os
@@ -45,6 +53,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from goodput import stragglers_line
 from goodput.errors import ExitCode, GoodputError
 from goodput.io import read_json
 from goodput.launch.attempt import AttemptResult, ProcessSpec, start_process
@@ -85,11 +94,16 @@ RESOLVE_TIMEOUT_S = 5.0
 HEARTBEAT_BYTES = 1 << 16  # the trainer writes a line of JSON
 MAX_STEP = 2**53
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# The trainer warns once per rank and lag; hostile output could name any number of ranks.
+MAX_STRAGGLERS = 64
 
 
 class EvidenceScanner:
     """Fed every output line of an attempt; keeps, for each host of the pool, the first line of
-    host evidence against it (``found``) and the first line of peer evidence (``suspected``)."""
+    host evidence against it (``found``) and the first line of peer evidence (``suspected``),
+    and the straggler warnings about ranks on pool hosts (``stragglers``: the first per rank and
+    window, by (rank, first step), in order, at most ``MAX_STRAGGLERS``). With no patterns it
+    reads only the warnings."""
 
     def __init__(
         self,
@@ -105,13 +119,28 @@ class EvidenceScanner:
         self.window: collections.deque[str] = collections.deque(maxlen=WINDOW_LINES)
         self.found: dict[str, Evidence] = {}
         self.suspected: dict[str, Evidence] = {}
+        self.stragglers: dict[tuple[int, int], Evidence] = {}
         self.resolved: dict[str, str | None] = {}
 
     def __call__(self, line: bytes) -> None:
         self.window.append(ANSI.sub("", line[:SCAN_BYTES].decode(errors="replace")))
+        self._straggler(self.window[-1])
+        if not (self.patterns or self.peer_patterns):
+            return
         text = "\n".join(self.window)
         self._scan(self.patterns, text, self.found)
         self._scan(self.peer_patterns, text, self.suspected)
+
+    def _straggler(self, line: str) -> None:
+        notice = stragglers_line.parse_notice(line)
+        if notice is None or (notice.rank, notice.first_step) in self.stragglers:
+            return
+        host = self._host(notice.host)
+        if host is not None and len(self.stragglers) < MAX_STRAGGLERS:
+            said = _printable(notice.line())  # as the trainer wrote it, without any prefix
+            self.stragglers[(notice.rank, notice.first_step)] = Evidence(
+                host, said, "straggler", rank=notice.rank, step=notice.last_step
+            )
 
     def _scan(self, patterns: list[re.Pattern[str]], text: str, into: dict[str, Evidence]) -> None:
         for pattern in patterns:
@@ -136,6 +165,17 @@ class EvidenceScanner:
             names = self.resolve(addr)
             self.resolved[addr] = next((h for n in names if (h := self._host(n))), None)
         return self.resolved[addr]
+
+
+def on_hosts(items: Iterable[Evidence], hosts: Sequence[str]) -> list[Evidence]:
+    """The items about ``hosts``, each naming its host as ``hosts`` spells it (a rank names its
+    host by the first label, as output lines do); items about other hosts are left out."""
+    by_short_name = {_short(host): host for host in hosts}
+    return [
+        dataclasses.replace(item, host=by_short_name[_short(item.host)])
+        for item in items
+        if _short(item.host) in by_short_name
+    ]
 
 
 def _is_address(text: str) -> bool:
@@ -192,8 +232,9 @@ def probe_hosts(probes: dict[str, ProcessSpec], timeout_s: float) -> dict[str, E
 
 
 def classify(result: AttemptResult, steps_gained: int, named: Sequence[Evidence]) -> AttemptClass:
-    """The attempt's class; ``named``: the host evidence against its hosts (peer evidence is
-    no class of its own: the attempt failed for whatever its exit says)."""
+    """The attempt's class; ``named``: the host evidence against its hosts (peer evidence, hang
+    suspects and straggler warnings are no class of their own: the attempt failed for whatever
+    its exit says)."""
     code = result.exit_code
     if code == ExitCode.OK:
         return "success"
@@ -201,6 +242,8 @@ def classify(result: AttemptResult, steps_gained: int, named: Sequence[Evidence]
         return "interrupted"
     if result.launcher_signal == signal.SIGTERM or (code == ExitCode.TERMINATED and not named):
         return "walltime"
+    if code == ExitCode.STRAGGLER and not result.timed_out:
+        return "straggler"  # the trainer's own stop after a save: no host failed
     if named:
         return "bad-node"
     if result.timed_out:

@@ -37,7 +37,7 @@ from goodput.launch import device_tools
 
 PROBE_BYTES = 1 << 20
 MIN_FREE_BYTES = 1 << 30
-MAX_EXPECT_DEVICES = 1024
+MAX_EXPECT_DEVICES = device_tools.MAX_DEVICES
 MAX_BOUND_S = 3600.0  # as device_check's own limit
 DEFAULT_BOUND_S = 5.0
 # The device check's child starts Python and torch (and CUDA's context) before any matmul.

@@ -7,7 +7,7 @@ Each line is one JSON object with exactly these keys (none ever left out; null o
   of                   int | null: the attempts allowed (``--retries`` + 1); null: no fixed limit
   job                  str | null: the Slurm or PBS job id; null outside a job
   class                success | walltime | interrupted | bad-node | hang | stuck-pre-training |
-                       error (``failover.classify``)
+                       straggler | error (``failover.classify``)
   exit_code            int 0..255: the attempt's; a death by signal N reads 128 + N
   timed_out            bool: the idle watchdog ended it
   first_failure_label  str | null: the label (rank, ``srun``, ...) of the first process that failed
@@ -19,8 +19,13 @@ Each line is one JSON object with exactly these keys (none ever left out; null o
   last_step            int | null: the highest N seen; null exactly when steps_seen is 0
   steps_gained         int: steps this attempt made, by its step lines or the heartbeat file
   hosts                [str]: the hosts it ran on, in rank order
-  evidence             [{host, said, source}]: why each blamed host was blamed; ``source`` is
-                       ``log`` (an output line named it) or ``probe`` (its health probe failed)
+  evidence             [{host, said, source, rank, step}]: what named a host, suspects and
+                       stragglers first; ``source`` is ``log`` (an output line named it),
+                       ``probe`` (its health probe failed), ``hang-suspect`` (the hang's forensics
+                       named a rank on it) or ``straggler`` (a rank on it was slow); ``rank`` and
+                       ``step`` (int >= 0, or null) say which rank at which step, where known.
+                       Evidence is not blame: a host is blamed only where ``replaced`` names it
+                       (a suspect whose probe passed is named here and kept)
   replaced             {old: new}: hosts swapped for spares before the next attempt
   spares_left          [str]: spares still unused after those swaps
   decision             retry | stop
@@ -28,7 +33,8 @@ Each line is one JSON object with exactly these keys (none ever left out; null o
   wait_s               float | null: seconds waited before the next attempt; null on a stop
 Lines are written whole (one ``write`` on an O_APPEND descriptor, fsynced), so a crash never
 leaves half of one. ``read_attempts`` reads them back strictly: a line that is not exactly such a
-record is refused with ``FILE:LINE``. Standard library and goodput's own config checks only.
+record is refused with ``FILE:LINE``; an evidence item without ``rank`` and ``step`` (a line of an
+older goodput) reads with both null. Standard library and goodput's own config checks only.
 """
 
 from __future__ import annotations
@@ -46,8 +52,16 @@ from goodput.errors import GoodputError
 from goodput.io import SMALL_FILE_BYTES, append_fd, json_text, read_lines
 
 AttemptClass = Literal[
-    "success", "walltime", "interrupted", "bad-node", "hang", "stuck-pre-training", "error"
+    "success",
+    "walltime",
+    "interrupted",
+    "bad-node",
+    "hang",
+    "stuck-pre-training",
+    "straggler",
+    "error",
 ]
+EvidenceSource = Literal["log", "probe", "hang-suspect", "straggler"]
 # A record names every host of the attempt (up to launch.env.MAX_HOSTS) and what blamed ones said.
 MAX_LINE_BYTES = SMALL_FILE_BYTES
 FIX = "it is not an attempt record of this goodput (damaged, or another version's); move it aside"
@@ -56,8 +70,11 @@ FIX = "it is not an attempt record of this goodput (damaged, or another version'
 @dataclass(frozen=True, slots=True)
 class Evidence:
     host: str
-    said: str  # the log line(s), or the probe's answer
-    source: Literal["log", "probe"]
+    said: str  # the log line(s), the probe's answer, or the suspect's or straggler's line
+    source: EvidenceSource
+    # Which rank on ``host``, at which step; None where the source does not say (a probe).
+    rank: int | None = dataclasses.field(default=None, metadata=limits(at_least=0))
+    step: int | None = dataclasses.field(default=None, metadata=limits(at_least=0))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -37,6 +37,7 @@ from goodput import rundir
 from goodput.config import from_table, limits, read_toml
 from goodput.errors import GoodputError, from_exception
 from goodput.io import write_text
+from goodput.launch import device_tools
 from goodput.launch.attempt import ProcessSpec
 from goodput.launch.env import Placement, check_host
 from goodput.outputs import LAUNCH_DIR, LAUNCH_LOG, check_output_dir, check_output_file
@@ -52,6 +53,11 @@ MAX_HEALTH_TIMEOUT_S = 86400.0
 LOCAL_ADDR = "127.0.0.1"
 HOSTS_VAR = "GOODPUT_LAUNCH_HOSTS"  # every rank learns the attempt's host set, in rank order
 PROBE_HOST_VAR = "GOODPUT_PROBE_HOST"  # the host a health probe was sent to
+# An overlapping srun step's memory: Python and goodput's launch modules (23 MB resident, measured)
+# with room; a step asking for none would ask for the node's, which the hung step holds.
+OVERLAP_MEM = "256M"
+# The default probe, by module name: imported here, ``python -m`` would find it imported already.
+HEALTH_MODULE = "goodput.launch.health"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,7 +81,14 @@ class ProfileConfig:
     # ``host`` (a host name) or ``addr`` (an address to resolve); added to failover's own.
     bad_node_patterns: tuple[str, ...] = ()
     # The per-host probe run before evicting a host no log line named (argv; exit 0 = healthy).
-    health_check: tuple[str, ...] = (sys.executable, "-m", "goodput.launch.health")
+    health_check: tuple[str, ...] = (sys.executable, "-m", HEALTH_MODULE)
+    # The default probe with --device, in the launcher's own interpreter (a "python" on the
+    # job's PATH may not be the one goodput is installed in): ``health_command``.
+    health_device: bool = False
+    health_vendor: Literal["auto", "nvidia", "amd", "intel"] = "auto"  # device_tools.VENDORS
+    health_expect_devices: int | None = field(
+        default=None, metadata=limits(at_least=1, at_most=device_tools.MAX_DEVICES)
+    )
     health_timeout_s: float = field(
         default=60.0, metadata=limits(above=0, at_most=MAX_HEALTH_TIMEOUT_S)
     )
@@ -128,6 +141,23 @@ class ProfileConfig:
 
     def env_vars(self) -> dict[str, str]:
         return dict(item.split("=", 1) for item in self.env)
+
+    def inert_keys(self) -> dict[str, str]:
+        """The device keys do nothing without ``health_device``, and ``health_check`` nothing
+        with it (``config.from_table`` refuses them when set)."""
+        if self.health_device:
+            return {"health_check": "health_device = false"}
+        return dict.fromkeys(("health_vendor", "health_expect_devices"), "health_device = true")
+
+    def health_command(self) -> list[str]:
+        """The probe's argv: ``health_check``, or with ``health_device`` the default probe
+        with ``--device --vendor V [--expect-devices N]``."""
+        if not self.health_device:
+            return list(self.health_check)
+        argv = [sys.executable, "-m", HEALTH_MODULE, "--device", "--vendor", self.health_vendor]
+        if self.health_expect_devices is not None:
+            argv += ["--expect-devices", str(self.health_expect_devices)]
+        return argv
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,22 +368,43 @@ def _rank_env(plan: LaunchPlan) -> dict[str, str]:
 def build_probe(plan: LaunchPlan, host: str, env: Mapping[str, str]) -> ProcessSpec:
     """The profile's health check, run once on ``host`` alone, by the job's own launcher."""
     check_host(host, "health probe")
-    probe = [*plan.profile.health_check]
-    probe_env = {**env, **plan.profile.env_vars(), PROBE_HOST_VAR: host}
+    spec = build_host_command(plan, host, plan.profile.health_command(), env)
+    return ProcessSpec(spec.argv, spec.env, f"probe {host}")
+
+
+def build_host_command(
+    plan: LaunchPlan,
+    host: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    overlap: bool = False,
+) -> ProcessSpec:
+    """``argv`` run once on ``host`` alone, by the job's own launcher (a local plan runs it
+    here), told its host in ``PROBE_HOST_VAR``. ``overlap``: while the attempt's own step still
+    holds the node (hang forensics): under Slurm ``srun --overlap`` with a small memory request
+    and without the profile's srun extras (they ask for GPUs and CPUs the hung step holds);
+    verified under the single-node Slurm of CI, where a plain ``srun`` waits for the step."""
+    check_host(host, "host command")
+    host_env = {**env, **plan.profile.env_vars(), PROBE_HOST_VAR: host}
     if plan.scheduler == "slurm":
-        argv = ["srun", "--nodes", "1", "--ntasks", "1", "--nodelist", host]
-        argv += [*plan.profile.srun_args, *probe]
+        one = ["--nodes", "1", "--ntasks", "1", "--nodelist", host]
+        if overlap:
+            command = ["srun", "--overlap", *one, "--mem", OVERLAP_MEM, *argv]
+        else:
+            command = ["srun", *one, *plan.profile.srun_args, *argv]
     elif plan.scheduler == "pbs":
         hydra = plan.profile.mpiexec == "hydra"
-        argv = ["mpiexec", "-n" if hydra else "--np", "1", "-hosts" if hydra else "--hosts", host]
+        command = ["mpiexec", "-n" if hydra else "--np", "1"]
+        command += ["-hosts" if hydra else "--hosts", host]
         if hydra:
-            argv += ["-genv", PROBE_HOST_VAR, host]
+            command += ["-genv", PROBE_HOST_VAR, host]
         else:
-            argv += ["--env", f"{PROBE_HOST_VAR}={host}"]
-        argv += [*plan.profile.mpiexec_args, *probe]
+            command += ["--env", f"{PROBE_HOST_VAR}={host}"]
+        command += [*plan.profile.mpiexec_args, *argv]
     else:
-        argv = probe
-    return ProcessSpec(argv, probe_env, f"probe {host}")
+        command = list(argv)
+    return ProcessSpec(command, host_env, host)
 
 
 BUILDERS: dict[str, Callable[[LaunchPlan, list[str], dict[str, str]], list[ProcessSpec]]] = {

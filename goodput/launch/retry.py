@@ -9,23 +9,36 @@ attempt, in this order:
      learning; a retry resumes into the same state);
   3. it stops after ``max_stepless`` attempts in a row without a step, if the policy sets it (a
      config bug must not burn the spare pool);
-  4. it judges the hosts (``failover`` says what host and peer evidence are):
+  4. it judges the hosts (``failover`` says what host and peer evidence are), by the first row
+     that applies:
        host evidence names H             H is bad (source ``log``), without a probe: the line
                                          says enough, and explains the peers' lines too
+       no probe (plain retries)          no host is bad
+       class ``straggler`` (exit 4)      the host of each straggler warning is bad (source
+                                         ``straggler``), without a probe (it is slow, not
+                                         broken), as far as spares go; the rest are kept
+       a hang with suspects on S         S is probed first: failed, bad (source ``probe``, the
+                                         suspect's line kept with the answer). All passed: a
+                                         host of S that was a suspect of the previous attempt,
+                                         a hang too, is bad (source ``hang-suspect``) while a
+                                         spare is left ("named the hang suspect twice in a
+                                         row; probe passed: replaced", else "...; no spare:
+                                         kept"); none such: the other hosts are probed, the
+                                         failed are bad
        only peer evidence names H        H is probed: failed, H is bad (source ``probe``, the
                                          peer line kept with the answer); passed, H is kept,
                                          and the attempt's stderr line says so
-       no evidence, the policy probes    every active host is probed; the failed are bad
-       no evidence, no probe             no host is bad
-     It stops when a bad host has no spare left. Peer evidence alone never makes a host bad,
-     so it never stops a run for want of a spare: a single-host run (local ranks, one node)
-     whose rank died retries on the same host;
+       no evidence                       every active host is probed; the failed are bad
+     It stops when a bad host has no spare left. Peer evidence and suspects alone never make a
+     host bad, so they never stop a run for want of a spare: a single-host run (local ranks,
+     one node) whose rank died or hung retries on the same host;
   5. it stops once ``max_attempts`` attempts have run;
   6. otherwise the bad hosts are swapped for spares, in place, and the next attempt starts
      after a wait. Backoff protects the scheduler and the file systems from crash loops; it
      must not punish progress. An attempt made progress when it reached a step that no
      earlier attempt of this launch reached (by its ``step=`` lines or the heartbeat):
-       - after progress: at most ``PROGRESS_WAIT_S`` (1 s, ``backoff_s`` if smaller), jittered;
+       - after progress, or a straggler's eviction (a planned stop after a save, whatever
+         step it reached): at most ``PROGRESS_WAIT_S`` (1 s, ``backoff_s`` if smaller), jittered;
        - after k attempts in a row without progress — no step at all, or the same crash at the
          same step again: ``backoff_s * 2**(k-1)``, capped at ``backoff_max_s``;
      each times a jitter factor in [0.5, 1], so that the ranks of many jobs restarting at once
@@ -33,7 +46,9 @@ attempt, in this order:
 Plain ``--retries R`` is ``Policy(max_attempts=R + 1)``: no patterns, no probe, no step-less
 limit, so it never blames a host and retries on the same ones, with the same waits. Every
 attempt appends one ``history.AttemptRecord`` to the attempts log and prints one line, before
-the wait.
+the wait. In every mode the record's evidence holds, in this order, the attempt's hang suspects
+(``AttemptResult.suspects``), the straggler warnings its output held, then why each bad host
+is bad; only ``replaced`` blames a host.
 """
 
 from __future__ import annotations
@@ -60,6 +75,7 @@ EXIT_MEANINGS: dict[int, str] = {
     ExitCode.ERROR: "error",
     ExitCode.USAGE: "usage or config error",
     ExitCode.NOT_LEARNING: "stopped by the eval gate",
+    ExitCode.STRAGGLER: "stopped after a save to replace a straggler's host",
     ExitCode.IDLE_TIMEOUT: "idle watchdog",
     ExitCode.INTERRUPTED: "interrupted",
     ExitCode.TERMINATED: "terminated",
@@ -96,11 +112,22 @@ class Policy:
 
 
 @dataclass(frozen=True, slots=True)
+class Findings:
+    """What an attempt's output and forensics said about its hosts, each list in host order."""
+
+    named: list[Evidence]  # host evidence against active hosts
+    suspected: list[Evidence]  # peer evidence against active hosts no host evidence names
+    suspects: list[Evidence]  # the hang's suspects on active hosts (AttemptResult.suspects)
+    stragglers: list[Evidence]  # straggler warnings about ranks on active hosts
+    suspects_before: frozenset[str]  # hosts of the previous attempt's suspects, if it hung
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     evidence: list[Evidence]  # why each bad host is bad
     replaced: dict[str, str]
     stop: str | None  # why the loop stops; None: it retries
-    cleared: list[Evidence] = dataclasses.field(default_factory=list)  # peer lines, probe passed
+    notes: list[str] = dataclasses.field(default_factory=list)  # hosts judged and kept, and why
 
 
 def run_attempts(
@@ -121,15 +148,17 @@ def run_attempts(
     stepless = 0  # attempts in a row without a step
     without_progress = 0  # attempts in a row that reached no new step: the backoff doubles
     furthest: int | None = None  # the highest step an attempt of this launch reached
-    watch = bool(policy.patterns or policy.peer_patterns)
+    suspects_before: frozenset[str] = frozenset()  # the last attempt's suspects, if it hung
     for attempt in itertools.count(1):
         hosts = tuple(pool.active)
+        # Always on: without host or peer patterns (plain retries) it reads only the
+        # straggler warnings, which every mode records.
         scanner = failover.EvidenceScanner(
             policy.patterns, [*pool.active, *pool.spares], resolve, policy.peer_patterns
         )
         before = failover.read_heartbeat(heartbeat)
         started, clock = datetime.now(UTC), time.monotonic()
-        result = start_attempt(hosts, scanner if watch else None)
+        result = start_attempt(hosts, scanner)
         ended = started + timedelta(seconds=time.monotonic() - clock)
         reached = failover.progress(result, before, failover.read_heartbeat(heartbeat))
         progressed = reached.last_step is not None and (
@@ -137,17 +166,11 @@ def run_attempts(
         )
         furthest = reached.last_step if progressed else furthest
         stepless = 0 if reached.steps_gained else stepless + 1
-        without_progress = 0 if progressed else without_progress + 1
-        named = [scanner.found[host] for host in hosts if host in scanner.found]
-        suspected = [
-            scanner.suspected[host]
-            for host in hosts
-            if host in scanner.suspected and host not in scanner.found
-        ]
-        kind = failover.classify(result, reached.steps_gained, named)
-        decision = _decide(
-            policy, pool, attempt, kind, result.exit_code, stepless, named, suspected
-        )
+        findings = _findings(scanner, result, hosts, suspects_before)
+        kind = failover.classify(result, reached.steps_gained, findings.named)
+        without_progress = 0 if progressed or kind == "straggler" else without_progress + 1
+        suspects_before = frozenset(item.host for item in findings.suspects if kind == "hang")
+        decision = _decide(policy, pool, attempt, kind, result.exit_code, stepless, findings)
         if kind in ("error", "stuck-pre-training") and decision.evidence:
             kind = "bad-node"  # a crash whose suspect then failed its health probe
         wait_s = None
@@ -164,11 +187,12 @@ def run_attempts(
             times=(started, ended),
             kind=kind,
             gained=reached.steps_gained,
+            evidence=_recorded(findings, decision),
             decision=decision,
             wait_s=wait_s,
         )
         append_record(attempts_log, record)
-        _tell(record, result.duration_s, decision.cleared, None if progressed else furthest)
+        _tell(record, result.duration_s, decision.notes, None if progressed else furthest)
         if wait_s is None:
             return result.exit_code
         try:
@@ -179,6 +203,28 @@ def run_attempts(
     raise AssertionError("unreachable: the loop ends by returning")
 
 
+def _findings(
+    scanner: failover.EvidenceScanner,
+    result: AttemptResult,
+    hosts: tuple[str, ...],
+    suspects_before: frozenset[str],
+) -> Findings:
+    found, suspected = scanner.found, scanner.suspected
+    return Findings(
+        named=[found[host] for host in hosts if host in found],
+        suspected=[suspected[h] for h in hosts if h in suspected and h not in found],
+        suspects=failover.on_hosts(result.suspects, hosts),
+        stragglers=[item for item in scanner.stragglers.values() if item.host in hosts],
+        suspects_before=suspects_before,
+    )
+
+
+def _recorded(findings: Findings, decision: Decision) -> tuple[Evidence, ...]:
+    """The record's evidence: suspects first (the report shows the first), then straggler
+    warnings, then why each bad host is bad; an item judged bad as it was named is kept once."""
+    return tuple(dict.fromkeys([*findings.suspects, *findings.stragglers, *decision.evidence]))
+
+
 def _decide(
     policy: Policy,
     pool: failover.Pool,
@@ -186,12 +232,10 @@ def _decide(
     kind: AttemptClass,
     exit_code: int,
     stepless: int,
-    named: list[Evidence],
-    suspected: list[Evidence],
+    findings: Findings,
 ) -> Decision:
-    """Rules 2-6 of the module docstring; swaps hosts in ``pool`` when it retries. ``named``:
-    host evidence against active hosts; ``suspected``: peer evidence against active hosts that
-    no host evidence names."""
+    """Rules 2-6 of the module docstring; swaps hosts in ``pool`` when it retries."""
+    named = findings.named
     if kind in FINAL_CLASSES:
         return Decision(named, {}, FINAL_CLASSES[kind])
     if exit_code == ExitCode.USAGE:
@@ -207,44 +251,102 @@ def _decide(
             f"{stepless} attempts in a row made no step: a config or code error is likely; "
             "read the log above, fix it, then relaunch",
         )
-    bad, cleared = _judge_hosts(policy, tuple(pool.active), attempt, kind, named, suspected)
+    bad, notes = _judge_hosts(policy, pool, attempt, kind, findings)
     if len(bad) > len(pool.spares):
         missing = ", ".join(item.host for item in bad[len(pool.spares) :])
         return Decision(
             bad,
             {},
             f"no spare left for {missing} ({len(pool.spares)} spare(s) for {len(bad)} bad host(s))",
-            cleared,
+            notes,
         )
     if attempt == policy.max_attempts:
-        return Decision(bad, {}, "no retries left", cleared)
-    return Decision(bad, pool.replace([item.host for item in bad]), None, cleared)
+        return Decision(bad, {}, "no retries left", notes)
+    return Decision(bad, pool.replace([item.host for item in bad]), None, notes)
 
 
 def _judge_hosts(
-    policy: Policy,
-    hosts: tuple[str, ...],
-    attempt: int,
-    kind: AttemptClass,
-    named: list[Evidence],
-    suspected: list[Evidence],
-) -> tuple[list[Evidence], list[Evidence]]:
-    """Rule 4's table: (the bad hosts, each with why; the suspects whose probe passed)."""
-    if named:
-        return named, []
+    policy: Policy, pool: failover.Pool, attempt: int, kind: AttemptClass, findings: Findings
+) -> tuple[list[Evidence], list[str]]:
+    """Rule 4's table: (the bad hosts, each with why; the judged hosts kept, and why)."""
+    if findings.named:
+        return findings.named, []
     if policy.probe is None:
         return [], []
-    probed = tuple(item.host for item in suspected) or hosts
-    why = "a peer went away" if suspected else "no host named"
-    _say(f"attempt {attempt}: {kind}, {why}; probing {len(probed)} host(s)")
-    failed = policy.probe(probed)
-    peer_lines = {item.host: item.said for item in suspected}
+    if kind == "straggler":
+        return _evict_stragglers(findings.stragglers, len(pool.spares))
+    hosts = tuple(pool.active)
+    if kind == "hang" and findings.suspects:
+        return _judge_suspects(policy.probe, hosts, len(pool.spares), attempt, findings)
+    if findings.suspected:
+        why = f"{kind}, a peer went away"
+        return _probe(policy.probe, attempt, why, _first_per_host(findings.suspected))
+    _say(f"attempt {attempt}: {kind}, no host named; probing {len(hosts)} host(s)")
+    failed = policy.probe(hosts)
+    return [failed[host] for host in hosts if host in failed], []
+
+
+def _probe(
+    probe: Probe, attempt: int, why: str, named: list[Evidence]
+) -> tuple[list[Evidence], list[str]]:
+    """Probe the hosts of ``named`` (one peer line or hang suspect per host): the failed are
+    bad, with what named them kept above the probe's answer; the passed are kept, and a note
+    says so (with the peer line; a suspect's is in the record, printed above)."""
+    _say(f"attempt {attempt}: {why}; probing {len(named)} host(s)")
+    failed = probe(tuple(item.host for item in named))
     bad = [
-        Evidence(host, "\n".join(filter(None, (peer_lines.get(host), failed[host].said))), "probe")
-        for host in probed
-        if host in failed
+        Evidence(item.host, f"{item.said}\n{failed[item.host].said}", "probe", item.rank, item.step)
+        for item in named
+        if item.host in failed
     ]
-    return bad, [item for item in suspected if item.host not in failed]
+    kept = [
+        f"{item.host}: [hang suspect; health probe passed: kept]"
+        if item.source == "hang-suspect"
+        else f"{item.host}: {item.said.splitlines()[-1]} [peer; health probe passed: kept]"
+        for item in named
+        if item.host not in failed
+    ]
+    return bad, kept
+
+
+def _judge_suspects(
+    probe: Probe, hosts: tuple[str, ...], spares: int, attempt: int, findings: Findings
+) -> tuple[list[Evidence], list[str]]:
+    """A hang with suspects: their hosts are probed first; if every probe passes, a host named
+    twice in a row is bad while a spare is left; else the other hosts are probed."""
+    suspects = _first_per_host(findings.suspects)
+    bad, kept = _probe(probe, attempt, "hang, suspects named", suspects)
+    if bad:
+        return bad, kept
+    twice = [item for item in suspects if item.host in findings.suspects_before]
+    said = "named the hang suspect twice in a row; probe passed"
+    kept += [f"{item.host}: {said}: replaced" for item in twice[:spares]]
+    kept += [f"{item.host}: {said}; no spare: kept" for item in twice[spares:]]
+    if twice[:spares]:
+        return twice[:spares], kept
+    others = tuple(host for host in hosts if host not in {item.host for item in suspects})
+    if not others:
+        return [], kept
+    _say(f"attempt {attempt}: hang, the suspects' probes passed; probing {len(others)} other(s)")
+    failed = probe(others)
+    return [failed[host] for host in others if host in failed], kept
+
+
+def _evict_stragglers(stragglers: list[Evidence], spares: int) -> tuple[list[Evidence], list[str]]:
+    """Class ``straggler``: the host of each straggler warning is bad, as far as spares go."""
+    evicted = _first_per_host(stragglers)
+    if not evicted:
+        return [], ["exit 4 (straggler), but no straggler warning named a host: same hosts"]
+    kept = [f"{item.host}: straggler; no spare: kept" for item in evicted[spares:]]
+    return evicted[:spares], kept
+
+
+def _first_per_host(items: list[Evidence]) -> list[Evidence]:
+    """Each host's first item, in order."""
+    first: dict[str, Evidence] = {}
+    for item in items:
+        first.setdefault(item.host, item)
+    return list(first.values())
 
 
 def _record(
@@ -258,6 +360,7 @@ def _record(
     times: tuple[datetime, datetime],
     kind: AttemptClass,
     gained: int,
+    evidence: tuple[Evidence, ...],
     decision: Decision,
     wait_s: float | None,
 ) -> AttemptRecord:
@@ -278,7 +381,7 @@ def _record(
         last_step=result.last_step,
         steps_gained=gained,
         hosts=hosts,
-        evidence=tuple(decision.evidence),
+        evidence=evidence,
         replaced=decision.replaced,
         spares_left=spares_left,
         decision="stop" if decision.stop is not None else "retry",
@@ -294,15 +397,14 @@ def _first_step_at(result: AttemptResult, ended: datetime) -> str | None:
     return timestamp(ended - timedelta(seconds=result.duration_s - result.first_step_after_s))
 
 
-def _tell(
-    record: AttemptRecord, duration_s: float, cleared: list[Evidence], furthest: int | None
-) -> None:
-    """The attempt's line on stderr: what it did, the evidence, and what comes next.
-    ``furthest``: the step it did not get past, when it made steps but no progress."""
+def _tell(record: AttemptRecord, duration_s: float, notes: list[str], furthest: int | None) -> None:
+    """The attempt's line on stderr: what it did, the evidence, the hosts judged and kept, and
+    what comes next. ``furthest``: the step it did not get past, when it made steps but no
+    progress."""
     for item in record.evidence:
         _say(f"  {item.host}: {item.said.splitlines()[-1]} [{item.source}]")
-    for item in cleared:
-        _say(f"  {item.host}: {item.said.splitlines()[-1]} [peer; health probe passed: kept]")
+    for note in notes:
+        _say(f"  {note}")
     of = f" of {record.of}" if record.of is not None else ""
     beyond = ""
     if record.steps_gained and furthest is not None:

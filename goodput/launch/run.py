@@ -15,15 +15,16 @@ all of ``goodput.launch``, it never imports torch.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from goodput import rundir
+from goodput import beacon, rundir, stragglers_line
 from goodput.errors import ExitCode
-from goodput.launch import failover, launchers
+from goodput.launch import beacon_folder, failover, launchers
 from goodput.launch.attempt import AttemptResult, run_attempt
 from goodput.launch.env import current_placement
 from goodput.launch.history import Evidence
@@ -32,6 +33,7 @@ from goodput.launch.retry import Policy, StartAttempt, run_attempts
 PROFILE_VAR = "GOODPUT_PROFILE"  # the profile when none is named
 DEFAULT_IDLE_TIMEOUT_S = 1800.0  # --auto-retry's: long enough for a checkpoint or an eval
 MAX_STEPLESS_ATTEMPTS = 2  # --auto-retry stops after this many attempts in a row without a step
+FORENSICS_MARGIN_S = 10.0  # the forensics' bound past the hosts' own: start-up, parsing
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,9 +46,11 @@ class LaunchOptions:
     nproc: int | None = None  # ranks in all; None: nhosts x ppn
     profile: str | None = None  # a name or a .toml path; None: $GOODPUT_PROFILE, else generic
     idle_timeout_s: float | None = None  # None: never, 1800 with auto_retry; 0: never
+    startup_timeout_s: float | None = None  # before the first step line; None: idle_timeout_s
     retries: int | None = None  # None: 0, no limit but the policy's with auto_retry
     backoff_s: float = 5.0
     auto_retry: bool = False
+    evict_stragglers: bool = False  # with auto_retry: a straggler's host is replaced by a spare
     grace_s: float = 10.0  # between SIGTERM and SIGKILL
     log: Path | None = None  # all output is appended here too
     run_dir: Path | None = None  # None: the log's folder, else ./launch-JOBID
@@ -94,14 +98,20 @@ def run(options: LaunchOptions, *, dry_run: bool = False) -> ExitCode:
         return ExitCode.OK
     launchers.prepare_outputs(run_dir, options.log)
     heartbeat = run_dir / rundir.HEARTBEAT
-    code = run_attempts(
-        _attempt_starter(plan, options, {**os.environ, rundir.HEARTBEAT_VAR: str(heartbeat)}),
-        _policy(plan, options),
-        failover.Pool(list(plan.hosts), list(plan.spares)),
-        attempts_log=run_dir / rundir.ATTEMPTS,
-        heartbeat=heartbeat,
-        job=placement.job_id,
-    )
+    beacons = beacon_folder.launch_folder(placement.job_id)
+    try:
+        code = run_attempts(
+            _attempt_starter(
+                plan, options, {**os.environ, rundir.HEARTBEAT_VAR: str(heartbeat)}, beacons
+            ),
+            _policy(plan, options),
+            failover.Pool(list(plan.hosts), list(plan.spares)),
+            attempts_log=run_dir / rundir.ATTEMPTS,
+            heartbeat=heartbeat,
+            job=placement.job_id,
+        )
+    finally:
+        beacon_folder.remove_folder(beacons)
     return ExitCode(code) if code in {member.value for member in ExitCode} else ExitCode.ERROR
 
 
@@ -125,12 +135,23 @@ def _policy(plan: launchers.LaunchPlan, options: LaunchOptions) -> Policy:
 
 
 def _attempt_starter(
-    plan: launchers.LaunchPlan, options: LaunchOptions, env: dict[str, str]
+    plan: launchers.LaunchPlan, options: LaunchOptions, env: dict[str, str], beacons: Path
 ) -> StartAttempt:
-    """``env``: what the ranks get (through srun or mpiexec, which pass it on)."""
+    """``env``: what the ranks get (through srun or mpiexec, which pass it on); ``beacons``:
+    the launch's beacon folder, with a folder per attempt in it."""
     timeout_s = options.idle_timeout_s
     if timeout_s is None and options.auto_retry:
         timeout_s = DEFAULT_IDLE_TIMEOUT_S
+    # Imported here, not with the package: ``python -m goodput.launch.forensics`` (run on each
+    # host) would otherwise find its module imported already by ``goodput.launch``.
+    from goodput.launch import forensics, suspects
+
+    numbers = itertools.count(1)
+    # Hosts that ran an attempt: a spare, once used, is never a spare again (failover.Pool).
+    used: set[str] = set()
+    bound_s = forensics.DUMP_WAIT_S + FORENSICS_MARGIN_S
+    if plan.scheduler != "local":
+        bound_s += plan.profile.health_timeout_s
 
     def start_attempt(
         hosts: tuple[str, ...], on_line: Callable[[bytes], None] | None
@@ -140,13 +161,27 @@ def _attempt_starter(
         spares = tuple(host for host in plan.hosts + plan.spares if host not in hosts)
         attempt_plan = dataclasses.replace(plan, hosts=hosts, spares=spares)
         launchers.write_hostfile(attempt_plan)
-        return run_attempt(
-            launchers.build_processes(attempt_plan, options.command, env),
-            idle_timeout_s=timeout_s or None,  # 0: no watchdog
-            grace_s=options.grace_s,
-            log_path=options.log,
-            prefix=options.prefix,
-            on_line=on_line,
-        )
+        folder = beacon_folder.attempt_folder(beacons, next(numbers))
+        rank_env = {**env, beacon.BEACON_DIR_VAR: str(folder)}
+        rank_env.pop(stragglers_line.EVICT_VAR, None)  # the launcher's to give, never inherited
+        used.update(hosts)
+        if options.evict_stragglers and not used.issuperset(plan.spares):
+            rank_env[stragglers_line.EVICT_VAR] = "1"
+        try:
+            return run_attempt(
+                launchers.build_processes(attempt_plan, options.command, rank_env),
+                idle_timeout_s=timeout_s or None,  # 0: no watchdog
+                startup_timeout_s=options.startup_timeout_s,
+                grace_s=options.grace_s,
+                log_path=options.log,
+                prefix=options.prefix,
+                on_line=on_line,
+                on_idle_timeout=lambda notice: suspects.investigate(
+                    attempt_plan, folder, rank_env, notice
+                ),
+                on_idle_timeout_bound_s=bound_s,
+            )
+        finally:
+            beacon_folder.remove_folder(folder)
 
     return start_attempt

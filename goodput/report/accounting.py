@@ -25,8 +25,8 @@ duration, laid from its stamped start (``time`` less both) or from where the ste
 ended, whichever is later, and cut at its attempt's end: nothing is counted twice. Within an
 attempt: its start to its first step is ``startup`` less the ``checkpoint_load``; the time
 between steps is ``other`` (logging, the loop's own work); its last step to its end is ``hang``
-when the idle watchdog ended it, else ``shutdown``; an attempt without a step is
-``failed_start``. Of a step's interval,
+when the idle watchdog ended it, else ``shutdown`` (the save and stop of a straggler's eviction,
+class ``straggler``, too); an attempt without a step is ``failed_start``. Of a step's interval,
 ``data_time_s`` is ``data``, ``checkpoint_stall_s`` is ``checkpoint_save``, the rest compute: for
 every step number only its *last* run is **productive, preserved** time, every earlier run was
 lost to a failure (``recomputed``, the whole run); while the run is not done, steps past its
@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from goodput import rundir
-from goodput.launch.history import AttemptRecord
+from goodput.launch.history import AttemptRecord, Evidence
 from goodput.report.run_files import RunFiles, Step
 
 CAUSES = (
@@ -109,7 +109,8 @@ class AttemptSummary:
     steps_gained: int
     first_step: int | None
     last_step: int | None
-    evidence: str | None  # the first line of evidence against a host, or the failure's label
+    # The first line of the attempt's headline evidence (``headline``), or the failure's label.
+    evidence: str | None
     hosts_evicted: list[str]
     recovery_s: float | None  # this attempt's end to the next one's first step (a failure's)
 
@@ -449,7 +450,7 @@ def _attempt_summaries(spans: tuple[Span, ...], done: bool) -> list[AttemptSumma
             later = next((s.steps[0] for s in spans[index + 1 :] if s.steps), None)
             recovery = None if later is None else max(_begins(later) - span.end, 0.0)
         evidence = (
-            record.evidence[0].said.splitlines()[0][:200]
+            headline(record).said.splitlines()[0][:200]
             if record is not None and record.evidence
             else (record.first_failure_label if record is not None else None)
         )
@@ -482,6 +483,16 @@ def _attempt_summaries(spans: tuple[Span, ...], done: bool) -> list[AttemptSumma
             )
         )
     return summaries
+
+
+def headline(record: AttemptRecord) -> Evidence:
+    """The one item of a record's (non-empty) evidence its attempt row shows: the hang's first
+    suspect (its line names the rank and the host); else the first that is not a straggler
+    warning (what blamed a host, or named one a probe cleared); else the first warning."""
+    return min(
+        record.evidence,
+        key=lambda item: (item.source != "hang-suspect", item.source == "straggler"),
+    )
 
 
 def _step_time(kept: list[Step]) -> dict[str, float | int]:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 WIDTH_IN, HEIGHT_IN = 8.0, 3.5
 MAX_LABEL = 40  # characters of an outside name shown in a figure
 LOG_SPAN = 100.0  # a positive series spanning more than this factor is drawn on a log axis
+BUSY_HOSTS = 8  # the slowest hosts drawn one by one; the others are in the band
 # Hex colours, so that the HTML page's swatches are the figures' own.
 CLASS_COLOURS = {
     "success": "#2ca02c",
@@ -39,6 +40,7 @@ CLASS_COLOURS = {
     "bad-node": "#d62728",
     "hang": "#9467bd",
     "stuck-pre-training": "#8c564b",
+    "straggler": "#e377c2",
     "error": "#444444",
     "running": "#17becf",
     "unrecorded": "#bcbd22",
@@ -216,6 +218,35 @@ def lr_find_curve_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     return png_bytes(figure)
 
 
+def busy_plot(run: RunFiles, acc: Accounting) -> bytes | None:
+    """Busy time per host over the straggler watch's windows (``busy.jsonl``): the
+    ``BUSY_HOSTS`` hosts with the highest mean over the run, each a line, over the median host
+    and a band from the hosts' 25th to 75th percentile."""
+    if not run.busy:
+        return None
+    import numpy as np  # matplotlib's own dependency: there whenever a figure is drawn
+
+    steps = [window.step for window in run.busy]
+    by_host: dict[str, dict[int, float]] = {}
+    for window in run.busy:
+        for row in window.hosts:
+            by_host.setdefault(row.host, {})[window.step] = row.mean_s
+    # Per window: its hosts may differ (a host replaced between attempts).
+    quartiles = [np.percentile([h.mean_s for h in w.hosts], [25, 50, 75]) for w in run.busy]
+    low, median, high = zip(*quartiles, strict=True)
+    figure, axes = _figure()
+    axes.fill_between(steps, low, high, color="#c7c7c7", alpha=0.6, label="hosts' middle half")
+    axes.plot(steps, median, color="#333333", linestyle="--", linewidth=1, label="median host")
+    slowest = sorted(by_host, key=lambda h: -sum(by_host[h].values()) / len(by_host[h]))
+    for name in slowest[:BUSY_HOSTS]:
+        points = sorted(by_host[name].items())
+        axes.plot(*zip(*points, strict=True), marker="o", markersize=3, label=_plain(name))
+    axes.set_xlabel("step (end of each window)")
+    axes.set_ylabel("busy time a step (s)")
+    axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return png_bytes(figure)
+
+
 def timeline_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     """Attempts as bars over wall-clock hours, coloured by class; a cross where a failed one
     ended; below, a tick at the time of each complete checkpoint's step."""
@@ -308,6 +339,14 @@ PLOTS = (
         "LR finder",
         "The LR range test's smoothed loss against the learning rate; dashed: the suggested LR.",
         lr_find_curve_plot,
+    ),
+    Plot(
+        "busy",
+        "Busy time per host",
+        "Each host's mean busy time a step (the step's time less its waits for the other "
+        "ranks) over each straggler-watch window: the slowest hosts as lines, the others' "
+        "median dashed in a band from their 25th to 75th percentile.",
+        busy_plot,
     ),
     Plot(
         "timeline",

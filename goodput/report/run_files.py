@@ -7,12 +7,14 @@ Read: ``metrics.jsonl`` (every job's and attempt's steps, appended: a step recom
 failure appears again), ``evals.jsonl``, ``attempts.jsonl`` (``launch.history.read_attempts``:
 every ``goodput launch --run-dir`` attempt, across the jobs of a chain), ``run.json``, the
 complete checkpoints (``rundir.list_checkpoints``), the ``done`` marker, the blend's mixture
-report (``blend.json`` of the blend ``run.json`` names, when it is still there) and
-``lr_find.json``. Missing files are fine (a run that never launched, a run not yet evaluated);
-a file that is there must be a regular file and parse. ``metrics.jsonl`` and ``evals.jsonl``
-are read by their schema's reader (``runfiles.read_steps``, ``runfiles.read_evals``: strict and
-bounded, one ``GoodputError`` naming ``FILE:LINE``, a torn last line left out); a step line
-must have ``step``, ``step_time_s`` and ``time``, and a part of the step time it lacks is 0.
+report (``blend.json`` of the blend ``run.json`` names, when it is still there),
+``lr_find.json`` and ``busy.jsonl`` (busy time per host, a line per straggler-watch window,
+read by its schema's reader ``runfiles.read_busy``). Missing files are fine (a run that never
+launched, a run not yet evaluated); a file that is there must be a regular file and parse.
+``metrics.jsonl`` and ``evals.jsonl`` are read by their schema's reader (``runfiles.read_steps``,
+``runfiles.read_evals``: strict and bounded, one ``GoodputError`` naming ``FILE:LINE``, a torn
+last line left out); a step line must have ``step``, ``step_time_s`` and ``time``, and a part of
+the step time it lacks is 0.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from goodput import rundir, runfiles
 from goodput.errors import GoodputError
 from goodput.io import read_json
 from goodput.launch.history import AttemptRecord, read_attempts
-from goodput.runfiles import EvalLine
+from goodput.runfiles import BusyLine, EvalLine
 
 MAX_TOKENS = float(1 << 62)  # a step's tokens, capped (the accounting leaves such a step out)
 # The step record's fields the report reads, beside the series it plots (``Step.values``).
@@ -64,6 +66,7 @@ class RunFiles:
     done: bool
     mixture: list[dict[str, Any]] | None  # the blend report's rows: corpus, target, achieved
     lr_find: dict[str, Any] | None  # lr_find.json as goodput diagnose lr-find wrote it
+    busy: list[BusyLine] = field(default_factory=list)  # busy.jsonl's windows, in order
 
 
 def read_run(run_dir: Path) -> RunFiles:
@@ -90,6 +93,7 @@ def read_run(run_dir: Path) -> RunFiles:
         done=(run_dir / rundir.DONE).is_file(),
         mixture=_mixture(record),
         lr_find=_lr_find(run_dir / rundir.LR_FIND),
+        busy=_busy(run_dir / rundir.BUSY),
     )
 
 
@@ -120,6 +124,10 @@ def _step(line: runfiles.StepLine) -> Step:
 
 def _evals(path: Path) -> list[EvalLine]:
     return list(runfiles.read_evals(path)) if os.path.lexists(path) else []
+
+
+def _busy(path: Path) -> list[BusyLine]:
+    return list(runfiles.read_busy(path)) if os.path.lexists(path) else []
 
 
 def _optional_json(path: Path) -> Any:

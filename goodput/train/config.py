@@ -1,9 +1,10 @@
 """The run config: one TOML file, one table per component, and the batch plan derived from it.
 
 ``[model]`` ``[train]`` ``[data]`` ``[optim]`` ``[schedule]`` ``[parallel]`` ``[checkpoint]``
-``[diagnostics]`` ``[eval]`` (``goodput.eval.config``) ``[metrics]`` (``metrics_config``);
-each component is built from its own table only. What can be derived is derived, never
-configured twice: the global batch in samples is ``tokens_per_step / seq_len``, the
+``[diagnostics]`` ``[eval]`` (``goodput.eval.config``) ``[metrics]`` (``metrics_config``)
+``[watch]`` (the straggler watch, ``stragglers.py``) ``[profile]`` (``profiling.py``); each
+component is built from its own table only. What can be derived is derived, never configured
+twice: the global batch in samples is ``tokens_per_step / seq_len``, the
 data-parallel size comes from the mesh (``mesh.py``), and gradient accumulation is
 ``global batch / (micro_batch_size · DP)``. Numbers that do not divide are a usage error naming
 the values and a value that would work.
@@ -37,6 +38,7 @@ from goodput.train.parallel_config import (
     pipeline_microbatches,
     resolve_degrees,
 )
+from goodput.train.profiling import ProfilerConfig
 from goodput.train.schedule import ScheduleConfig
 
 POSITIVE = limits(at_least=1)
@@ -128,6 +130,30 @@ class DiagnosticsConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WatchConfig:
+    """``[watch]``: the straggler watch (``stragglers.py``), the same on every rank. A rank whose
+    mean busy time over a window of ``straggler_steps`` steps exceeds ``straggler_ratio`` times
+    the mean of the steps' medians is named in one warning line."""
+
+    straggler_ratio: float = field(
+        default=1.2,
+        metadata=limits(
+            above=1,
+            at_most=100,
+            why="at 1 every rank lags the median; 100 times slower is a hang, the watchdog's case",
+        ),
+    )
+    straggler_steps: int = field(
+        default=20,
+        metadata=limits(
+            at_least=2,
+            at_most=10_000,
+            why="one step is noise; a longer window names a straggler too late to act on",
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
     model: ModelConfig
     train: TrainConfig
@@ -139,6 +165,8 @@ class RunConfig:
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    watch: WatchConfig = field(default_factory=WatchConfig)
+    profile: ProfilerConfig = field(default_factory=ProfilerConfig)  # profiling.py
 
     def __post_init__(self) -> None:
         self._move_deprecated_keys()

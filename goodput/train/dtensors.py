@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from goodput.beacon import current
+
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``tensor``: a DTensor's local shard (the whole value when it is
@@ -54,10 +56,12 @@ def sum_over_shards(tensors: Sequence[torch.Tensor], local_sums: torch.Tensor) -
                 rows_by_group.setdefault(group, []).append(row)
     for group, rows in rows_by_group.items():
         if len(rows) == len(tensors):
-            dist.all_reduce(local_sums, group=group)
+            with current().collective("optim.reduce"):
+                dist.all_reduce(local_sums, group=group)
             continue
         index = torch.tensor(rows, device=local_sums.device)
         partial = local_sums.index_select(0, index)
-        dist.all_reduce(partial, group=group)
+        with current().collective("optim.reduce"):
+            dist.all_reduce(partial, group=group)
         local_sums.index_copy_(0, index, partial)
     return local_sums

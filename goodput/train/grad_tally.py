@@ -2,10 +2,11 @@
 gradient noise scale's two-batch estimate (``noise_scale.py``), measured at no extra pass.
 
 Under FSDP every unit reduce-scatters one flat buffer of its unreduced gradients: our
-reduce-scatter (``TallyingReduceScatter``) adds up the squares of that buffer on its way in —
-the gradient of this rank's own tokens, padding zeros included harmlessly — then does the default
-reduce-scatter. Without FSDP the step squares the gradients itself before its all-reduce. Either
-way the all-reduced gradient's norm, which the clip computes anyway, is the big batch.
+reduce-scatter (``collectives.CountedReduceScatter``) adds up the squares of that buffer on its
+way in — the gradient of this rank's own tokens, padding zeros included harmlessly — then does
+the default reduce-scatter. Without FSDP the step squares the gradients itself before its
+all-reduce. Either way the all-reduced gradient's norm, which the clip computes anyway, is the
+big batch.
 
 Measured only where a rank's gradient is its own tokens' loss gradient, whole (``measurable``):
 not under tensor, context, expert or pipeline parallelism (they split the model or mix ranks'
@@ -16,8 +17,6 @@ with accumulation, which would tally each micro-batch's gradient apart).
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
-from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
 
 from goodput.train.parallel_config import Degrees
 
@@ -45,21 +44,3 @@ class GradientTally:
         """The step's sum (None: nothing was reduced), and start the next step's."""
         squared, self.squared = self.squared, None
         return squared
-
-
-class TallyingReduceScatter(DefaultReduceScatter):
-    """FSDP's default reduce-scatter, tallying its input first."""
-
-    def __init__(self, tally: GradientTally) -> None:
-        self.tally = tally
-
-    def __call__(
-        self,
-        output_tensor: torch.Tensor,
-        input_tensor: torch.Tensor,
-        group: dist.ProcessGroup,
-        op: dist.ReduceOp.RedOpType,
-        async_op: bool = False,
-    ) -> dist.Work:
-        self.tally.add(input_tensor)
-        return super().__call__(output_tensor, input_tensor, group, op, async_op)

@@ -11,10 +11,13 @@ micro-batches); step (``train_step``, which skips the optimizer step on a non-fi
 norm); metrics (and the step-1 loss of a fresh model against ln(vocab)); eval, every ``[eval]
 interval_steps`` (``goodput.eval.heldout``: held-out loss per corpus and multiple-choice tasks,
 timed apart from the step) and the eval gate (``goodput.eval.gate``), whose alarm can stop the
-run; the non-finite guard (``train.max_skipped_steps`` skips in a row stop the run);
-checkpoint/terminate (``Checkpointer.decide``, the same on every rank); injected faults, when
-``goodput chaos`` set ``GOODPUT_FAULTS`` (``goodput.faults``). A stop (``stop``) lets a save in
-flight complete first.
+run; the checkpoint vote (``Checkpointer.decide``, the same on every rank), which also hands
+every rank each rank's busy time for the straggler watch, whose fields join the step's metrics;
+the non-finite guard (``train.max_skipped_steps`` skips in a row stop the run); the checkpoint
+save or stop, and with ``GOODPUT_EVICT_STRAGGLERS=1`` and a straggler named, a last blocking
+save and exit 4 so the launcher replaces its host. The work around the step (the beacon, busy
+time, injected faults under ``goodput chaos``, the profiler) is ``step_hooks.StepHooks``'s. A
+stop (``stop``) lets a save in flight complete first.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from goodput.train.resume import LoaderState, checkpoint_root, resume
 from goodput.train.schedule import learning_rate
 from goodput.train.setup import setup_torch
 from goodput.train.step import SkippedSteps, train_step
+from goodput.train.step_hooks import StepHooks
 from goodput.train.termination import SigtermFlag
 from goodput.train.watch import LrScale, Watch
 
@@ -102,17 +106,21 @@ def train(cfg: RunConfig) -> list[float]:
         batches = iter(run.loader)
         last_step_end = time.perf_counter()
         timings["startup_s"] = last_step_end - entered
-        with SigtermFlag() as sigterm:
-            for step in range((resumed_at or 0) + 1, cfg.train.steps + 1):
+        first_step = (resumed_at or 0) + 1
+        with SigtermFlag() as sigterm, StepHooks(cfg, run, faults, first_step=first_step) as hooks:
+            for step in range(first_step, cfg.train.steps + 1):
+                hooks.start(step)
                 # LR
                 lr = lr_scale.factor * learning_rate(cfg.schedule, step - 1, cfg.train.steps)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 # Batch: this rank's share of the global batch, in micro-batches.
                 data_start = time.perf_counter()
+                hooks.data(step)
                 micro_batches = run.micro_batches(next(batches))
                 timings["data_time_s"] = time.perf_counter() - data_start
                 # Step
+                hooks.before_step(step)
                 result = train_step(
                     model,
                     optimizer,
@@ -134,10 +142,11 @@ def train(cfg: RunConfig) -> list[float]:
                 evaluated = None
                 if eval_every and (step % eval_every == 0 or step == cfg.train.steps):
                     eval_start = time.perf_counter()
-                    evaluated = run.loop_eval.evaluate(
-                        model, mesh=mesh, plan=run.plan, context=run.context,
-                        positions_t=run.step_settings.positions_t, device=device,
-                    )  # fmt: skip
+                    with hooks.eval():
+                        evaluated = run.loop_eval.evaluate(
+                            model, mesh=mesh, plan=run.plan, context=run.context,
+                            positions_t=run.step_settings.positions_t, device=device,
+                        )  # fmt: skip
                     diagnosed |= evaluated.metrics()
                     diagnosed["eval_time_s"] = time.perf_counter() - eval_start
                 alarm = gate.observe(
@@ -146,7 +155,11 @@ def train(cfg: RunConfig) -> list[float]:
                 )  # fmt: skip
                 if alarm is not None:
                     diagnosed["eval_alarm"] = 1
-                metrics.step(step, result, lr, now - last_step_end, skips.total, diagnosed)
+                # Checkpoint vote: before the metrics, so rank 0's logging is no one's busy time.
+                decision, busy = hooks.decide(
+                    checkpointer, step, last_step=cfg.train.steps, sigterm=sigterm.is_set()
+                )
+                metrics.step(step, result, lr, now - last_step_end, skips.total, diagnosed | busy)
                 if rank == 0:
                     if evaluated is not None:
                         print_line(evaluated.describe(step))
@@ -163,19 +176,19 @@ def train(cfg: RunConfig) -> list[float]:
                 # Non-finite guard: the same on every rank, since the norm is.
                 if too_many_skips is not None:
                     stop(checkpointer, too_many_skips)
-                # Checkpoint / terminate
-                decision = checkpointer.decide(
-                    step, last_step=cfg.train.steps, sigterm=sigterm.is_set()
-                )
+                # Checkpoint / terminate; or save and stop to replace a straggler's host.
+                evicts = step < cfg.train.steps and hooks.evicts(decision)
                 if decision.saves:
                     # Held training: part of the next step's time, said in its record.
-                    timings["checkpoint_stall_s"] = checkpointer.save(step, blocking=decision.stops)
+                    held = checkpointer.save(step, blocking=decision.stops or evicts)
+                    timings["checkpoint_stall_s"] = held
                 if alarm is not None and gate.stop_on_alarm:
                     stop(checkpointer, gate.stop_error(step))
                 if decision.stops:
                     stop(checkpointer, terminated(step))
-                if faults is not None:
-                    faults.after_step(step, rank)
+                if evicts:
+                    stop(checkpointer, hooks.stragglers.evicted(step))
+                hooks.end(step)
         checkpointer.close()
         metrics.close()
         if rank == 0:

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from goodput.beacon import current
 from goodput.train.adamw_rule import MatrixOptimizer
 from goodput.train.dtensors import local_grad, local_tensor
 
@@ -89,8 +90,9 @@ def _complete_sums(tangents: list[_Tangent], partials: list[torch.Tensor]) -> li
             by_groups.setdefault(tangent.groups, []).append(i)
     for groups, indices in by_groups.items():
         flat = torch.cat([partials[i].reshape(-1) for i in indices])
-        for group in groups:
-            dist.all_reduce(flat, group=group)
+        with current().collective("optim.reduce"):
+            for group in groups:
+                dist.all_reduce(flat, group=group)
         pieces = flat.split([partials[i].numel() for i in indices])
         for i, piece in zip(indices, pieces, strict=True):
             sums[i] = piece.view_as(partials[i])

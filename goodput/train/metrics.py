@@ -15,7 +15,9 @@ non-finite guard skipped says so in both (``skipped``, and the run's ``skipped_s
 A mixture-of-experts model adds the step's expert load imbalance (the most loaded expert's
 tokens over the mean, worst layer) and the token-to-expert assignments its capacity dropped.
 The in-loop diagnostics add theirs (``watch.py``: ``gns``, ``loss_z``, ``frozen_fraction``,
-``max_attention_logit``, ``sophia_unclipped``), each where it is measured.
+``max_attention_logit``, ``sophia_unclipped``), each where it is measured, and the straggler
+watch its busy times over ranks (``stragglers.py``: ``busy_s_*``, ``busy_slowest_rank`` and
+``busy_slowest_host``, the one text value, which TensorBoard and wandb leave out).
 
 Every numeric value of a record but ``step`` and ``time`` (a null, not finite, left out) goes to
 TensorBoard as ``train/<key>`` at the record's step, and to Weights & Biases under the same names
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -129,13 +132,13 @@ class Metrics:
         lr: float,
         step_time_s: float,
         skipped_steps: int,
-        diagnosed: dict[str, float | int | None] | None = None,
+        diagnosed: Mapping[str, float | int | str | None] | None = None,
     ) -> dict[str, Any]:
         """The record of ``step``, written on rank 0; ``skipped_steps``: the run's so far;
         ``diagnosed``: the in-loop diagnostics' values (``watch.Watch.after_step``)."""
         tokens_per_s = self.tokens_per_step / step_time_s
         per_device = tokens_per_s / self.world_size
-        measured: dict[str, float | int | None] = {}
+        measured: dict[str, float | int | str | None] = {}
         if result.expert_load is not None:
             measured["expert_load_imbalance"] = result.expert_load.imbalance
             measured["dropped_tokens"] = result.expert_load.dropped_tokens
@@ -152,7 +155,7 @@ class Metrics:
             skipped=result.skipped,
             skipped_steps=skipped_steps,
             time=time.time(),
-            measured=measured | (diagnosed or {}),
+            measured={**measured, **(diagnosed or {})},
         ).as_json()
         if self.enabled:
             self._write(record)

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
 
+from goodput.beacon import current
 from goodput.train.adamw_rule import MatrixOptimizer
 from goodput.train.dtensors import aligned_grad, local_tensor
 
@@ -276,7 +277,8 @@ def _exchange_round(round_: list[_Matrices], first_matrix: int, ranks: _Ranks) -
             if matrix_index % ranks.size == ranks.index:
                 stack_out[i] = newton_schulz(stack_in[i], one.ns_steps)
             matrix_index += 1
-    for group in ranks.groups:
-        dist.all_reduce(buffer, group=group)
+    with current().collective("optim.reduce"):
+        for group in ranks.groups:
+            dist.all_reduce(buffer, group=group)
     for one, view in zip(round_, views, strict=True):
         one.apply(view)

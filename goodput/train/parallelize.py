@@ -66,8 +66,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from goodput.train.collectives import CountedAllGather, CountedReduceScatter
 from goodput.train.experts import GroupedExperts, shard_experts
-from goodput.train.grad_tally import GradientTally, TallyingReduceScatter
+from goodput.train.grad_tally import GradientTally
 from goodput.train.model import Attention, ContextParallel, Transformer
 from goodput.train.parallel_config import ParallelConfig, fsdp_shards
 from goodput.train.ring_attention import ContextLayout
@@ -191,12 +192,14 @@ def _fully_shard(
                     )
         fully_shard(block, mesh=fsdp_mesh, reshard_after_forward=reshard, mp_policy=policy)
     fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+    # Every unit's collectives counted in the beacon (the reduce-scatter also feeds the tally).
+    all_gather, reduce_scatter = CountedAllGather(), CountedReduceScatter(tally)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
-            if tally is not None:
-                module.set_custom_reduce_scatter(TallyingReduceScatter(tally))
+            module.set_custom_all_gather(all_gather)
+            module.set_custom_reduce_scatter(reduce_scatter)
 
 
 def compute_dtype(cfg: ParallelConfig) -> torch.dtype:

@@ -44,6 +44,7 @@ from torch.distributed.pipelining import (
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from goodput.beacon import current
 from goodput.errors import GoodputError
 from goodput.train.dtensors import local_tensor
 from goodput.train.loss import labels_from_model, row_loss_sums, token_loss_sum
@@ -151,7 +152,8 @@ class Pipeline:
         # are the last ones, one per micro-batch.
         for micro_loss_sum in self.step_loss.micro_loss_sums[-self.num_microbatches :]:
             loss_sum += micro_loss_sum
-        dist.all_reduce(loss_sum, group=self.pp_group)
+        with current().collective("step.pp"):
+            dist.all_reduce(loss_sum, group=self.pp_group)
         if self.tie_group is not None:
             self._sum_tied_gradients()
         return loss_sum
@@ -175,7 +177,8 @@ class Pipeline:
             )
         finally:
             self.step_loss.row_sums = None
-        dist.all_reduce(rows, group=self.pp_group)
+        with current().collective("eval.sums"):
+            dist.all_reduce(rows, group=self.pp_group)
         return rows
 
     def _sum_tied_gradients(self) -> None:
@@ -193,7 +196,8 @@ class Pipeline:
         ):
             grad = grad.redistribute(weight.device_mesh, weight.placements)
             weight.grad = grad
-        dist.all_reduce(local_tensor(grad), group=self.tie_group)
+        with current().collective("step.pp"):
+            dist.all_reduce(local_tensor(grad), group=self.tie_group)
 
 
 def build_pipeline(

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from goodput.beacon import current
 from goodput.train.model import Attention
 
 
@@ -55,7 +56,8 @@ def clip(
         if not local_h.numel():  # no forward since the last clip
             continue
         if _spans_ranks(token_group):
-            dist.all_reduce(local_h, op=dist.ReduceOp.MAX, group=token_group)
+            with current().collective("optim.reduce"):
+                dist.all_reduce(local_h, op=dist.ReduceOp.MAX, group=token_group)
         heads_h = _gathered(local_h, tp_group)
         largest = max(largest, float(heads_h.max()))
         factor_h = (tau / heads_h).clamp(max=1.0)
@@ -65,7 +67,8 @@ def clip(
     # The metric is the whole model's: other pipeline stages hold other layers.
     overall = torch.tensor(largest, device=next(parts[0].parameters()).device)
     if _spans_ranks(None):
-        dist.all_reduce(overall, op=dist.ReduceOp.MAX)
+        with current().collective("optim.reduce"):
+            dist.all_reduce(overall, op=dist.ReduceOp.MAX)
     return float(overall)
 
 
@@ -78,7 +81,8 @@ def _gathered(local_h: torch.Tensor, tp_group: dist.ProcessGroup | None) -> torc
     if tp_group is None or not _spans_ranks(tp_group):
         return local_h
     shares = [torch.empty_like(local_h) for _ in range(dist.get_world_size(tp_group))]
-    dist.all_gather(shares, local_h, group=tp_group)
+    with current().collective("optim.reduce"):
+        dist.all_gather(shares, local_h, group=tp_group)
     return torch.cat(shares)
 
 

@@ -39,6 +39,12 @@ the assignments the capacity factor dropped, are the step's ``ExpertLoad`` (metr
 Split experts (``ep``) are DTensors on a mesh of their own, so the gradient norm is taken per
 mesh and the squares summed.
 
+Every wait on the peers is bracketed in the process's beacon (``goodput.beacon``: sites
+``step.tokens``, ``step.grads``, ``step.sums``, ``step.moe``, ``step.norm``, ``step.pp``; FSDP's
+own all-gathers and reduce-scatters are ``collectives.py``'s), and the beacon's phase moves to
+``forward``, ``backward`` and ``optimizer``: the loop's busy time and the hang forensics read
+them. Counting touches no tensor.
+
 A step's input is this rank's share of the global batch in micro-batches (``micro_batches_of``,
 which the in-loop eval cuts its rows with too). Reused as-is by diagnostics (the loss helpers,
 which evaluation shares, are ``loss.py``); the loop (``loop.py``) owns everything periodic.
@@ -59,6 +65,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from goodput.beacon import current
 from goodput.errors import GoodputError
 from goodput.train.dtensors import local_tensor
 from goodput.train.grad_tally import GradientTally
@@ -278,7 +285,8 @@ def _global_tokens(
         [sum(num_targets(labels) for _, labels in micro_batches)], dtype=torch.int64, device=device
     )
     if dist.is_initialized() and dist.get_world_size(token_group) > 1:
-        dist.all_reduce(counts, group=token_group)
+        with current().collective("step.tokens"):
+            dist.all_reduce(counts, group=token_group)
     return max(int(counts.item()), 1)
 
 
@@ -315,11 +323,13 @@ def forward_backward(
     dropped = torch.zeros((), dtype=torch.int64, device=device)
     sharded = isinstance(model, FSDPModule)
     loss_sum = torch.zeros((), device=device)
+    beacon = current()
     for index, (input_ids, labels) in enumerate(micro_batches):
         if sharded:
             model.set_requires_gradient_sync(  # type: ignore[operator]
                 sync_every_micro_batch or index == len(micro_batches) - 1
             )
+        beacon.phase("forward")
         logits = model(input_ids, positions_t)
         # Tensor-parallel logits left as vocabulary shards: the loss and its backward run on
         # the shards.
@@ -334,6 +344,7 @@ def forward_backward(
                 for load, layer in zip(expert_loads, moe_layers, strict=True):
                     load += layer.tokens_per_expert
                     dropped += layer.num_dropped
+            beacon.phase("backward")
             objective.backward()
         loss_sum += local_tensor(micro_loss_sum.detach())
     if inject_nan:
@@ -353,13 +364,16 @@ def forward_backward(
     sums = torch.stack([loss_sum, own_squared.to(loss_sum.dtype)])
     if distributed:
         if not sharded:  # FSDP's reduce-scatter has summed over the same group
-            for parameter in model.parameters():
-                if parameter.grad is not None:
-                    dist.all_reduce(local_tensor(parameter.grad), group=token_group)
-        dist.all_reduce(sums, group=token_group)
+            with beacon.collective("step.grads"):
+                for parameter in model.parameters():
+                    if parameter.grad is not None:
+                        dist.all_reduce(local_tensor(parameter.grad), group=token_group)
+        with beacon.collective("step.sums"):
+            dist.all_reduce(sums, group=token_group)
         if moe_layers:
-            for count in [*expert_loads, dropped]:
-                dist.all_reduce(count, group=token_group)
+            with beacon.collective("step.moe"):
+                for count in [*expert_loads, dropped]:
+                    dist.all_reduce(count, group=token_group)
     for load, layer in zip(expert_loads, moe_layers, strict=True):
         layer.update_router_bias(load)
     ranks = dist.get_world_size(token_group) if distributed else 1
@@ -390,11 +404,15 @@ def pipeline_forward_backward(
     input_ids = torch.cat([ids for ids, _ in micro_batches])
     labels = torch.cat([labels for _, labels in micro_batches])
     global_tokens = _global_tokens(micro_batches, labels.device, token_group)
+    # The schedule interleaves forward and backward, and its sends and receives to the next
+    # stages are torch's own: they count as this rank's work, not as waits.
+    current().phase("forward")
     loss_sum = pipeline.forward_backward(input_ids, labels, global_tokens, sample_labels)
     if inject_nan:
         _put_nan(pipeline.parts[0])
     if dist.get_world_size(token_group) > 1:
-        dist.all_reduce(loss_sum, group=token_group)
+        with current().collective("step.pp"):
+            dist.all_reduce(loss_sum, group=token_group)
     return BackwardResult(loss_sum.item(), global_tokens)
 
 
@@ -411,12 +429,14 @@ def clip_and_step(
     the whole model's: over every shard, and every pipeline stage of ``pp_group``, leaving out
     ``uncounted`` (a pipeline's copy of a tied weight, counted where the original is).
     ``freeze``: looks at the weights and gradients just before and after the update."""
+    current().phase("optimizer")
     parameters = [p for part in parts for p in part.parameters() if p.grad is not None]
     counted = [p.grad for p in parameters if p.grad is not None and p is not uncounted]
     norm = _total_norm(counted)
     if pp_group is not None and dist.get_world_size(pp_group) > 1:
         squared = norm.float() ** 2
-        dist.all_reduce(squared, group=pp_group)
+        with current().collective("step.pp"):
+            dist.all_reduce(squared, group=pp_group)
         norm = squared.sqrt()
     grad_norm = float(norm)
     if max_grad_norm is not None and math.isfinite(max_grad_norm) and math.isfinite(grad_norm):
@@ -448,7 +468,10 @@ def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     norms = []
     for group in _by_mesh(grads) or [[]]:
         norm = torch.nn.utils.get_total_norm(group, 2.0)
-        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        if isinstance(norm, DTensor):  # completed over its shards: an all-reduce
+            with current().collective("step.norm"):
+                norm = norm.full_tensor()
+        norms.append(norm)
     if len(norms) == 1:  # as it was before experts split: the same bits
         return norms[0]
     return torch.stack([norm.float() ** 2 for norm in norms]).sum().sqrt()

@@ -251,7 +251,8 @@ def test_no_plan_costs_nothing_and_a_bad_plan_is_one_line_naming_it(tmp_path):
     plan = tmp_path / "plan.json"
     cases = {
         '{"fired_dir": "/f", "faults": [{"id": 0, "kind": "melt", "step": 1, "rank": 0}]}': (
-            'faults[0].kind "melt" is not one of kill, ckpt-kill, hang, bad-node, save-fail, nan'
+            'faults[0].kind "melt" is not one of kill, ckpt-kill, hang, bad-node, save-fail, nan, '
+            "slow, stall"
         ),
         '{"fired_dir": "/f", "faults": [{"id": 0, "kind": "kill", "step": 0, "rank": 0}]}': (
             "faults[0].step is 0, not an integer in [1, 9007199254740992]"

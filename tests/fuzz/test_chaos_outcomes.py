@@ -95,7 +95,7 @@ def test_any_run_gives_a_report_of_finite_figures_none_negative(shapes, extra, f
         FiredRecord(i, kind, 1, 0, max(0.0, _instant(acc.start, acc.wall_s, at)))
         for i, (kind, at) in enumerate(fired)
     ]
-    found = outcomes.fault_outcomes(planned, records, acc.timeline)
+    found = outcomes.fault_outcomes(planned, records, acc.timeline, ranks_per_host=1)
     for outcome in found:
         for name in FIGURES:
             value = getattr(outcome, name)

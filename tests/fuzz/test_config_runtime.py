@@ -31,6 +31,7 @@ from goodput.train.model import Transformer
 from goodput.train.noise_scale import NoiseScale
 from goodput.train.optim import Optimizers
 from goodput.train.schedule import learning_rate
+from goodput.train.stragglers import StragglerWatch
 
 TINY = Path(__file__).parents[2] / "configs" / "tiny-cpu.toml"
 STEP_BUDGET_S = 5.0  # one optimizer step on two 8x8 matrices, whatever the config
@@ -61,6 +62,8 @@ NUMERIC_KEYS = [
     "schedule.decay_fraction",
     "eval.interval_steps",
     "eval.holdout_samples",
+    "watch.straggler_ratio",
+    "watch.straggler_steps",
 ]
 EDGES = [0, 1, 2, 5, 19, 20, 21, 64, 128, 2**16, 2**16 + 1, 2**31, 2**32 - 1, 2**32, 2**46]
 EDGES += [2**53, 10**9, 0.5, 0.999, 1e-300, 1e9]
@@ -101,6 +104,10 @@ def passes_run_time_checks(cfg: RunConfig) -> None:
     assert time.perf_counter() - started < STEP_BUDGET_S
     for step in (0, train.steps - 1):
         assert math.isfinite(learning_rate(cfg.schedule, step, train.steps))
+    # Rank 1's watch: it judges as rank 0 does, and writes nothing.
+    stragglers = StragglerWatch(cfg.watch, ["a", "b"], rank=1, run_dir=Path("unwritten"))
+    for step in range(1, cfg.watch.straggler_steps + 1):  # a whole window, judged
+        stragglers.observe(step, [0.0, 1.0])
 
 
 @pytest.mark.parametrize("key", NUMERIC_KEYS)

@@ -15,8 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from goodput.launch.attempt import AttemptResult
-from goodput.launch.failover import BAD_NODE_PATTERNS, EvidenceScanner, classify
+from goodput.launch.failover import BAD_NODE_PATTERNS, MAX_STRAGGLERS, EvidenceScanner, classify
 from goodput.launch.launchers import load_profile, profile_names
+from goodput.stragglers_line import StragglerNotice, parse_notice
 
 PATTERNS = [
     *BAD_NODE_PATTERNS,
@@ -40,6 +41,10 @@ templates = st.sampled_from(
         "goodput: error: rank 3 on {}: CUDA error: an illegal memory access",
         "{}: shepherd died from signal 9",
         "Couldn't forward RPC from x to child {}",
+        "warning: straggler: rank 3 on {} busy 1.62x the median over steps 12-31 (0.231 s vs "
+        "0.143 s)",
+        "[rank0]: \x1b[33mwarning: straggler: rank 99999 on {} busy 9.00x the median over steps "
+        "1-2 (0.900 s vs 0.100 s)\x1b[0m",
     ]
 )
 lines = st.one_of(
@@ -63,6 +68,30 @@ def test_evidence_names_only_hosts_of_the_pool(output, resolved):
     assert set(scanner.found) <= set(POOL)
     for host, evidence in scanner.found.items():
         assert evidence.host == host and evidence.source == "log"
+    assert len(scanner.stragglers) <= MAX_STRAGGLERS
+    for (rank, _), evidence in scanner.stragglers.items():
+        assert evidence.host in POOL and evidence.source == "straggler" and evidence.rank == rank
+        assert parse_notice(evidence.said) is not None and evidence.step is not None
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(POOL)), max_size=200))
+def test_straggler_warnings_are_kept_first_per_rank_and_bounded(warned):
+    """Without host or peer patterns (plain retries) the scanner still reads every warning."""
+    scanner = EvidenceScanner([], POOL)
+    for rank, host in warned:
+        scanner(_warning(rank, host).line().encode())
+    first: dict[int, str] = {}
+    for rank, host in warned:
+        first.setdefault(rank, host)
+    kept = list(first.items())[:MAX_STRAGGLERS]
+    assert [(rank, item.host) for (rank, _), item in scanner.stragglers.items()] == kept
+    assert scanner.found == scanner.suspected == {}
+
+
+def _warning(rank: int, host: str) -> StragglerNotice:
+    return StragglerNotice(
+        rank=rank, host=host, ratio=1.5, first_step=3, last_step=9, busy_s=0.3, median_s=0.2
+    )
 
 
 @given(
@@ -77,5 +106,5 @@ def test_every_attempt_gets_a_class(exit_code, timed_out, last_step, launcher_si
         exit_code, 1.0, timed_out, None, 0, last_step, last_step, [], launcher_signal
     )
     assert classify(result, gained, []) in {
-        "success", "interrupted", "walltime", "hang", "stuck-pre-training", "error",
+        "success", "interrupted", "walltime", "hang", "stuck-pre-training", "straggler", "error",
     }  # fmt: skip

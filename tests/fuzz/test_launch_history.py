@@ -45,7 +45,16 @@ VALID = json.dumps(
         "last_step": 2,
         "steps_gained": 2,
         "hosts": ["n1"],
-        "evidence": [{"host": "n1", "said": "health probe exit 1: sick", "source": "probe"}],
+        "evidence": [
+            {
+                "host": "n1",
+                "said": "hang suspect: rank 0 on n1",
+                "source": "hang-suspect",
+                "rank": 0,
+                "step": 2,
+            },
+            {"host": "n1", "said": "health probe exit 1: sick", "source": "probe"},
+        ],
         "replaced": {"n1": "n2"},
         "spares_left": [],
         "decision": "retry",
@@ -77,6 +86,21 @@ def test_a_record_with_any_value_anywhere_is_read_or_refused(key, value):
     assert result is None or isinstance(result, AttemptRecord)
 
 
+EVIDENCE_KEYS = [field.name for field in dataclasses.fields(Evidence)]
+
+
+@given(st.sampled_from(EVIDENCE_KEYS), st.one_of(json_values(), st.just("DROP")))
+def test_an_evidence_item_with_any_value_or_a_key_dropped_is_read_or_refused(key, value):
+    """``rank`` and ``step`` may be left out (older lines); any other change is read or refused
+    with the line's own name, never another exception."""
+    record = json.loads(VALID)
+    item = {**record["evidence"][0], key: value}
+    record["evidence"][0] = {k: v for k, v in item.items() if v != "DROP"}
+    result = result_or_refusal(parse_record, json.dumps(record), "attempts.jsonl:7")
+    if value == "DROP" and key in ("rank", "step"):
+        assert result is not None and getattr(result.evidence[0], key) is None
+
+
 @given(st.text(max_size=300), st.sampled_from(KEYS))
 def test_a_record_with_a_key_renamed_or_text_added_is_refused(text, key):
     record = json.loads(VALID)
@@ -90,28 +114,48 @@ def test_a_record_with_a_key_renamed_or_text_added_is_refused(text, key):
             raise AssertionError(f"renaming {key!r} to {text!r} was accepted")
 
 
-def _result(code: int, timed_out: bool, failed: str | None, steps, sig) -> AttemptResult:
+def _result(code: int, timed_out: bool, failed: str | None, steps, sig, suspects) -> AttemptResult:
     """A result as ``run_attempt`` gives it; its duration is zero, since a real one lies within
     the loop's own clock."""
     if steps is None:
-        return AttemptResult(code, 0.0, timed_out, failed, 0, None, None, [], sig)
+        return AttemptResult(code, 0.0, timed_out, failed, 0, None, None, [], sig, None, suspects)
     first, span = steps
-    return AttemptResult(code, 0.0, timed_out, failed, span + 1, first + span, first, [], sig, 0.0)
+    last = first + span
+    return AttemptResult(
+        code, 0.0, timed_out, failed, span + 1, last, first, [], sig, 0.0, suspects
+    )  # fmt: skip
+
+
+# Suspects as forensics names them (printable lines), on hosts in and out of the pool.
+suspects = st.lists(
+    st.builds(
+        Evidence,
+        st.sampled_from([*HOSTS, "N2", "n3.hsn", "nid9"]),
+        st.text(st.characters(blacklist_characters="\0"), min_size=1, max_size=80),
+        st.just("hang-suspect"),
+        st.one_of(st.none(), st.integers(0, 2**31)),
+        st.one_of(st.none(), st.integers(0, 2**53)),
+    ),
+    max_size=3,
+).map(tuple)
 
 
 results = st.builds(
     _result,
-    st.sampled_from([0, 1, 2, 3, 124, 130, 137, 143, 255]),
+    st.sampled_from([0, 1, 2, 3, 4, 124, 130, 137, 143, 255]),
     st.booleans(),
     st.one_of(st.none(), st.sampled_from(["0", "srun", "rank7"])),
     st.one_of(st.none(), st.tuples(st.integers(0, 10**15 - 10**6), st.integers(0, 10**6))),
     st.sampled_from([None, signal.SIGINT, signal.SIGTERM]),
+    suspects,
 )
 # Output lines: any bytes, and evidence lines around hosts in and out of the pool, with bytes
 # no record may hold (NUL) and bytes that are not UTF-8 inside what a pattern captures.
 EVIDENCE_LINES = [
     b"srun: error: %s: task 1: Killed \0\x1b[1m",
     b"goodput: error: rank 3 on %s: \0\xff\x1b[31m CUDA error: an illegal memory access",
+    b"\x1b[33mwarning: straggler: rank 3 on %s busy 1.62x the median over steps 12-31 "
+    b"(0.231 s vs 0.143 s)\x1b[0m",
 ]
 lines = st.one_of(
     st.binary(max_size=300),
@@ -138,8 +182,7 @@ def test_whatever_the_loop_writes_reads_back(attempts, outputs, answers, auto, m
     def start_attempt(hosts, on_line):
         result, output = next(script)
         for line in output:
-            if on_line is not None:
-                on_line(line)
+            on_line(line)
         calls.append(result)
         return result
 

@@ -33,7 +33,9 @@ from goodput.testing.tiny import tiny_run_config
 
 def draw(seed: int, num_faults: int = 8, kinds=KINDS, steps: int = 300, interval: int = 10):
     dealt = plan.deal_kinds(num_faults, kinds, seed)
-    return plan.draw_faults(dealt, num_steps=steps, interval_steps=interval, num_ranks=4, seed=seed)
+    return plan.draw_faults(
+        dealt, num_steps=steps, interval_steps=interval, num_ranks=4, seed=seed, straggler_steps=5
+    )
 
 
 def test_the_same_seed_draws_the_same_plan_and_another_seed_another():
@@ -53,6 +55,15 @@ def test_a_plan_keeps_its_bounds(seed):
     assert all(step % interval == 0 for step in save_steps)
     counts = Counter(fault.kind for fault in faults)
     assert set(counts) == set(KINDS) and max(counts.values()) - min(counts.values()) <= 1
+    # Each slow fault owns its window of 5 + 5 steps before the last step, 9 steps (room for a
+    # whole watch window) from the next: no other fault in it.
+    windows = [range(f.step, f.step + 10) for f in faults if f.kind == "slow"]
+    assert all(f.steps == 10 and f.seconds is None for f in faults if f.kind == "slow")
+    assert all(window[-1] < steps for window in windows)
+    assert all(b.start - a.stop >= 9 for a, b in zip(windows, windows[1:], strict=False))
+    for fault in faults:
+        assert sum(fault.step in window for window in windows) == (fault.kind == "slow")
+    assert all(f.where in ("data", "collective") for f in faults if f.kind == "stall")
 
 
 def test_kinds_are_dealt_evenly_and_only_from_those_asked():
@@ -61,7 +72,10 @@ def test_kinds_are_dealt_evenly_and_only_from_those_asked():
 
 
 def test_the_written_plan_is_one_the_trainer_reads(tmp_path):
-    faults = draw(5)
+    with pytest.raises(ValueError, match=r"seconds is null"):  # a slow fault not timed yet
+        plan.write_plan(tmp_path / "plan.json", draw(5), tmp_path / "fired")
+    faults = plan.timed(draw(5), 0.25)
+    assert {f.seconds for f in faults if f.kind == "slow"} == {0.25}
     plan.write_plan(tmp_path / "plan.json", faults, tmp_path / "fired")
     loaded = load_plan({"GOODPUT_FAULTS": str(tmp_path / "plan.json")})
     assert loaded is not None and loaded.faults == faults
@@ -179,7 +193,7 @@ def test_each_fault_gets_its_detection_loss_and_recovery(killed_once):
         Fault(1, "save-fail", 6, 1),
         Fault(2, "hang", 7, 0),  # never fired
     ]
-    kill, save_fail, hang = outcomes.fault_outcomes(planned, fired, timeline)
+    kill, save_fail, hang = outcomes.fault_outcomes(planned, fired, timeline, ranks_per_host=2)
     assert kill.attempt == 1 and kill.steps_lost == 1  # ran to 5, resumed from 4
     figures = {
         "at_s": 7.25,
@@ -200,7 +214,9 @@ def test_each_fault_gets_its_detection_loss_and_recovery(killed_once):
 def test_a_fault_outside_every_attempt_is_placed_in_none(killed_once):
     timeline = campaign.account_run(killed_once).accounting.timeline
     late = records.FiredRecord(0, "kill", 5, 1, T0 + 99.0)  # after the run ended
-    (outcome,) = outcomes.fault_outcomes([Fault(0, "kill", 5, 1)], [late], timeline)
+    (outcome,) = outcomes.fault_outcomes(
+        [Fault(0, "kill", 5, 1)], [late], timeline, ranks_per_host=2
+    )
     assert outcome.at_s == pytest.approx(99.0) and outcome.attempt is None
     assert outcome.detection_s is None and outcome.recovery_s is None
 

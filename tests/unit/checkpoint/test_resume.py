@@ -51,18 +51,27 @@ def assert_bitwise_equal(a, b):
             assert a[key] == b[key], key
 
 
+# Each rank's share of the vote (its busy time): 1e17 + 1.0 rounds the 1.0 away, so only
+# slots each rank writes alone hand it back exactly.
+SHARES = [1e17, 1.0]
+
+
 def decisions(rank, world_size, tmp_path, cfg, sigterm_rank, late_rank):
     """Each step's decision of 8, with SIGTERM on ``sigterm_rank`` only at step 6 and the last
-    save minutes ago on ``late_rank`` only (no save happens, so it stays minutes ago)."""
+    save minutes ago on ``late_rank`` only (no save happens, so it stays minutes ago); every
+    vote hands every rank every rank's share, exactly."""
     nothing = CheckpointContents(parts=[], optimizers=[])
     checkpointer = Checkpointer(CheckpointConfig(**cfg), tmp_path, torch.device("cpu"), nothing)
     if rank == late_rank:
         checkpointer.last_save = time.monotonic() - 120
     try:
-        return [
-            checkpointer.decide(step, last_step=8, sigterm=rank == sigterm_rank and step == 6)
-            for step in range(1, 9)
-        ]
+        decided = []
+        for step in range(1, 9):
+            sigterm = rank == sigterm_rank and step == 6
+            share = SHARES[rank] if step % 2 else None  # given on every rank, or on none
+            decided.append(checkpointer.decide(step, last_step=8, sigterm=sigterm, share=share))
+            assert checkpointer.shares == (SHARES if share is not None else None)
+        return decided
     finally:
         checkpointer.close()
 

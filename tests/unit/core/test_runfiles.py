@@ -47,6 +47,13 @@ def write_steps(run_dir: Path) -> list[dict]:
         "checkpoint_load_s": 1.5,
         "eval_time_s": 0.3,
         "heldout_loss/code": 2.25,
+        "busy_s_min": 0.1,
+        "busy_s_median": 0.11,
+        "busy_s_max": 0.2,
+        "busy_slowest_rank": 1,
+        "busy_slowest_host": "nid0001",
+        "straggler_rank": 1,
+        "straggler_ratio": 1.62,
     }
     load = ExpertLoad(imbalance=1.5, dropped_tokens=7)
     records = [

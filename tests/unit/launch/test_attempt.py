@@ -130,6 +130,46 @@ def test_idle_watchdog_kills_the_process_and_its_grandchild(tmp_path):
     assert b"launch: no output for 1 s" in log.read_bytes()
 
 
+def test_start_up_has_its_own_bound_until_the_first_step_line(tmp_path):
+    # Quiet for 1.5 s before its first step (start-up), then quiet again after it: the start-up
+    # bound (5 s) lets the first stretch pass, the idle bound (0.5 s) ends the second.
+    body = """
+        import time
+        time.sleep(1.5)
+        print("step=1", flush=True)
+        time.sleep(60)
+    """
+    log = tmp_path / "attempt.log"
+    result = run_attempt(
+        [child(tmp_path, body)],
+        idle_timeout_s=0.5,
+        startup_timeout_s=5,
+        grace_s=GRACE_S,
+        log_path=log,
+        prefix=False,
+        out=io.BytesIO(),
+    )
+    assert (result.exit_code, result.timed_out, result.last_step) == (124, True, 1)
+    assert log.read_bytes() == b"step=1\nlaunch: no output for 0.5 s; stopping all processes\n"
+
+
+def test_a_quiet_start_up_past_its_bound_is_an_idle_timeout(tmp_path):
+    log = tmp_path / "attempt.log"
+    result = run_attempt(
+        [child(tmp_path, "import time; time.sleep(60)")],
+        idle_timeout_s=30,
+        startup_timeout_s=0.5,
+        grace_s=GRACE_S,
+        log_path=log,
+        out=io.BytesIO(),
+    )
+    assert (result.exit_code, result.timed_out, result.steps_seen) == (124, True, 0)
+    assert result.duration_s < 0.5 + SLACK_S  # not the 30 s idle bound
+    assert log.read_bytes() == (
+        b"launch: no output for 0.5 s before the first step; stopping all processes\n"
+    )
+
+
 def test_a_process_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
     body = """
         import os, pathlib, signal, time

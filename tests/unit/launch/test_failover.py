@@ -196,6 +196,8 @@ def test_a_device_error_line_is_host_evidence_a_spare_replaces_its_host(tmp_path
             "host": "n2",
             "said": "goodput: error: rank 1 on n2: CUDA error: device lost",
             "source": "log",
+            "rank": None,
+            "step": None,
         }
     ]
     assert first["replaced"] == {"n2": "n3"} and first["spares_left"] == ["n4"]
@@ -248,6 +250,8 @@ def test_a_silent_hang_probes_every_host_and_evicts_only_the_sick_one(tmp_path):
         "host": "n2",
         "said": "health probe exit 1: probe n2: GPU 3 missing",
         "source": "probe",
+        "rank": None,
+        "step": None,
     }
     assert sorted(state.joinpath("probed").read_text().split()) == ["n1", "n2"]
     assert first["replaced"] == {"n2": "n3"}

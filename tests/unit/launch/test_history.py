@@ -55,8 +55,29 @@ def test_records_round_trip_with_every_key_and_the_class(tmp_path):
     assert read_attempts(log) == [RECORD, STOP]
     first = json.loads(log.read_text().splitlines()[0])
     assert first["class"] == "bad-node" and "class_" not in first
-    assert first["evidence"] == [{"host": "n2", "said": RECORD.evidence[0].said, "source": "log"}]
+    said = RECORD.evidence[0].said
+    assert first["evidence"] == [
+        {"host": "n2", "said": said, "source": "log", "rank": None, "step": None}
+    ]
     assert len(first) == len(dataclasses.fields(AttemptRecord))
+
+
+def test_suspect_and_straggler_evidence_round_trips_with_rank_and_step(tmp_path):
+    log = tmp_path / "attempts.jsonl"
+    suspect = Evidence("n2", "hang suspect: rank 3 on n2 (pid 7) stopped", "hang-suspect", 3, 37)
+    slow = Evidence("n1", "warning: straggler: rank 0 on n1 busy 1.62x", "straggler", 0, 31)
+    record = dataclasses.replace(RECORD, class_="straggler", exit_code=4, evidence=(slow, suspect))
+    append_record(log, record)
+    assert read_attempts(log) == [record]
+
+
+def test_an_older_line_without_rank_and_step_still_reads(tmp_path):
+    """A line written before evidence had ``rank`` and ``step`` (issue 27) reads with both None."""
+    line = RECORD.to_json()
+    line["evidence"] = [{"host": "n2", "said": "killed", "source": "log"}]
+    log = tmp_path / "attempts.jsonl"
+    log.write_text(json.dumps(line) + "\n")
+    assert read_attempts(log)[0].evidence == (Evidence("n2", "killed", "log", None, None),)
 
 
 def test_an_empty_log_has_no_records(tmp_path):
@@ -84,6 +105,8 @@ def _edited(**changes) -> str:
         (_edited(wait_s=float("nan")), "'wait_s' = nan is not in"),
         (_edited(hosts="n1"), "'hosts' must be a list"),
         (_edited(evidence=[{"host": "n2", "said": "x", "source": "rumour"}]), "'rumour'"),
+        (_edited(evidence=[{"host": "n2", "said": "x", "source": "log", "rank": -1}]), "-1"),
+        (_edited(evidence=[{"host": "n2", "said": "x", "source": "log", "step": "7"}]), "int"),
         (_edited(replaced={"n2": 3}), "'replaced' must map host names to host names"),
         (_edited(replaced={"n9": "n3"}), "'replaced' names a host the attempt did not run on"),
         (_edited(started="yesterday"), "'yesterday' is not an ISO 8601 time"),

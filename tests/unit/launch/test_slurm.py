@@ -129,6 +129,50 @@ def test_auto_retry_probes_the_node_through_srun_and_stops_a_config_bug(tmp_path
     assert "2 attempts in a row made no step" in result.stderr
 
 
+# Two ranks that write real beacons (goodput.beacon, standard library) and go silent, the first
+# two times they run: rank 0 waits in a collective, rank 1 stays in its data phase, so the hang
+# forensics (through ``srun --overlap``) names rank 1 both times. The third run finishes.
+SUSPECT_TWICE = """
+import os, pathlib, socket, sys, time
+from goodput import beacon
+rank = int(os.environ["SLURM_PROCID"])
+runs = pathlib.Path(sys.argv[1]) / f"runs-{rank}"
+run = len(runs.read_text()) if runs.exists() else 0
+runs.write_text("x" * (run + 1))
+print(f"step={run + 1}", flush=True)
+if run < 2:
+    me = beacon.open_beacon(os.environ, rank=rank, world_size=2, local_rank=rank,
+                            host=socket.gethostname())
+    me.step(run + 1)
+    me.phase("data" if rank == 1 else "forward")
+    if rank == 1:
+        time.sleep(600)
+    with me.collective("step.tokens"):
+        time.sleep(600)
+"""
+
+
+def test_a_node_named_the_hang_suspect_twice_with_no_spare_is_kept(tmp_path):
+    # The one node cannot be replaced (no second node here): the launcher says so and goes on.
+    (tmp_path / "worker.py").write_text(SUSPECT_TWICE)
+    run_dir = tmp_path / "run"
+    launch = ["--auto-retry", "--ppn", "2", "--run-dir", str(run_dir), "--backoff", "0.1"]
+    launch += ["--timeout", "3", "--grace", "1"]
+    worker = [sys.executable, str(tmp_path / "worker.py"), str(tmp_path)]
+    result = _salloc(2, [*launch, "--", *worker], tmp_path)
+    assert result.returncode == 0, result.stderr
+    first, second, third = read_attempts(run_dir / "attempts.jsonl")
+    node = _slurm_node()
+    for record in (first, second):
+        assert record.class_ == "hang" and record.replaced == {} and record.decision == "retry"
+        suspect = record.evidence[0]
+        assert (suspect.source, suspect.host, suspect.rank) == ("hang-suspect", node, 1)
+        assert suspect.said.startswith(f"hang suspect: rank 1 on {node} ")
+    assert third.class_ == "success" and third.hosts == (node,)
+    kept = f"{node}: named the hang suspect twice in a row; probe passed; no spare: kept"
+    assert result.stderr.count(kept) == 1
+
+
 def _node_cpus() -> int:
     out = subprocess.run(
         ["sinfo", "-h", "-N", "-n", _slurm_node() or "", "-o", "%c"],

@@ -57,7 +57,7 @@ def test_a_run_without_data_draws_nothing(plot):
 
 def test_only_the_figures_whose_data_is_there_are_drawn(full_run):
     run, _ = full_run
-    steps_only = replace(run, evals=[], attempts=[], mixture=None, lr_find=None)
+    steps_only = replace(run, evals=[], attempts=[], mixture=None, lr_find=None, busy=[])
     drawn = {p.name for p in plots.PLOTS if p.draw(steps_only, account(steps_only))}
     # Without attempt records the timeline shows the processes the steps tell apart.
     assert drawn == {"loss", "grad-norm", "lr", "throughput", "timeline", "badput"}
@@ -99,6 +99,17 @@ def test_names_from_the_run_are_drawn_as_plain_text():
     assert len(plots._plain("x" * 100)) == plots.MAX_LABEL
     run = bare_run(mixture=[{"corpus": r"$\frac$", "target": 1.0, "achieved": 1.0}])
     assert plots.mixture_plot(run, account(run)) is not None
+
+
+def test_busy_time_is_read_per_window_and_the_slow_host_leads(full_run):
+    run, _ = full_run
+    windows = [(window.step, len(window.hosts)) for window in run.busy]
+    assert windows == [(5, 10), (10, 10), (15, 10), (20, 10)]
+    slow = next(host for host in run.busy[-1].hosts if host.host == "nid0003")
+    assert slow.mean_s == max(host.mean_s for host in run.busy[-1].hosts)
+    # Fewer hosts in a later window (one replaced) still draws.
+    shrunk = replace(run.busy[-1], hosts=run.busy[-1].hosts[:1])
+    assert plots.busy_plot(replace(run, busy=[*run.busy, shrunk]), account(run)) is not None
 
 
 def test_every_attempt_class_and_badput_cause_has_a_colour():

@@ -48,6 +48,13 @@ def refusal(overrides: list[str]) -> str:
         (["train.seed=4294967296"], "'train.seed' = 4294967296 is not in [0, 4294967295]"),
         # The whole run's blend would exceed what a blend holds.
         (["train.steps=9007199254740992"], "more than a blend holds"),
+        # [watch]: at a ratio of 1 every rank is a straggler; a window of 1 step is noise.
+        (["watch.straggler_ratio=1"], "'watch.straggler_ratio' = 1 is not in (1, 100]"),
+        (["watch.straggler_ratio=nan"], "'watch.straggler_ratio' = nan is not in (1, 100]"),
+        (["watch.straggler_ratio=inf"], "is not in (1, 100]"),
+        (["watch.straggler_steps=1"], "'watch.straggler_steps' = 1 is not in [2, 10000]"),
+        (["watch.straggler_steps=10001"], "is not in [2, 10000]"),
+        (["watch.straggler_steps=2.5"], "'watch.straggler_steps' must be int"),
         # No world size mends a micro-batch that does not divide the global batch.
         (["train.micro_batch_size=5"], "does not split into micro-batches of 5"),
     ],
@@ -65,9 +72,12 @@ def test_the_limits_admit_their_whole_range():
             "optim.muon_ns_steps=20",
             "diagnostics.loss_spike_window=65536",
             "train.seed=4294967295",
+            "watch.straggler_ratio=100",
+            "watch.straggler_steps=10000",
         ],
     )
     assert (cfg.optim.muon_ns_steps, cfg.train.seed) == (20, 2**32 - 1)
+    assert (cfg.watch.straggler_ratio, cfg.watch.straggler_steps) == (100, 10_000)
 
 
 # (overrides, the key refused, what enables it)

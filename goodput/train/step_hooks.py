@@ -1,0 +1,138 @@
+"""The per-step work around the training step, for the loop: one object, called in the order the
+step runs, so ``loop.train`` stays a list of what happens.
+
+- Where this rank is (``goodput.beacon``): the beacon file is opened at start when the launcher
+  set ``GOODPUT_BEACON_DIR`` (with the rank's host and a schedule id, a hash of its pp/tp/cp
+  coordinates: ranks of one id issue the same collectives), and told each step and the loop's
+  phases (``data``, ``eval``, ``metrics``, ``done``; ``train_step`` and the checkpointer set
+  theirs; ``forward`` from just before ``train_step``, where a ``slow`` fault sleeps). Closed
+  (its files removed) when the loop is left.
+- Busy time (``stragglers.BusyClock``) from the data phase to the vote, the eval apart; shared
+  with the checkpoint vote and judged by the straggler watch (``stragglers.StragglerWatch``).
+- Injected faults (``goodput.faults``, under ``goodput chaos``): ``before_data`` in the data
+  phase, ``before_step`` just before ``train_step``, ``after_step`` once the step is over.
+- The profiler (``[profile]``, ``profiling.py``): ``before_step``/``after_step`` around each
+  step, ``close`` when the loop is left. None when off: nothing is called.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+
+from goodput import beacon
+from goodput.checkpoint.save import Checkpointer, Decision
+from goodput.faults import FaultPlan
+from goodput.launch.env import current_placement
+from goodput.train.build import Run
+from goodput.train.config import RunConfig
+from goodput.train.profiling import Profiler, build_profiler
+from goodput.train.stragglers import BusyClock, StragglerWatch, rank_hosts
+
+Measured = dict[str, float | int | str | None]
+
+
+class StepHooks:
+    """What the loop does around each step besides the step (see the module docstring)."""
+
+    def __init__(
+        self, cfg: RunConfig, run: Run, faults: FaultPlan | None, *, first_step: int
+    ) -> None:
+        runtime = run.runtime
+        self.rank, self.faults = runtime.rank, faults
+        hosts = rank_hosts(runtime.rank, runtime.world_size, os.environ)
+        self.beacon = beacon.current()
+        beacon.open_beacon(
+            os.environ,
+            rank=runtime.rank,
+            world_size=runtime.world_size,
+            local_rank=current_placement().local_rank,
+            host=hosts[runtime.rank],
+            schedule_id=schedule_id(run),
+        )
+        self.busy = BusyClock()
+        self.stragglers = StragglerWatch(cfg.watch, hosts, rank=runtime.rank, run_dir=run.run_dir)
+        self.profiler: Profiler | None = build_profiler(
+            cfg.profile,
+            run.run_dir,
+            rank=runtime.rank,
+            first_step=first_step,
+            last_step=cfg.train.steps,
+        )
+
+    def __enter__(self) -> StepHooks:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.beacon.phase("done")
+        try:
+            if self.profiler is not None:
+                self.profiler.close()
+        finally:
+            self.beacon.close()
+
+    def start(self, step: int) -> None:
+        """The top of step ``step``."""
+        self.beacon.step(step)
+        if self.profiler is not None:
+            self.profiler.before_step(step)
+
+    def data(self, step: int) -> None:
+        """The data phase begins: so does the step's busy time."""
+        self.beacon.phase("data")
+        self.busy.start()
+        if self.faults is not None:
+            self.faults.before_data(step, self.rank)
+
+    def before_step(self, step: int) -> None:
+        """Just before ``train_step``: the batch is read, the step's work begins."""
+        self.beacon.phase("forward")
+        if self.faults is not None:
+            self.faults.before_step(step, self.rank)
+
+    @contextmanager
+    def eval(self) -> Iterator[None]:
+        """Around the in-loop eval: its own phase, not busy time."""
+        self.beacon.phase("eval")
+        with self.busy.apart():
+            yield
+
+    def decide(
+        self, checkpointer: Checkpointer, step: int, *, last_step: int, sigterm: bool
+    ) -> tuple[Decision, Measured]:
+        """The checkpoint vote, carrying this rank's busy time to every rank; the straggler
+        watch's fields of the step."""
+        decision = checkpointer.decide(
+            step, last_step=last_step, sigterm=sigterm, share=self.busy.seconds()
+        )
+        assert checkpointer.shares is not None
+        measured: Measured = dict(self.stragglers.observe(step, checkpointer.shares))
+        self.beacon.phase("metrics")
+        return decision, measured
+
+    def evicts(self, decision: Decision) -> bool:
+        """Whether this save is the last one, to replace a straggler's host."""
+        return self.stragglers.evicts(decision, os.environ)
+
+    def end(self, step: int) -> None:
+        """Step ``step`` is over (its metrics written, its save started)."""
+        if self.profiler is not None:
+            self.profiler.after_step(step)
+        if self.faults is not None:
+            self.faults.after_step(step, self.rank)
+
+
+def schedule_id(run: Run) -> int:
+    """A hash of this rank's pipeline, tensor and context-parallel coordinates: ranks with the
+    same id issue the same sequence of collectives (hang forensics compares only those)."""
+    mesh = run.mesh.device_mesh
+    coordinates = ",".join(f"{dim}={mesh.get_local_rank(dim)}" for dim in ("pp", "tp", "cp"))
+    return zlib.crc32(coordinates.encode())
