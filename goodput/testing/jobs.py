@@ -1,8 +1,10 @@
-"""The environment for a child process that must not think it runs inside a job."""
+"""The environment for a child process that must not think it runs inside a job, and the node
+of this machine's Slurm that the Slurm tests run on."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -45,3 +47,20 @@ def run_goodput(
         env=outside_any_job(**(env or {})),
         preexec_fn=preexec_fn,
     )
+
+
+def slurm_node() -> str | None:
+    """A node this machine's Slurm can run on now, or None (no Slurm, or no node answers)."""
+    if shutil.which("srun") is None or shutil.which("sinfo") is None:
+        return None
+    try:
+        result = subprocess.run(
+            ["sinfo", "-h", "-N", "-t", "idle,mix,alloc", "-o", "%N"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    nodes = result.stdout.split() if result.returncode == 0 else []
+    return nodes[0] if nodes else None

@@ -11,7 +11,6 @@ host, step, phase and frame.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,7 +18,7 @@ import textwrap
 import pytest
 
 from goodput.launch.history import read_attempts
-from goodput.testing.jobs import outside_any_job
+from goodput.testing.jobs import outside_any_job, slurm_node
 
 TIMEOUT_S = 90
 
@@ -51,24 +50,8 @@ WORKER = """
 """
 
 
-def _slurm_node() -> str | None:
-    if shutil.which("srun") is None or shutil.which("sinfo") is None:
-        return None
-    try:
-        result = subprocess.run(
-            ["sinfo", "-h", "-N", "-t", "idle,mix,alloc", "-o", "%N"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except subprocess.TimeoutExpired:
-        return None
-    nodes = result.stdout.split() if result.returncode == 0 else []
-    return nodes[0] if nodes else None
-
-
 @pytest.mark.skipif(
-    _slurm_node() is None,
+    slurm_node() is None,
     reason="needs a running Slurm with a usable node (apt: slurm-wlm munge; .ci/start-slurm)",
 )
 def test_a_stalled_rank_is_named_through_srun_overlap(tmp_path):
@@ -86,7 +69,7 @@ def test_a_stalled_rank_is_named_through_srun_overlap(tmp_path):
         timeout=TIMEOUT_S,
     )
     assert result.returncode == 124, result.stderr
-    node = _slurm_node()
+    node = slurm_node()
     (record,) = read_attempts(run_dir / "attempts.jsonl")
     suspect = record.evidence[0]
     assert (suspect.source, suspect.host, suspect.rank, suspect.step) == (

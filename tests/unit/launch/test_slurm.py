@@ -11,7 +11,6 @@ tests/chaos/test_job_chain.py.
 from __future__ import annotations
 
 import shlex
-import shutil
 import socket
 import subprocess
 import sys
@@ -20,30 +19,13 @@ from pathlib import Path
 import pytest
 
 from goodput.launch.history import read_attempts
-from goodput.testing.jobs import outside_any_job
+from goodput.testing.jobs import outside_any_job, slurm_node
 
 TIMEOUT_S = 60
 
 
-def _slurm_node() -> str | None:
-    """A node this machine's Slurm can run on now, or None."""
-    if shutil.which("srun") is None or shutil.which("sinfo") is None:
-        return None
-    try:
-        result = subprocess.run(
-            ["sinfo", "-h", "-N", "-t", "idle,mix,alloc", "-o", "%N"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except subprocess.TimeoutExpired:
-        return None
-    nodes = result.stdout.split() if result.returncode == 0 else []
-    return nodes[0] if nodes else None
-
-
 pytestmark = pytest.mark.skipif(
-    _slurm_node() is None,
+    slurm_node() is None,
     reason="needs a running Slurm with a usable node (apt: slurm-wlm munge; .ci/start-slurm)",
 )
 
@@ -85,7 +67,7 @@ def test_dry_run_names_this_host_from_the_allocation(tmp_path):
     (line,) = result.stdout.splitlines()
     argv = shlex.split(line)
     srun = argv[argv.index("srun") :]
-    node = _slurm_node()
+    node = slurm_node()
     assert srun[srun.index("--nodelist") + 1] == node == socket.gethostname().split(".")[0]
     assert srun[-1] == "true" and "--kill-on-bad-exit=1" in srun
     assert f"MASTER_ADDR={node}" in argv[: argv.index("srun")]
@@ -106,7 +88,7 @@ def test_a_rank_killed_under_srun_is_probed_and_the_healthy_node_kept(tmp_path):
     result = _salloc(2, [*launch, "--", sys.executable, "-c", code], tmp_path)
     assert result.returncode == 0, result.stderr
     first, second = [r.to_json() for r in read_attempts(run_dir / "attempts.jsonl")]
-    node = _slurm_node()
+    node = slurm_node()
     assert first["class"] == "error" and first["hosts"] == [node] == second["hosts"]
     assert first["evidence"] == [] and first["replaced"] == {} and first["decision"] == "retry"
     assert f"srun: error: {node}: task 1: Killed" in result.stderr
@@ -162,7 +144,7 @@ def test_a_node_named_the_hang_suspect_twice_with_no_spare_is_kept(tmp_path):
     result = _salloc(2, [*launch, "--", *worker], tmp_path)
     assert result.returncode == 0, result.stderr
     first, second, third = read_attempts(run_dir / "attempts.jsonl")
-    node = _slurm_node()
+    node = slurm_node()
     for record in (first, second):
         assert record.class_ == "hang" and record.replaced == {} and record.decision == "retry"
         suspect = record.evidence[0]
@@ -175,7 +157,7 @@ def test_a_node_named_the_hang_suspect_twice_with_no_spare_is_kept(tmp_path):
 
 def _node_cpus() -> int:
     out = subprocess.run(
-        ["sinfo", "-h", "-N", "-n", _slurm_node() or "", "-o", "%c"],
+        ["sinfo", "-h", "-N", "-n", slurm_node() or "", "-o", "%c"],
         capture_output=True,
         text=True,
         timeout=10,
