@@ -215,6 +215,7 @@ class Beacon:
         self._depth = 0
         self._outer_start_ns = 0
         self._files: _Files | None = None
+        self._static: tuple[object, ...] = ()  # what open_beacon wrote, for set_schedule
         self._brackets = {s: _Bracket(self._enter, self._leave, c) for s, c in _SITE_CODE.items()}
         self._flush_brackets = {
             s: _Bracket(self._flush_enter, self._flush_leave, c) for s, c in _SITE_CODE.items()
@@ -246,6 +247,19 @@ class Beacon:
             self._phase_since_ns = time.monotonic_ns()
             self._publish()
 
+    def set_schedule(self, schedule_id: int) -> None:
+        """The rank's schedule id, once its layout is built (the beacon opens before: a hang
+        while the model is built or a checkpoint loaded has a beacon too)."""
+        with self._lock:
+            if not self._static:
+                return  # no file: nothing reads it
+            self._static = (*self._static[:-1], schedule_id & ((1 << 64) - 1))
+            self._seq += 1  # odd while the static part changes: a reader retries
+            _SEQ.pack_into(self._buffer, _SEQ_AT, self._seq)
+            _STATIC.pack_into(self._buffer, _STATIC_AT, *self._static)
+            self._seq += 1
+            _SEQ.pack_into(self._buffer, _SEQ_AT, self._seq)
+
     def collective(self, site: str) -> _Bracket:
         """``with beacon.collective(site):`` around one wait on the peers (training thread)."""
         return _lookup(self._brackets, site)
@@ -262,6 +276,7 @@ class Beacon:
             if files is None or files.pid != os.getpid():
                 return
             self._files = None
+            self._static = ()
             memory = bytearray(self._buffer[:SIZE])
             mapped = self._buffer
             self._buffer = memory
@@ -328,16 +343,19 @@ class Beacon:
         with self._lock:
             image = bytearray(self._buffer)
             _STATIC.pack_into(image, _STATIC_AT, *static)
+            self._static = static
+            stacks = _create_stack_file(stack_path(directory, rank))
+            # Before the beacon appears: a launcher that finds it may signal at once, and
+            # SIGUSR2's default action would end the rank.
+            faulthandler.register(DUMP_SIGNAL, file=stacks.file, all_threads=True, chain=False)
             final = beacon_path(directory, rank)
             mapped, identity = _create_mapped(final, bytes(image))
-            stacks = _create_stack_file(stack_path(directory, rank))
             watcher = _FlightRecorder(stacks, fr_path(directory, rank)) if recorder else None
             self._files = _Files(
                 beacon=final, identity=identity, stacks=stacks, pid=os.getpid(), recorder=watcher
             )
             self._buffer = mapped
             self._publish()
-        faulthandler.register(DUMP_SIGNAL, file=stacks.file, all_threads=True, chain=False)
         if watcher is not None:
             watcher.start()
 

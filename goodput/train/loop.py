@@ -28,7 +28,7 @@ from typing import NoReturn
 
 import torch.distributed as dist
 
-from goodput import rundir
+from goodput import beacon, rundir
 from goodput.checkpoint.save import Checkpointer
 from goodput.checkpoint.state import CheckpointContents
 from goodput.config import to_toml
@@ -46,7 +46,7 @@ from goodput.train.resume import LoaderState, checkpoint_root, resume
 from goodput.train.schedule import learning_rate
 from goodput.train.setup import setup_torch
 from goodput.train.step import SkippedSteps, train_step
-from goodput.train.step_hooks import StepHooks
+from goodput.train.step_hooks import StepHooks, open_rank_beacon
 from goodput.train.termination import SigtermFlag
 from goodput.train.watch import LrScale, Watch
 
@@ -59,6 +59,7 @@ def train(cfg: RunConfig) -> list[float]:
     runtime = setup_torch(seed=cfg.train.seed)
     rank, device = runtime.rank, runtime.device
     try:
+        open_rank_beacon(runtime)  # where this rank is, for the launcher's hang forensics
         if faults is not None:  # a fault that could never fire: refused on every rank alike
             faults.check_reachable(
                 world_size=runtime.world_size,
@@ -197,6 +198,7 @@ def train(cfg: RunConfig) -> list[float]:
             print(f"train: done; metrics in {run_dir / rundir.METRICS}", flush=True)
         return losses
     finally:
+        beacon.current().close()
         if owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
 

@@ -1,12 +1,14 @@
 """The per-step work around the training step, for the loop: one object, called in the order the
 step runs, so ``loop.train`` stays a list of what happens.
 
-- Where this rank is (``goodput.beacon``): the beacon file is opened at start when the launcher
-  set ``GOODPUT_BEACON_DIR`` (with the rank's host and a schedule id, a hash of its pp/tp/cp
-  coordinates: ranks of one id issue the same collectives), and told each step and the loop's
-  phases (``data``, ``eval``, ``metrics``, ``done``; ``train_step`` and the checkpointer set
-  theirs; ``forward`` from just before ``train_step``, where a ``slow`` fault sleeps). Closed
-  (its files removed) when the loop is left.
+- Where this rank is (``goodput.beacon``): ``open_rank_beacon`` opens the beacon file as soon
+  as the process group is up, when the launcher set ``GOODPUT_BEACON_DIR`` (phase ``startup``:
+  a hang while the model is built or a checkpoint loaded has a beacon and a stack dump too);
+  the loop closes it (its files removed) however it ends. The hooks give it the schedule id (a
+  hash of the rank's pp/tp/cp coordinates: ranks of one id issue the same collectives), each
+  step and the loop's phases (``data``, ``eval``, ``metrics``, ``done``; ``train_step`` and the
+  checkpointer set theirs; ``forward`` from just before ``train_step``, where a ``slow`` fault
+  sleeps).
 - Busy time (``stragglers.BusyClock``) from the data phase to the vote, the eval apart; shared
   with the checkpoint vote and judged by the straggler watch (``stragglers.StragglerWatch``).
 - Injected faults (``goodput.faults``, under ``goodput chaos``): ``before_data`` in the data
@@ -30,7 +32,8 @@ from goodput.launch.env import current_placement
 from goodput.train.build import Run
 from goodput.train.config import RunConfig
 from goodput.train.profiling import Profiler, build_profiler
-from goodput.train.stragglers import BusyClock, StragglerWatch, rank_hosts
+from goodput.train.setup import Runtime
+from goodput.train.stragglers import BusyClock, StragglerWatch, rank_host, rank_hosts
 
 Measured = dict[str, float | int | str | None]
 
@@ -45,14 +48,7 @@ class StepHooks:
         self.rank, self.faults = runtime.rank, faults
         hosts = rank_hosts(runtime.rank, runtime.world_size, os.environ)
         self.beacon = beacon.current()
-        beacon.open_beacon(
-            os.environ,
-            rank=runtime.rank,
-            world_size=runtime.world_size,
-            local_rank=current_placement().local_rank,
-            host=hosts[runtime.rank],
-            schedule_id=schedule_id(run),
-        )
+        self.beacon.set_schedule(schedule_id(run))
         self.busy = BusyClock()
         self.stragglers = StragglerWatch(cfg.watch, hosts, rank=runtime.rank, run_dir=run.run_dir)
         self.profiler: Profiler | None = build_profiler(
@@ -73,11 +69,8 @@ class StepHooks:
         tb: TracebackType | None,
     ) -> None:
         self.beacon.phase("done")
-        try:
-            if self.profiler is not None:
-                self.profiler.close()
-        finally:
-            self.beacon.close()
+        if self.profiler is not None:
+            self.profiler.close()
 
     def start(self, step: int) -> None:
         """The top of step ``step``."""
@@ -128,6 +121,20 @@ class StepHooks:
             self.profiler.after_step(step)
         if self.faults is not None:
             self.faults.after_step(step, self.rank)
+
+
+def open_rank_beacon(runtime: Runtime) -> None:
+    """This rank's beacon file, when ``goodput launch`` gave a folder for it (``open_beacon``),
+    at step 0 (none yet) in phase ``startup`` (a second run in one process starts over too)."""
+    beacon.current().step(0)
+    beacon.current().phase("startup")
+    beacon.open_beacon(
+        os.environ,
+        rank=runtime.rank,
+        world_size=runtime.world_size,
+        local_rank=current_placement().local_rank,
+        host=rank_host(runtime.rank, os.environ),
+    )
 
 
 def schedule_id(run: Run) -> int:

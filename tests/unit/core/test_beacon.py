@@ -95,6 +95,14 @@ def test_round_trip(opened, tmp_path):
     assert stack_path(tmp_path, 3).read_bytes() == STACK_HEADER
 
 
+def test_the_schedule_id_is_set_once_the_layout_is_built(opened, tmp_path):
+    opened.step(5)
+    opened.set_schedule(2**64 + 9)  # kept to 64 bits, as open_beacon keeps it
+    state = read_beacon(beacon_path(tmp_path, 3))
+    assert (state.schedule_id, state.step, state.rank, state.host) == (9, 5, 3, "nid0012")
+    assert not state.torn and state.entered == state.left
+
+
 def test_counts_in_memory_before_and_after_the_file(tmp_path):
     beacon = current()
     before = beacon.waited_ns

@@ -100,3 +100,29 @@ def test_a_broken_init_is_flagged_at_step_one(run_config, capsys):
     losses = train(with_train(broken, steps=1))
     out = capsys.readouterr().out
     assert f"step-1 loss {losses[0]:.4f}" in out and f"{math.log(61):.4f}" in out
+
+
+def test_the_beacon_is_open_while_the_run_is_built_and_gone_however_the_run_ends(
+    run_config, tmp_path, monkeypatch
+):
+    """A hang while the model is built or a checkpoint loaded has a beacon to read (phase
+    startup, step 0); a run that fails there leaves no beacon file behind."""
+    from goodput import beacon
+    from goodput.errors import GoodputError
+    from goodput.train import loop
+
+    folder = tmp_path / "beacons"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setenv(beacon.BEACON_DIR_VAR, str(folder))
+    seen = []
+
+    def build_run_that_fails(cfg, runtime):
+        seen.append(beacon.read_beacon(beacon.beacon_path(folder, runtime.rank)))
+        raise GoodputError("checkpoint", "a load that fails", "none: a test")
+
+    monkeypatch.setattr(loop, "build_run", build_run_that_fails)
+    with pytest.raises(GoodputError, match="a load that fails"):
+        train(run_config)
+    (state,) = seen
+    assert (state.phase, state.step, state.rank, state.world_size) == ("startup", 0, 0, 1)
+    assert sorted(folder.iterdir()) == []  # beacon and stack file removed
