@@ -64,7 +64,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from goodput.errors import GoodputError
+from goodput.errors import GoodputError, printable
 
 BEACON_DIR_VAR = "GOODPUT_BEACON_DIR"
 DUMP_SIGNAL = signal.SIGUSR2
@@ -551,8 +551,7 @@ def _beacon_dir(value: str) -> Path:
 
 def _host_bytes(host: str) -> bytes:
     # Cut at a character boundary; the reader needs printable UTF-8.
-    printable = "".join(ch if ch.isprintable() else "?" for ch in host)
-    data = printable.encode()[:HOST_BYTES]
+    data = printable(host, HOST_BYTES).encode()[:HOST_BYTES]
     return data.decode(errors="ignore").encode()
 
 

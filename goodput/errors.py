@@ -77,6 +77,12 @@ def one_line(text: str, limit: int) -> str:
     return f"{line[:head]}{ELISION}{line[len(line) - tail :]}"
 
 
+def printable(text: str, limit: int) -> str:
+    """``text`` with every character that is not printable (control bytes, newlines, NUL) as
+    ``?``, at most ``limit`` characters: what another process wrote, safe in one line."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text[:limit])
+
+
 def warn_deprecated(old: str, new: str) -> None:
     """The one warning line for a spelling still read for one release: ``old`` works as ``new``."""
     print(f"goodput: warning: {old} is deprecated; use {new}", file=sys.stderr, flush=True)

@@ -38,7 +38,7 @@ from typing import Literal, NoReturn
 
 from goodput import beacon
 from goodput.config import from_table, limits
-from goodput.errors import GoodputError, one_line
+from goodput.errors import GoodputError, one_line, printable
 from goodput.launch import launchers
 
 ProcState = Literal["running", "stopped", "disk-sleep", "gone"]
@@ -160,7 +160,7 @@ def collect_host(directory: Path, wait_s: float = DUMP_WAIT_S) -> HostReport:
 
 
 def _problem(text: str) -> str:
-    return "".join(ch if ch.isprintable() else "?" for ch in one_line(text, MAX_PROBLEM_CHARS))
+    return printable(one_line(text, MAX_PROBLEM_CHARS), MAX_PROBLEM_CHARS)
 
 
 def _read_beacons(directory: Path) -> tuple[list[beacon.BeaconState], list[str]]:
@@ -296,10 +296,6 @@ def parse_stack(text: str, thread_id: int) -> tuple[str, ...]:
             name = frame[1].rsplit("/", 1)[-1]
             frames.append(printable(f"{name[:60]}:{frame[2]} {frame[3][:60]}", MAX_FRAME_CHARS))
     return tuple(frames)
-
-
-def printable(text: str, limit: int) -> str:
-    return "".join(ch if ch.isprintable() else "?" for ch in text)[:limit]
 
 
 def _rank_report(state: beacon.BeaconState, proc: ProcState, text: str | None) -> RankReport:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from goodput import beacon
-from goodput.errors import GoodputError, one_line
+from goodput.errors import GoodputError, one_line, printable
 from goodput.launch import forensics, launchers
 from goodput.launch.attempt import AFTER_KILL_WAIT_S, ProcessSpec
 from goodput.launch.forensics import HostReport, RankReport
@@ -210,7 +210,7 @@ def _evidence(rank_hosts: Sequence[str], rank: int, item: RankReport | None, wha
 
 
 def _said(text: str) -> str:
-    return forensics.printable(one_line(f"hang suspect: {text}", MAX_SAID_CHARS), MAX_SAID_CHARS)
+    return printable(one_line(f"hang suspect: {text}", MAX_SAID_CHARS), MAX_SAID_CHARS)
 
 
 def _span(ranks: Sequence[int]) -> str:

@@ -1,5 +1,5 @@
-"""The environment for a child process that must not think it runs inside a job, and the node
-of this machine's Slurm that the Slurm tests run on."""
+"""The environment for a child process that must not think it runs inside a job, the node of
+this machine's Slurm that the Slurm tests run on, and the pids of the ranks a launcher runs."""
 
 from __future__ import annotations
 
@@ -64,3 +64,18 @@ def slurm_node() -> str | None:
         return None
     nodes = result.stdout.split() if result.returncode == 0 else []
     return nodes[0] if nodes else None
+
+
+def launched_rank_pids(launcher_pid: int) -> dict[int, int]:
+    """rank -> pid of each child of ``launcher_pid`` that runs a rank now (its ``RANK``)."""
+    found = {}
+    for task in Path(f"/proc/{launcher_pid}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:  # it just ended
+                continue
+            ranks = [item[5:] for item in environ if item.startswith(b"RANK=")]
+            if ranks:
+                found[int(ranks[0])] = int(pid)
+    return found

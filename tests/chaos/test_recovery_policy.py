@@ -23,7 +23,7 @@ from goodput import rundir
 from goodput.config import to_toml
 from goodput.launch.history import read_attempts
 from goodput.launch.retry import PROGRESS_WAIT_S
-from goodput.testing.jobs import outside_any_job
+from goodput.testing.jobs import launched_rank_pids, outside_any_job
 from goodput.testing.tiny import tiny_run_config
 
 TIMEOUT_S = 300
@@ -64,19 +64,6 @@ def _launch(*args: str, cwd: Path) -> subprocess.Popen[str]:
     )
 
 
-def _rank(launcher: subprocess.Popen[str], rank: int) -> int | None:
-    """The pid of the launcher's child that runs ``rank`` now, if one does."""
-    for task in Path(f"/proc/{launcher.pid}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:  # it just ended
-                continue
-            if f"RANK={rank}".encode() in environ:
-                return int(pid)
-    return None
-
-
 def _kill_rank_at_steps(
     launcher: subprocess.Popen[str], heartbeat: Path, steps: list[int]
 ) -> list[int]:
@@ -90,7 +77,7 @@ def _kill_rank_at_steps(
             step = json.loads(heartbeat.read_text())["step"]
         except (OSError, ValueError):
             step = 0
-        pid = _rank(launcher, 1) if step >= steps[len(killed)] else None
+        pid = launched_rank_pids(launcher.pid).get(1) if step >= steps[len(killed)] else None
         if pid is not None and pid not in pids:
             os.kill(pid, signal.SIGKILL)
             pids.add(pid)

@@ -36,7 +36,7 @@ from goodput.launch.launchers import (
     profile_names,
 )
 from goodput.launch.suspects import run_bounded
-from goodput.testing.jobs import outside_any_job
+from goodput.testing.jobs import launched_rank_pids, outside_any_job
 from goodput.testing.tiny import tiny_run_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -199,27 +199,12 @@ def test_a_profile_without_an_expected_count_checks_the_devices_it_finds(tmp_pat
 WATCHDOG_S = "8"  # past the trainer's silent start (imports, model) on a loaded 2-core machine
 
 
-def _rank_pids(launcher: subprocess.Popen[str]) -> dict[int, int]:
-    """rank -> pid of the launcher's children that run a rank now."""
-    found = {}
-    for task in Path(f"/proc/{launcher.pid}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:  # it just ended
-                continue
-            ranks = [item[5:] for item in environ if item.startswith(b"RANK=")]
-            if ranks:
-                found[int(ranks[0])] = int(pid)
-    return found
-
-
 def _stop_rank0_of_the_second_attempt(launcher: subprocess.Popen[str], heartbeat: Path) -> int:
     """Once attempt 2's ranks run and made a step, SIGSTOP its rank 0; its pid."""
     first: set[int] = set()
     deadline = time.monotonic() + 120
     while launcher.poll() is None and time.monotonic() < deadline:
-        pids = _rank_pids(launcher)
+        pids = launched_rank_pids(launcher.pid)
         if not first:
             first = set(pids.values())
         elif pids and not set(pids.values()) & first and 0 in pids:
