@@ -13,7 +13,11 @@ of each run, ``report.accounting``):
   - ``eight_faults``: 8 faults of every kind one machine can recover from (``bad-node`` needs a
     spare host), seed ``SEED``: goodput against the straight run, mean recovery time by kind,
     steps lost per fault, time in backoff;
-  - ``one_per_100_steps``: 3 ``kill`` faults in the 300 steps, seed ``SEED``: the goodput target.
+  - ``one_per_100_steps``: 3 ``kill`` faults in the 300 steps, seed ``SEED``: the goodput target;
+  - ``one_per_100_steps_k1`` and ``_k5``: the same faults with memory snapshots every 1 and 5
+    steps (``checkpoint.memory_interval_steps``, both runs of the campaign): what they save per
+    kill, and what they cost a step (the straight runs' median step time and snapshot stall
+    against the campaign without them).
 
 Targets, each measured in both campaigns:
   - backoff after an attempt that made progress (it reached a step no earlier attempt reached)
@@ -43,25 +47,40 @@ from goodput.testing.jobs import outside_any_job
 NUM_RANKS = 2
 INTERVAL = 10
 SEED = 0
-CAMPAIGNS = {
-    "eight_faults": (8, "kill,ckpt-kill,hang,save-fail,nan"),
-    "one_per_100_steps": (3, "kill"),
+CAMPAIGNS = {  # name: (faults, kinds, memory snapshot interval in steps; 0: none)
+    "eight_faults": (8, "kill,ckpt-kill,hang,save-fail,nan", 0),
+    "one_per_100_steps": (3, "kill", 0),
+    "one_per_100_steps_k1": (3, "kill", 1),
+    "one_per_100_steps_k5": (3, "kill", 5),
 }
 
 
 def _campaign(root: Path, name: str, file_list: Path) -> dict[str, Any]:
-    num_faults, kinds = CAMPAIGNS[name]
+    num_faults, kinds, memory_interval = CAMPAIGNS[name]
     output = root / name
     argv = [sys.executable, "-m", "goodput", "chaos", str(demo.TRAIN_CONFIG)]
     argv += [f"data.file_list={file_list}", f"data.cache={root / 'cache'}"]
-    argv += [f"checkpoint.interval_steps={INTERVAL}", "--nproc", str(NUM_RANKS)]
+    argv += [f"checkpoint.interval_steps={INTERVAL}"]
+    argv += [f"checkpoint.memory_interval_steps={memory_interval}", "--nproc", str(NUM_RANKS)]
     argv += ["--faults", str(num_faults), "--kinds", kinds, "--seed", str(SEED)]
     argv += ["--output", str(output)]
     result = subprocess.run(argv, env=outside_any_job(), capture_output=True, text=True)
     print(result.stdout, flush=True)
     if not (output / "report.json").is_file():
         raise SystemExit(f"bench_chaos: {name} wrote no report:\n{result.stderr}")
-    return _figures(json.loads((output / "report.json").read_text()))
+    figures = _figures(json.loads((output / "report.json").read_text()))
+    return figures | _straight_step_cost(output / "reference" / "metrics.jsonl")
+
+
+def _straight_step_cost(metrics: Path) -> dict[str, float]:
+    """The straight run's median step time and mean snapshot stall (0 without snapshots)."""
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return {
+        "straight_median_step_s": round(statistics.median(r["step_time_s"] for r in records), 4),
+        "straight_mean_snapshot_stall_s": round(
+            statistics.mean(r.get("snapshot_stall_s") or 0.0 for r in records), 4
+        ),
+    }
 
 
 def _figures(report: dict[str, Any]) -> dict[str, Any]:
@@ -89,6 +108,9 @@ def _figures(report: dict[str, Any]) -> dict[str, Any]:
             for kind, times in sorted(recovery_by_kind.items())
         },
         "steps_lost": [fault["steps_lost"] for fault in faults if fault["steps_lost"] is not None],
+        "loaded_from": [
+            fault.get("loaded_from") for fault in faults if fault["steps_lost"] is not None
+        ],
         "max_wait_after_progress_s": _max_wait_after_progress(attempts),
         "killed_rank_recovery": [_against_bound(f) for f in faults if f["kind"] == "kill"],
         "idle_timeout_s": round(report["idle_timeout_s"], 1),
@@ -138,7 +160,10 @@ def main() -> dict[str, Any]:
             f"(straight run {found['straight_goodput']:.3f}), "
             f"wall {found['wall_s']:.1f} s against {found['straight_wall_s']:.1f} s; "
             f"recovery by kind {found['mean_recovery_s_by_kind']}; steps lost "
-            f"{found['steps_lost']}; backoff {found['badput_s'].get('backoff', 0.0):.2f} s, "
+            f"{found['steps_lost']} (loaded from {found['loaded_from']}); median step "
+            f"{found['straight_median_step_s']} s, snapshot stall "
+            f"{found['straight_mean_snapshot_stall_s']} s (straight run); "
+            f"backoff {found['badput_s'].get('backoff', 0.0):.2f} s, "
             f"longest after progress {found['max_wait_after_progress_s']} s; killed ranks: "
             + ", ".join(f"{k.get('recovery_s')} s vs {k.get('bound_s')} s" for k in kills)
             + f"; final state: {found['verdict']}"

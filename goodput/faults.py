@@ -18,7 +18,8 @@ fires on (never on another). Every kind takes these four keys; ``slow`` and ``st
 of their own too (``KIND_KEYS``), which they must have and no other kind may. At start the
 trainer refuses, naming it, a fault that could never fire (``check_reachable``): a rank not
 below the world size, a step after ``train.steps``, a save fault in a run without periodic
-saves. The kinds, and when each fires:
+saves, a memory-snapshot fault (``NEEDS_SNAPSHOTS``) in a run without memory snapshots
+(``checkpoint.memory_interval_steps = 0``). The kinds, and when each fires:
 
 - ``kill``: once step ``step`` has completed (its metrics line written, its checkpoint decision
   taken and any save started), the rank SIGKILLs itself.
@@ -32,6 +33,15 @@ saves. The kinds, and when each fires:
   while writing it: after its files of that checkpoint are written, before ``.complete`` can
   exist (in the background flush, or in the synchronous write when the save is synchronous).
 - ``save-fail``: in that same save, this rank's write raises ``OSError(ENOSPC)``.
+- ``snapshot-kill``: in the first memory snapshot of a step >= ``step`` on this rank, the rank
+  SIGKILLs itself in the snapshot's background write (``on_snapshot_write``): after the payload
+  is copied, before its manifest is written, so that snapshot is half-written and must never be
+  loaded.
+- ``host-loss``: once step ``step`` has completed (as ``kill``), the rank first calls
+  ``FaultPlan.host_loss_hook`` (the trainer sets it to the snapshot store's ``forget_host``,
+  which removes this host's snapshot folder: the host's memory is gone; None: nothing to
+  forget), then dies as ``bad-node`` does (the same line, exit 1), so the launcher replaces the
+  host with a spare and the rank's state must come back from its partner's copy.
 - ``nan``: at step ``step``, after backward and before the gradients are reduced and their norm
   checked, one element of this rank's gradients becomes NaN. Every time that step runs: a
   resumed run replays it, and a reference run given the same ``nan`` faults skips the same steps.
@@ -65,7 +75,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -75,9 +85,15 @@ from goodput.io import read_bytes, write_json
 
 ENV_VAR = "GOODPUT_FAULTS"
 HOSTS_VAR = "GOODPUT_LAUNCH_HOSTS"  # set by goodput launch: the attempt's hosts, in rank order
-KINDS = ("kill", "ckpt-kill", "hang", "bad-node", "save-fail", "nan", "slow", "stall")
-AFTER_STEP = ("kill", "hang", "bad-node")
+KINDS = (
+    "kill", "ckpt-kill", "hang", "bad-node", "save-fail", "nan", "slow", "stall",
+    "snapshot-kill", "host-loss",
+)  # fmt: skip
+AFTER_STEP = ("kill", "hang", "bad-node", "host-loss")
 IN_SAVE = ("ckpt-kill", "save-fail")
+IN_SNAPSHOT = ("snapshot-kill",)
+NEEDS_SNAPSHOTS = ("snapshot-kill", "host-loss")  # refused in a run without memory snapshots
+DEVICE_LOST = ("bad-node", "host-loss")  # die with the device-error line the launcher evicts on
 STALL_WHERE = ("data", "collective")
 MAX_SLOW_S = 600.0
 MAX_PLAN_BYTES = 1 << 20
@@ -131,21 +147,28 @@ class FaultPlan:
         self.launch_hosts = environ.get(HOSTS_VAR, ""), environ.get("LOCAL_WORLD_SIZE", "")
         self.by_step: dict[tuple[int, int], list[Fault]] = {}  # (step, rank): at that step
         self.in_save: dict[int, list[Fault]] = {}  # rank: its save faults, by step
+        self.in_snapshot: dict[int, list[Fault]] = {}  # rank: its snapshot faults, by step
         self.slow: dict[int, list[Fault]] = {}  # rank: its slow faults (windows), by step
         for fault in sorted(faults, key=lambda f: (f.step, f.id)):
             if fault.kind in IN_SAVE:
                 self.in_save.setdefault(fault.rank, []).append(fault)
+            elif fault.kind in IN_SNAPSHOT:
+                self.in_snapshot.setdefault(fault.rank, []).append(fault)
             elif fault.kind == "slow":
                 self.slow.setdefault(fault.rank, []).append(fault)
             else:
                 self.by_step.setdefault((fault.step, fault.rank), []).append(fault)
         self.fired: set[int] = set()  # ids known to have fired: their record exists
+        # host-loss's first act: forget this host's memory snapshots (the trainer sets it to its
+        # snapshot store's forget_host; None: a run without snapshots has nothing to forget).
+        self.host_loss_hook: Callable[[], None] | None = None
 
-    def check_reachable(self, *, world_size: int, steps: int, saves: bool) -> None:
+    def check_reachable(self, *, world_size: int, steps: int, saves: bool, snapshots: bool) -> None:
         """Refuse, naming its entry, a fault that could never fire in a run of ``steps`` steps
-        on ``world_size`` ranks that saves checkpoints periodically or not (``saves``): a rank
-        beyond the world, a step beyond the run, a save fault in a run that never saves. Called
-        at start, by every rank alike, before any work."""
+        on ``world_size`` ranks that saves checkpoints periodically or not (``saves``) and takes
+        memory snapshots or not (``snapshots``): a rank beyond the world, a step beyond the run,
+        a save fault in a run that never saves, a snapshot fault in a run without snapshots.
+        Called at start, by every rank alike, before any work."""
         for index, fault in enumerate(self.faults):
             where = f"faults[{index}] (id {fault.id}, {fault.kind})"
             if fault.rank >= world_size:
@@ -156,6 +179,11 @@ class FaultPlan:
                 what = (
                     f"{where}: the run saves no checkpoints (checkpoint.interval_steps and "
                     "interval_minutes are 0)"
+                )
+            elif fault.kind in NEEDS_SNAPSHOTS and not snapshots:
+                what = (
+                    f"{where}: the run takes no memory snapshots "
+                    "(checkpoint.memory_interval_steps is 0)"
                 )
             else:
                 continue
@@ -203,6 +231,14 @@ class FaultPlan:
                     raise OSError(errno.ENOSPC, f"No space left on device {INJECTED}")
                 os.kill(os.getpid(), signal.SIGKILL)
 
+    def on_snapshot_write(self, step: int, rank: int) -> None:
+        """Called by the snapshot store's background write of the memory snapshot of ``step``,
+        once this rank's payload is copied and before its manifest is written: kill the rank if
+        a ``snapshot-kill`` is due (the first snapshot of a step >= its ``step``)."""
+        for fault in self.in_snapshot.get(rank, ()):
+            if fault.step <= step and self._claim(fault, step):
+                os.kill(os.getpid(), signal.SIGKILL)
+
     def _claim(self, fault: Fault, step: int) -> bool:
         """True, with its record written, if ``fault`` never fired before (in any process)."""
         record = self.fired_dir / f"{fault.id}.json"
@@ -227,7 +263,9 @@ class FaultPlan:
             os.kill(os.getpid(), signal.SIGKILL)
         elif fault.kind == "hang":
             os.kill(os.getpid(), signal.SIGSTOP)  # SIGCONT lets it go on
-        else:
+        else:  # DEVICE_LOST: a host-loss takes the host's memory with it first
+            if fault.kind == "host-loss" and self.host_loss_hook is not None:
+                self.host_loss_hook()
             host = launcher_host(rank, *self.launch_hosts)
             sys.stdout.flush()
             print(

@@ -17,6 +17,8 @@ which never imports torch, spells the names from here too.
       chain.sbatch|chain.pbs the job script of a goodput submit chain (and its jobs' logs)
       hostfile-<hash>        an mpiexec host file of goodput launch
       done                   empty, written last after the final step: a job chain stops here
+      run-id                 16 hex digits naming this life of the run (rank 0, after a resume):
+                             memory snapshots of another life are never loaded
       checkpoints/
         step-00000100/
           .metadata  __<rank>_0.distcp  DCP: {"model": ..., "optim": ...} (model-only: no optim)
@@ -33,13 +35,15 @@ in a run directory or a checkpoint (for ``goodput.outputs``, the guard of every 
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from goodput.errors import GoodputError
-from goodput.io import is_complete
+from goodput.io import is_complete, read_text, write_text
 
 CONFIG = "config.toml"
 RUN_RECORD = "run.json"
@@ -58,6 +62,8 @@ ATTEMPTS = "attempts.jsonl"
 CHAIN_SCRIPTS = {"slurm": "chain.sbatch", "pbs": "chain.pbs"}
 HOSTFILE_PREFIX = "hostfile-"
 DONE = "done"
+RUN_ID = "run-id"
+RUN_ID_TEXT = re.compile(r"[0-9a-f]{16}")  # secrets.token_hex(8); matched whole
 LR_FIND = "lr_find.json"  # goodput diagnose lr-find's curve, for the run's report
 # What goodput launch, submit, diagnose lr-find and ckpt import-hf/from-torch may put in a run
 # directory before the trainer first starts.
@@ -110,6 +116,29 @@ def heartbeat_files(run_dir: str | Path, environ: Mapping[str, str]) -> list[Pat
     except OSError:  # a name this file system cannot hold: not a folder here either
         here = False
     return [own, launcher] if here and launcher != own.absolute() else [own]
+
+
+def run_id(run_dir: str | Path, *, fresh: bool) -> str:
+    """The id of this life of the run: the one in ``RUN/run-id`` unless ``fresh`` (``resume``
+    other than ``auto``: nothing of an earlier life may be loaded) or there is none yet, else a
+    new one. A damaged file is a ``GoodputError`` naming it: guessing a new id would silently
+    drop the memory snapshots a restart is for."""
+    path = Path(run_dir) / RUN_ID
+    if fresh or not os.path.lexists(path):
+        return secrets.token_hex(8)
+    text = read_text(path, max_bytes=64).removesuffix("\n")
+    if not RUN_ID_TEXT.fullmatch(text):
+        raise GoodputError(
+            path,
+            "is not a run id (16 lowercase hex digits)",
+            "delete it: the run then starts a new life and resumes from its disk checkpoint",
+        )
+    return text
+
+
+def write_run_id(run_dir: str | Path, run_id: str) -> None:
+    """Rank 0, once a start has resumed (or started fresh): later starts know this life."""
+    write_text(Path(run_dir) / RUN_ID, run_id + "\n")
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:

@@ -74,6 +74,12 @@ VALUE = Kind("a finite number or null", lambda v: v is None or _finite(v))
 NUMBER = Kind("a number or null", lambda v: v is None or _is_number(v))
 FLAG = Kind("true or false", lambda v: type(v) is bool)
 NAME = Kind("a name", lambda v: isinstance(v, str) and 0 < len(v) <= MAX_NAME_CHARS)
+# Where a resumed process loaded its state from: its own memory snapshot, its partner's copy of
+# it (its host was replaced), or the newest checkpoint on disk.
+RESUMED_FROM = ("snapshot", "partner", "checkpoint")
+SOURCE = Kind(
+    "'snapshot', 'partner' or 'checkpoint'", lambda v: type(v) is str and v in RESUMED_FROM
+)
 
 
 def _kind(kind: Kind) -> dict[str, Kind]:
@@ -120,6 +126,10 @@ MEASURED = {
     "data_time_s": AMOUNT,  # the parts of step_time_s the loop timed
     "checkpoint_stall_s": AMOUNT,
     "checkpoint_load_s": AMOUNT,
+    "snapshot_stall_s": AMOUNT,  # a memory snapshot held the step: its copy and its settling
+    # Only on a resumed process's first step: where its state came from, and which step's.
+    "resumed_from": SOURCE,
+    "resumed_step": COUNT,
     "eval_time_s": AMOUNT,  # after the step, outside step_time_s, before time
     # Busy time (train/stragglers.py): over ranks, the step's least, median and most, and the
     # rank (and its host) with the most; on the step of a straggler warning, the rank it names

@@ -26,8 +26,13 @@ are replaced, anything else in it is left alone. Both runs get the same config a
 the faulted one also gets ``perturb`` (a control: a difference the comparison must catch).
 Recovery is ``--auto-retry`` plus the user's launch options. The fault plan needs checkpoints:
 when the config saves too rarely for it, ``checkpoint.interval_steps`` is set for both runs, and
-the report says so. ``bad-node`` needs a spare host per fault (``--nhosts N`` of a larger job):
-without one it is left out of the default kinds and refused when asked for. A hang is caught
+the report says so. ``bad-node`` and ``host-loss`` need a spare host per fault (``--nhosts N`` of
+a larger job): without one they are left out of the default kinds and refused when asked for.
+``snapshot-kill`` and ``host-loss`` need memory snapshots (``checkpoint.memory_interval_steps``
+k > 0, read from the config and overrides, the same for both runs), ``host-loss`` also a second
+host to hold the partner copies: without them they are left out of the default kinds and
+refused when asked for. With k > 0 the report also asks that each fault that ends an attempt
+lose at most k steps, and that each host-loss restart load its partner's copy. A hang is caught
 by the idle watchdog: without the user's ``--timeout``, the faulted run gets
 ``IDLE_TIMEOUT_FACTOR`` times the straight run's longest quiet stretch it can see (its start-up
 or its slowest step, that step slowed by a ``slow`` fault's sleep), at least
@@ -82,6 +87,8 @@ SLOW_FACTOR = 3.0  # a slow rank's sleep, in the straight run's median step time
 MIN_SLOW_S = 0.05
 # Kinds that test the launcher's naming of a rank, with windows sized by [watch]: only on --kinds.
 ASKED_ONLY = ("slow", "stall")
+# Why host-loss needs two hosts or more.
+ONE_HOST = "on one host, no partner on another host holds a copy of the lost host's snapshots"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,6 +168,7 @@ class _Setup:
     faults: list[faults.Fault]  # a slow fault's seconds: None until _time_slow_faults
     notes: list[str]  # what the campaign changed or left out; the report shows them
     train: _TrainCommand
+    memory_interval_steps: int  # checkpoint.memory_interval_steps of both runs; 0: off
     slow_s: float = 0.0  # what a slow fault sleeps a step; 0 until timed, or without one
 
 
@@ -177,9 +185,21 @@ def _prepare(options: CampaignOptions) -> _Setup:
         ppn=options.launch.ppn,
         nproc=options.launch.nproc,
     )
-    kinds, notes = _kinds(options.kinds, len(launch_plan.spares))
+    snapshot_interval = cfg.checkpoint.memory_interval_steps
+    kinds, notes = _kinds(
+        options.kinds,
+        num_spares=len(launch_plan.spares),
+        num_hosts=len(launch_plan.hosts),
+        snapshots=bool(snapshot_interval),
+    )
     dealt = plan.deal_kinds(options.num_faults, kinds, options.seed)
-    _check_spares(dealt, len(launch_plan.spares))
+    _check_kinds(dealt, launch_plan, snapshot_interval)
+    if snapshot_interval:
+        notes.append(
+            f"memory snapshots every {snapshot_interval} step(s) in both runs: each fault that "
+            f"ends an attempt must lose at most {snapshot_interval} step(s), and a host-loss "
+            "restart must load the lost host's state from its partner's copy"
+        )
     overrides = list(options.overrides)
     interval = plan.interval_needed(
         cfg.train.steps, sum(k in faults.IN_SAVE for k in dealt), cfg.checkpoint.interval_steps
@@ -198,6 +218,7 @@ def _prepare(options: CampaignOptions) -> _Setup:
         num_ranks=launch_plan.nproc,
         seed=options.seed,
         straggler_steps=cfg.watch.straggler_steps,
+        snapshot_interval_steps=snapshot_interval,
     )
     train = _TrainCommand(options.config, tuple(overrides), bool(cfg.checkpoint.folder))
     # Each run's whole command line, loaded as goodput train loads it (a mistyped --perturb
@@ -211,7 +232,15 @@ def _prepare(options: CampaignOptions) -> _Setup:
     for run_cfg in configs:
         check_launchable(run_cfg, launch_plan.nproc, launch_plan.ppn)
     return _Setup(
-        output, cfg.train.steps, launch_plan.nproc, launch_plan.ppn, kinds, drawn, notes, train
+        output,
+        cfg.train.steps,
+        launch_plan.nproc,
+        launch_plan.ppn,
+        kinds,
+        drawn,
+        notes,
+        train,
+        snapshot_interval,
     )
 
 
@@ -282,6 +311,7 @@ def _report(
         kinds=setup.kinds,
         notes=tuple(setup.notes),
         idle_timeout_s=idle_timeout_s,
+        memory_interval_steps=setup.memory_interval_steps,
         faults=tuple(
             outcomes.fault_outcomes(
                 setup.faults, fired, run.accounting.timeline, ranks_per_host=setup.ranks_per_host
@@ -310,25 +340,57 @@ def _check_config(cfg: RunConfig) -> None:
         )
 
 
-def _kinds(asked: tuple[str, ...] | None, num_spares: int) -> tuple[tuple[str, ...], list[str]]:
+def _kinds(
+    asked: tuple[str, ...] | None, *, num_spares: int, num_hosts: int, snapshots: bool
+) -> tuple[tuple[str, ...], list[str]]:
+    """The kinds asked for, or the default: every kind this launch and config can recover from
+    but those in ASKED_ONLY (and the notes saying which were left out, and why)."""
     if asked is not None:
         return asked, []
-    default = tuple(kind for kind in faults.KINDS if kind not in ASKED_ONLY)
-    if num_spares:
-        return default, []
-    note = "bad-node left out: this launch has no spare host to replace a bad one"
-    return tuple(kind for kind in default if kind != "bad-node"), [note]
+    kinds = [
+        kind
+        for kind in faults.KINDS
+        if kind not in ASKED_ONLY and (snapshots or kind not in faults.NEEDS_SNAPSHOTS)
+    ]
+    if not num_spares:
+        out = [kind for kind in kinds if kind in faults.DEVICE_LOST]
+        note = f"{' and '.join(out)} left out: this launch has no spare host to replace a bad one"
+        return tuple(kind for kind in kinds if kind not in out), [note]
+    if num_hosts < 2 and "host-loss" in kinds:
+        kinds.remove("host-loss")
+        return tuple(kinds), [f"host-loss left out: {ONE_HOST}"]
+    return tuple(kinds), []
 
 
-def _check_spares(dealt: list[str], num_spares: int) -> None:
-    num_bad_nodes = dealt.count("bad-node")
-    if num_bad_nodes > num_spares:
+def _check_kinds(
+    dealt: list[str], launch_plan: launchers.LaunchPlan, snapshot_interval: int
+) -> None:
+    """Refuse the dealt kinds this launch or config cannot recover from."""
+    needs_snapshots = [kind for kind in faults.NEEDS_SNAPSHOTS if kind in dealt]
+    if needs_snapshots and not snapshot_interval:
         raise GoodputError.usage(
             "--kinds",
-            f"{num_bad_nodes} bad-node fault(s) need as many spare hosts; this launch has "
-            f"{num_spares}",
+            f"{' and '.join(needs_snapshots)} fault(s) need memory snapshots; the config "
+            "takes none (checkpoint.memory_interval_steps is 0)",
+            "add the override checkpoint.memory_interval_steps=K, or leave snapshot-kill and "
+            "host-loss out of --kinds",
+        )
+    lost = [kind for kind in faults.DEVICE_LOST if kind in dealt]
+    num_lost, num_spares = sum(kind in lost for kind in dealt), len(launch_plan.spares)
+    if num_lost > num_spares:
+        raise GoodputError.usage(
+            "--kinds",
+            f"{num_lost} {' and '.join(lost)} fault(s) need as many spare hosts; this launch "
+            f"has {num_spares}",
             "run inside a job with spare hosts (-- --nhosts N of a larger allocation), or "
-            "leave bad-node out of --kinds",
+            f"leave {' and '.join(lost)} out of --kinds",
+        )
+    if "host-loss" in dealt and len(launch_plan.hosts) < 2:
+        raise GoodputError.usage(
+            "--kinds",
+            f"host-loss needs two hosts or more: {ONE_HOST}",
+            "launch on two hosts or more (-- --nhosts 2 of a job with a spare), or leave "
+            "host-loss out of --kinds",
         )
 
 

@@ -13,7 +13,10 @@ fired record (``records``):
     **start-up** and **load** of the next attempt that made a step (``Span.lead_in``: as the
     account charges them) and its **first step**; the **steps lost** (the last step its attempt
     reached, less the step the next one resumed from) and the **recovery** time, from the fault
-    to the end of that first step back;
+    to the end of that first step back; where that attempt **loaded from** (``snapshot``: every
+    rank's own memory snapshot, ``partner``: some rank's partner copy, ``checkpoint``: the disk)
+    and the step it loaded, as its first step record says (``Step.resumed_from``,
+    ``resumed_step``; None where the record does not say, as a fresh start's does not);
   - for a ``slow`` or ``stall`` fault (``NAMED``), the **host** it was injected on (its rank's
     host in the attempt it fired in, as the ranks name it: ``faults.launcher_host``) and the
     rank and host the launcher **named** for it, from the attempts' evidence
@@ -35,7 +38,10 @@ from goodput.faults import Fault, launcher_host
 from goodput.launch.history import Evidence
 from goodput.report.accounting import RECORD_RESOLUTION_S, Span
 
-ENDS_ATTEMPT = frozenset({"kill", "ckpt-kill", "hang", "bad-node", "stall"})  # others: it goes on
+# The kinds that end the attempt they fire in; the others let it go on.
+ENDS_ATTEMPT = frozenset(
+    {"kill", "ckpt-kill", "hang", "bad-node", "stall", "snapshot-kill", "host-loss"}
+)
 NAMED = frozenset({"slow", "stall"})  # the kinds the launcher must name the rank and host of
 
 
@@ -55,6 +61,8 @@ class FaultOutcome:
     first_step_s: float | None
     steps_lost: int | None
     recovery_s: float | None  # fault -> first step back
+    loaded_from: str | None  # where the attempt that came back loaded: runfiles.RESUMED_FROM
+    resumed_step: int | None  # the step it loaded
     host: str | None  # the host of the fault's rank in the attempt it fired in
     named_rank: int | None  # slow and stall: the rank the launcher named for it
     named_host: str | None
@@ -116,6 +124,8 @@ def _outcome(fault: Fault, fired: FiredRecord | None, timeline: Sequence[Span]) 
         first_step_s=None,
         steps_lost=None,
         recovery_s=None,
+        loaded_from=None,
+        resumed_step=None,
         host=None,
         named_rank=None,
         named_host=None,
@@ -147,6 +157,8 @@ def _outcome(fault: Fault, fired: FiredRecord | None, timeline: Sequence[Span]) 
         first_step_s=first.step_time_s,
         steps_lost=max(0, max(step.step for step in span.steps) - (first.step - 1)),
         recovery_s=max(0.0, first.time - fired.time),
+        loaded_from=first.resumed_from,
+        resumed_step=first.resumed_step,
     )
 
 

@@ -1,7 +1,7 @@
 """The fault plan of a chaos campaign, drawn from a seed: which faults, at which steps, on which
 ranks, and how often the run must save for them.
 
-The same seed, count, kinds, steps, interval, ranks and watch window give the same plan. Kinds are
+The same seed, count, kinds, steps, intervals, ranks and watch window give the same plan. Kinds are
 dealt evenly: each kind of ``kinds`` appears ``num_faults // len(kinds)`` or one more times, in
 an order drawn from the seed, so that a campaign of at least as many faults as kinds tries every
 kind. Steps are distinct and leave the run its last step to finish after the last fault:
@@ -16,6 +16,9 @@ kind. Steps are distinct and leave the run its last step to finish after the las
     own (a multiple of the interval before the last step, outside the windows): no two of them
     meet in one save, and a failed save is never the final one, whose checkpoint the campaign
     compares;
+  - ``snapshot-kill`` fires in a memory snapshot, so each gets a snapshot step of its own (a
+    multiple of ``checkpoint.memory_interval_steps`` before the last step, outside the windows
+    and the save faults' steps): the snapshot it kills is the one of its step;
   - every other kind gets any other step in [1, steps - 1] outside the windows.
 Ranks are drawn uniformly below ``num_ranks``; a ``stall``'s ``where`` is dealt evenly between
 ``data`` and ``collective``. A ``slow`` fault's ``seconds`` are not drawn: the campaign times
@@ -32,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from goodput.errors import GoodputError
-from goodput.faults import IN_SAVE, STALL_WHERE, Fault, parse_plan
+from goodput.faults import IN_SAVE, IN_SNAPSHOT, STALL_WHERE, Fault, parse_plan
 from goodput.io import write_json
 
 SAVES_PER_RUN = 10  # the interval chaos sets, when it must set one: steps // this
@@ -85,10 +88,12 @@ def draw_faults(
     num_ranks: int,
     seed: int,
     straggler_steps: int,
+    snapshot_interval_steps: int = 0,
 ) -> list[Fault]:
     """A fault of each of ``kinds`` (as ``deal_kinds`` dealt them) at a distinct step, on a drawn
     rank, each ``slow`` one with its window for a watch of ``straggler_steps`` (its ``seconds``
-    left to ``timed``); sorted by step, ids in that order."""
+    left to ``timed``), each ``snapshot-kill`` on a step of a run that snapshots every
+    ``snapshot_interval_steps`` (0: never); sorted by step, ids in that order."""
     rng = random.Random(f"goodput chaos steps {seed}")
     num_slow = list(kinds).count("slow")
     window = slow_window(straggler_steps)
@@ -104,12 +109,15 @@ def draw_faults(
         )
     taken = rng.sample(saves, num_save_faults)
     free = sorted(set(range(1, num_steps)) - set(taken) - in_windows)
-    num_other = len(kinds) - num_save_faults - num_slow
+    snapshots = _snapshot_steps(kinds, free, num_steps, snapshot_interval_steps, rng)
+    free = [step for step in free if step not in snapshots]
+    num_other = len(kinds) - num_save_faults - num_slow - len(snapshots)
     if num_other > len(free):
         raise _does_not_fit(f"{len(kinds)} faults at distinct steps need more than {num_steps}")
     starts = {
         "save": iter(taken),
         "slow": iter(windows),
+        "snapshot": iter(snapshots),
         "other": iter(rng.sample(free, num_other)),
     }
     drawn = sorted((next(starts[_placement(kind)]), kind) for kind in kinds)
@@ -129,7 +137,27 @@ def draw_faults(
 
 
 def _placement(kind: str) -> str:
-    return "save" if kind in IN_SAVE else "slow" if kind == "slow" else "other"
+    if kind in IN_SAVE:
+        return "save"
+    return "snapshot" if kind in IN_SNAPSHOT else "slow" if kind == "slow" else "other"
+
+
+def _snapshot_steps(
+    kinds: Sequence[str], free: list[int], num_steps: int, interval: int, rng: random.Random
+) -> list[int]:
+    """A snapshot step of its own, from ``free``, for each snapshot fault of ``kinds``; drawn
+    only when there are some, so a plan without them is drawn as before they existed."""
+    count = sum(kind in IN_SNAPSHOT for kind in kinds)
+    if not count:
+        return []
+    snapshots = sorted(set(save_steps(num_steps, interval)) & set(free))
+    if count > len(snapshots):
+        raise _does_not_fit(
+            f"{count} snapshot fault(s) need as many memory snapshots before the last step "
+            f"(outside the other faults' steps); snapshotting every {interval} steps of "
+            f"{num_steps} gives {len(snapshots)}"
+        )
+    return rng.sample(snapshots, count)
 
 
 def _windows(count: int, window: int, quiet: int, num_steps: int, rng: random.Random) -> list[int]:

@@ -7,8 +7,11 @@ run's ``report.accounting.Accounting``, in JSON as ``goodput report --json`` wri
 verdict: whether the final state is bitwise equal to the straight run's, every planned
 fault fired, the faulted run finished, and for every ``slow`` and ``stall`` fault the launcher
 named the rank and host it was injected on (``outcomes.NAMED``; each fault's ``host``,
-``named_rank`` and ``named_host`` are in the JSON). ``passed`` is that verdict; ``goodput
-chaos`` exits 0 only when it holds.
+``named_rank`` and ``named_host`` are in the JSON), and, with memory snapshots on
+(``memory_interval_steps`` k > 0), every fault that ended an attempt lost at most k steps and
+every ``host-loss`` restart loaded the lost host's state from its partner's copy (each fault's
+``loaded_from`` and ``resumed_step`` are in the JSON, and in the table's "from" column).
+``passed`` is that verdict; ``goodput chaos`` exits 0 only when it holds.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from goodput.chaos.compare import PARTS, Comparison
-from goodput.chaos.outcomes import NAMED, FaultOutcome
+from goodput.chaos.outcomes import ENDS_ATTEMPT, NAMED, FaultOutcome
 from goodput.io import write_json
 from goodput.launch.history import AttemptRecord
 from goodput.report.accounting import Accounting
@@ -35,6 +38,7 @@ class Report:
     kinds: tuple[str, ...]
     notes: tuple[str, ...]  # what chaos changed or left out, and why
     idle_timeout_s: float | None
+    memory_interval_steps: int  # checkpoint.memory_interval_steps of both runs; 0: off
     faults: tuple[FaultOutcome, ...]
     attempts: tuple[AttemptRecord, ...]
     faulted: Accounting
@@ -52,11 +56,36 @@ class Report:
         return [o for o in self.faults if o.fault.kind in NAMED and not o.named_right]
 
     @property
+    def lost_too_many(self) -> list[FaultOutcome]:
+        """With memory snapshots every k steps: the faults that ended an attempt and lost more
+        than k steps."""
+        k = self.memory_interval_steps
+        return [
+            o
+            for o in self.faults
+            if k > 0
+            and o.fault.kind in ENDS_ATTEMPT
+            and o.steps_lost is not None
+            and o.steps_lost > k
+        ]
+
+    @property
+    def not_from_partner(self) -> list[FaultOutcome]:
+        """The host-loss faults that fired and whose restart did not load a partner's copy."""
+        return [
+            o
+            for o in self.faults
+            if o.fault.kind == "host-loss" and o.fired is not None and o.loaded_from != "partner"
+        ]
+
+    @property
     def passed(self) -> bool:
         return (
             self.unfinished is None
             and not self.unfired
             and not self.misnamed
+            and not self.lost_too_many
+            and not self.not_from_partner
             and self.comparison is not None
             and self.comparison.equal
         )
@@ -70,6 +99,7 @@ class Report:
             "kinds": list(self.kinds),
             "notes": list(self.notes),
             "idle_timeout_s": self.idle_timeout_s,
+            "memory_interval_steps": self.memory_interval_steps,
             "faults": [_outcome_json(outcome) for outcome in self.faults],
             "attempts": [record.to_json() for record in self.attempts],
             "goodput": {"faulted": self.faulted.as_json(), "straight": self.reference.as_json()},
@@ -118,7 +148,7 @@ def format_report(report: Report) -> str:
 def _fault_table(faults: Sequence[FaultOutcome]) -> list[str]:
     header = (
         "id", "kind", "rank", "step", "fired", "at", "attempt", "detection", "backoff",
-        "start-up", "load", "1st step", "lost", "recovery", "named",
+        "start-up", "load", "1st step", "lost", "from", "recovery", "named",
     )  # fmt: skip
     rows = [header]
     for outcome in faults:
@@ -138,12 +168,14 @@ def _fault_table(faults: Sequence[FaultOutcome]) -> list[str]:
                 _seconds(outcome.load_s),
                 _seconds(outcome.first_step_s),
                 _count(outcome.steps_lost),
+                outcome.loaded_from or "-",
                 _seconds(outcome.recovery_s),
                 _named(outcome),
             )
         )
     return [
-        "faults (times in seconds; recovery = fault -> first step back; named: the rank the "
+        "faults (times in seconds; from: where the attempt that came back loaded, snapshot, "
+        "partner or checkpoint; recovery = fault -> first step back; named: the rank the "
         "launcher named, for slow and stall)",
         *_columns(rows),
     ]
@@ -198,11 +230,7 @@ def _verdict_lines(report: Report) -> list[str]:
     if report.unfinished is not None:
         lines.append(f"FAILED: {report.unfinished}")
     for outcome in report.unfired:
-        fault = outcome.fault
-        lines.append(
-            f"FAILED: fault {fault.id} ({fault.kind} at step {fault.step} on rank {fault.rank}) "
-            "never fired: the campaign did not test it"
-        )
+        lines.append(f"FAILED: {_fault_named(outcome)} never fired: the campaign did not test it")
     for outcome in report.misnamed:
         fault = outcome.fault
         named = (
@@ -214,6 +242,7 @@ def _verdict_lines(report: Report) -> list[str]:
             f"FAILED: fault {fault.id} ({fault.kind} at step {fault.step} on rank {fault.rank} "
             f"on {outcome.host or 'an unknown host'}): the launcher named {named}"
         )
+    lines += _memory_lines(report)
     comparison = report.comparison
     if comparison is not None and comparison.equal:
         lines.append(
@@ -226,6 +255,35 @@ def _verdict_lines(report: Report) -> list[str]:
             difference = getattr(comparison, part)
             lines.append(f"  {part}: {'equal' if difference is None else difference}")
     return lines
+
+
+def _memory_lines(report: Report) -> list[str]:
+    """With memory snapshots on: the faults that lost more than k steps, the host-loss faults
+    not loaded from a partner's copy, or the line that says every one kept to its bound."""
+    k = report.memory_interval_steps
+    lines = []
+    for outcome in report.lost_too_many:
+        lines.append(
+            f"FAILED: {_fault_named(outcome)}: {outcome.steps_lost} steps lost, more than "
+            f"checkpoint.memory_interval_steps = {k}"
+        )
+    for outcome in report.not_from_partner:
+        lines.append(
+            f"FAILED: {_fault_named(outcome)}: the restart loaded from "
+            f"{outcome.loaded_from or 'nowhere said'}, not from the lost host's partner copy"
+        )
+    ended = [o for o in report.faults if o.fault.kind in ENDS_ATTEMPT and o.steps_lost is not None]
+    if k > 0 and ended and not lines:
+        lines.append(
+            f"memory snapshots every {k} step(s): each of the {len(ended)} fault(s) that ended "
+            f"an attempt lost at most {k} step(s)"
+        )
+    return lines
+
+
+def _fault_named(outcome: FaultOutcome) -> str:
+    fault = outcome.fault
+    return f"fault {fault.id} ({fault.kind} at step {fault.step} on rank {fault.rank})"
 
 
 def _columns(rows: Sequence[Sequence[str]]) -> list[str]:

@@ -8,9 +8,12 @@ of the previous save may still be running collectives on the checkpoint group fr
 and two threads' collectives on one group pair up in a different order on each rank and hang);
 otherwise one rank would enter a save while another entered the next step, and both would hang.
 The vote carries each rank's share too (its busy time of the step, for the straggler watch):
-one float64 vector ``[sigterm, minutes_due, share_0 .. share_{W-1}]`` in which each rank writes
-its flags and only its own share's slot, so the sum hands every rank every share exactly,
-whatever the order of the reduction, with no collective of its own (``Checkpointer.shares``).
+one float64 vector ``[sigterm, minutes_due, snapshot_failed, share_0 .. share_{W-1}]`` in which
+each rank writes its flags and only its own share's slot, so the sum hands every rank every
+share exactly, whatever the order of the reduction, with no collective of its own
+(``Checkpointer.shares``). ``snapshot_failed``: this rank's last memory snapshot did not
+complete (``checkpoint.memory``); every rank learns whether any did
+(``Checkpointer.snapshot_failed_anywhere``), so all keep or all drop the one before alike.
 
 Where the rank is (``goodput.beacon``): ``decide`` is the ``vote`` phase and ``save`` the
 ``checkpoint-save`` phase; each of their collectives is bracketed (sites ``ckpt.vote``,
@@ -18,7 +21,9 @@ Where the rank is (``goodput.beacon``): ``decide`` is the ``vote`` phase and ``s
 the writer thread's own counters when it runs in the background.
 
 One save at a time: a save asked for while the previous one is still flushing waits for it (the
-wait is counted as stall). The snapshot goes into one host copy kept for the whole run.
+wait is counted as stall). The snapshot goes into one host copy kept for the whole run; the
+state dict staged there is ``Checkpointer.staged`` until the next save, the source of that
+step's memory snapshot (copied from host memory in the background, not from the device again).
 Checkpoint collectives run on their own gloo group, never the training one, so a flush in
 flight cannot interleave with training collectives. Ranks write in waves of at most
 ``max_concurrent_writers`` (a barrier between waves), so thousands of ranks do not open their
@@ -236,6 +241,20 @@ class WaveWriter(FileSystemWriter):
         return result
 
 
+class RecordingStager(DefaultStager):
+    """DCP's stager (synchronous: ``stage`` returns the staged dict), keeping what it staged."""
+
+    def __init__(self, options: StagingOptions) -> None:
+        super().__init__(options)
+        self.staged: dict[str, Any] | None = None
+
+    def stage(self, state_dict: dict[str, Any], **kwargs: Any) -> Any:
+        staged = super().stage(state_dict, **kwargs)
+        assert isinstance(staged, dict), "a synchronous stager returns the staged dict"
+        self.staged = staged
+        return staged
+
+
 class Checkpointer:
     """Saves of one run; one instance per rank, created by every rank at the same point."""
 
@@ -258,23 +277,33 @@ class Checkpointer:
         self.in_flight: threading.Event | None = None
         self.last_save = time.monotonic()
         self.shares: list[float] | None = None  # every rank's share of the last vote, by rank
+        self.snapshot_failed_anywhere = False  # the last vote's: a memory snapshot failed
         # One host copy of the state, reused by every save (the previous flush is always over
         # before the next snapshot): a fresh 1.3 GB allocation per save tripled the stall of a
         # 100M model (bench_checkpoint). Plain memory, synchronous copy: works without a GPU.
-        self.stager = DefaultStager(StagingOptions(False, False, False, False))
+        self.stager = RecordingStager(StagingOptions(False, False, False, False))
+        # The state dict the last save staged in host memory; None after a synchronous save.
+        self.staged: dict[str, Any] | None = None
 
     def decide(
-        self, step: int, *, last_step: int, sigterm: bool, share: float | None = None
+        self,
+        step: int,
+        *,
+        last_step: int,
+        sigterm: bool,
+        share: float | None = None,
+        snapshot_failed: bool = False,
     ) -> Decision:
         """Collective: after ``step``, save or stop? SIGTERM on any rank stops every rank; the
         minutes interval counts once it has passed on any rank; with an interval set, the last
         step is always saved. ``share`` (given on every rank or on none) rides along: every
-        rank's is in ``shares`` afterwards, by rank."""
+        rank's is in ``shares`` afterwards, by rank; so does ``snapshot_failed``, true on every
+        rank in ``snapshot_failed_anywhere`` when it is on any."""
         beacon.current().phase("vote")
         minutes = self.cfg.interval_minutes
         minutes_due = minutes > 0 and time.monotonic() - self.last_save >= 60 * minutes
-        (sigterm, minutes_due), self.shares = _vote(
-            [sigterm, minutes_due], share, self.decision_group
+        (sigterm, minutes_due, self.snapshot_failed_anywhere), self.shares = _vote(
+            [sigterm, minutes_due, snapshot_failed], share, self.decision_group
         )
         if sigterm:
             return Decision.FINAL if self.cfg.save_on_sigterm else Decision.STOP
@@ -290,6 +319,7 @@ class Checkpointer:
         start = time.perf_counter()
         beacon.current().phase("checkpoint-save")
         self.wait()
+        self.staged = self.stager.staged = None  # set again only if this save stages
         directory = step_dir(self.root, step)
         error = None
         if self.rank == 0 and directory.exists():
@@ -328,6 +358,7 @@ class Checkpointer:
                 state, storage_writer=writer, process_group=self.group, async_stager=self.stager
             )
             assert isinstance(future, Future)
+            self.staged = self.stager.staged
             done = threading.Event()
             future.add_done_callback(lambda f: self._settle(step, writer, f.exception(), done))
             self.in_flight = done

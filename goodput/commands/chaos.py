@@ -1,7 +1,9 @@
 """``goodput chaos``: its options parsed into ``goodput.chaos.campaign.CampaignOptions``, one call
 of ``run_campaign``, and the report printed. Exit 0 only when the faulted run finished, every
-fault fired, every slow and stall fault's rank and host were named by the launcher, and the
-final state is bitwise equal to the straight run's; 1 otherwise.
+fault fired, every slow and stall fault's rank and host were named by the launcher, with memory
+snapshots on (``checkpoint.memory_interval_steps`` k > 0) every fault that ended an attempt lost
+at most k steps and every host-loss restart loaded its partner's copy, and the final state is
+bitwise equal to the straight run's; 1 otherwise.
 
 ``goodput chaos CONFIG [KEY=VALUE ...] [options] [-- LAUNCH OPTIONS]``: argparse cannot put
 options after a positional and still keep a ``--`` tail (it drops a ``--`` that follows a
@@ -40,11 +42,14 @@ def register(groups: Subparsers) -> None:
         "--auto-retry; report goodput, recovery and whether the final state is bitwise equal",
         description="Run CONFIG twice under goodput launch: straight, and with NUM faults "
         "injected at seeded steps (SIGKILL of a rank, SIGKILL during a checkpoint flush, "
-        "SIGSTOP of a rank, a rank dying like a bad node, a failing save, a NaN gradient; on "
-        "--kinds also a slow rank and a stalled one, which the launcher must name) and "
-        "--auto-retry on. Report each fault's detection, steps lost and recovery time, the "
-        "attempts, goodput and where the rest of the time went, and compare losses, weights, "
-        "optimizer and RNG state bit for bit. Exit 0 only when they are equal.",
+        "SIGSTOP of a rank, a rank dying like a bad node, a failing save, a NaN gradient; with "
+        "checkpoint.memory_interval_steps=K also SIGKILL during a memory snapshot and a host "
+        "lost with its snapshots; on --kinds also a slow rank and a stalled one, which the "
+        "launcher must name) and --auto-retry on. Report each fault's detection, steps lost, "
+        "where the restart loaded from and recovery time, the attempts, goodput and where the "
+        "rest of the time went, and compare losses, weights, optimizer and RNG state bit for "
+        "bit. Exit 0 only when they are equal (and, with memory snapshots, each fault lost at "
+        "most K steps).",
         usage="goodput chaos CONFIG [KEY=VALUE ...] [options] [-- LAUNCH OPTIONS]",
     )
     chaos.add_argument(
@@ -78,9 +83,11 @@ def add_campaign_options(parser: argparse.ArgumentParser) -> None:
         "--kinds",
         type=_kinds,
         metavar="LIST",
-        help="comma-separated, from kill,ckpt-kill,hang,bad-node,save-fail,nan,slow,stall "
-        "(default: all but slow and stall; bad-node only when the launch has spare hosts). slow "
-        "and stall also check that the launcher names the faulted rank and host",
+        help="comma-separated, from kill,ckpt-kill,hang,bad-node,save-fail,nan,slow,stall,"
+        "snapshot-kill,host-loss (default: all but slow and stall; bad-node and host-loss only "
+        "when the launch has spare hosts; snapshot-kill and host-loss only with "
+        "checkpoint.memory_interval_steps=K, host-loss on two hosts or more). slow and stall "
+        "also check that the launcher names the faulted rank and host",
     )
     parser.add_argument(
         "--nproc",

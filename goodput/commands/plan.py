@@ -188,6 +188,17 @@ def register(groups: Subparsers) -> None:
         help="the configured checkpoint.interval_steps, to compare (needs --step-s)",
     )
     reliability.add_argument(
+        "--memory-interval-steps",
+        type=argtypes.positive_int,
+        help="checkpoint.memory_interval_steps: memory snapshots every K steps, their lost work "
+        "and goodput against disk checkpoints alone (needs --step-s)",
+    )
+    reliability.add_argument(
+        "--memory-stall-s",
+        type=argtypes.positive_float,
+        help="seconds a memory snapshot holds training (default: --save-stall-s)",
+    )
+    reliability.add_argument(
         "--walltime-h",
         type=argtypes.positive_float,
         default=24.0,
@@ -350,9 +361,17 @@ def _parallel_config(parallel: dict[str, Any], where: Path | str) -> ParallelCon
 def _reliability(args: argparse.Namespace) -> ExitCode:
     from goodput.plan.reliability import DAY_S, Budget, format_text, plan_reliability
 
-    if args.interval_steps is not None and args.step_s is None:
+    for option, value in (("--interval-steps", args.interval_steps),
+                          ("--memory-interval-steps", args.memory_interval_steps)):  # fmt: skip
+        if value is not None and args.step_s is None:
+            raise GoodputError.usage(
+                option, "needs --step-s to become seconds", "pass --step-s T as well"
+            )
+    if args.memory_stall_s is not None and args.memory_interval_steps is None:
         raise GoodputError.usage(
-            "--interval-steps", "needs --step-s to become seconds", "pass --step-s T as well"
+            "--memory-stall-s",
+            "is a memory snapshot's stall: there are none without --memory-interval-steps",
+            "pass --memory-interval-steps K as well",
         )
     if args.nhosts > MAX_NODES:
         raise GoodputError.usage(
@@ -373,6 +392,8 @@ def _reliability(args: argparse.Namespace) -> ExitCode:
         survival=args.survival,
         step_s=args.step_s,
         interval_steps=args.interval_steps,
+        memory_interval_steps=args.memory_interval_steps,
+        memory_stall_s=args.memory_stall_s,
     )
     report = plan_reliability(budget)
     if args.json:

@@ -12,6 +12,15 @@ The model (independent node failures at a constant rate, exponential times betwe
 - Expected goodput at interval τ with restart time R (Daly's exponential model, in which a
   failure may strike during a save or a restart too): useful time / wall time =
   τ / (M · e^(R/M) · (e^((τ+δ)/M) − 1)).
+- Memory snapshots (``--memory-interval-steps K``): every τm = K steps each rank's state goes to
+  host memory, stalling δm, and a copy to a partner on the next host. A failed node's state
+  comes back from its partner's copy unless the partner fails too before the state is copied
+  again, p = e^(−(R+τm)/node MTBF) (p = 0 with one node: nothing outlives the node); else from
+  the disk checkpoint of interval τd (the configured one, else Daly's). Lost work per failure
+  p·τm/2 + (1−p)·τd/2 against τd/2; goodput Daly's at (τm, δm) times e^(−(1−p)(τd−τm)/2M)
+  for the failures that reach disk, times τd/(τd+δd) for the disk saves that go on. It counts
+  node failures only: a process that dies on a node that lives restores from its own copy, so
+  the gain it shows is a floor.
 - Spares: failures during a walltime W are Poisson with mean λ = nodes · W / node MTBF; each
   takes one spare (no node comes back within the job), so the pool is the smallest k with
   P(failures ≤ k) at least the stated probability.
@@ -50,6 +59,8 @@ class Budget:
     survival: float  # the probability that the spare pool lasts the walltime
     step_s: float | None = None
     interval_steps: int | None = None  # the configured checkpoint interval, with step_s
+    memory_interval_steps: int | None = None  # memory snapshots every K steps, with step_s
+    memory_stall_s: float | None = None  # δm: training held per snapshot (None: save_stall_s)
 
 
 def cluster_mtbf_s(nodes: int, node_mtbf_s: float) -> float:
@@ -107,6 +118,76 @@ def _log_add(a: float, b: float) -> float:
     return high + math.log1p(math.exp(low - high))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryPlan:
+    """Memory snapshots every ``interval_s`` of compute against disk checkpoints alone."""
+
+    interval_s: float  # τm
+    stall_s: float  # δm
+    partner_survives: float  # p: a failure's state comes back from memory
+    lost_s: float  # expected work lost per failure, with snapshots
+    disk_interval_s: float  # τd: the configured interval, else the optimum
+    disk_lost_s: float  # ... with disk checkpoints alone
+    goodput: float
+    disk_goodput: float  # at τd, disk checkpoints alone
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "interval_s": self.interval_s,
+            "stall_s": self.stall_s,
+            "partner_survives": self.partner_survives,
+            "lost_per_failure_s": self.lost_s,
+            "disk_interval_s": self.disk_interval_s,
+            "disk_lost_per_failure_s": self.disk_lost_s,
+            "expected_goodput": self.goodput,
+            "disk_expected_goodput": self.disk_goodput,
+        }
+
+
+def plan_memory(budget: Budget, mtbf_s: float, disk_interval_s: float) -> MemoryPlan:
+    """Memory snapshots every ``budget.memory_interval_steps`` steps, disk checkpoints every
+    ``disk_interval_s`` of compute (see the module docstring); a usage ``GoodputError`` when
+    snapshots would be no newer than the disk checkpoint."""
+    assert budget.memory_interval_steps is not None and budget.step_s is not None
+    interval = budget.memory_interval_steps * budget.step_s
+    stall = budget.save_stall_s if budget.memory_stall_s is None else budget.memory_stall_s
+    if interval > disk_interval_s:
+        raise GoodputError.usage(
+            "--memory-interval-steps",
+            f"{budget.memory_interval_steps:,} steps of {budget.step_s:g} s = {interval:,.0f} s "
+            f"is longer than the disk checkpoint interval of {disk_interval_s:,.0f} s",
+            "give fewer steps: a snapshot is taken at every disk checkpoint anyway",
+        )
+    if stall < MIN_SAVE_STALL_S:
+        raise GoodputError.usage(
+            "--memory-stall-s",
+            f"{stall:g} s is below {MIN_SAVE_STALL_S:g} s, shorter than any snapshot",
+            "give the seconds a snapshot holds training (e.g. 2)",
+        )
+    survives = (
+        0.0 if budget.nodes == 1 else math.exp(-(budget.restart_s + interval) / budget.node_mtbf_s)
+    )
+    to_disk = 1 - survives
+    disk_saves = disk_interval_s / (disk_interval_s + budget.save_stall_s)
+    goodput = (
+        expected_goodput(interval, stall, budget.restart_s, mtbf_s)
+        * math.exp(-to_disk * (disk_interval_s - interval) / (2 * mtbf_s))
+        * disk_saves
+    )
+    return MemoryPlan(
+        interval_s=interval,
+        stall_s=stall,
+        partner_survives=survives,
+        lost_s=survives * interval / 2 + to_disk * disk_interval_s / 2,
+        disk_interval_s=disk_interval_s,
+        disk_lost_s=disk_interval_s / 2,
+        goodput=_probability(goodput),
+        disk_goodput=expected_goodput(
+            disk_interval_s, budget.save_stall_s, budget.restart_s, mtbf_s
+        ),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Report:
     budget: Budget
@@ -120,6 +201,7 @@ class Report:
     expected_failures: float  # in one walltime
     spares: int
     spares_survival: float  # P(the pool lasts) with that many spares
+    memory: MemoryPlan | None = None  # with --memory-interval-steps
 
     @property
     def optimal_interval_steps(self) -> float | None:
@@ -147,7 +229,7 @@ class Report:
             "survival": budget.survival,
             "spare_nodes": self.spares,
             "spare_nodes_survival": self.spares_survival,
-        }
+        } | ({} if self.memory is None else {"memory_snapshots": self.memory.as_dict()})
 
 
 def plan_reliability(budget: Budget) -> Report:
@@ -177,6 +259,11 @@ def plan_reliability(budget: Budget) -> Report:
         expected_failures=expected_failures,
         spares=spares,
         spares_survival=survival,
+        memory=(
+            plan_memory(budget, mtbf, optimal if configured is None else configured)
+            if budget.memory_interval_steps is not None
+            else None
+        ),
     )
     steps = report.optimal_interval_steps
     if steps is not None and steps > MAX_COUNT:
@@ -237,9 +324,28 @@ def format_text(report: Report) -> str:
             f"({100 * (report.expected_goodput - report.configured_goodput):.1f} points below "
             "the optimum)"
         )
+    if report.memory is not None:
+        lines += _memory_lines(report.memory, budget)
     lines.append(
         f"spares: {report.expected_failures:,.1f} node failures expected in a "
         f"{budget.walltime_s / 3600:g} h walltime; {report.spares:,} spare nodes last it with "
         f"probability {100 * report.spares_survival:.2f}% (asked: {100 * budget.survival:g}%)"
     )
     return "\n".join(lines)
+
+
+def _memory_lines(memory: MemoryPlan, budget: Budget) -> list[str]:
+    partner = (
+        "one node: no partner copy, every failure reaches disk"
+        if budget.nodes == 1
+        else f"a failed node's state comes back from its partner's copy with probability "
+        f"{memory.partner_survives:.6f}"
+    )
+    return [
+        f"memory snapshots: every {budget.memory_interval_steps:,} steps = "
+        f"{memory.interval_s:,.0f} s, {memory.stall_s:g} s of training held per snapshot; "
+        + partner,
+        f"  work lost per failure: {memory.lost_s:,.0f} s (disk checkpoints every "
+        f"{memory.disk_interval_s:,.0f} s alone: {memory.disk_lost_s:,.0f} s): expected goodput "
+        f"{100 * memory.goodput:.1f}% (alone: {100 * memory.disk_goodput:.1f}%)",
+    ]

@@ -27,10 +27,14 @@ attempt: its start to its first step is ``startup`` less the ``checkpoint_load``
 between steps is ``other`` (logging, the loop's own work); its last step to its end is ``hang``
 when the idle watchdog ended it, else ``shutdown`` (the save and stop of a straggler's eviction,
 class ``straggler``, too); an attempt without a step is ``failed_start``. Of a step's interval,
-``data_time_s`` is ``data``, ``checkpoint_stall_s`` is ``checkpoint_save``, the rest compute: for
-every step number only its *last* run is **productive, preserved** time, every earlier run was
-lost to a failure (``recomputed``, the whole run); while the run is not done, steps past its
-newest complete checkpoint are ``not_checkpointed`` (lost if it stopped here).
+``data_time_s`` is ``data``, ``checkpoint_stall_s`` is ``checkpoint_save``, ``snapshot_stall_s``
+(a memory snapshot's copy, and the wait for the one before it to settle) is ``snapshot``, the rest
+compute: for every step number only its *last* run is **productive, preserved** time, every
+earlier run was lost to a failure (``recomputed``, the whole run); while the run is not done, steps
+past its newest complete checkpoint on disk are ``not_checkpointed`` (lost if it stopped here: a
+memory snapshot does not outlive the job). An attempt says where its process loaded its state
+from (``AttemptSummary.resumed_from``: its own memory snapshot, its partner's copy, a checkpoint)
+when its first step record does.
 
 **Goodput** = productive ÷ wall. In tokens: tokens kept ÷ what the median step throughput
 would have trained over the whole wall time (never less than what was kept).
@@ -61,6 +65,7 @@ CAUSES = (
     "checkpoint_load",
     "data",
     "checkpoint_save",
+    "snapshot",
     "eval",
     "recomputed",
     "not_checkpointed",
@@ -79,8 +84,8 @@ MAX_INSTANT = float(1 << 34)  # seconds since the epoch: the year 2514
 MAX_SPAN_S = 366 * 86_400.0  # no step, start-up or attempt lasts a year
 MAX_TOKENS_PER_S = 1e12  # a thousand times a 100,000-GPU machine's
 MAX_IGNORED_LISTED = 1_000  # in --json; ``ignored_total`` counts them all
-STEP_DURATIONS = ("step_time_s", "data_time_s", "checkpoint_stall_s", "checkpoint_load_s",
-                  "startup_s", "eval_time_s")  # fmt: skip
+STEP_DURATIONS = ("step_time_s", "data_time_s", "checkpoint_stall_s", "snapshot_stall_s",
+                  "checkpoint_load_s", "startup_s", "eval_time_s")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +118,17 @@ class AttemptSummary:
     evidence: str | None
     hosts_evicted: list[str]
     recovery_s: float | None  # this attempt's end to the next one's first step (a failure's)
+    # Where its process loaded its state from (snapshot, partner or checkpoint) and which step's,
+    # as its first step record says; None: it did not say (a fresh start, an older trainer).
+    resumed_from: str | None
+    resumed_step: int | None
+
+    def loaded_from(self) -> str:
+        """Its resume as a cell: ``partner @ 120``, the source alone, or ``-`` when unsaid."""
+        if self.resumed_from is None:
+            return "-" if self.resumed_step is None else f"? @ {self.resumed_step:,}"
+        step = "" if self.resumed_step is None else f" @ {self.resumed_step:,}"
+        return self.resumed_from + step
 
     def as_json(self) -> dict[str, object]:
         row = asdict(self)
@@ -424,15 +440,17 @@ def _split_gap(step: Step, gap: float) -> tuple[float, float]:
 
 def _charge_step(step: Step, length: float, fate: str, seconds: dict[str, float]) -> None:
     """A step's ``length`` seconds on the timeline: all lost when it was run again, else its
-    data wait and checkpoint stall (as far as they fit), then its compute."""
+    data wait, checkpoint stall and snapshot stall (as far as they fit), then its compute."""
     if fate == "recomputed":
         seconds["recomputed"] += length
         return
     data = min(step.data_time_s, length)
     stall = min(step.checkpoint_stall_s, length - data)
+    snapshot = min(step.snapshot_stall_s, length - data - stall)
     seconds["data"] += data
     seconds["checkpoint_save"] += stall
-    seconds[fate] += length - data - stall
+    seconds["snapshot"] += snapshot
+    seconds[fate] += length - data - stall - snapshot
 
 
 def _clip(value: float, low: float, high: float) -> float:
@@ -453,6 +471,9 @@ def _attempt_summaries(spans: tuple[Span, ...], done: bool) -> list[AttemptSumma
             headline(record).said.splitlines()[0][:200]
             if record is not None and record.evidence
             else (record.first_failure_label if record is not None else None)
+        )
+        resumed = next(
+            (s for s in mine if s.resumed_from is not None or s.resumed_step is not None), None
         )
         summaries.append(
             AttemptSummary(
@@ -480,6 +501,8 @@ def _attempt_summaries(spans: tuple[Span, ...], done: bool) -> list[AttemptSumma
                 evidence=evidence,
                 hosts_evicted=sorted(record.replaced) if record is not None else [],
                 recovery_s=recovery,
+                resumed_from=resumed.resumed_from if resumed is not None else None,
+                resumed_step=resumed.resumed_step if resumed is not None else None,
             )
         )
     return summaries

@@ -104,12 +104,12 @@ def _summary(acc: Accounting) -> str:
 def _attempts(acc: Accounting) -> str:
     if not acc.attempts:
         return "<p>No attempts recorded.</p>"
-    header = ["#", "job", "class", "exit", "started (h)", "length", "steps", "gained"]
+    header = ["#", "job", "class", "exit", "started (h)", "length", "from", "steps", "gained"]
     header += ["evidence", "hosts evicted", "recovery"]
     return _table(
         header,
         (_attempt_row(a, acc.start) for a in acc.attempts),
-        classes={**dict.fromkeys((0, 3, 4, 5, 7, 10), "n"), 8: "evidence"},
+        classes={**dict.fromkeys((0, 3, 4, 5, 8, 11), "n"), 9: "evidence"},
     )
 
 
@@ -124,6 +124,7 @@ def _attempt_row(attempt: AttemptSummary, start: float) -> list[str]:
         "-" if attempt.exit_code is None else str(attempt.exit_code),
         f"{(attempt.started - start) / 3600:.2f}",
         _duration(attempt.ended - attempt.started),
+        _text(attempt.loaded_from()),
         steps,
         f"{attempt.steps_gained:,}",
         _text(attempt.evidence or ""),

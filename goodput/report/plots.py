@@ -53,6 +53,7 @@ CAUSE_COLOURS = {
     "checkpoint_load": "#aec7e8",
     "data": "#ff7f0e",
     "checkpoint_save": "#ffbb78",
+    "snapshot": "#17becf",
     "eval": "#9467bd",
     "recomputed": "#d62728",
     "not_checkpointed": "#ff9896",

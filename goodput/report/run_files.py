@@ -33,14 +33,16 @@ from goodput.runfiles import BusyLine, EvalLine
 
 MAX_TOKENS = float(1 << 62)  # a step's tokens, capped (the accounting leaves such a step out)
 # The step record's fields the report reads, beside the series it plots (``Step.values``).
-STEP_TIMES = ("data_time_s", "checkpoint_stall_s", "checkpoint_load_s", "startup_s", "eval_time_s")
+STEP_TIMES = ("data_time_s", "checkpoint_stall_s", "snapshot_stall_s", "checkpoint_load_s",
+              "startup_s", "eval_time_s")  # fmt: skip
 REQUIRED = ("step_time_s", "time")  # of every step line (its kinds: runfiles.STEP_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
     """One step record: ``time`` is when it ended (seconds since the epoch); the ``*_s`` parts
-    of ``step_time_s`` the trainer measured (0 where it did not say)."""
+    of ``step_time_s`` the trainer measured (0 where it did not say); a resumed process's first
+    step says where its state came from (``runfiles.RESUMED_FROM``) and which step's it was."""
 
     step: int
     time: float
@@ -48,9 +50,12 @@ class Step:
     tokens: int  # tokens per step (tokens_per_s x step_time_s, rounded)
     data_time_s: float = 0.0
     checkpoint_stall_s: float = 0.0
+    snapshot_stall_s: float = 0.0  # a memory snapshot's copy, and the wait for the one before
     checkpoint_load_s: float = 0.0
     startup_s: float | None = None  # only on the first step of a process
     eval_time_s: float = 0.0  # after the step, outside step_time_s, before ``time``
+    resumed_from: str | None = None  # snapshot, partner or checkpoint; None: not said
+    resumed_step: int | None = None
     values: dict[str, float] = field(default_factory=dict)  # every finite number of the line
     line: int = 0  # its line in metrics.jsonl (what the accounting names when it leaves it out)
 
@@ -114,9 +119,12 @@ def _step(line: runfiles.StepLine) -> Step:
         tokens=round(min(tokens_per_s * step_time, MAX_TOKENS)),  # inf: 1e300 x 1e300
         data_time_s=parts["data_time_s"],
         checkpoint_stall_s=parts["checkpoint_stall_s"],
+        snapshot_stall_s=parts["snapshot_stall_s"],
         checkpoint_load_s=parts["checkpoint_load_s"],
         startup_s=parts["startup_s"] if "startup_s" in line.raw else None,
         eval_time_s=parts["eval_time_s"],
+        resumed_from=line.raw.get("resumed_from"),  # its kind: one of runfiles.RESUMED_FROM
+        resumed_step=line.raw.get("resumed_step"),
         values=line.numbers(),
         line=line.line,
     )

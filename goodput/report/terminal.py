@@ -1,6 +1,6 @@
 """The terminal view of a run's accounting: a compact summary as ``rich`` tables (goodput, the
-badput causes that cost anything, step time, attempts), the same on a terminal or in a log
-(no colour there)."""
+badput causes that cost anything, step time, attempts: each with where its process loaded its
+state from), the same on a terminal or in a log (no colour there)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,8 @@ def _attempt_table(acc: Accounting) -> Table:
     hidden = len(acc.attempts) - len(shown)
     title = "attempts" + (f" (the last {len(shown)} of {len(acc.attempts)})" if hidden else "")
     table = Table(title=title, title_justify="left")
-    for column in ("#", "job", "started (UTC)", "class", "exit", "steps", "recovery", "evidence"):
+    columns = ("#", "job", "started (UTC)", "class", "exit", "from", "steps", "recovery")
+    for column in (*columns, "evidence"):
         table.add_column(column)
     for attempt in shown:
         steps = (
@@ -70,6 +71,7 @@ def _attempt_table(acc: Accounting) -> Table:
             datetime.fromtimestamp(attempt.started, UTC).strftime("%Y-%m-%d %H:%M:%S"),
             attempt.class_,
             "-" if attempt.exit_code is None else str(attempt.exit_code),
+            attempt.loaded_from(),
             steps,
             "-" if attempt.recovery_s is None else _duration(attempt.recovery_s),
             Text((attempt.evidence or "") + evicted),  # Text: outside input, never markup

@@ -30,6 +30,8 @@ class Attempt:
     data_time_s: float = 0.0
     checkpoint_load_s: float = 0.0
     stalls: dict[int, float] = field(default_factory=dict)  # step -> checkpoint stall in it
+    snapshot_stalls: dict[int, float] = field(default_factory=dict)  # step -> snapshot stall
+    resumed: tuple[str, int] | None = None  # (resumed_from, resumed_step) of its first step
     evals: dict[int, float] = field(default_factory=dict)  # step -> eval seconds after it
     tail_s: float = 0.0
     class_: str = "success"
@@ -63,7 +65,7 @@ def write_run(
     for attempt in attempts:
         ends = attempt.step_ends()
         for index, (step, ended) in enumerate(zip(attempt.steps, ends, strict=True)):
-            record = {
+            record: dict[str, object] = {
                 "step": step,
                 "loss": 8.0 / (1 + 0.01 * step),
                 "grad_norm": 1.0,
@@ -78,8 +80,12 @@ def write_run(
                 record["startup_s"] = attempt.startup_s
                 if attempt.checkpoint_load_s:
                     record["checkpoint_load_s"] = attempt.checkpoint_load_s
+                if attempt.resumed is not None:
+                    record["resumed_from"], record["resumed_step"] = attempt.resumed
             if step in attempt.stalls:
                 record["checkpoint_stall_s"] = attempt.stalls[step]
+            if step in attempt.snapshot_stalls:
+                record["snapshot_stall_s"] = attempt.snapshot_stalls[step]
             if step in attempt.evals:
                 record["eval_time_s"] = attempt.evals[step]
             lines.append(json.dumps(record) + "\n")

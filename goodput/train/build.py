@@ -4,7 +4,11 @@ each built from its config table, in the order they need.
 Rank 0 checks that the run directory is ours to write (new, empty, or a goodput run directory),
 builds the blend (a cache hit after the first run) and tells the other ranks; an error there
 reaches every rank, so no rank waits out the collective timeout. The checkpoint to resume from
-is chosen before the model is built (``resume.CheckpointChoice``).
+is chosen before the model is built (``resume.CheckpointChoice``); with ``[checkpoint]
+memory_interval_steps`` the memory snapshot store (``checkpoint.memory``) is built before that
+choice, which asks it first: rank 0 reads this life's run id from the run directory (a new one
+unless ``resume = "auto"``; the loop writes it once the resume succeeded), and every rank says
+its host, which decides the partner ranks.
 
 The model is built on the meta device, laid out by ``parallelize`` (or cut into pipeline
 stages) and only then allocated: each rank allocates and initialises its own shards
@@ -14,8 +18,10 @@ to resume from, the init is skipped: the load overwrites every parameter (``resu
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -26,6 +32,7 @@ import torch
 from torch import nn
 
 from goodput import __version__, rundir
+from goodput.checkpoint.memory import SnapshotStore
 from goodput.config import to_toml
 from goodput.data.blend import BlendSpec, build_blend, format_report
 from goodput.data.loader import DataLoader
@@ -33,6 +40,7 @@ from goodput.data.manifest import git_sha
 from goodput.errors import GoodputError
 from goodput.eval.config import EvalConfig
 from goodput.eval.heldout import LoopEval
+from goodput.faults import FaultPlan
 from goodput.io import write_json, write_text
 from goodput.outputs import RUN_DIR, check_output_dir
 from goodput.train.config import BatchPlan, RunConfig, plan_batches
@@ -50,6 +58,7 @@ from goodput.train.resume import CheckpointChoice, checkpoint_root
 from goodput.train.ring_attention import ContextLayout
 from goodput.train.setup import Runtime, decided_by_rank_zero
 from goodput.train.step import StepSettings, micro_batches_of
+from goodput.train.stragglers import rank_hosts
 from goodput.train.watch import label_generator, measures_noise, replica_group
 
 RECORDED_PACKAGES = ("torch", "numpy", "sentencepiece", "tokenizers", "tensorboard")
@@ -68,6 +77,8 @@ class Run:
     loader: DataLoader
     loop_eval: LoopEval  # evaluates nothing for lr-find
     checkpoint_choice: CheckpointChoice  # finds nothing for lr-find
+    snapshots: SnapshotStore | None  # [checkpoint] memory_interval_steps; None: off, lr-find
+    run_id: str | None  # this life of the run (rundir.RUN_ID), with snapshots
     model: nn.Module | Pipeline  # the whole model, or this rank's stages and their schedule
     parts: list[nn.Module]  # the modules this rank holds (one per pipeline stage)
     optimizer: Optimizers
@@ -93,11 +104,14 @@ class Run:
         return self.runtime.device
 
 
-def build_run(cfg: RunConfig, runtime: Runtime, *, trains: bool = True) -> Run:
+def build_run(
+    cfg: RunConfig, runtime: Runtime, *, trains: bool = True, faults: FaultPlan | None = None
+) -> Run:
     """Build the run's shared parts in the order they need: refusals before the blend is built,
     the run directory checked before anything is written, the checkpoint chosen before the model
     is built (so its checksums are hashed meanwhile). ``trains`` False (lr-find): no metrics
-    sinks, in-loop eval or gradient noise measurement, and a fresh model at the config's LR."""
+    sinks, in-loop eval, gradient noise measurement or memory snapshots, and a fresh model at the
+    config's LR. ``faults``: goodput chaos's, for the snapshot store's fault hook."""
     mesh = build_mesh(cfg.parallel, runtime.device, runtime.ranks_per_host)
     plan = plan_batches(cfg.train, dp_size=mesh.dp_size)
     if mesh.degrees.pp > 1:  # refused before the blend is built, not when the model is
@@ -114,9 +128,17 @@ def build_run(cfg: RunConfig, runtime: Runtime, *, trains: bool = True) -> Run:
         seq_len=cfg.train.seq_len,
         vocab_size=cfg.model.vocab_size,
     )
-    # Chosen before the model is built, so its checksums are hashed meanwhile.
+    # Chosen before the model is built, so its checksums are hashed meanwhile; a memory
+    # snapshot, when the ranks have one, before any checkpoint.
     resumes = cfg.checkpoint if trains else replace(cfg.checkpoint, resume="never")
-    choice = CheckpointChoice(resumes, checkpoint_root(cfg))
+    run_id = snapshots = None
+    if trains and cfg.checkpoint.memory_interval_steps:
+        fresh = cfg.checkpoint.resume != "auto"  # an earlier life's snapshots are not loaded
+        run_id = decided_by_rank_zero(lambda: rundir.run_id(run_dir, fresh=fresh))
+        snapshots = build_snapshots(cfg, runtime, run_id, faults)
+    choice = CheckpointChoice(
+        resumes, checkpoint_root(cfg), memory=snapshots, last_step=cfg.train.steps
+    )
     # Where the layout allows it, each rank's own gradient is measured on its way to the
     # data-parallel sum (the gradient noise scale's small batch).
     tally = GradientTally() if trains and measures_noise(cfg, mesh, plan) else None
@@ -140,12 +162,40 @@ def build_run(cfg: RunConfig, runtime: Runtime, *, trains: bool = True) -> Run:
         loader=loader,
         loop_eval=loop_eval,
         checkpoint_choice=choice,
+        snapshots=snapshots,
+        run_id=run_id,
         model=model,
         parts=parts,
         optimizer=optimizer,
         step_settings=settings,
         context=context,
     )
+
+
+def build_snapshots(
+    cfg: RunConfig, runtime: Runtime, run_id: str, faults: FaultPlan | None
+) -> SnapshotStore:
+    """Collective: the memory snapshot store of this life of the run (``run_id``), its partner
+    ranks on the next host (every rank says its host)."""
+    return SnapshotStore(
+        cfg.checkpoint,
+        root=checkpoint_root(cfg),
+        run_id=run_id,
+        config_digest=config_digest(cfg),
+        hosts=rank_hosts(runtime.rank, runtime.world_size, os.environ),
+        rank=runtime.rank,
+        device=runtime.device,
+        faults=faults,
+    )
+
+
+def config_digest(cfg: RunConfig) -> str:
+    """What a memory snapshot must have been taken under to be loaded: the resolved config, but
+    for ``resume`` (a restart's ``--resume`` does not change what was trained). Stricter than a
+    checkpoint, which loads under another config and says how it differs: a snapshot serves a
+    restart of the same run, and anything else resumes from disk."""
+    same = replace(cfg, checkpoint=replace(cfg.checkpoint, resume="auto"))
+    return hashlib.sha256(to_toml(same).encode()).hexdigest()
 
 
 def build_metrics(cfg: RunConfig, run: Run, peak_flops_per_device: float | None) -> Metrics:
@@ -259,17 +309,14 @@ def context_layout(cfg: RunConfig, mesh: ParallelMesh) -> ContextLayout | None:
     return ContextLayout(cfg.train.seq_len, mesh.degrees.cp)
 
 
-def write_run_record(
-    run_dir: Path,
-    cfg: RunConfig,
-    loader: DataLoader,
-    world_size: int,
-    device: str,
-    peak_flops: float | None,
-    peak_source: str,
-) -> None:
-    """The resolved config and what produced the run, written once at start by rank 0."""
+def write_run_record(run: Run, cfg: RunConfig, peak_flops: float | None, peak_source: str) -> None:
+    """The resolved config and what produced the run, written once at start by rank 0 (once
+    the resume succeeded: a refused one leaves the run directory as it was), and the run id of
+    this life when it takes memory snapshots."""
+    run_dir, loader = run.run_dir, run.loader
     write_text(run_dir / rundir.CONFIG, to_toml(cfg))
+    if run.run_id is not None:
+        rundir.write_run_id(run_dir, run.run_id)
     versions = {}
     for package in RECORDED_PACKAGES:
         try:
@@ -286,8 +333,8 @@ def write_run_record(
             "packages": versions,
             "command": sys.argv,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "world_size": world_size,
-            "device": device,
+            "world_size": run.runtime.world_size,
+            "device": str(run.device),
             "peak_flops_per_device": peak_flops,
             "peak_flops_source": peak_source,
             "data": {

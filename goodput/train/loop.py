@@ -16,8 +16,8 @@ every rank each rank's busy time for the straggler watch, whose fields join the 
 the non-finite guard (``train.max_skipped_steps`` skips in a row stop the run); the checkpoint
 save or stop, and with ``GOODPUT_EVICT_STRAGGLERS=1`` and a straggler named, a last blocking
 save and exit 4 so the launcher replaces its host. The work around the step (the beacon, busy
-time, injected faults under ``goodput chaos``, the profiler) is ``step_hooks.StepHooks``'s. A
-stop (``stop``) lets a save in flight complete first.
+time, injected faults under ``goodput chaos``, the profiler, memory snapshots) is
+``step_hooks.StepHooks``'s. A stop (``stop``) lets a save in flight complete first.
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ def train(cfg: RunConfig) -> list[float]:
                 world_size=runtime.world_size,
                 steps=cfg.train.steps,
                 saves=bool(cfg.checkpoint.interval_steps or cfg.checkpoint.interval_minutes),
+                snapshots=bool(cfg.checkpoint.memory_interval_steps),
             )
-        run = build_run(cfg, runtime)
+        run = build_run(cfg, runtime, faults=faults)
         model, optimizer, mesh, run_dir = run.model, run.optimizer, run.mesh, run.run_dir
         # The loop's own state, in every checkpoint: registered with the checkpointer once,
         # what each save writes and a resume loads.
@@ -89,17 +90,15 @@ def train(cfg: RunConfig) -> list[float]:
         checkpointer = Checkpointer(cfg.checkpoint, checkpoint_root(cfg), device, contents, faults)
         # Before anything is written: a refused resume must leave the run directory as it was.
         load_start = time.perf_counter()
-        resumed_at = resume(cfg, run.checkpoint_choice, contents, device)
-        # Where this start's time went, for the first step's record (goodput report).
-        timings = (
-            {} if resumed_at is None else {"checkpoint_load_s": time.perf_counter() - load_start}
+        resumed = resume(cfg, run.checkpoint_choice, contents, device)
+        # Where this start's time and state came from, for the first step's record (report).
+        timings: dict[str, float | int | str] = (
+            {} if resumed is None else resumed.measured(time.perf_counter() - load_start)
         )
         peak, peak_source = peak_flops(device, compute_dtype(cfg.parallel), cfg.train.peak_tflops)
         if rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
-            write_run_record(
-                run_dir, cfg, run.loader, runtime.world_size, str(device), peak, peak_source
-            )
+            write_run_record(run, cfg, peak, peak_source)  # and the run id, after the resume
             print_start(cfg, run, peak, peak_source, [lr_scale.describe(), watch.describe()])
         metrics = build_metrics(cfg, run, peak)
         eval_every = cfg.eval.interval_steps  # 0: no in-loop evals
@@ -107,7 +106,7 @@ def train(cfg: RunConfig) -> list[float]:
         batches = iter(run.loader)
         last_step_end = time.perf_counter()
         timings["startup_s"] = last_step_end - entered
-        first_step = (resumed_at or 0) + 1
+        first_step = (resumed.step if resumed else 0) + 1
         with SigtermFlag() as sigterm, StepHooks(cfg, run, faults, first_step=first_step) as hooks:
             for step in range(first_step, cfg.train.steps + 1):
                 hooks.start(step)
@@ -170,7 +169,7 @@ def train(cfg: RunConfig) -> list[float]:
                 # The eval's time is its own (eval_time_s), not the next step's.
                 last_step_end = time.perf_counter() if evaluated else now
                 losses.append(result.loss)
-                if step == 1 and rank == 0 and resumed_at is None:  # a fresh model
+                if step == 1 and rank == 0 and resumed is None:  # a fresh model
                     warning = fresh_loss_warning(result.loss, cfg.model.vocab_size)
                     if warning:
                         print(warning, flush=True)
@@ -183,6 +182,7 @@ def train(cfg: RunConfig) -> list[float]:
                     # Held training: part of the next step's time, said in its record.
                     held = checkpointer.save(step, blocking=decision.stops or evicts)
                     timings["checkpoint_stall_s"] = held
+                hooks.snapshot(step, decision, checkpointer)  # memory snapshots, when on
                 if alarm is not None and gate.stop_on_alarm:
                     stop(checkpointer, gate.stop_error(step))
                 if decision.stops:
@@ -219,7 +219,8 @@ def print_start(
     print(f"train: layout {run.mesh.degrees.describe()}", flush=True)
     peak_text = f"{peak / 1e12:.3f} TFLOP/s" if peak else "unknown"
     print(f"train: peak per device for MFU {peak_text} ({peak_source})", flush=True)
-    for line in [*notes, run.loop_eval.describe()]:
+    memory = run.snapshots.describe() if run.snapshots else None
+    for line in [*notes, run.loop_eval.describe(), memory]:
         if line:
             print(line, flush=True)
 

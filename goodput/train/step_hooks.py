@@ -15,6 +15,15 @@ step runs, so ``loop.train`` stays a list of what happens.
   phase, ``before_step`` just before ``train_step``, ``after_step`` once the step is over.
 - The profiler (``[profile]``, ``profiling.py``): ``before_step``/``after_step`` around each
   step, ``close`` when the loop is left. None when off: nothing is called.
+- Memory snapshots (``[checkpoint] memory_interval_steps``, ``checkpoint.memory``): ``decide``
+  first settles the previous snapshot (waits for its background checksums and partner copy),
+  its outcome rides the vote, and then every rank alike commits it (drops the one before) or,
+  when it failed anywhere, keeps the one before; ``snapshot`` after the step's save takes one
+  every k steps and at every disk save (from the save's host copy when it staged one). The main
+  thread's copy and the settling wait are the step's ``snapshot_stall_s``, in the next step's
+  record as ``checkpoint_stall_s`` is. A ``host-loss`` fault first forgets this host's
+  snapshots (``FaultPlan.host_loss_hook``). The store is closed however the loop ends; its
+  files are removed only once every step has run (an error exit keeps them: that is the point).
 """
 
 from __future__ import annotations
@@ -46,6 +55,10 @@ class StepHooks:
     ) -> None:
         runtime = run.runtime
         self.rank, self.faults = runtime.rank, faults
+        self.snapshots, self.snapshot_every = run.snapshots, cfg.checkpoint.memory_interval_steps
+        self.snapshot_stall = 0.0  # held since the last step record: the next one's
+        if faults is not None and self.snapshots is not None:
+            faults.host_loss_hook = self.snapshots.forget_host
         hosts = rank_hosts(runtime.rank, runtime.world_size, os.environ)
         self.beacon = beacon.current()
         self.beacon.set_schedule(schedule_id(run))
@@ -71,6 +84,8 @@ class StepHooks:
         self.beacon.phase("done")
         if self.profiler is not None:
             self.profiler.close()
+        if self.snapshots is not None:  # finished: no exception, so every step has run
+            self.snapshots.close(finished=kind is None)
 
     def start(self, step: int) -> None:
         """The top of step ``step``."""
@@ -101,15 +116,37 @@ class StepHooks:
     def decide(
         self, checkpointer: Checkpointer, step: int, *, last_step: int, sigterm: bool
     ) -> tuple[Decision, Measured]:
-        """The checkpoint vote, carrying this rank's busy time to every rank; the straggler
-        watch's fields of the step."""
+        """The checkpoint vote, carrying this rank's busy time and whether its last memory
+        snapshot completed to every rank; the straggler watch's fields of the step, and the
+        snapshot stall held since the last step record."""
+        share = self.busy.seconds()  # the settling below is no busy time
+        measured: Measured = {}
+        failed = False
+        if self.snapshots is not None:
+            self.beacon.phase("vote")  # a partner that never answers shows here, not in a step
+            complete, waited = self.snapshots.settle()
+            measured["snapshot_stall_s"], self.snapshot_stall = self.snapshot_stall, waited
+            failed = not complete
         decision = checkpointer.decide(
-            step, last_step=last_step, sigterm=sigterm, share=self.busy.seconds()
+            step, last_step=last_step, sigterm=sigterm, share=share, snapshot_failed=failed
         )
+        if self.snapshots is not None:
+            self.snapshots.commit(not checkpointer.snapshot_failed_anywhere)
         assert checkpointer.shares is not None
-        measured: Measured = dict(self.stragglers.observe(step, checkpointer.shares))
+        measured |= self.stragglers.observe(step, checkpointer.shares)
         self.beacon.phase("metrics")
         return decision, measured
+
+    def snapshot(self, step: int, decision: Decision, checkpointer: Checkpointer) -> None:
+        """After the step's save, if any: a memory snapshot every k steps and at every disk
+        save, copied from the save's host copy when it staged one. None before a stop: the
+        save of that step is synchronous, and the run ends."""
+        if self.snapshots is None or decision.stops:
+            return
+        if step % self.snapshot_every and not decision.saves:
+            return
+        staged = checkpointer.staged if decision.saves else None
+        self.snapshot_stall += self.snapshots.take(step, checkpointer.contents, staged)
 
     def evicts(self, decision: Decision) -> bool:
         """Whether this save is the last one, to replace a straggler's host."""

@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,8 +18,8 @@ from goodput.config import to_toml
 from goodput.errors import GoodputError
 from goodput.faults import launcher_host, load_plan
 from goodput.launch.failover import BAD_NODE_PATTERNS
-from goodput.launch.launchers import free_port
 from goodput.rundir import LATEST, checkpoints_dir, list_checkpoints, step_dir
+from goodput.testing.ranks import start, start_ranks
 from goodput.testing.tiny import tiny_run_config
 
 TIMEOUT_S = 240
@@ -59,32 +58,6 @@ def write_run(tmp_path, faults, max_skipped_steps=5, **checkpoint):
     entries = [dict(zip(("id", "kind", "step", "rank"), fault, strict=True)) for fault in faults]
     plan.write_text(json.dumps({"fired_dir": str(tmp_path / "fired"), "faults": entries}))
     return config, Path(cfg.train.run_dir), {"GOODPUT_FAULTS": str(plan)}
-
-
-def start(config, env, *overrides, rank=None, world_size=1, port=None):
-    rank_env = {}
-    if rank is not None:
-        rank_env = {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": "1",  # one rank per (emulated) host: rank R on host R
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-        }
-    return subprocess.Popen(
-        [sys.executable, "-m", "goodput", "train", str(config), *overrides],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **env, **rank_env},
-    )
-
-
-def start_ranks(config, env, world_size=2):
-    port = free_port()
-    return [start(config, env, rank=r, world_size=world_size, port=port) for r in range(world_size)]
 
 
 def fired(tmp_path, fault_id):
@@ -252,7 +225,7 @@ def test_no_plan_costs_nothing_and_a_bad_plan_is_one_line_naming_it(tmp_path):
     cases = {
         '{"fired_dir": "/f", "faults": [{"id": 0, "kind": "melt", "step": 1, "rank": 0}]}': (
             'faults[0].kind "melt" is not one of kill, ckpt-kill, hang, bad-node, save-fail, nan, '
-            "slow, stall"
+            "slow, stall, snapshot-kill, host-loss"
         ),
         '{"fired_dir": "/f", "faults": [{"id": 0, "kind": "kill", "step": 0, "rank": 0}]}': (
             "faults[0].step is 0, not an integer in [1, 9007199254740992]"

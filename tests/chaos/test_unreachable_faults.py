@@ -51,7 +51,7 @@ def test_an_entry_that_could_never_fire_is_named(tmp_path, faults, saves, messag
     parsed, fired_dir = parse_plan(json.loads(plan_file.read_text()))
     plan = FaultPlan(parsed, fired_dir, {"GOODPUT_FAULTS": str(plan_file)})
     with pytest.raises(GoodputError) as error:
-        plan.check_reachable(world_size=2, steps=8, saves=saves)
+        plan.check_reachable(world_size=2, steps=8, saves=saves, snapshots=True)
     assert message in error.value.render() and "would never fire" in error.value.render()
     assert str(plan_file) in error.value.render() and error.value.code == ExitCode.USAGE
 
@@ -59,7 +59,8 @@ def test_an_entry_that_could_never_fire_is_named(tmp_path, faults, saves, messag
 def test_entries_that_can_fire_pass(tmp_path):
     plan_file = plan_of(tmp_path, (0, "kill", 8, 1), (1, "save-fail", 1, 0))
     parsed, fired_dir = parse_plan(json.loads(plan_file.read_text()))
-    FaultPlan(parsed, fired_dir, {}).check_reachable(world_size=2, steps=8, saves=True)
+    reachable = FaultPlan(parsed, fired_dir, {})
+    reachable.check_reachable(world_size=2, steps=8, saves=True, snapshots=False)
 
 
 @pytest.mark.parametrize(

@@ -80,8 +80,9 @@ def _instant(start: float, wall_s: float, at: float) -> float:
     st.lists(step_lines, max_size=4),
     st.lists(st.tuples(st.sampled_from(KINDS), fired_at), min_size=1, max_size=4),
     st.booleans(),
+    st.integers(0, 3),
 )
-def test_any_run_gives_a_report_of_finite_figures_none_negative(shapes, extra, fired, done):
+def test_any_run_gives_a_report_of_finite_figures_none_negative(shapes, extra, fired, done, k):
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = Path(scratch)
         write_run(run_dir, _attempts(shapes), checkpoints=[1], done=done)
@@ -102,8 +103,13 @@ def test_any_run_gives_a_report_of_finite_figures_none_negative(shapes, extra, f
             assert value is None or (math.isfinite(value) and value >= 0), (name, value)
     report = Report(
         config="run.toml", output="report.json", seed=0, num_ranks=2, kinds=KINDS, notes=(),
-        idle_timeout_s=10.0, faults=tuple(found), attempts=tuple(run.files.attempts),
+        idle_timeout_s=10.0, memory_interval_steps=k, faults=tuple(found),
+        attempts=tuple(run.files.attempts),
         faulted=acc, reference=acc, unfinished=None, comparison=None,
     )  # fmt: skip
     assert f"goodput {acc.goodput:.1%}" in format_report(report)
+    # The <= k verdict holds exactly the faults that ended an attempt and lost more than k.
+    over = [o for o in found if k and o.steps_lost is not None and o.steps_lost > k
+            and o.fault.kind in outcomes.ENDS_ATTEMPT]  # fmt: skip
+    assert report.lost_too_many == over
     json.dumps(report.to_json(), allow_nan=False)  # plain JSON: every figure finite

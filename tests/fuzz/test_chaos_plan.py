@@ -100,6 +100,8 @@ def test_every_plan_within_the_contract_reads_back(tmp_path_factory, faults, fir
     for fault in plan.faults:  # found where the hooks look, and only there
         if fault.kind in ("ckpt-kill", "save-fail"):
             assert fault in plan.in_save[fault.rank]
+        elif fault.kind == "snapshot-kill":
+            assert fault in plan.in_snapshot[fault.rank]
         elif fault.kind == "slow":
             assert fault in plan.slow[fault.rank] and fault.in_window(fault.step)
             assert not fault.in_window(fault.step + fault.steps)

@@ -1,9 +1,9 @@
 """Fuzz the chaos plan drawer (``chaos.plan.draw_faults``) over any kinds, counts, run lengths,
 intervals, ranks and watch windows: a usage error naming ``--faults``, or a plan in which each
 ``slow`` fault owns a window before the last step that no other fault enters, far enough from
-the next for a whole watch window between them, the save faults
-sit on distinct saves, every step is distinct, stalls are dealt evenly between data and
-collective, and the plan, once timed, is one the trainer reads back exactly."""
+the next for a whole watch window between them, the save faults sit on distinct saves, the
+snapshot faults on distinct snapshots, every step is distinct, stalls are dealt evenly between
+data and collective, and the plan, once timed, is one the trainer reads back exactly."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from goodput.chaos import plan
 from goodput.errors import GoodputError
-from goodput.faults import IN_SAVE, KINDS, load_plan
+from goodput.faults import IN_SAVE, IN_SNAPSHOT, KINDS, load_plan
 
 
 @given(
@@ -27,15 +27,16 @@ from goodput.faults import IN_SAVE, KINDS, load_plan
     num_ranks=st.integers(1, 8),
     straggler_steps=st.integers(2, 30),
     seed=st.integers(0, 2**32),
+    snapshots=st.integers(0, 20),
 )
 def test_any_draw_is_a_plan_within_bounds_or_a_usage_error(
-    kinds, num_faults, num_steps, interval, num_ranks, straggler_steps, seed
+    kinds, num_faults, num_steps, interval, num_ranks, straggler_steps, seed, snapshots
 ):
     dealt = plan.deal_kinds(num_faults, kinds, seed)
     try:
         faults = plan.draw_faults(
             dealt, num_steps=num_steps, interval_steps=interval, num_ranks=num_ranks,
-            seed=seed, straggler_steps=straggler_steps,
+            seed=seed, straggler_steps=straggler_steps, snapshot_interval_steps=snapshots,
         )  # fmt: skip
     except GoodputError as error:
         assert error.where == "--faults" and error.code == 2
@@ -56,6 +57,8 @@ def test_any_draw_is_a_plan_within_bounds_or_a_usage_error(
     assert all(b.start - a.stop >= quiet for a, b in zip(windows, windows[1:], strict=False))
     saves = [f.step for f in faults if f.kind in IN_SAVE]
     assert all(s in plan.save_steps(num_steps, interval) for s in saves)
+    snaps = [f.step for f in faults if f.kind in IN_SNAPSHOT]
+    assert all(s in plan.save_steps(num_steps, snapshots) for s in snaps)
     wheres = Counter(f.where for f in faults if f.kind == "stall")
     assert set(wheres) <= {"data", "collective"} and abs(wheres["data"] - wheres["collective"]) <= 1
     timed = plan.timed(faults, 0.125)

@@ -31,7 +31,8 @@ instants = st.floats(-50, 200).map(lambda s: T0 + s) | st.sampled_from(
 step_lines = st.fixed_dictionaries(
     {"step": st.integers(0, 12), "time": instants, "step_time_s": seconds},
     optional={key: seconds for key in ("tokens_per_s", "data_time_s", "checkpoint_stall_s",
-                                       "checkpoint_load_s", "startup_s", "eval_time_s")},
+                                       "snapshot_stall_s", "checkpoint_load_s", "startup_s",
+                                       "eval_time_s")},
 )  # fmt: skip
 # (start, length) from T0, in seconds: near, or decades off (before 1970, past MAX_INSTANT).
 offsets = st.floats(-50, 200) | st.sampled_from([-2e9, -1e9, 1e10, 2e10])

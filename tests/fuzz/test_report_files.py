@@ -11,14 +11,16 @@ from hypothesis import strategies as st
 
 from goodput.report.accounting import account
 from goodput.report.run_files import read_run
+from goodput.runfiles import RESUMED_FROM
 from goodput.testing import fuzz
 
-values = fuzz.json_values(0, 1, 1.5, 1e300, -1, "x")
+values = fuzz.json_values(0, 1, 1.5, 1e300, -1, "x", "snapshot", "partner", "checkpoint")
 step_lines = st.fixed_dictionaries(
     {"step": values | st.integers(0, 10), "time": values | st.floats(0, 2e9),
      "step_time_s": values | st.floats(0, 10)},
     optional={"tokens_per_s": values, "data_time_s": values, "startup_s": values,
-              "checkpoint_stall_s": values, "eval_time_s": values, "loss": values},
+              "checkpoint_stall_s": values, "eval_time_s": values, "loss": values,
+              "snapshot_stall_s": values, "resumed_from": values, "resumed_step": values},
 )  # fmt: skip
 eval_lines = st.fixed_dictionaries(
     {"step": values, "task": values | st.text(max_size=5), "metric": values,
@@ -38,6 +40,8 @@ def report_or_refusal(files: dict[str, bytes]) -> None:
             acc = account(run)
             assert acc.wall_s >= 0 and acc.productive_s >= 0
             json.dumps(acc.as_json(), allow_nan=False)
+            for attempt in acc.attempts:  # a resume the reader let through is a known source
+                assert attempt.loaded_from().split(" @ ")[0] in ("-", "?", *RESUMED_FROM)
         assert sorted(p.name for p in run_dir.iterdir()) == before  # it never writes
 
 

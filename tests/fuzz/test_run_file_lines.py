@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from goodput import runfiles
 from goodput.testing import fuzz
 
-values = fuzz.json_values(0, 1, -1, 2.5, 1e300, 1 << 62, 10**400, True, "x")
+values = fuzz.json_values(0, 1, -1, 2.5, 1e300, 1 << 62, 10**400, True, "x", "partner")
 step_objects = st.dictionaries(
     st.sampled_from([*runfiles.STEP_KEYS, "loss_z", "acc/arc"]), values, max_size=8
 )

@@ -58,7 +58,8 @@ def faulted_run(tmp_path: Path, *, hang_evidence, later_evidence) -> Report:
     found = outcomes.fault_outcomes([STALL, SLOW], fired, run.accounting.timeline, ranks_per_host=2)
     return Report(
         config="run.toml", output="report.json", seed=0, num_ranks=2, kinds=("slow", "stall"),
-        notes=(), idle_timeout_s=3.0, faults=tuple(found), attempts=tuple(run.files.attempts),
+        notes=(), idle_timeout_s=3.0, memory_interval_steps=0, faults=tuple(found),
+        attempts=tuple(run.files.attempts),
         faulted=run.accounting, reference=run.accounting, unfinished=None, comparison=None,
     )  # fmt: skip
 

@@ -34,8 +34,9 @@ from goodput.testing.tiny import tiny_run_config
 def draw(seed: int, num_faults: int = 8, kinds=KINDS, steps: int = 300, interval: int = 10):
     dealt = plan.deal_kinds(num_faults, kinds, seed)
     return plan.draw_faults(
-        dealt, num_steps=steps, interval_steps=interval, num_ranks=4, seed=seed, straggler_steps=5
-    )
+        dealt, num_steps=steps, interval_steps=interval, num_ranks=4, seed=seed,
+        straggler_steps=5, snapshot_interval_steps=interval,
+    )  # fmt: skip
 
 
 def test_the_same_seed_draws_the_same_plan_and_another_seed_another():

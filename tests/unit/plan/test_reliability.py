@@ -1,6 +1,7 @@
 """``goodput plan reliability``: the failure budget against hand-computed values, the optimum
-against the goodput formula it optimises, the spare pool against the Poisson tail, and the
-real CLI's JSON, text and one-line errors, and the example of docs/plan.md as written."""
+against the goodput formula it optimises, the spare pool against the Poisson tail, memory
+snapshots' lost work and goodput against hand-computed values (one node: no partner), the real
+CLI's JSON, text and one-line errors, and the examples of docs/plan.md as written."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import math
 import re
 import shlex
+from dataclasses import replace
 
 import pytest
 
@@ -62,6 +64,40 @@ def test_dalys_interval_is_where_the_goodput_peaks():
 def test_goodput_falls_with_the_restart_and_never_overflows():
     assert expected_goodput(300, 20, 0, 2000) > expected_goodput(300, 20, 600, 2000)
     assert expected_goodput(1e8, 1e8, 1e8, 1.0) == 0.0  # e^(2e8) would overflow
+
+
+def test_memory_snapshots_bound_the_lost_work_by_their_interval():
+    # The seed's machine, snapshots every 5 steps of 10 s holding training 2 s each.
+    memory = plan_reliability(replace(SEED, memory_interval_steps=5, memory_stall_s=2)).memory
+    assert memory is not None and (memory.interval_s, memory.stall_s) == (50, 2)
+    # p = e^(-(60 + 50) / 31,536,000) = 0.99999651: the partner lives past the re-copy.
+    assert memory.partner_survives == pytest.approx(0.9999965119, rel=1e-9)
+    # p x 25 + (1 - p) x 500 against the configured interval's 500.
+    assert memory.lost_s == pytest.approx(25.0016568, rel=1e-6) and memory.disk_lost_s == 500
+    # Daly at (50, 2): 50 / (1,971 x e^(60/1,971) x (e^(52/1,971) - 1)) = 0.9204594; times
+    # e^(-(1 - p) x 950 / 3,942) for the failures that reach disk, 1,000 / 1,023.6 for its saves.
+    assert memory.goodput == pytest.approx(0.9204594 * 0.99999916 * 1000 / 1023.6, rel=1e-6)
+    assert memory.disk_goodput == plan_reliability(SEED).configured_goodput
+
+
+def test_one_node_has_no_partner_and_snapshots_only_cost():
+    alone = replace(SEED, nodes=1, memory_interval_steps=5, memory_stall_s=2)
+    memory = plan_reliability(alone).memory
+    assert memory is not None and memory.partner_survives == 0.0
+    assert memory.lost_s == memory.disk_lost_s == 500  # every failure reaches disk
+    assert memory.goodput < memory.disk_goodput
+    # Without a configured interval, the disk checkpoints are Daly's optimum.
+    daly = plan_reliability(replace(SEED, interval_steps=None, memory_interval_steps=5))
+    assert daly.memory is not None and daly.memory.disk_interval_s == daly.optimal_interval_s
+    assert daly.memory.stall_s == SEED.save_stall_s  # the default: the save's stall
+
+
+def test_off_the_report_is_what_it_was(capsys):
+    code, out, _ = run(capsys, *SEED_ARGS, "--step-s", 10, "--interval-steps", 100, "--json")
+    assert code == 0 and "memory_snapshots" not in json.loads(out)
+    on = [*SEED_ARGS, "--step-s", 10, "--interval-steps", 100, "--memory-interval-steps", 5]
+    code, out, _ = run(capsys, *on, "--json")
+    assert code == 0 and json.loads(out)["memory_snapshots"]["stall_s"] == 23.6
 
 
 def poisson_cdf(k: int, mean: float) -> float:
@@ -139,6 +175,16 @@ def test_the_text_names_the_configured_interval_against_the_optimum(capsys):
         (["--node-mtbf-days", "1e-320", "--walltime-h", "1e-300"], "--node-mtbf-days: "),
         (["--node-mtbf-days", "1e-9", "--walltime-h", "1e-9"], "more than 1e+06 failures a day"),
         (["--save-stall-s", "5e-324"], "--save-stall-s: 4.94066e-324 s is below 1e-06 s"),
+        (["--memory-interval-steps", "5"], "--memory-interval-steps: needs --step-s"),
+        (["--memory-stall-s", "2"], "--memory-stall-s: is a memory snapshot's stall: there are"),
+        (
+            ["--step-s", "10", "--interval-steps", "100", "--memory-interval-steps", "101"],
+            "--memory-interval-steps: 101 steps of 10 s = 1,010 s is longer than the disk",
+        ),
+        (
+            ["--step-s", "10", "--memory-interval-steps", "5", "--memory-stall-s", "5e-324"],
+            "--memory-stall-s: 4.94066e-324 s is below 1e-06 s",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, extra, message):
@@ -147,13 +193,15 @@ def test_bad_input_is_one_line_and_exit_2(capsys, extra, message):
     assert err.count("\n") == 1 and err.startswith("goodput: error: ") and message in err
 
 
-def test_the_pages_example_prints_what_it_shows(capsys):
+def test_the_pages_examples_print_what_they_show(capsys):
     page = (REPO / "docs" / "plan.md").read_text()
-    line, shown = re.search(
+    examples = re.findall(
         r"```sh\n(goodput plan reliability [^\n]*)\n```\n+```text\n(.*?)```", page, re.S
-    ).groups()
-    code, out, err = run(capsys, *shlex.split(line)[3:])
-    assert (code, err) == (0, "") and out.strip() == shown.strip()
+    )
+    assert len(examples) == 2  # disk checkpoints alone; with memory snapshots
+    for line, shown in examples:
+        code, out, err = run(capsys, *shlex.split(line)[3:])
+        assert (code, err) == (0, "") and out.strip() == shown.strip()
     async_save = dict(zip(SEED_ARGS[::2], SEED_ARGS[1::2], strict=True)) | {"--save-stall-s": 2}
     code, out, _ = run(capsys, *[x for pair in async_save.items() for x in pair])
     assert "87 s of compute (Young: 89 s): expected goodput 92.7%" in out  # as the page says

@@ -8,6 +8,7 @@ added to the read files (a real blend manifest is the data tests' business)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -111,6 +112,39 @@ def write_lr_find(run_dir: Path) -> None:
     found = LrFindResult(settings, curve, False, regions)
     ramp_settings = {"steps": 40, "min_lr": settings.min_lr, "max_lr": settings.max_lr}
     write_json(run_dir / rundir.LR_FIND, {**found.as_json(), "ramp": ramp_settings})
+
+
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's, driven by playwright (which never downloads)
+
+
+@pytest.fixture
+def chromium_rows(tmp_path) -> Callable[[str], list[list[str]]]:
+    """Every table row of an HTML page as a real headless Chromium renders it: each cell's text,
+    as a reader sees it."""
+    # A skip here fails under GOODPUT_REQUIRE_ALL=1 (tests/conftest.py): CI installs both.
+    if not CHROMIUM.is_file():
+        pytest.skip(f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="needs playwright (pip install -e '.[dev]')"
+    )
+
+    def rows(page: str) -> list[list[str]]:
+        path = tmp_path / "report.html"
+        path.write_text(page)
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=str(CHROMIUM), args=["--no-sandbox"]
+            )
+            try:
+                view = browser.new_page()
+                view.goto(path.as_uri(), wait_until="load")
+                return view.eval_on_selector_all(
+                    "tr", "rows => rows.map(r => Array.from(r.cells, c => c.innerText.trim()))"
+                )
+            finally:
+                browser.close()
+
+    return rows
 
 
 @pytest.fixture(scope="session")

@@ -41,6 +41,7 @@ def test_every_second_of_a_crash_and_resume_is_accounted(tmp_path):
             "checkpoint_load": 2,
             "data": 10 * 0.1,
             "checkpoint_save": 0.5,  # step 9's; step 5's was in a step run again
+            "snapshot": 0,
             "eval": 1.5,
             "recomputed": 2.0,  # steps 5 and 6 of the crashed attempt
             "not_checkpointed": 0,

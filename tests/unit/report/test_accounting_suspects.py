@@ -5,7 +5,6 @@ test_html.py does; an eviction's save-and-stop is ``shutdown``, not ``hang``."""
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -17,7 +16,6 @@ from goodput.report.run_files import read_run
 from goodput.report.terminal import summary
 from goodput.testing.run_dirs import Attempt, write_run
 
-CHROMIUM = Path("/usr/bin/chromium")  # as test_html.py: Debian's, driven by playwright
 T0 = 1_800_000_000.0
 SUSPECT = (
     "hang suspect: rank 1 on nid0001 (pid 4411) not in a collective at step 4, phase data, "
@@ -65,31 +63,14 @@ def test_the_terminal_summary_names_the_suspects_rank_and_host(run):
     out = io.StringIO()
     Console(file=out, width=400, color_system=None).print(summary(*run))
     rows = [line.split("│") for line in out.getvalue().splitlines() if "│ 7 " in line]
-    cells = {row[4].strip(): row[8].strip() for row in rows}  # evidence by class
+    cells = {row[4].strip(): row[9].strip() for row in rows}  # evidence by class
     assert cells["hang"].startswith("hang suspect: rank 1 on nid0001 (pid 4411)")
     assert cells["straggler"] == EVICTED.evidence[0].said + " (evicted nid0001)"
 
 
-def test_the_page_names_the_suspect_in_chromium(run, tmp_path):
-    # A skip here fails under GOODPUT_REQUIRE_ALL=1 (tests/conftest.py): CI installs both.
-    if not CHROMIUM.is_file():
-        pytest.skip(f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)")
-    sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="needs playwright (pip install -e '.[dev]')"
-    )
-    page = tmp_path / "report.html"
-    page.write_text(render_html(*run))
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
-        try:
-            view = browser.new_page()
-            view.goto(page.as_uri(), wait_until="load")
-            rows = view.eval_on_selector_all(
-                "tr", "rows => rows.map(r => Array.from(r.cells, c => c.innerText.trim()))"
-            )
-        finally:
-            browser.close()
-    attempts = {row[2]: row for row in rows if len(row) == 11}  # the attempt table's, by class
-    assert attempts["hang"][8] == SUSPECT
-    assert attempts["straggler"][8] == EVICTED.evidence[0].said
-    assert attempts["straggler"][9] == "nid0001"
+def test_the_page_names_the_suspect_in_chromium(run, chromium_rows):
+    rows = chromium_rows(render_html(*run))
+    attempts = {row[2]: row for row in rows if len(row) == 12}  # the attempt table's, by class
+    assert attempts["hang"][9] == SUSPECT
+    assert attempts["straggler"][9] == EVICTED.evidence[0].said
+    assert attempts["straggler"][10] == "nid0001"

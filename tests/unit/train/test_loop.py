@@ -116,7 +116,7 @@ def test_the_beacon_is_open_while_the_run_is_built_and_gone_however_the_run_ends
     monkeypatch.setenv(beacon.BEACON_DIR_VAR, str(folder))
     seen = []
 
-    def build_run_that_fails(cfg, runtime):
+    def build_run_that_fails(cfg, runtime, faults=None):
         seen.append(beacon.read_beacon(beacon.beacon_path(folder, runtime.rank)))
         raise GoodputError("checkpoint", "a load that fails", "none: a test")
 

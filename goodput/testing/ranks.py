@@ -1,0 +1,56 @@
+"""Real ``python -m goodput train`` processes for tests: one run on one rank, or the ranks of
+one run started by hand, each with the environment a launcher would give it and one rank per
+(emulated) host (``LOCAL_WORLD_SIZE=1``: rank R on host R, named by ``GOODPUT_LAUNCH_HOSTS``
+when the caller's ``env`` sets it). Started through ``subprocess.Popen`` looked up at each call,
+so a test's fixture that records every process it started sees these too."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from goodput.launch.launchers import free_port
+
+
+def start(
+    config: Path,
+    env: Mapping[str, str],
+    *overrides: str,
+    rank: int | None = None,
+    world_size: int = 1,
+    port: int | None = None,
+) -> subprocess.Popen[str]:
+    """``goodput train config *overrides`` with ``env`` on top of this process's environment;
+    ``rank`` given: as rank ``rank`` of ``world_size`` meeting rank 0 on ``port``."""
+    rank_env = {}
+    if rank is not None:
+        rank_env = {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": "1",  # one rank per (emulated) host: rank R on host R
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+    return subprocess.Popen(
+        [sys.executable, "-m", "goodput", "train", str(config), *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env, **rank_env},
+    )
+
+
+def start_ranks(
+    config: Path, env: Mapping[str, str], *overrides: str, world_size: int = 2
+) -> list[subprocess.Popen[str]]:
+    """Every rank of one run of ``config`` (``overrides`` on each), by rank."""
+    port = free_port()
+    return [
+        start(config, env, *overrides, rank=r, world_size=world_size, port=port)
+        for r in range(world_size)
+    ]
