@@ -31,13 +31,16 @@ from every rank and takes ``newest_complete``. ``restore`` verifies every copy o
 fetches the holder's copy for a rank whose own is missing or damaged, re-sends a rank's copy to
 a holder that lacks an intact one (so a second loss is covered at once), and loads; every rank
 decides from the same gathered verdicts, so a refusal (``SnapshotRefused``) happens on every
-rank alike and the run falls back to the disk checkpoint.
+rank alike, before anything is loaded, and the run falls back to the disk checkpoint. The load
+then goes in a checkpoint's order (train state, tensors, RNG); a failure there stops the run
+on every rank, as a checkpoint's would, since some ranks may already hold the snapshot's state.
 
 Trust: the host folder is a private 0700 folder of this user (``ensure_private_dir``); a
 payload is mapped only once it is a regular file of this user of exactly the manifest's size;
 partner bytes are held to the same manifest rules as files; nothing is unpickled. Files are
-deleted only by slot name: this rank's own and its source's held files, and those of another
-run (a manifest naming another run id) at the first ``take``.
+deleted only by slot name, and only this rank's own and its source's held files: at the first
+``take`` of a start, the manifests it did not restore (an earlier start's snapshots are never
+mixed with this one's) and the payloads of another run (a manifest naming another run id).
 """
 
 from __future__ import annotations
@@ -99,6 +102,11 @@ TAG_SNAPSHOT, TAG_FETCH, TAG_REPLICATE = 1, 2, 3  # p2p tags: snapshot, copy bac
 MAX_DIGEST_WORKERS = 8
 # restore's verdict of one copy: intact, absent, of another layout, unreadable; k + 1: chunk k
 INTACT, MISSING, LAYOUT, UNREADABLE = 0, -1, -2, -3
+# A snapshot verified but not loadable (its train state refused: the data changed, say).
+LOAD_FIX = (
+    "restart with checkpoint.memory_interval_steps=0 to resume from the disk checkpoint, or "
+    "undo what changed"
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,7 +190,7 @@ class SnapshotStore:
         self.committed: dict[Kind, int | None] = {"own": None, "held": None}
         self.committed_step: int | None = None
         self.pending: _Pending | None = None
-        self.cleaned = False  # another run's files removed (at the first take)
+        self.cleaned = False  # earlier starts' manifests dropped (at the first take)
         self.choice: _Choice | None = None
 
     def describe(self) -> str:
@@ -205,7 +213,7 @@ class SnapshotStore:
         start = time.perf_counter()
         self._drop_pending()
         if not self.cleaned:
-            self._remove_foreign()
+            self._forget_earlier()
             self.cleaned = True
         own_slot = _other(self.committed["own"])
         held_slot = _other(self.committed["held"]) if self.pairing.source is not None else None
@@ -492,7 +500,9 @@ class SnapshotStore:
         """Collective: load the snapshot set of ``step`` (``choose``'s answer) into
         ``contents``, fetching partner copies where a rank's own is missing or damaged and
         re-sending copies to holders that lack them. ``SnapshotRefused`` on every rank alike
-        when some rank has no intact copy or the layout is not this run's."""
+        when some rank has no intact copy or the layout is not this run's, before anything is
+        loaded; a failure once loading began (the train state refused: the data changed, say)
+        is a ``GoodputError`` on every rank, as a checkpoint's load failing is."""
         start = time.perf_counter()
         choice = self.choice
         assert choice is not None and choice.step == step, "restore the step choose returned"
@@ -533,8 +543,8 @@ class SnapshotStore:
                 kept = slot
         for work in works:
             work.wait()
-        if failure is None:
-            failure = self._load(own_slot, contents, layout)
+        # Refused while nothing is loaded yet, on every rank alike; past this point a failure
+        # is an error, as a checkpoint's load is: some ranks may hold the snapshot's state.
         failures = wire.all_gather_objects(failure, self.group)
         for r, reason in enumerate(failures):
             if reason is not None:
@@ -542,6 +552,7 @@ class SnapshotStore:
                     f"warning: refusing memory snapshots of step {step}: rank {r}: {reason}"
                 )
         assert own_slot is not None
+        wire.raise_anywhere(self._load(own_slot, contents, layout), self.group)
         self._committed_after_restore(step, own_slot, kept)
         return Restored(
             step=step,
@@ -616,30 +627,30 @@ class SnapshotStore:
         snapshot = (self.maps[(kind, slot)], manifest_bytes(manifest))
         return wire.post(self.group, owner if dst is None else dst, tag, snapshot, self.chunk_bytes)
 
-    def _load(self, slot: int | None, contents: CheckpointContents, layout: str) -> str | None:
-        """Load this rank's own slot into ``contents``: None, or why it failed."""
-        if slot is None:
-            return "no own copy"
+    def _load(self, slot: int, contents: CheckpointContents, layout: str) -> GoodputError | None:
+        """Load this rank's own slot into ``contents`` in a checkpoint's order (the train state
+        first: a changed data fingerprint is refused before any tensor is touched, then the
+        tensors, then the RNG): None, or the error, naming the manifest."""
         path = self.folder / manifest_name("own", self.rank, slot)
         try:
             manifest = read_manifest(path)
-            if manifest.layout != layout:
-                raise _refused(path, "is not of this run's layout (the model changed)")
+            if manifest.layout != layout:  # checked by the verdicts; rewritten since?
+                raise ValueError("its layout is not this run's (the model changed)")
             payload = self.maps[("own", slot)]
 
             def fill(request: dict[str, Any]) -> None:
                 flat = flatten_state(request)
                 if list(flat) != [entry.key for entry in manifest.tensors]:
-                    raise _refused(path, "does not name this run's tensors")
+                    raise ValueError("it does not name this run's tensors")
                 for entry in manifest.tensors:
                     flat[entry.key].copy_(tensor_view(payload, entry))
 
+            contents.load_train_state(manifest.train_state, path)
             groups = manifest.train_state["optimizer_param_groups"]
             load_into(contents.parts, contents.optimizers, fill, saved_groups=groups, source=path)
-            contents.load_train_state(manifest.train_state, path)
             set_rng_state(manifest.rng, self.device, path)
-        except Exception as exc:  # any: every rank must reach the verdicts' gather, or all hang
-            return wire.reason(exc)
+        except Exception as exc:  # any: every rank must reach the outcomes' gather, or all hang
+            return GoodputError(path, f"memory snapshot not loaded: {wire.reason(exc)}", LOAD_FIX)
         return None
 
     def _committed_after_restore(self, step: int, own_slot: int, held_slot: int | None) -> None:
@@ -679,18 +690,22 @@ class SnapshotStore:
         self._payload_file(kind, owner, slot, num_bytes)
         return self._mapped(kind, owner, slot, num_bytes)
 
-    def _remove_foreign(self) -> None:
-        """Remove this rank's slot files (own, and held of its source) whose manifest names
-        another run: the name and a valid manifest prove goodput wrote them."""
+    def _forget_earlier(self) -> None:
+        """Before this start's first snapshot: drop the manifests of this rank's slot files (own,
+        and held of its source) that this start did not restore, so no snapshot of an earlier
+        start is ever mixed with this one's; a slot of another run (its manifest names another
+        run id) loses its payload too. The name and a valid manifest prove goodput wrote them."""
         for kind, owner in self._files_of_mine():
             for slot in range(SLOTS):
+                if slot == self.committed[kind]:
+                    continue
                 path = self.folder / manifest_name(kind, owner, slot)
                 try:
                     manifest = read_manifest(path)
                 except GoodputError:  # none, or not proven ours: left alone
                     continue
+                self._unlink(path)
                 if (manifest.run_id, manifest.run_key) != (self.run_id, self.run_key):
-                    self._unlink(path)
                     self._unlink(self.folder / payload_name(kind, owner, slot))
                     self.maps.pop((kind, slot), None)
 

@@ -582,6 +582,12 @@ def _private_level(level: Path) -> None:
         os.mkdir(level, 0o700)
     except FileExistsError:
         pass
+    except FileNotFoundError:
+        raise GoodputError(
+            level.parent,
+            "does not exist",
+            "create it, or set [checkpoint] memory_dir to an existing folder (default /dev/shm)",
+        ) from None
     except OSError as exc:
         raise GoodputError(level, f"cannot be created ({exc.strerror or exc})", fix) from None
     info = os.lstat(level)

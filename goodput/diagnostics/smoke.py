@@ -319,7 +319,8 @@ def current_environment(data_fingerprint: str) -> dict[str, str]:
 
 def _smoke_overrides(num_steps: int, scratch: str) -> list[str]:
     """The smoke's own settings: its step count, everything written under ``scratch``, no
-    checkpoint saved (by steps, time or SIGTERM) or resumed, no TensorBoard."""
+    checkpoint saved (by steps, time or SIGTERM) or resumed, no memory snapshot, no
+    TensorBoard."""
     return [
         f"train.steps={num_steps}",
         f"train.run_dir={json.dumps(str(Path(scratch) / 'run'))}",
@@ -329,6 +330,7 @@ def _smoke_overrides(num_steps: int, scratch: str) -> list[str]:
         "checkpoint.interval_minutes=0.0",
         'checkpoint.resume="never"',
         "checkpoint.save_on_sigterm=false",
+        "checkpoint.memory_interval_steps=0",
     ]
 
 

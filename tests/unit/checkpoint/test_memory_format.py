@@ -371,3 +371,13 @@ def test_newest_complete_reads_a_lost_hosts_ranks_from_their_partners():
     assert newest_complete(own, held, holders, at_least=0) == 6
     assert newest_complete(own, held, holders, at_least=7) is None
     assert newest_complete([[6], [-1]], [[-1], [6]], holders, at_least=0) is None
+
+
+def test_ensure_private_dir_names_a_memory_dir_that_does_not_exist(tmp_path):
+    missing = tmp_path / "no-such-folder"
+    with pytest.raises(GoodputError) as error:
+        ensure_private_dir(host_folder(missing, "ab" * 8, "n1"))
+    assert f"{missing}: does not exist; create it, or set [checkpoint] memory_dir" in str(
+        error.value
+    )
+    assert not missing.exists()

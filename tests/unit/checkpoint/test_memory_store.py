@@ -406,3 +406,57 @@ def test_four_ranks_on_two_hosts_come_back_after_a_host_is_replaced(tmp_path):
         restored = result["restored"]
         assert (restored.step, restored.from_partner) == (3, 2)
         assert restored.source == ("partner" if rank >= 2 else "snapshot")
+
+
+class RefusingLoader(Loader):
+    """A loader whose data changed since the snapshot: it refuses the saved position."""
+
+    def load_state_dict(self, state) -> None:
+        raise ValueError("the data fingerprint differs (test)")
+
+
+def load_failure(rank: int, world_size: int, tmp: str) -> dict:
+    results: dict = {}
+    contents = contents_of(seed=rank)
+    store = store_of(tmp, ["n1", "n2"])
+    for step in (1, 2):  # step 2 in slot 1, committed
+        train(contents, 1)
+        snapshot(store, contents, step)
+    store.close(finished=False)
+    dist.barrier()
+    # Verified intact on both hosts, but rank 1's train state is refused: nothing can be
+    # undone on rank 0 by then, so the restore is an error on every rank, not a fallback.
+    fresh = contents_of(seed=1000 + rank)
+    if rank == 1:
+        fresh.states["loader"] = RefusingLoader()  # type: ignore[index]
+    store = store_of(tmp, ["n1", "n2"])
+    step = store.choose(None, 10)
+    assert step == 2
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            store.restore(step, fresh)
+    except GoodputError as error:
+        results["error"] = str(error)
+    # The next start restores nothing (resumes from disk, say): its first snapshot (into slot
+    # 0) drops every manifest an earlier start left (step 2's in slot 1), so no earlier
+    # snapshot is ever mixed with this start's.
+    store.take(3, contents_of(seed=rank))
+    store.settle()
+    folder = folder_of(tmp, f"n{rank + 1}")
+    results["steps"] = sorted(read_manifest(p).step for p in folder.glob("*.json"))
+    store.close(finished=False)
+    return results
+
+
+@pytest.mark.timeout(180)
+def test_a_verified_snapshot_whose_train_state_is_refused_stops_every_rank(tmp_path):
+    results = run_distributed(load_failure, 2, str(tmp_path), timeout_s=150)
+    manifest = folder_of(str(tmp_path), "n2") / manifest_name("own", 1, 1)
+    assert results[1]["error"] == (
+        f"{manifest}: memory snapshot not loaded: {manifest}: damaged: the data fingerprint "
+        "differs (test); restart with checkpoint.memory_interval_steps=0 to resume from the "
+        "disk checkpoint, or undo what changed"
+    )
+    assert results[0]["error"].startswith(f"{manifest}: on rank 1: memory snapshot not loaded")
+    for result in results:
+        assert result["steps"] == [3, 3], result  # own and held of step 3; step 2's dropped

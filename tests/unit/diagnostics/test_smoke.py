@@ -413,3 +413,17 @@ def test_a_key_goodput_gained_since_the_recording_counts_as_its_default(recorded
 
     result = smoke(config, "--baseline", edited(record, tmp_path, drop_new_keys))
     assert result.returncode == 0, result.stderr
+
+
+def test_a_config_with_memory_snapshots_smokes_without_them(recorded, tmp_path):
+    # The smoke's step times are the steps' alone: its overrides turn the snapshots off, so
+    # nothing is ever written under the config's memory_dir.
+    config, _ = recorded
+    memory = tmp_path / "memory"
+    memory.mkdir()
+    record = tmp_path / "record.json"
+    overrides = ["checkpoint.memory_interval_steps=1", f"checkpoint.memory_dir={memory}"]
+    result = smoke(config, *overrides, "--steps", 2, "--record", record)
+    assert result.returncode == 0, result.stderr
+    assert "memory snapshots" not in result.stdout + result.stderr
+    assert list(memory.iterdir()) == []
