@@ -2,7 +2,7 @@
 
 ``python -m benchmarks NAME ...`` runs only the named ones (``tokenize``, ``blend``, ``train``,
 ``checkpoint``, ``launch``, ``chaos``, ``layouts``, ``ring``, ``moe``, ``optim``, ``eval``,
-``report``, ``init``); no names: all. Figures are printed and also written to
+``report``, ``init``, ``snapshot``); no names: all. Figures are printed and also written to
 ``bench-out/results.json`` for the README; a run of some benchmarks replaces only their entries
 there, keeping the others'.
 """
@@ -29,6 +29,7 @@ from benchmarks import (
     bench_optim,
     bench_report,
     bench_ring,
+    bench_snapshot,
     bench_tokenize,
     bench_train,
 )
@@ -48,6 +49,7 @@ BENCHMARKS: dict[str, Callable[[], Any]] = {
     "eval": bench_eval.main,
     "report": bench_report.main,
     "init": bench_init.main,
+    "snapshot": bench_snapshot.main,
 }
 RESULTS = Path("bench-out/results.json")
 

@@ -15,7 +15,7 @@ training thread). ``REPEATS`` pairs of runs, async and sync side by side (order 
 repeats), each ``STEPS`` steps with ``interval_steps = INTERVAL``: ``SAVES_PER_RUN`` saves a
 run, the last at the final step. Each save's figure is the ``held training X s`` the trainer
 prints: what the step calling the save waited (async: get the state dict, write the small files,
-snapshot to host memory; sync: all of that plus the write, fsync, checksums, marker and
+staging to host memory; sync: all of that plus the write, fsync, checksums, marker and
 pruning). Stall: the median async hold; sync save time: the median sync hold; ratio: stall /
 sync save time, target <= 0.1. ``INTERVAL`` steps give a flush time to finish before the next
 save; a save that found the previous flush still running (it then waits, and that wait is in its

@@ -194,12 +194,7 @@ def _prepare(options: CampaignOptions) -> _Setup:
     )
     dealt = plan.deal_kinds(options.num_faults, kinds, options.seed)
     _check_kinds(dealt, launch_plan, snapshot_interval)
-    if snapshot_interval:
-        notes.append(
-            f"memory snapshots every {snapshot_interval} step(s) in both runs: each fault that "
-            f"ends an attempt must lose at most {snapshot_interval} step(s), and a host-loss "
-            "restart must load the lost host's state from its partner's copy"
-        )
+    notes += _memory_notes(snapshot_interval)
     overrides = list(options.overrides)
     interval = plan.interval_needed(
         cfg.train.steps, sum(k in faults.IN_SAVE for k in dealt), cfg.checkpoint.interval_steps
@@ -242,6 +237,17 @@ def _prepare(options: CampaignOptions) -> _Setup:
         train,
         snapshot_interval,
     )
+
+
+def _memory_notes(snapshot_interval: int) -> list[str]:
+    """The bound a campaign with memory snapshots every ``snapshot_interval`` steps holds."""
+    if not snapshot_interval:
+        return []
+    return [
+        f"memory snapshots every {snapshot_interval} step(s) in both runs: each fault that ends "
+        f"an attempt must lose at most {snapshot_interval} step(s), and a host-loss restart "
+        "must load the lost host's state from its partner's copy"
+    ]
 
 
 def _time_slow_faults(setup: _Setup, straight: Accounting) -> _Setup:

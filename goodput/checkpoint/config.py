@@ -21,7 +21,7 @@ class CheckpointConfig:
     # Milestones: complete checkpoints whose step is a multiple of this are kept beyond
     # keep_last (for a study that needs them later); 0: none.
     keep_every_steps: int = field(default=0, metadata=limits(at_least=0, at_most=2**40))
-    async_save: bool = True  # the step only waits for the snapshot to host memory
+    async_save: bool = True  # the step only waits for the copy to host memory (DCP's staging)
     # ranks writing at the same moment, in waves
     max_concurrent_writers: int = field(default=64, metadata=limits(at_least=1))
     resume: str = field(default="auto", metadata=NON_EMPTY)  # auto | never | a checkpoint dir

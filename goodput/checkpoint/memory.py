@@ -517,32 +517,9 @@ class SnapshotStore:
             held_code = self._verdict("held", source, held_slot, choice.held, None)
         verdicts = wire.all_gather_ints([own_code, held_code], self.group)
         fetch, replicate = self._plan(step, verdicts, holders)
-        works: list[dist.Work] = []
-        for r in fetch:  # holders send their copy back to owners lacking an intact one
-            if holders[r] == self.rank:
-                assert held_slot is not None
-                works += self._post_slot("held", r, held_slot, choice.held[held_slot], TAG_FETCH)
-        if self.rank in replicate:  # owners re-send to holders lacking an intact copy
-            assert own_slot is not None and holders[self.rank] is not None
-            works += self._post_slot(
-                "own", self.rank, own_slot, choice.own[own_slot], TAG_REPLICATE, holders[self.rank]
-            )
-        failure: str | None = None
-        if self.rank in fetch:
-            holder = holders[self.rank]
-            assert holder is not None
-            own_slot = own_slot if own_slot is not None else 0
-            failure = self._receive(holder, TAG_FETCH, "own", self.rank, own_slot, step)
-        kept = held_slot if held_code == INTACT else None  # the partner copy this rank keeps
-        if source is not None and source in replicate:
-            slot = held_slot if held_slot is not None else 0
-            lost = self._receive(source, TAG_REPLICATE, "held", source, slot, step)
-            if lost is not None:
-                print_line(f"warning: re-replicating rank {source}'s snapshot failed: {lost}")
-            else:
-                kept = slot
-        for work in works:
-            work.wait()
+        failure, own_slot, kept = self._mend(
+            choice, fetch, replicate, own_slot, held_slot if held_code == INTACT else None
+        )
         # Refused while nothing is loaded yet, on every rank alike; past this point a failure
         # is an error, as a checkpoint's load is: some ranks may hold the snapshot's state.
         failures = wire.all_gather_objects(failure, self.group)
@@ -551,7 +528,6 @@ class SnapshotStore:
                 raise SnapshotRefused(
                     f"warning: refusing memory snapshots of step {step}: rank {r}: {reason}"
                 )
-        assert own_slot is not None
         wire.raise_anywhere(self._load(own_slot, contents, layout), self.group)
         self._committed_after_restore(step, own_slot, kept)
         return Restored(
@@ -560,6 +536,50 @@ class SnapshotStore:
             seconds=time.perf_counter() - start,
             source="partner" if self.rank in fetch else "snapshot",
         )
+
+    def _mend(
+        self,
+        choice: _Choice,
+        fetch: list[int],
+        replicate: list[int],
+        own_slot: int | None,
+        held_slot: int | None,
+    ) -> tuple[str | None, int, int | None]:
+        """The copies ``_plan`` asked for: holders send theirs back to the ranks in ``fetch``,
+        the ranks in ``replicate`` re-send theirs to their holders. (Why this rank's own copy
+        failed to arrive or None, the slot of its own copy, the slot of the partner copy it
+        keeps: ``held_slot``, its intact one, unless it received one.)"""
+        step, holders, source = choice.step, choice.holders, self.pairing.source
+        works: list[dist.Work] = []
+        for r in fetch:
+            if holders[r] == self.rank:
+                slot = _slot_of(choice.held, step)
+                assert slot is not None
+                works += self._post_slot("held", r, slot, choice.held[slot], TAG_FETCH)
+        if self.rank in replicate:
+            holder = holders[self.rank]
+            assert own_slot is not None and holder is not None
+            works += self._post_slot(
+                "own", self.rank, own_slot, choice.own[own_slot], TAG_REPLICATE, holder
+            )
+        failure: str | None = None
+        own_slot = own_slot if own_slot is not None else 0
+        if self.rank in fetch:
+            holder = holders[self.rank]
+            assert holder is not None
+            failure = self._receive(holder, TAG_FETCH, "own", self.rank, own_slot, step)
+        kept = held_slot
+        if source is not None and source in replicate:
+            slot = _slot_of(choice.held, step)
+            slot = slot if slot is not None else 0
+            lost = self._receive(source, TAG_REPLICATE, "held", source, slot, step)
+            if lost is not None:
+                print_line(f"warning: re-replicating rank {source}'s snapshot failed: {lost}")
+            else:
+                kept = slot
+        for work in works:
+            work.wait()
+        return failure, own_slot, kept
 
     def _verdict(
         self,

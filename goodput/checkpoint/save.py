@@ -1,4 +1,5 @@
-"""Saving: the step pays for a snapshot to host memory, a background thread pays for the disk.
+"""Saving: the step pays for a copy to host memory (DCP's staging), a background thread pays for
+the disk.
 
 When to save is decided here too (``Checkpointer.decide``): by steps, by minutes, at the last
 step, and on SIGTERM (the scheduler's walltime warning) a final synchronous save before the
@@ -21,7 +22,7 @@ Where the rank is (``goodput.beacon``): ``decide`` is the ``vote`` phase and ``s
 the writer thread's own counters when it runs in the background.
 
 One save at a time: a save asked for while the previous one is still flushing waits for it (the
-wait is counted as stall). The snapshot goes into one host copy kept for the whole run; the
+wait is counted as stall). The state is staged into one host copy kept for the whole run; the
 state dict staged there is ``Checkpointer.staged`` until the next save, the source of that
 step's memory snapshot (copied from host memory in the background, not from the device again).
 Checkpoint collectives run on their own gloo group, never the training one, so a flush in
@@ -279,7 +280,7 @@ class Checkpointer:
         self.shares: list[float] | None = None  # every rank's share of the last vote, by rank
         self.snapshot_failed_anywhere = False  # the last vote's: a memory snapshot failed
         # One host copy of the state, reused by every save (the previous flush is always over
-        # before the next snapshot): a fresh 1.3 GB allocation per save tripled the stall of a
+        # before the next staging): a fresh 1.3 GB allocation per save tripled the stall of a
         # 100M model (bench_checkpoint). Plain memory, synchronous copy: works without a GPU.
         self.stager = RecordingStager(StagingOptions(False, False, False, False))
         # The state dict the last save staged in host memory; None after a synchronous save.
@@ -315,7 +316,7 @@ class Checkpointer:
 
     def save(self, step: int, *, blocking: bool = False) -> float:
         """Save ``step`` of the registered contents; return the seconds the caller was held
-        (wait + snapshot)."""
+        (wait + staging)."""
         start = time.perf_counter()
         beacon.current().phase("checkpoint-save")
         self.wait()

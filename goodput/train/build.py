@@ -78,7 +78,6 @@ class Run:
     loop_eval: LoopEval  # evaluates nothing for lr-find
     checkpoint_choice: CheckpointChoice  # finds nothing for lr-find
     snapshots: SnapshotStore | None  # [checkpoint] memory_interval_steps; None: off, lr-find
-    run_id: str | None  # this life of the run (rundir.RUN_ID), with snapshots
     model: nn.Module | Pipeline  # the whole model, or this rank's stages and their schedule
     parts: list[nn.Module]  # the modules this rank holds (one per pipeline stage)
     optimizer: Optimizers
@@ -131,11 +130,9 @@ def build_run(
     # Chosen before the model is built, so its checksums are hashed meanwhile; a memory
     # snapshot, when the ranks have one, before any checkpoint.
     resumes = cfg.checkpoint if trains else replace(cfg.checkpoint, resume="never")
-    run_id = snapshots = None
+    snapshots = None
     if trains and cfg.checkpoint.memory_interval_steps:
-        fresh = cfg.checkpoint.resume != "auto"  # an earlier life's snapshots are not loaded
-        run_id = decided_by_rank_zero(lambda: rundir.run_id(run_dir, fresh=fresh))
-        snapshots = build_snapshots(cfg, runtime, run_id, faults)
+        snapshots = build_snapshots(cfg, runtime, faults)
     choice = CheckpointChoice(
         resumes, checkpoint_root(cfg), memory=snapshots, last_step=cfg.train.steps
     )
@@ -163,7 +160,6 @@ def build_run(
         loop_eval=loop_eval,
         checkpoint_choice=choice,
         snapshots=snapshots,
-        run_id=run_id,
         model=model,
         parts=parts,
         optimizer=optimizer,
@@ -172,15 +168,15 @@ def build_run(
     )
 
 
-def build_snapshots(
-    cfg: RunConfig, runtime: Runtime, run_id: str, faults: FaultPlan | None
-) -> SnapshotStore:
-    """Collective: the memory snapshot store of this life of the run (``run_id``), its partner
-    ranks on the next host (every rank says its host)."""
+def build_snapshots(cfg: RunConfig, runtime: Runtime, faults: FaultPlan | None) -> SnapshotStore:
+    """Collective: the memory snapshot store of this life of the run (its run id, read by rank
+    0: a new one unless ``resume = "auto"``, so an earlier life's snapshots are never loaded),
+    its partner ranks on the next host (every rank says its host)."""
+    fresh = cfg.checkpoint.resume != "auto"
     return SnapshotStore(
         cfg.checkpoint,
         root=checkpoint_root(cfg),
-        run_id=run_id,
+        run_id=decided_by_rank_zero(lambda: rundir.run_id(cfg.train.run_dir, fresh=fresh)),
         config_digest=config_digest(cfg),
         hosts=rank_hosts(runtime.rank, runtime.world_size, os.environ),
         rank=runtime.rank,
@@ -315,8 +311,8 @@ def write_run_record(run: Run, cfg: RunConfig, peak_flops: float | None, peak_so
     this life when it takes memory snapshots."""
     run_dir, loader = run.run_dir, run.loader
     write_text(run_dir / rundir.CONFIG, to_toml(cfg))
-    if run.run_id is not None:
-        rundir.write_run_id(run_dir, run.run_id)
+    if run.snapshots is not None:
+        rundir.write_run_id(run_dir, run.snapshots.run_id)
     versions = {}
     for package in RECORDED_PACKAGES:
         try:
