@@ -65,6 +65,7 @@ from types import TracebackType
 from typing import IO
 
 from goodput.errors import GoodputError, printable
+from goodput.io import NotOwnFile, open_own_file
 
 BEACON_DIR_VAR = "GOODPUT_BEACON_DIR"
 DUMP_SIGNAL = signal.SIGUSR2
@@ -569,15 +570,10 @@ def read_beacon(path: Path | str) -> BeaconState:
     """The beacon in ``path``, strictly checked; a file that is not one is a GoodputError."""
     path = Path(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as error:
-        raise _not_beacon(path, f"cannot open it ({error.strerror or error})") from None
+        fd, _ = open_own_file(path)
+    except NotOwnFile as refused:
+        raise _not_beacon(path, f"cannot open it: it {refused.reason}") from None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise _not_beacon(path, "not a regular file")
-        if info.st_uid != os.getuid():
-            raise _not_beacon(path, f"owned by uid {info.st_uid}, not this user")
         image, torn = _read_consistent(fd, path)
     finally:
         os.close(fd)

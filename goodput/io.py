@@ -180,6 +180,45 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
         raise
 
 
+class NotOwnFile(Exception):
+    """Why a path is not a regular file of this user (``reason``: one phrase, e.g. ``is a
+    symbolic link``)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def open_own_file(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+    """``path`` opened read-only, if it is a regular file of this user: its descriptor (the
+    caller closes it) and its ``fstat``; ``NotOwnFile`` otherwise. For the files other
+    processes of this user leave in a private folder (a beacon, a stack dump, a memory
+    snapshot's manifest): a link is never followed, a FIFO never blocks the open, and what was
+    opened is what is checked."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise NotOwnFile("is missing") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotOwnFile("is a symbolic link") from None
+        raise NotOwnFile(f"cannot be opened ({exc.strerror or exc})") from None
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    reason = None
+    if not stat.S_ISREG(info.st_mode):
+        reason = "is not a regular file"
+    elif info.st_uid != os.getuid():
+        reason = f"is owned by uid {info.st_uid}, not this user ({os.getuid()})"
+    if reason is not None:
+        os.close(fd)
+        raise NotOwnFile(reason)
+    return fd, info
+
+
 def require_regular(path: str | os.PathLike[str]) -> Path:
     """``path``, if it is a regular file (a link is followed); a ``GoodputError`` otherwise.
 

@@ -46,7 +46,14 @@ from torch.distributed.tensor import DTensor
 from goodput.checkpoint.load import check_train_state
 from goodput.errors import GoodputError
 from goodput.faults import HOSTNAME
-from goodput.io import json_text, json_type_name, sha256_json, write_bytes
+from goodput.io import (
+    NotOwnFile,
+    json_text,
+    json_type_name,
+    open_own_file,
+    sha256_json,
+    write_bytes,
+)
 
 MAGIC = "goodput-snapshot"
 VERSION = 1
@@ -444,24 +451,15 @@ def _bad(where: str, what: str) -> GoodputError:
 
 
 def own_file(path: Path) -> os.stat_result:
-    """``lstat`` of ``path`` if it is a regular file (not a link) of this user; a
+    """The ``fstat`` of ``path`` if it is a regular file (not a link) of this user; a
     ``GoodputError`` otherwise, a missing file too. Inside a ``ensure_private_dir`` folder
     nobody else can swap the file after this check."""
     try:
-        info = os.lstat(path)
-    except OSError as exc:
-        raise _bad_file(path, _os_error(exc)) from None
-    _check_own(path, info)
+        fd, info = open_own_file(path)
+    except NotOwnFile as refused:
+        raise _bad_file(path, refused.reason) from None
+    os.close(fd)
     return info
-
-
-def _check_own(path: Path, info: os.stat_result) -> None:
-    if stat.S_ISLNK(info.st_mode):
-        raise _bad_file(path, "is a symbolic link")
-    if not stat.S_ISREG(info.st_mode):
-        raise _bad_file(path, "is not a regular file")
-    if info.st_uid != os.getuid():
-        raise _bad_file(path, f"is owned by uid {info.st_uid}, not this user ({os.getuid()})")
 
 
 def _os_error(exc: OSError) -> str:
@@ -478,13 +476,10 @@ def read_manifest(path: Path) -> Manifest:
     """The manifest in ``path``: a regular file of this user, not a link, at most
     ``MAX_MANIFEST_BYTES``, read without following links or blocking, then ``parse_manifest``."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:  # ELOOP: a symbolic link
-        what = "is a symbolic link" if os.path.islink(path) else _os_error(exc)
-        raise _bad_file(path, what) from None
+        fd, info = open_own_file(path)
+    except NotOwnFile as refused:
+        raise _bad_file(path, refused.reason) from None
     try:
-        info = os.fstat(fd)
-        _check_own(path, info)
         if info.st_size > MAX_MANIFEST_BYTES:
             raise _bad_file(path, f"is larger than {MAX_MANIFEST_BYTES:,} bytes")
         data = _read_at_most(fd, MAX_MANIFEST_BYTES + 1, path)

@@ -39,6 +39,7 @@ from typing import Literal, NoReturn
 from goodput import beacon
 from goodput.config import from_table, limits
 from goodput.errors import GoodputError, one_line, printable
+from goodput.io import NotOwnFile, open_own_file
 from goodput.launch import launchers
 
 ProcState = Literal["running", "stopped", "disk-sleep", "gone"]
@@ -261,13 +262,10 @@ def _wait_for_stacks(directory: Path, before: Mapping[int, int], wait_s: float) 
 
 def _read_stack(path: Path, offset: int) -> str:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        fd, _ = open_own_file(path)
+    except NotOwnFile:
         return ""
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-            return ""
         return os.pread(fd, MAX_STACK_BYTES, offset).decode("utf-8", "replace")
     except OSError:
         return ""
