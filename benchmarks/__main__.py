@@ -2,9 +2,9 @@
 
 ``python -m benchmarks NAME ...`` runs only the named ones (``tokenize``, ``blend``, ``train``,
 ``checkpoint``, ``launch``, ``chaos``, ``layouts``, ``ring``, ``moe``, ``optim``, ``eval``,
-``report``, ``init``, ``snapshot``); no names: all. Figures are printed and also written to
-``bench-out/results.json`` for the README; a run of some benchmarks replaces only their entries
-there, keeping the others'.
+``report``, ``init``, ``snapshot``, ``broadcast``); no names: all. Figures are printed and also
+written to ``bench-out/results.json`` for the README; a run of some benchmarks replaces only
+their entries there, keeping the others'.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 from benchmarks import (
     bench_blend,
+    bench_broadcast,
     bench_chaos,
     bench_checkpoint,
     bench_eval,
@@ -50,6 +51,7 @@ BENCHMARKS: dict[str, Callable[[], Any]] = {
     "report": bench_report.main,
     "init": bench_init.main,
     "snapshot": bench_snapshot.main,
+    "broadcast": bench_broadcast.main,
 }
 RESULTS = Path("bench-out/results.json")
 

@@ -73,7 +73,7 @@ import torch
 import torch.nn.functional as F
 
 from goodput import beacon, rundir
-from goodput.data.blend import BlendSpec, build_blend
+from goodput.data.blend import BlendSpec, BlendStage, build_blend
 from goodput.data.loader import DataLoader
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import write_random_corpus
@@ -353,7 +353,7 @@ def main() -> dict[str, Any]:
         # The blend the trainer will find in its cache; the baseline's batches come from it.
         blend_dir, _ = build_blend(
             BlendSpec(
-                file_list=file_list,
+                stages=(BlendStage(file_list, 0),),
                 seq_len=SEQ_LEN,
                 num_samples=STEPS * BATCH,
                 seed=data.seed,

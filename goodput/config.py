@@ -13,10 +13,15 @@ limit"). A text field never holds a NUL byte, and one marked ``NON_EMPTY`` is ne
 is the one way a config states a range; cross-field checks belong in each class's
 ``__post_init__``, raising ``GoodputError``. A missing required key is named with the override
 that adds it (``[data] file_list is not set; add data.file_list=PATH ...``: ``example(...)``
-metadata says what its value is). A key that cannot take effect under its table's
+metadata says what its value is). Two keys of which exactly one is set (``data.file_list`` or
+``data.stages``) say so in ``one_of(...)`` metadata: neither and both are refused, naming both. A
+list of config classes is an array of tables (``[[data.stages]]``; ``tuple[StageConfig, ...]``),
+its entries named by index (``data.stages[1].start_step``); an override reaches into one
+by its index (``data.stages.1.start_step=50``), and an override of one key of a ``one_of`` group
+replaces the file's other (the command line wins). A key that cannot take effect under its table's
 other values is refused, naming what would enable it (``refuse_inert_keys``). ``to_toml`` writes a
-built config back out (the run directory's resolved config); ``None`` fields are left out, so
-they must default to ``None``.
+built config back out (the run directory's resolved config), an array of tables as inline
+tables; ``None`` fields are left out, so they must default to ``None``.
 
 A renamed key is listed in its class's ``RENAMED`` (old name -> new name, in the same table) and
 read for one more release under its new name, with one warning line (``read_renamed``): both
@@ -106,15 +111,26 @@ def load_config(cls: type[T], path: str | Path | None, overrides: Sequence[str] 
 
 def _command_line_wins(cls: type, raw: dict[str, Any], item: str) -> str:
     """Override ``item`` with a renamed key spelled by its new name (and the warning line); the
-    file's value under the other spelling is dropped from ``raw``, so the override wins."""
+    file's value under the other spelling is dropped from ``raw``, so the override wins. So is
+    the file's value of the other keys of its ``one_of`` group (``data.stages=[...]`` on the
+    command line replaces the file's ``data.file_list``)."""
     key, sep, value = item.partition("=")
     *parents, leaf = key.strip().split(".")
     table: Any = raw
     for part in parents:
+        if isinstance(table, list):  # an array of tables: cls is its entries' class
+            table = table[int(part)] if part.isdigit() and int(part) < len(table) else None
+            continue
         hint = typing.get_type_hints(cls).get(part) if dataclasses.is_dataclass(cls) else None
+        hint = _entry_class(hint) or hint
         if not (isinstance(hint, type) and dataclasses.is_dataclass(hint)):
             return item  # not a config table: apply_override or from_table names the error
         cls, table = hint, table.get(part) if isinstance(table, dict) else None
+    if sep and isinstance(table, dict) and dataclasses.is_dataclass(cls):
+        for field in dataclasses.fields(cls):
+            if field.name == leaf:  # the file's other key of the group gives way
+                for other in field.metadata.get("one_of", ()):
+                    table.pop(other, None)
     renamed: Mapping[str, str] = getattr(cls, "RENAMED", {})
     if not sep or not renamed:
         return item
@@ -127,6 +143,15 @@ def _command_line_wins(cls: type, raw: dict[str, Any], item: str) -> str:
             if new == leaf:
                 table.pop(old, None)
     return f"{prefix}{leaf}={value}"
+
+
+def _entry_class(hint: Any) -> type | None:
+    """The config class of an array of tables (``tuple[StageConfig, ...] | None``), else None."""
+    for option in typing.get_args(hint) or (hint,):
+        entries = typing.get_args(option)
+        if typing.get_origin(option) is tuple and entries and dataclasses.is_dataclass(entries[0]):
+            return entries[0]  # type: ignore[return-value]
+    return None
 
 
 def read_renamed(cls: type, table: dict[str, Any], where: str, prefix: str = "") -> dict[str, Any]:
@@ -175,6 +200,9 @@ def _toml_table(table: dict[str, Any], name: str) -> str:
 
 
 def _toml_value(value: Any) -> str:
+    if isinstance(value, dict):  # an entry of an array of tables: an inline table
+        items = (f"{key} = {_toml_value(item)}" for key, item in value.items() if item is not None)
+        return "{" + ", ".join(items) + "}"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -212,17 +240,33 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         parsed = {}
     # A bare word is a string; so is text that parses only with more TOML after it ("1\nx=2").
     value = parsed["v"] if parsed.keys() == {"v"} else text
-    node = raw
+    node: Any = raw
     *parents, leaf = key.strip().split(".")
     for part in parents:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
+        node = _child(node, part, key)
+        if not isinstance(node, dict | list):
             raise GoodputError.usage(
                 key,
                 f"'{part}' is a value, not a section",
                 "override a key inside a section",
             )
+    if isinstance(node, list):
+        raise GoodputError.usage(
+            key, f"'{parents[-1]}' is a list of tables", f"override a key of one: {key}.0.KEY=..."
+        )
     node[leaf] = value
+
+
+def _child(node: dict[str, Any] | list[Any], part: str, key: str) -> Any:
+    """The table ``part`` of ``node`` (made when absent), or of a list (an array of tables),
+    its entry at index ``part``."""
+    if isinstance(node, dict):
+        return node.setdefault(part, {})
+    if not (part.isdigit() and int(part) < len(node)):
+        raise GoodputError.usage(
+            key, f"'{part}' is not an index of a list of {len(node)}", "use 0, 1, ... of the list"
+        )
+    return node[int(part)]
 
 
 def from_table(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") -> T:
@@ -239,6 +283,7 @@ def from_table(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") 
             + ", ".join(sorted(fields)),
         )
     raw = _refuse_missing(fields, hints, raw, where, prefix)
+    _refuse_both(fields, raw, where, prefix)
     kwargs = {
         name: _coerce(hints[name], value, where, f"{prefix}{name}", fields[name].metadata)
         for name, value in raw.items()
@@ -266,15 +311,39 @@ def _refuse_missing(
     required value is refused here, naming the override that adds it (the field's
     ``example(...)`` metadata says what its value is)."""
     for name, field in fields.items():
-        if name in raw or not _required(field):
+        others = field.metadata.get("one_of", ())
+        if name in raw or not (_required(field) or others) or any(other in raw for other in others):
             continue
         if dataclasses.is_dataclass(hints[name]):
             raw = {**raw, name: {}}
             continue
         key = f"[{prefix.rstrip('.')}] {name}" if prefix else f"'{name}'"
-        fix = f"add {prefix}{name}={field.metadata.get('example', 'VALUE')}"
+        fix = " or ".join(
+            f"add {prefix}{each}={fields[each].metadata.get('example', 'VALUE')}"
+            for each in (name, *others)
+        )
         raise GoodputError.usage(where, f"{key} is not set", fix)
     return raw
+
+
+def _refuse_both(
+    fields: Mapping[str, dataclasses.Field[Any]], raw: dict[str, Any], where: str, prefix: str
+) -> None:
+    """Refuse two keys of one ``one_of`` group set together."""
+    for name, field in fields.items():
+        both = [other for other in field.metadata.get("one_of", ()) if other in raw]
+        if name in raw and both:
+            raise GoodputError.usage(
+                where,
+                f"'{prefix}{name}' and '{prefix}{both[0]}' are both set",
+                "set one of them, not both",
+            )
+
+
+def one_of(*others: str) -> dict[str, tuple[str, ...]]:
+    """Field metadata: exactly one of this key and ``others`` (keys of the same table, each
+    with this metadata naming the rest) is set; the field defaults to ``None``."""
+    return {"one_of": others}
 
 
 def _required(field: dataclasses.Field[Any]) -> bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from goodput import cli, rundir, runfiles
 from goodput.config import load_config
-from goodput.data.blend import BlendSpec, build_blend, format_report
+from goodput.data.blend import BlendSpec, BlendStage, build_blend, format_report
 from goodput.data.loader import DataLoader
 from goodput.errors import GoodputError
 from goodput.io import write_text
@@ -114,7 +114,7 @@ def main() -> None:
     num_samples = steps * cfg.train.tokens_per_step // seq_len
     file_list = build_shards(out)
     spec = BlendSpec(
-        file_list=file_list,
+        stages=(BlendStage(file_list, 0),),
         seq_len=seq_len,
         num_samples=num_samples,
         seed=SEED,

@@ -13,6 +13,9 @@ the in-loop evals) follows in the order measured. A float that is not finite is 
 it cannot do without (``read_steps(require=...)``), so a line that holds fewer keys than the
 trainer writes (a synthetic run's, ``testing/run_dirs.py``) reads where it has what is asked.
 
+``run.json``'s ``data.stages`` (``StageMixture``): each data-mix stage's start step, file list
+and its corpora's target and achieved shares, read by the report.
+
 ``evals.jsonl``: one object per eval metric, ``EvalLine``'s fields in order, every one of an
 evaluation's lines in one synced write.
 
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from goodput import rundir
+from goodput.config import MAX_NUMBER, read_toml
 from goodput.errors import GoodputError
 from goodput.io import json_text, read_json_lines
 
@@ -105,6 +109,8 @@ class StepRecord:
     skipped: bool = field(metadata=_kind(FLAG))  # the non-finite guard skipped the update
     skipped_steps: int = field(metadata=_kind(COUNT))  # the run's so far
     time: float = field(metadata=_kind(SECONDS))  # when it was recorded: time.time()
+    stage: int = field(metadata=_kind(COUNT))  # the data-mix stage of the step's samples, from 0
+    tokens: int = field(metadata=_kind(COUNT))  # the run's tokens trained on through this step
     # Keys of MEASURED and any other number or null, in the order measured.
     measured: Mapping[str, float | int | str | None] = field(default_factory=dict)
 
@@ -347,7 +353,94 @@ BUSY_KEYS = {
 }
 
 
-# --- both -----------------------------------------------------------------------------------
+# --- run.json's data stages -----------------------------------------------------------------
+
+MAX_STAGES = 1000  # stages of one run's record (the config admits far fewer)
+MAX_CORPORA = 10_000  # corpora of one stage
+SHARE = Kind("a number from 0 to 1", lambda v: _finite(v) and 0 <= v <= 1)
+PATH = Kind("a path", lambda v: isinstance(v, str) and 0 < len(v) <= 4096)
+STAGE_KEYS = {
+    "start_step": COUNT,
+    "file_list": PATH,
+    "corpora": Kind("a list", lambda v: isinstance(v, list)),
+}
+SHARE_KEYS = {"corpus": NAME, "target": SHARE, "achieved": SHARE, "wrapped": FLAG}
+
+
+@dataclass(frozen=True, slots=True)
+class CorpusShare:
+    """A corpus in one stage: its target share of the stage's samples, the share it got, and
+    whether the stage read some of it a second time (the corpus ran out and wrapped)."""
+
+    corpus: str
+    target: float
+    achieved: float
+    wrapped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StageMixture:
+    """One data-mix stage as ``run.json`` records it (``data.stages``, written by the trainer
+    from its blend's manifest): the step it starts after (0: the first), its file list, and
+    its corpora's shares. A run without stages records one, from step 0."""
+
+    start_step: int
+    file_list: str
+    corpora: tuple[CorpusShare, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        rows = [
+            {"corpus": c.corpus, "target": c.target, "achieved": c.achieved, "wrapped": c.wrapped}
+            for c in self.corpora
+        ]
+        return {"start_step": self.start_step, "file_list": self.file_list, "corpora": rows}
+
+
+def stage_mixtures(manifest: Mapping[str, Any], step_samples: int) -> list[StageMixture]:
+    """The stages of a built blend's manifest (``blend.json``'s ``stages`` and their reports),
+    ``step_samples`` samples to a step."""
+    return [
+        StageMixture(
+            start_step=stage["start_sample"] // step_samples,
+            file_list=str(stage["file_list"]),
+            corpora=tuple(
+                CorpusShare(row["name"], row["target"], row["achieved"], row["wrapped"])
+                for row in stage["report"]["corpora"]
+            ),
+        )
+        for stage in manifest["stages"]
+    ]
+
+
+def read_stage_mixtures(record: Any, where: str, *, fix: str = FIX) -> list[StageMixture]:
+    """``data.stages`` of a ``run.json`` object: [] when it has none (an older goodput's), or
+    a ``GoodputError`` naming ``where`` and the stage."""
+    data = record.get("data") if isinstance(record, dict) else None
+    stages = data.get("stages") if isinstance(data, dict) else None
+    if stages is None:
+        return []
+    if not isinstance(stages, list) or len(stages) > MAX_STAGES:
+        raise GoodputError(where, f"'data.stages' is not a list of at most {MAX_STAGES}", fix)
+    return [_stage(stage, f"{where}: data.stages[{i}]", fix) for i, stage in enumerate(stages)]
+
+
+def _stage(raw: Any, where: str, fix: str) -> StageMixture:
+    if not isinstance(raw, dict):
+        raise GoodputError(where, "is not an object", fix)
+    _check(raw, STAGE_KEYS, STAGE_KEYS, where, fix)
+    rows = raw["corpora"]
+    if len(rows) > MAX_CORPORA:
+        raise GoodputError(where, f"has more than {MAX_CORPORA} corpora", fix)
+    shares = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise GoodputError(f"{where}.corpora[{i}]", "is not an object", fix)
+        _check(row, SHARE_KEYS, SHARE_KEYS, f"{where}.corpora[{i}]", fix)
+        shares.append(CorpusShare(row["corpus"], row["target"], row["achieved"], row["wrapped"]))
+    return StageMixture(raw["start_step"], raw["file_list"], tuple(shares))
+
+
+# --- all ------------------------------------------------------------------------------------
 
 
 def _check(
@@ -371,3 +464,16 @@ def _shown(value: Any) -> str:
         text = json.dumps(value)
         return text if len(text) <= 60 else text[:57] + "..."
     return "an object" if isinstance(value, dict) else "an array"
+
+
+def read_tokens_per_step(config: Path) -> int:
+    """``[train] tokens_per_step`` of a run's ``config.toml``."""
+    train = read_toml(config).get("train")
+    value = train.get("tokens_per_step") if isinstance(train, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NUMBER:
+        raise GoodputError.usage(
+            config,
+            f"[train] tokens_per_step is {value!r}, not a whole number in [1, 2**53]",
+            "pass a goodput run directory: its config.toml is the resolved run config",
+        )
+    return value

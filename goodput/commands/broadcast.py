@@ -21,8 +21,13 @@ def register(groups: Subparsers) -> None:
         "source, each source serves at most --fanout copies at once, failed copies are retried. "
         "With --checkpoint RUN_DIR, copy the run's newest complete checkpoint to DEST/step-N "
         "instead (older step-N there are removed after), for [checkpoint] local_dir = DEST. "
+        "With --compress, SOURCE is read once into one zstd archive that hops host to host. "
+        "A venv is staged with the outside folders it imports from (system site-packages, "
+        ".pth folders). "
         "With --simulate, print the predicted makespan of the tree and of a star instead.",
         usage="goodput broadcast SOURCE (--hosts H,...|--hostfile FILE) --dest PATTERN [options]\n"
+        "       goodput broadcast SOURCE --compress (--hosts H,...|--hostfile FILE) "
+        "--dest PATTERN [options]\n"
         "       goodput broadcast --checkpoint RUN_DIR (--hosts H,...|--hostfile FILE) "
         "--dest PATTERN [options]\n"
         "       goodput broadcast --simulate --nhosts N --copy-seconds T [--fanout K]",
@@ -42,7 +47,14 @@ def register(groups: Subparsers) -> None:
         help="the node-local path; {host} is replaced by the host name (needed for local)",
     )
     sub.add_argument(
-        "--transport", default="rsync", help="local, rsync or tar (over ssh; default rsync)"
+        "--transport",
+        help="local, rsync or tar (over ssh; default rsync, or tar with --compress)",
+    )
+    sub.add_argument(
+        "--compress",
+        action="store_true",
+        help="read SOURCE once into one tar.zst archive in $TMPDIR and send that host to host; "
+        "each host unpacks it once (tar over ssh)",
     )
     sub.add_argument(
         "--ssh-config",
@@ -111,6 +123,13 @@ def _simulate(args: argparse.Namespace) -> ExitCode:
 def _copy_checkpoint(args: argparse.Namespace) -> ExitCode:
     from goodput.launch import broadcast, checkpoint_copy, transports
 
+    if args.compress:
+        raise GoodputError.usage(
+            "broadcast --checkpoint",
+            "takes no --compress: a checkpoint's shards are already dense and each host "
+            "copies only the newest step",
+            "drop --compress",
+        )
     if args.source is not None or args.dest is None:
         raise GoodputError.usage(
             "broadcast --checkpoint",
@@ -124,7 +143,7 @@ def _copy_checkpoint(args: argparse.Namespace) -> ExitCode:
         args.checkpoint,
         hosts,
         args.dest,
-        lambda dest: transports.make_transport(args.transport, dest, args.ssh_config),
+        lambda dest: transports.make_transport(args.transport or "rsync", dest, args.ssh_config),
         fanout=args.fanout,
         retries=args.retries,
         min_success=args.min_success,
@@ -148,16 +167,29 @@ def _copy(args: argparse.Namespace) -> ExitCode:
     result = broadcast.broadcast(
         args.source,
         hosts,
-        transport=transports.make_transport(args.transport, args.dest, args.ssh_config),
+        transport=transports.make_transport(
+            args.transport or ("tar" if args.compress else "rsync"),
+            args.dest,
+            args.ssh_config,
+            compress=args.compress,
+        ),
         fanout=args.fanout,
         retries=args.retries,
         min_success=args.min_success,
         progress=_progress,
     )
     by_origin = sum(copy.source == broadcast.ORIGIN for copy in result.copies)
+    archive = result.archive
+    read_once = (
+        f"; source read once: {archive.source_bytes_read:,} bytes, "
+        f"archive {archive.archive_bytes:,} bytes"
+        if archive is not None
+        else ""
+    )
     print(
         f"broadcast: {len(result.succeeded)} of {len(hosts)} hosts in {result.makespan_s:.1f} s "
         f"({by_origin} copies from the origin)"
+        + read_once
         + (f"; failed: {', '.join(result.failed)}" if result.failed else "")
     )
     return ExitCode.OK  # below --min-success, broadcast() raised

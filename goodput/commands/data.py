@@ -7,10 +7,14 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from goodput import argtypes
 from goodput.commands import Subparsers, add_command
 from goodput.errors import ExitCode
+
+if TYPE_CHECKING:
+    from goodput.data.stages import BlendStage
 
 
 def register(groups: Subparsers) -> None:
@@ -105,7 +109,26 @@ def register(groups: Subparsers) -> None:
         "build the weighted, deterministic blend index from a file list "
         "of 'weight path-prefix corpus' lines and print the mixture report",
     )
-    sub.add_argument("file_list", type=Path)
+    sub.add_argument(
+        "file_list", type=Path, help="stage 0's file list (the whole blend's without --stage)"
+    )
+    sub.add_argument(
+        "--stage",
+        type=_stage,
+        action="append",
+        default=[],
+        metavar="START_SAMPLE:FILE_LIST",
+        help="a data-mix stage from global sample START_SAMPLE on, mixed as FILE_LIST says; "
+        "repeat for stages 1, 2, ... in order of their starts",
+    )
+    sub.add_argument(
+        "--step-samples",
+        type=argtypes.positive_int,
+        default=1,
+        metavar="N",
+        help="samples per training step (the global batch): every stage starts on a step "
+        "(default 1)",
+    )
     sub.add_argument("--seq-len", type=argtypes.positive_int, required=True)
     sub.add_argument(
         "--num-samples",
@@ -222,11 +245,11 @@ def _inspect(args: argparse.Namespace) -> ExitCode:
 
 
 def _blend(args: argparse.Namespace) -> ExitCode:
-    from goodput.data.blend import BlendSpec, build_blend, format_report
+    from goodput.data.blend import BlendSpec, BlendStage, build_blend, format_report
     from goodput.io import print_json
 
     spec = BlendSpec(
-        file_list=args.file_list,
+        stages=(BlendStage(args.file_list, 0), *args.stage),
         seq_len=args.seq_len,
         num_samples=args.num_samples,
         seed=args.seed,
@@ -234,6 +257,7 @@ def _blend(args: argparse.Namespace) -> ExitCode:
         holdout_samples=args.holdout_samples,
         on_exhausted=args.on_exhausted,
         report_batch_size=args.report_batch_size,
+        step_samples=args.step_samples,
     )
     directory, manifest = build_blend(spec)
     if args.json:
@@ -241,6 +265,22 @@ def _blend(args: argparse.Namespace) -> ExitCode:
     else:
         print(format_report(directory, manifest))
     return ExitCode.OK
+
+
+def _stage(text: str) -> BlendStage:
+    """``START_SAMPLE:FILE_LIST`` of ``--stage``: a whole number >= 1 and a path (checked to
+    exist with the schedule, ``stages.check_stages``, so that a line of the docs parses
+    anywhere)."""
+    from goodput.data.stages import BlendStage
+
+    start, separator, file_list = text.partition(":")
+    if not separator or not file_list:
+        raise argparse.ArgumentTypeError(f"{text!r} is not START_SAMPLE:FILE_LIST")
+    try:
+        start_sample = argtypes.integer(1)(start)
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: START_SAMPLE {error}") from None
+    return BlendStage(Path(file_list), start_sample)
 
 
 def _verify(args: argparse.Namespace) -> ExitCode:

@@ -1,7 +1,9 @@
-"""Blend by weight: a file list of ``weight path-prefix corpus`` lines -> a memory-mapped index.
+"""Blend by weight: file lists of ``weight path-prefix corpus`` lines -> a memory-mapped index.
 
-The file list is parsed by ``file_list``. Three levels, each cached by what it depends on and
-nothing more:
+A blend is one or more data-mix stages (``stages``): each a file list, from a global sample on;
+a plain blend is one stage from sample 0. The file lists are read by ``sources`` (one set of
+shards across stages), the stages interleaved by ``stages``, the mixture reported by
+``mixture``. Three levels, each cached by what it depends on and nothing more:
 
 * **file** (``files/<sha256>-seed<S>/``): the file's documents in a seeded order and their
   start offsets in that order's token stream. Sample ``s`` of the file is tokens
@@ -16,9 +18,9 @@ nothing more:
   and saved as ``heldout_NNNN.npy``: the in-loop eval's held-out set, never a training sample.
   Samples are windows of the shuffled document stream, so a held-out window shares its edge
   documents (and one token) with its training neighbours; whole documents are not held out.
-* **blend** (``build_blend_index``): for every global sample, its corpus and its running number
-  in that corpus, interleaved so that every prefix — hence every global batch — is within one
-  sample of ``weight × n`` for each corpus.
+* **blend** (``stages.interleave_stages``): for every global sample, its corpus and its running
+  number in that corpus (carried across stages), each stage interleaved so that every prefix of
+  it — hence every global batch — is within one sample of ``weight × n`` for each corpus.
 
 A blend directory ``blends/<fingerprint>/`` is built in a temp directory and renamed into place
 with ``.complete`` inside, so readers never see half an index; ``blend.json`` in it is the run
@@ -37,7 +39,6 @@ checksum) are refused, naming both lines.
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import re
 import shutil
@@ -50,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from goodput import __version__
-from goodput.data.file_list import FileListEntry, corpus_weights, listed_twice, parse_file_list
+from goodput.data.file_list import FileListEntry, parse_file_list
 from goodput.data.index_files import (
     SHARD_INDEX_SHA256,
     IndexFile,
@@ -61,26 +62,27 @@ from goodput.data.index_files import (
     save_array,
     shard_index_files,
 )
-from goodput.data.interleave import (
-    MAX_SAMPLES,
-    build_blend_index,
-    max_batch_deviation,
-)
-from goodput.data.manifest import (
-    ShardIndex,
-    fingerprint,
-    git_sha,
-    open_blend,
-    shard_samples,
-)
+from goodput.data.interleave import MAX_SAMPLES, build_blend_index
+from goodput.data.manifest import corpus_names, fingerprint, git_sha, open_blend
+from goodput.data.mixture import format_report, mixture_reports
 from goodput.data.schema import RUN_FORMAT
-from goodput.data.shards import ShardReader, bin_path, idx_path
+from goodput.data.shards import ShardReader
+from goodput.data.sources import StageSource, blend_entries, describe_shards, read_stages
+from goodput.data.stages import BlendStage, check_stages, interleave_stages
 from goodput.errors import GoodputError
 from goodput.io import fsync_dir, is_complete, sha256_file, write_json, write_marker
 from goodput.outputs import DATA_DIR, check_output_dir
 from goodput.progress import Progress
 
-__all__ = ["build_blend_index", "parse_file_list", "BlendSpec", "build_blend", "FileListEntry"]
+__all__ = [
+    "build_blend_index",
+    "parse_file_list",
+    "BlendSpec",
+    "BlendStage",
+    "build_blend",
+    "format_report",
+    "FileListEntry",
+]
 
 ON_EXHAUSTED = ("repeat", "error")
 MAX_HELDOUT = 1 << 20  # held-out samples per corpus: an eval set, not a second corpus
@@ -89,7 +91,7 @@ HELDOUT_STREAM = 1 << 62  # the held-out draw's seed word, beyond any epoch numb
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BlendSpec:
-    file_list: Path
+    stages: tuple[BlendStage, ...]  # a plain blend: (BlendStage(file_list, 0),)
     seq_len: int
     num_samples: int
     seed: int
@@ -97,14 +99,49 @@ class BlendSpec:
     on_exhausted: str = "repeat"
     report_batch_size: int = 256
     holdout_samples: int = 0  # per corpus, left out of training for evaluation
+    step_samples: int = 1  # the global batch: a stage starts on a step's first sample
 
 
 def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
     """Build (or find in the cache) the blend of ``spec``; return its directory and manifest."""
-    if min(spec.seq_len, spec.num_samples, spec.report_batch_size) < 1:
+    _check_spec(spec)
+    check_output_dir(spec.cache, DATA_DIR, "--cache")
+    sources = read_stages(spec.stages)
+    shards, tokenizer = describe_shards(blend_entries(sources), spec.seq_len)
+    pinned: dict[str, Any] = {
+        "format": RUN_FORMAT,
+        "tokenizer": tokenizer,
+        "shards": shards,
+        "weights": sources[0].weights,
+        "seed": spec.seed,
+        "seq_len": spec.seq_len,
+        "num_samples": spec.num_samples,
+        "on_exhausted": spec.on_exhausted,
+    }
+    if spec.holdout_samples:  # absent when 0: a blend without one keeps its fingerprint
+        pinned["holdout_samples"] = spec.holdout_samples
+    pinned["stages"] = [_stage_record(source) for source in sources]
+    blend_fingerprint, components = fingerprint(pinned)
+    final = blend_dir(spec.cache, blend_fingerprint)
+    if is_complete(final):
+        print(f"blend: cached at {final}", file=sys.stderr)
+        _build_file_indices(shards, spec)  # only those deleted since: they rebuild identical
+        return final, cached_manifest(final, spec.report_batch_size)
+    manifest = {
+        **pinned,
+        "fingerprint": blend_fingerprint,
+        "components": components,
+        "goodput_version": __version__,
+        "git_sha": git_sha(),
+    }
+    return final, _build_into(final, manifest, spec)
+
+
+def _check_spec(spec: BlendSpec) -> None:
+    if min(spec.seq_len, spec.num_samples, spec.report_batch_size, spec.step_samples) < 1:
         raise GoodputError.usage(
             "blend",
-            "--seq-len, --num-samples and --report-batch-size must be positive",
+            "--seq-len, --num-samples, --report-batch-size and --step-samples must be positive",
             "pass positive values",
         )
     if spec.on_exhausted not in ON_EXHAUSTED:
@@ -123,94 +160,17 @@ def build_blend(spec: BlendSpec) -> tuple[Path, dict[str, Any]]:
             f"{spec.holdout_samples:,} is not in [0, {MAX_HELDOUT:,}]",
             "hold out fewer samples per corpus",
         )
-    check_output_dir(spec.cache, DATA_DIR, "--cache")
-    entries = parse_file_list(spec.file_list)
-    weights = corpus_weights(entries, spec.file_list)
-    shards, tokenizer = _describe_shards(entries, spec)
-    pinned: dict[str, Any] = {
-        "format": RUN_FORMAT,
-        "tokenizer": tokenizer,
-        "shards": shards,
-        "weights": weights,
-        "seed": spec.seed,
-        "seq_len": spec.seq_len,
-        "num_samples": spec.num_samples,
-        "on_exhausted": spec.on_exhausted,
-    }
-    if spec.holdout_samples:  # absent when 0: a blend without one keeps its fingerprint
-        pinned["holdout_samples"] = spec.holdout_samples
-    blend_fingerprint, components = fingerprint(pinned)
-    final = blend_dir(spec.cache, blend_fingerprint)
-    if is_complete(final):
-        print(f"blend: cached at {final}", file=sys.stderr)
-        _build_file_indices(shards, spec)  # only those deleted since: they rebuild identical
-        return final, cached_manifest(final, spec.report_batch_size)
-    manifest = {
-        **pinned,
-        "fingerprint": blend_fingerprint,
-        "components": components,
-        "goodput_version": __version__,
-        "git_sha": git_sha(),
-    }
-    return final, _build_into(final, manifest, spec)
+    check_stages(spec.stages, spec.num_samples, spec.step_samples)
 
 
-def _describe_shards(entries: list[FileListEntry], spec: BlendSpec) -> tuple[list[dict], Any]:
-    """Checksums and sample counts of every listed shard; one tokenizer across all of them."""
-    shards, tokenizers = [], {}
-    by_checksum: dict[str, FileListEntry] = {}
-    index = ShardIndex()
-    for entry in entries:
-        where = f"{spec.file_list}:{entry.line}"
-        reader = ShardReader(entry.prefix)  # validates the .idx/.bin pair
-        found = index.find(entry.prefix)
-        if found is None:  # a shard from Megatron or datatrove: hash it ourselves
-            print(f"blend: {entry.prefix} has no goodput manifest; hashing it", file=sys.stderr)
-            sha_bin, sha_idx = (
-                sha256_file(bin_path(entry.prefix)),
-                sha256_file(idx_path(entry.prefix)),
-            )
-            tokenizer, packed = None, None
-        else:
-            dataset, shard = found
-            if shard["num_tokens"] != reader.num_tokens:
-                raise GoodputError(
-                    bin_path(entry.prefix),
-                    "token count differs from its manifest",
-                    "run `goodput data inspect` on it; re-tokenize",
-                )
-            sha_bin, sha_idx = shard["sha256_bin"], shard["sha256_idx"]
-            tokenizer, packed = dataset["tokenizer"], dataset.get("pack_seq_len")
-        first = by_checksum.setdefault(sha_bin, entry)
-        if first is not entry:
-            raise listed_twice(spec.file_list, first, entry, "a byte-identical copy of")
-        if packed is not None and packed != spec.seq_len:
-            raise GoodputError(
-                where,
-                f"shard is packed for seq_len {packed}, the blend asks for {spec.seq_len}",
-                f"pass --seq-len {packed} or re-tokenize",
-            )
-        if tokenizer is not None:
-            tokenizers[tokenizer["sha256"], tokenizer["library"]] = (where, tokenizer)
-        shard = {
-            "prefix": str(entry.prefix),
-            "corpus": entry.corpus,
-            "sha256_bin": sha_bin,
-            "sha256_idx": sha_idx,
-            "packed": bool(packed),
-            "num_tokens": reader.num_tokens,
-            "num_documents": len(reader),
-        }
-        shards.append({**shard, "num_samples": shard_samples(shard, spec.seq_len)})
-    if len(tokenizers) > 1:
-        (where_a, _), (where_b, _) = list(tokenizers.values())[:2]
-        raise GoodputError(
-            where_b,
-            f"tokenized with a different tokenizer than {where_a}",
-            "blend only shards made with one tokenizer",
-        )
-    tokenizer = next(iter(tokenizers.values()))[1] if tokenizers else None
-    return shards, tokenizer
+def _stage_record(source: StageSource) -> dict[str, Any]:
+    """What ``blend.json`` records of a stage before its report is added."""
+    return {
+        "start_sample": source.stage.start_sample,
+        "file_list": str(source.stage.file_list),
+        "file_list_sha256": source.sha256,
+        "weights": source.weights,
+    }
 
 
 def _build_into(final: Path, pinned: dict[str, Any], spec: BlendSpec) -> dict[str, Any]:
@@ -220,28 +180,26 @@ def _build_into(final: Path, pinned: dict[str, Any], spec: BlendSpec) -> dict[st
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         _build_file_indices(pinned["shards"], spec)
-        weights = np.array([w for _, w in pinned["weights"]])
-        corpus_index, sample_index = build_blend_index(weights, spec.num_samples)
-        report = _mixture_report(pinned, corpus_index, spec.report_batch_size)
+        corpus_index, sample_index = interleave_stages(
+            _stage_weights(pinned), [stage.start_sample for stage in spec.stages], spec.num_samples
+        )
+        report, stage_reports = mixture_reports(pinned, corpus_index, spec.report_batch_size)
         rows = report["corpora"]
         heldouts = [
             heldout_samples(row["corpus"], row["available"], row["heldout"], spec.seed)
             for row in rows
         ]
-        _refuse_exhausted(report, spec)
+        _refuse_exhausted(stage_reports, report, spec)
+        _print_wraps(stage_reports, spec)
         save_array(tmp / "corpus_index.npy", corpus_index)
         save_array(tmp / "sample_index.npy", sample_index)
-        total = sum(row["samples"] for row in rows)
-        with Progress("blend: corpus orders", total=total, unit="samples") as progress:
-            for c, (row, heldout) in enumerate(zip(rows, heldouts, strict=True)):
-                order = corpus_order(
-                    row["corpus"], row["available"], row["samples"], spec.seed, heldout
-                )
-                save_array(tmp / corpus_order_name(c), order)
-                if len(heldout):
-                    save_array(tmp / heldout_name(c), heldout)
-                progress.advance(row["samples"])
-        manifest = {**pinned, "report": report}
+        del corpus_index, sample_index  # saved: the corpus orders below need the memory
+        _save_corpus_orders(tmp, rows, heldouts, spec.seed)
+        stages = [
+            {**stage, "report": stage_report}
+            for stage, stage_report in zip(pinned["stages"], stage_reports, strict=True)
+        ]
+        manifest = {**pinned, "report": report, "stages": stages}
         files = index_files(tmp, manifest)
         manifest["index_sha256"] = {key: sha256_file(file.path) for key, file in files.items()}
         write_json(tmp / "blend.json", manifest)
@@ -257,6 +215,47 @@ def _build_into(final: Path, pinned: dict[str, Any], spec: BlendSpec) -> dict[st
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+def _stage_weights(pinned: dict[str, Any]) -> np.ndarray:
+    """``[stage, corpus]`` weights over the blend's corpora (0 where a stage omits one)."""
+    number = {name: c for c, name in enumerate(corpus_names(pinned))}
+    weights = np.zeros((len(pinned["stages"]), len(number)))
+    for k, stage in enumerate(pinned["stages"]):
+        for name, weight in stage["weights"]:
+            weights[k, number[name]] = weight
+    return weights
+
+
+def _save_corpus_orders(
+    directory: Path, rows: list[dict[str, Any]], heldouts: list[np.ndarray], seed: int
+) -> None:
+    total = sum(row["samples"] for row in rows)
+    with Progress("blend: corpus orders", total=total, unit="samples") as progress:
+        for c, (row, heldout) in enumerate(zip(rows, heldouts, strict=True)):
+            order = corpus_order(row["corpus"], row["available"], row["samples"], seed, heldout)
+            save_array(directory / corpus_order_name(c), order)
+            if len(heldout):
+                save_array(directory / heldout_name(c), heldout)
+            progress.advance(row["samples"])
+
+
+def _print_wraps(stage_reports: list[dict[str, Any]], spec: BlendSpec) -> None:
+    """One line on stderr for the stage where a corpus is first read past its first epoch,
+    when the blend has stages (a plain blend's report says REPEATED)."""
+    if len(spec.stages) < 2:
+        return
+    wrapped: set[str] = set()
+    for k, report in enumerate(stage_reports):
+        for row in report["corpora"]:
+            if row["wrapped"] and row["name"] not in wrapped:
+                wrapped.add(row["name"])
+                print(
+                    f"blend: corpus '{row['name']}' wraps in stage {k} "
+                    f"({spec.stages[k].file_list}): read whole, it repeats in a fresh shuffle "
+                    f"({row['epochs']:.2f} epochs by the stage's end)",
+                    file=sys.stderr,
+                )
 
 
 def _build_file_indices(shards: list[dict[str, Any]], spec: BlendSpec) -> None:
@@ -368,77 +367,27 @@ def cached_manifest(directory: Path, batch_size: int) -> dict[str, Any]:
     redone when asked for another batch size."""
     manifest, arrays = open_blend(directory)
     if manifest["report"]["batch_size"] != batch_size:
-        manifest["report"] = _mixture_report(manifest, arrays["corpus_index.npy"], batch_size)
+        report, stage_reports = mixture_reports(manifest, arrays["corpus_index.npy"], batch_size)
+        manifest["report"] = report
+        for stage, stage_report in zip(manifest["stages"], stage_reports, strict=True):
+            stage["report"] = stage_report
     return manifest
 
 
-def _mixture_report(
-    manifest: dict[str, Any], corpus_index: np.ndarray, batch_size: int
-) -> dict[str, Any]:
-    """Per corpus: target and achieved share, worst aligned-batch deviation, epochs."""
-    names = [name for name, _ in manifest["weights"]]
-    weights = np.array([w for _, w in manifest["weights"]])
-    deviation = max_batch_deviation(corpus_index, weights, batch_size)
-    needed = np.bincount(corpus_index, minlength=len(names))
-    heldout = manifest.get("holdout_samples", 0)
-    rows = []
-    for c, name in enumerate(names):
-        files = [s for s in manifest["shards"] if s["corpus"] == name]
-        available = sum(s["num_samples"] for s in files)
-        trainable = available - heldout
-        rows.append(
-            {
-                "corpus": name,
-                "target": float(weights[c]),
-                "achieved": float(needed[c] / len(corpus_index)),
-                "worst_batch_deviation": float(deviation[c]),
-                "samples": int(needed[c]),
-                "available": int(available),
-                "heldout": heldout,
-                "epochs": float(needed[c] / trainable) if trainable > 0 else math.inf,
-                "files": len(files),
-            }
-        )
-    return {"batch_size": batch_size, "corpora": rows}
-
-
-def _refuse_exhausted(report: dict[str, Any], spec: BlendSpec) -> None:
-    for row in report["corpora"]:
-        if row["epochs"] > 1 and spec.on_exhausted == "error":
-            raise GoodputError(
-                spec.file_list,
-                f"corpus '{row['corpus']}' needs {row['samples']:,} samples but holds "
-                f"{row['available']:,} ({row['epochs']:.2f} epochs)",
-                "lower its weight or --num-samples, add data, or pass --on-exhausted repeat",
-            )
-
-
-def format_report(blend_dir: Path, manifest: dict[str, Any]) -> str:
-    """The mixture report as a table, with a loud line for every repeated corpus."""
-    report = manifest["report"]
-    lines = [
-        f"blend {blend_dir}",
-        f"  {manifest['num_samples']:,} samples of {manifest['seq_len'] + 1} tokens, "
-        f"seed {manifest['seed']}, fingerprint {manifest['fingerprint'][:16]}"
-        + (
-            f", {manifest['holdout_samples']:,} held out per corpus"
-            if "holdout_samples" in manifest
-            else ""
-        ),
-        f"  {'corpus':<20} {'target':>8} {'achieved':>9} "
-        f"{'worst dev/batch':>16} {'epochs':>8} {'files':>6}",
-        f"  {'':<20} {'':>8} {'':>9} {'(B=' + str(report['batch_size']) + ')':>16}",
-    ]
-    for row in report["corpora"]:
-        lines.append(
-            f"  {row['corpus']:<20} {row['target']:>8.4f} {row['achieved']:>9.4f} "
-            f"{row['worst_batch_deviation']:>16.2f} {row['epochs']:>8.3f} "
-            f"{row['files']:>6}"
-        )
-    for row in report["corpora"]:
-        if row["epochs"] > 1:
-            lines.append(
-                f"WARNING: corpus '{row['corpus']}' is REPEATED: {row['epochs']:.2f} "
-                f"epochs ({row['samples']:,} samples from {row['available']:,})"
-            )
-    return "\n".join(lines)
+def _refuse_exhausted(
+    stage_reports: list[dict[str, Any]], report: dict[str, Any], spec: BlendSpec
+) -> None:
+    """With ``on_exhausted = "error"``, refuse a corpus read past its first epoch, naming the
+    file list of the stage that does."""
+    if spec.on_exhausted != "error":
+        return
+    available = {row["corpus"]: row["available"] for row in report["corpora"]}
+    for stage, stage_report in zip(spec.stages, stage_reports, strict=True):
+        for row in stage_report["corpora"]:
+            if row["wrapped"]:
+                raise GoodputError(
+                    stage.file_list,
+                    f"corpus '{row['name']}' needs {row['first_sample'] + row['samples']:,} "
+                    f"samples but holds {available[row['name']]:,} ({row['epochs']:.2f} epochs)",
+                    "lower its weight or --num-samples, add data, or pass --on-exhausted repeat",
+                )

@@ -80,8 +80,27 @@ def build_blend_index(weights: WeightsLike, num_samples: int) -> tuple[np.ndarra
     ``sample_index[i]``-th sample drawn from corpus ``corpus_index[i]``).
     """
     normalised = normalise_weights(weights)
-    corpus_index, sample_index, _ = _run(_EDF, normalised, _check_num_samples(num_samples))
+    corpus_index, sample_index = _outputs(_check_num_samples(num_samples))
+    _run(_EDF, normalised, corpus_index, sample_index)
     return corpus_index, sample_index
+
+
+def interleave_into(weights: WeightsLike, corpus_out: np.ndarray, sample_out: np.ndarray) -> None:
+    """``build_blend_index`` written into ``corpus_out`` (int16) and ``sample_out`` (int64),
+    contiguous arrays of one length: a slice of a longer index (a stage's span,
+    ``goodput.data.stages``) is filled in place, with no second copy of it in memory."""
+    if not (
+        corpus_out.dtype == np.int16
+        and sample_out.dtype == np.int64
+        and corpus_out.shape == sample_out.shape == (corpus_out.size,)
+        and corpus_out.flags.c_contiguous
+        and sample_out.flags.c_contiguous
+        and corpus_out.flags.writeable
+        and sample_out.flags.writeable
+    ):
+        raise ValueError("interleave_into needs writable contiguous int16/int64 1-D outputs")
+    _check_num_samples(corpus_out.size)
+    _run(_EDF, normalise_weights(weights), corpus_out, sample_out)
 
 
 def greedy_blend_index(weights: WeightsLike, num_samples: int) -> tuple[np.ndarray, np.ndarray]:
@@ -90,18 +109,23 @@ def greedy_blend_index(weights: WeightsLike, num_samples: int) -> tuple[np.ndarr
     Same arguments and return as ``build_blend_index``; no per-prefix bound is promised.
     """
     normalised = normalise_weights(weights)
-    corpus_index, sample_index, _ = _run(_GREEDY, normalised, _check_num_samples(num_samples))
+    corpus_index, sample_index = _outputs(_check_num_samples(num_samples))
+    _run(_GREEDY, normalised, corpus_index, sample_index)
     return corpus_index, sample_index
 
 
 def max_batch_deviation(
-    corpus_index: np.ndarray, weights: WeightsLike, batch_size: int
+    corpus_index: np.ndarray,
+    weights: WeightsLike,
+    batch_size: int,
+    lookup: np.ndarray | None = None,
 ) -> np.ndarray:
     """Per corpus, the worst ``|count in batch - w * batch_size|`` over aligned full batches.
 
     Batches are ``[k * batch_size, (k + 1) * batch_size)``; a trailing partial batch is left out
     (all zeros if there is no full batch). Counts a bounded chunk of batches at a time, so memory
-    stays small at any length.
+    stays small at any length. ``lookup`` maps the ids in ``corpus_index`` to positions in
+    ``weights`` (a stage's corpora among a blend's, ``goodput.data.stages``), -1 for none.
     """
     normalised = normalise_weights(weights)
     batch_size = operator.index(batch_size)
@@ -116,6 +140,8 @@ def max_batch_deviation(
     for first in range(0, num_batches, batches_per_chunk):
         count = min(batches_per_chunk, num_batches - first)
         chunk = corpus_index[first * batch_size : (first + count) * batch_size]
+        if lookup is not None:
+            chunk = lookup[chunk]
         if chunk.min() < 0 or chunk.max() >= num_corpora:
             raise ValueError(f"corpus_index has ids outside [0, {num_corpora}) for these weights")
         # One bincount over (batch, corpus) cells counts every batch of the chunk at once.
@@ -134,20 +160,25 @@ def _check_num_samples(num_samples: int) -> int:
     return count
 
 
-def _run(symbol: str, weights: np.ndarray, num_samples: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Calls one C interleave on checked weights; the int is its status (EDF: fallback slots)."""
-    corpus_index = np.empty(num_samples, dtype=np.int16)
-    sample_index = np.empty(num_samples, dtype=np.int64)
+def _outputs(num_samples: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.empty(num_samples, dtype=np.int16), np.empty(num_samples, dtype=np.int64)
+
+
+def _run(
+    symbol: str, weights: np.ndarray, corpus_index: np.ndarray, sample_index: np.ndarray
+) -> int:
+    """Calls one C interleave on checked weights into checked outputs; returns its status
+    (EDF: fallback slots)."""
     status = getattr(_library(), symbol)(
         weights.ctypes.data,
         weights.size,
-        num_samples,
+        corpus_index.size,
         corpus_index.ctypes.data,
         sample_index.ctypes.data,
     )
     if status < 0:
         raise MemoryError(f"{symbol}: could not allocate scratch for {weights.size} corpora")
-    return corpus_index, sample_index, int(status)
+    return int(status)
 
 
 @functools.cache

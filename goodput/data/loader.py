@@ -10,10 +10,12 @@ At open the loader refuses a blend whose manifest was edited, whose index arrays
 one's dtype, length and — unless the caller has just checked them — sha256 against
 ``blend.json``: ``manifest.open_blend``) or whose shards
 no longer match it, and — when resuming — one whose fingerprint differs from the checkpoint's,
-naming the components that changed. The one change it accepts is a longer run (``num_samples``
-alone changed) whose blend starts with the very samples the checkpoint consumed: the loader
-state records their digest (``prefix``, see ``goodput.data.prefix``), and the resume hashes the
-same prefix of the new blend. The shards themselves are checked by size only, so start-up stays
+naming the components that changed. The changes it accepts are a longer run (``num_samples``)
+and data-mix stages that start at or after the checkpoint's consumed samples (appended, changed
+or removed), provided the blend starts with the very samples the checkpoint consumed: the
+loader state records their digest (``prefix``, see ``goodput.data.prefix``) and the stages'
+starts, and the resume hashes the same prefix of the new blend. A change to a stage that has
+started is refused naming it. The shards themselves are checked by size only, so start-up stays
 cheap at any scale; ``goodput data verify`` re-hashes them too.
 """
 
@@ -28,9 +30,10 @@ import torch
 
 from goodput.data import schema
 from goodput.data.index_files import corpus_order_name, file_index_key, heldout_name
-from goodput.data.manifest import changed_components, open_blend
+from goodput.data.manifest import changed_components, corpus_names, open_blend
 from goodput.data.prefix import PrefixDigest
 from goodput.data.shards import ShardReader
+from goodput.data.stages import stage_of_sample
 from goodput.errors import GoodputError
 
 CHECKPOINT_STATE = "checkpoint data state"  # where a bad field is
@@ -46,8 +49,9 @@ class BlendedSamples:
         self.seq_len: int = self.manifest["seq_len"]
         self.corpus_index = arrays["corpus_index.npy"]
         self.sample_index = arrays["sample_index.npy"]
-        names = [name for name, _ in self.manifest["weights"]]
+        names = corpus_names(self.manifest)
         self.corpus_names: list[str] = names
+        self.stage_starts: list[int] = [s["start_sample"] for s in self.manifest["stages"]]
         self.corpus_orders = [arrays[corpus_order_name(c)] for c in range(len(names))]
         self.heldout_numbers = [
             _heldout_numbers(self.directory, arrays, c, row["available"])
@@ -65,6 +69,10 @@ class BlendedSamples:
 
     def __len__(self) -> int:
         return len(self.corpus_index)
+
+    def stage_of_sample(self, i: int) -> int:
+        """The data-mix stage global sample ``i`` belongs to (0 in a blend of one stage)."""
+        return stage_of_sample(self.stage_starts, i)
 
     def __getitem__(self, i: int) -> np.ndarray:
         corpus = int(self.corpus_index[i])
@@ -201,15 +209,19 @@ class DataLoader:
             "fingerprint": manifest["fingerprint"],
             "components": dict(manifest["components"]),
             "prefix": self._prefix.record(self.consumed_samples),
+            "stage_starts": list(self.samples.stage_starts),
         }
 
     def load_state_dict(self, state: dict[str, Any], *, allow_data_change: bool = False) -> None:
         """Resume at a global sample count; refuse different data unless explicitly allowed,
-        or unless this blend only lengthens the checkpoint's (same first samples)."""
+        or unless this blend differs from the checkpoint's only in its length and in stages not
+        yet started (same first samples)."""
         schema.check(CHECKPOINT_STATE, state, schema.LOADER_STATE)
         prefix = state.get("prefix")  # absent from checkpoints of older goodput versions
         if prefix is not None:
             schema.check(CHECKPOINT_STATE, prefix, schema.PREFIX_RECORD, "prefix")
+        if "stage_starts" in state:  # absent from checkpoints of goodput before stages
+            schema.check(CHECKPOINT_STATE, state["stage_starts"], [schema.COUNT], "stage_starts")
         consumed = int(state["consumed_samples"])
         # Hashed afresh unless carried on: after an allowed change it describes this blend.
         self._prefix = PrefixDigest(self.samples.identities)
@@ -217,18 +229,24 @@ class DataLoader:
             if prefix is not None:
                 self._prefix.resume(consumed, prefix["chain"])
         elif not allow_data_change:
-            self._check_lengthened(state, prefix)
+            self._check_unstarted_change(state, prefix)
         self.consumed_samples = consumed
 
-    def _check_lengthened(self, state: dict[str, Any], prefix: dict[str, str] | None) -> None:
-        """Refuse, naming what changed, unless only the run's length did and this blend's first
-        ``consumed_samples`` samples are those the checkpoint consumed."""
-        changed = changed_components(state["components"], self.samples.manifest["components"])
+    def _check_unstarted_change(self, state: dict[str, Any], prefix: dict[str, str] | None) -> None:
+        """Refuse, naming what changed, unless only the run's length and stages starting at or
+        after ``consumed_samples`` did, and this blend's first ``consumed_samples`` samples are
+        those the checkpoint consumed."""
         consumed = int(state["consumed_samples"])
-        differs = f"data fingerprint differs from the checkpoint's ({', '.join(changed)} changed)"
+        blend_json = self.samples.directory / "blend.json"
         fix = "resume with the blend the run started with, or allow the change explicitly"
-        if changed != ["num_samples"]:
-            raise GoodputError.usage(self.samples.directory / "blend.json", differs, fix)
+        changed = changed_components(state["components"], self.samples.manifest["components"])
+        started = self._started_changes(changed, state.get("stage_starts", []), consumed)
+        differs = f"data fingerprint differs from the checkpoint's ({', '.join(changed)} changed)"
+        if any(name != "num_samples" and not name.startswith("stage ") for name in changed):
+            raise GoodputError.usage(blend_json, differs, fix)  # stage 0, read from sample 0
+        if started:
+            restore = "restore that stage as it was, or resume with allow_data_change"
+            raise GoodputError.usage(blend_json, f"{differs}: {started}", restore)
         if prefix is None:
             why = "the checkpoint, saved by an older goodput, records no digest of its samples"
         elif consumed > len(self.samples):
@@ -238,4 +256,26 @@ class DataLoader:
             why = f"this blend's first {consumed:,} samples are not those the checkpoint consumed"
         else:
             return
-        raise GoodputError.usage(self.samples.directory / "blend.json", f"{differs}: {why}", fix)
+        raise GoodputError.usage(blend_json, f"{differs}: {why}", fix)
+
+    def _started_changes(self, changed: list[str], old_starts: list[int], consumed: int) -> str:
+        """Why the changed ``stage k`` components touch data already read ("" when they do
+        not): a stage that had started by ``consumed`` in the checkpoint's blend or starts
+        before it in this one."""
+        stages = self.samples.manifest["stages"]
+        for name in changed:
+            if not name.startswith("stage "):
+                continue
+            k = int(name.split()[1])
+            starts = [self.samples.stage_starts[k]] if k < len(stages) else []
+            if k < len(old_starts):
+                starts.append(old_starts[k])
+            if not starts:  # removed, and the checkpoint says not where it began: assume read
+                starts.append(0)
+            if min(starts) < consumed:
+                what = f"file list {stages[k]['file_list']}" if k < len(stages) else "removed"
+                return (
+                    f"stage {k} ({what}) started at sample {min(starts):,} and the checkpoint "
+                    f"has consumed {consumed:,}; only a stage not yet started may change"
+                )
+        return ""

@@ -6,7 +6,11 @@ manifest* (``blend.json`` in a blend directory) pins what a training run reads: 
 identity, every shard's checksum, corpus weights, seed, seq_len, num_samples, plus the goodput
 version and git SHA that built it. Its fingerprint is a hash of per-component hashes
 (``components``), so a mismatch can name *what* changed, not only that something did. The
-version and git SHA are recorded but not fingerprinted: they do not change the data; so is
+version and git SHA are recorded but not fingerprinted: they do not change the data. A blend
+of several data-mix stages (``stages``) records each (``stages``: start, file list and its
+sha256, weights, report); its components are stage 0's, as a plain blend's, plus ``stage k``
+for each later stage, and a blend built before stages reads as one stage. Not fingerprinted
+either is
 ``index_sha256``, the checksum of every index array the blend reads (see ``index_files``), which
 ``verify_run`` re-hashes.
 
@@ -28,6 +32,7 @@ from goodput.data import schema
 from goodput.data.index_files import index_problems, open_index, rebuild_fix
 from goodput.data.interleave import MAX_CORPORA
 from goodput.data.shards import bin_path, idx_path
+from goodput.data.stages import MAX_STAGES
 from goodput.errors import GoodputError
 from goodput.io import is_complete, sha256_json
 
@@ -70,27 +75,33 @@ def read_run_manifest(path: Path) -> dict[str, Any]:
             rebuild_fix(path.parent),
         )
     schema.check(path, manifest, schema.RUN_MANIFEST)
+    if "stages" not in manifest:
+        manifest["stages"] = _legacy_stages(manifest)
+    schema.check(path, manifest["stages"], [schema.STAGE], "stages")
+    if manifest["stages"]:  # stage 0's weights are the fingerprinted ones; its copy is a note
+        manifest["stages"][0]["weights"] = manifest["weights"]
     _check_consistent(path, manifest)
     return manifest
 
 
 def _check_consistent(path: Path, manifest: dict[str, Any]) -> None:
-    """Corpora, shards and report of a run manifest agree: what the loader relies on."""
-    names = [name for name, _ in manifest["weights"]]
+    """Corpora, shards, report and stages of a run manifest agree: what the loader relies on."""
+    names = corpus_names(manifest)
+    weighed = {name for stage in manifest["stages"] for name, _ in stage["weights"]}
     rows = manifest["report"]["corpora"]
-    if not 1 <= len(names) <= MAX_CORPORA or len(set(names)) != len(names):
-        raise _inconsistent(path, "weights must name 1 or more corpora, each once")
-    if [row["corpus"] for row in rows] != names:
-        raise _inconsistent(path, "the report's corpora are not the weights' corpora")
-    if sum(row["samples"] for row in rows) != manifest["num_samples"]:
-        raise _inconsistent(path, "the report's samples do not add up to num_samples")
+    if not 1 <= len(names) <= MAX_CORPORA:
+        raise _inconsistent(path, "the shards must name 1 or more corpora")
     available = dict.fromkeys(names, 0)
     for i, shard in enumerate(manifest["shards"]):
-        if shard["corpus"] not in available:
+        if shard["corpus"] not in weighed:
             raise _inconsistent(path, f"shards[{i}] is of corpus {shard['corpus']!r}, unweighted")
         if shard["num_samples"] != shard_samples(shard, manifest["seq_len"]):
             raise _inconsistent(path, f"shards[{i}].num_samples does not follow from its counts")
         available[shard["corpus"]] += shard["num_samples"]
+    if [row["corpus"] for row in rows] != names:
+        raise _inconsistent(path, "the report's corpora are not the weights' corpora")
+    if sum(row["samples"] for row in rows) != manifest["num_samples"]:
+        raise _inconsistent(path, "the report's samples do not add up to num_samples")
     if [row["available"] for row in rows] != list(available.values()):
         raise _inconsistent(path, "the report's available samples are not the shards' sum")
     if "holdout_samples" in manifest:
@@ -98,6 +109,63 @@ def _check_consistent(path: Path, manifest: dict[str, Any]) -> None:
         held = manifest["holdout_samples"]
         if any(row.get("heldout") != held or row["available"] <= held for row in rows):
             raise _inconsistent(path, "the report's held-out samples are not holdout_samples")
+    _check_stages_consistent(path, manifest, names)
+
+
+def _check_stages_consistent(path: Path, manifest: dict[str, Any], names: list[str]) -> None:
+    """Stage 0 starts at sample 0; starts increase inside the run; every
+    stage weighs corpora of the blend, each once, and every corpus is weighed by some stage."""
+    stages = manifest["stages"]
+    starts = [stage["start_sample"] for stage in stages]
+    if not 1 <= len(stages) <= MAX_STAGES or starts[0] != 0:
+        raise _inconsistent(path, f"stages must be 1 to {MAX_STAGES}, the first at sample 0")
+    if starts != sorted(set(starts)) or starts[-1] >= manifest["num_samples"]:
+        raise _inconsistent(path, "stage starts must increase and stay below num_samples")
+    weighed: set[str] = set()
+    for k, stage in enumerate(stages):
+        stage_names = [name for name, _ in stage["weights"]]
+        if len(set(stage_names)) != len(stage_names) or not set(stage_names) <= set(names):
+            raise _inconsistent(path, f"stages[{k}].weights must name corpora of the shards once")
+        if [row["name"] for row in stage["report"]["corpora"]] != stage_names:
+            raise _inconsistent(path, f"stages[{k}].report names other corpora than its weights")
+        weighed.update(stage_names)
+    if names[: len(manifest["weights"])] != [name for name, _ in manifest["weights"]]:
+        raise _inconsistent(path, "stage 0's corpora must come first in the shards")
+    if weighed != set(names):
+        raise _inconsistent(path, "a corpus of the shards has no weight in any stage")
+
+
+def corpus_names(manifest: dict[str, Any]) -> list[str]:
+    """The blend's corpora, numbered as its index numbers them: in order of first appearance
+    in its shards (stage 0's first, then those each later stage adds)."""
+    return list(dict.fromkeys(shard["corpus"] for shard in manifest["shards"]))
+
+
+def _legacy_stages(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The one stage of a blend built before stages were recorded: what its report says."""
+    rows = [
+        {
+            "name": row["corpus"],
+            "target": row["target"],
+            "achieved": row["achieved"],
+            "worst_batch_deviation": row["worst_batch_deviation"],
+            "samples": row["samples"],
+            "first_sample": 0,
+            "epochs": row["epochs"],
+            "wrapped": row["epochs"] > 1,
+        }
+        for row in manifest["report"]["corpora"]
+    ]
+    report = {"batch_size": manifest["report"]["batch_size"], "corpora": rows}
+    return [
+        {
+            "start_sample": 0,
+            "file_list": "(not recorded: built before stages)",
+            "file_list_sha256": None,
+            "weights": manifest["weights"],
+            "report": report,
+        }
+    ]
 
 
 def shard_samples(shard: dict[str, Any], seq_len: int) -> int:
@@ -159,20 +227,37 @@ def check_shard(prefix: Path, sha256_bin: str, sha256_idx: str) -> list[str]:
 
 
 def fingerprint(pinned: dict[str, Any]) -> tuple[str, dict[str, str]]:
-    """(fingerprint, per-component hashes) of the fingerprinted fields of a run manifest."""
+    """(fingerprint, per-component hashes) of the fingerprinted fields of a run manifest.
+
+    The components of stage 0 are those of a blend without stages (its ``shards`` are those of
+    stage 0's corpora), so a one-stage blend keeps its fingerprint; each later stage ``k`` adds
+    a component ``stage k``: its start, weights and shards."""
     keys = [*FINGERPRINTED, *(key for key in FINGERPRINTED_IF_SET if key in pinned)]
-    components = {key: sha256_json(_content(key, pinned[key]))[:16] for key in keys}
+    components = {key: sha256_json(_content(key, pinned[key], pinned))[:16] for key in keys}
+    for k, stage in enumerate(pinned.get("stages", [])[1:], start=1):
+        content = {
+            "start_sample": stage["start_sample"],
+            "weights": stage["weights"],
+            "shards": _shard_content(pinned["shards"], stage["weights"]),
+        }
+        components[f"stage {k}"] = sha256_json(content)[:16]
     return sha256_json(components), components
 
 
-def _content(key: str, value: Any) -> Any:
+def _content(key: str, value: Any, pinned: dict[str, Any]) -> Any:
     """What identifies a component's content: moving the data or the tokenizer file changes
     paths, not the fingerprint."""
     if key == "shards":
-        return [[s["corpus"], s["sha256_bin"], s["sha256_idx"]] for s in value]
+        return _shard_content(value, pinned["weights"])
     if key == "tokenizer" and value:
         return [value["sha256"], value["library"]]
     return value
+
+
+def _shard_content(shards: list[dict[str, Any]], weights: list[list[Any]]) -> list[list[str]]:
+    """The shards of the corpora ``weights`` names, by corpus and checksums."""
+    names = {name for name, _ in weights}
+    return [[s["corpus"], s["sha256_bin"], s["sha256_idx"]] for s in shards if s["corpus"] in names]
 
 
 def changed_components(expected: dict[str, str], actual: dict[str, str]) -> list[str]:

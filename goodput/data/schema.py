@@ -116,6 +116,25 @@ REPORT_ROW = {
     "epochs": NUMBER,
     "files": COUNT,
 }
+STAGE_ROW = {
+    "name": TEXT,
+    "target": NUMBER,
+    "achieved": NUMBER,
+    "worst_batch_deviation": NUMBER,
+    "samples": COUNT,
+    "first_sample": COUNT,
+    "epochs": NUMBER,
+    "wrapped": BOOL,
+}
+# One entry of a run manifest's "stages" (``goodput.data.stages``); a blend built before stages
+# has none, and reads as one stage (``manifest.read_run_manifest``).
+STAGE = {
+    "start_sample": COUNT,
+    "file_list": TEXT,
+    "file_list_sha256": Nullable(SHA256),
+    "weights": [pair(TEXT, SHARE)],
+    "report": {"batch_size": POSITIVE, "corpora": [STAGE_ROW]},
+}
 LOADER_STATE = {"consumed_samples": COUNT, "fingerprint": TEXT, "components": {}}
 # The loader state's "prefix" (``goodput.data.prefix``); older checkpoints have none.
 PREFIX_RECORD = {"chain": SHA256, "sha256": SHA256}

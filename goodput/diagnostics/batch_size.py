@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from goodput import rundir, runfiles
-from goodput.config import MAX_NUMBER, read_toml
+from goodput.config import MAX_NUMBER
 from goodput.errors import ExitCode, GoodputError
 
 NUM_WINDOWS = 8
@@ -173,25 +173,12 @@ def report(run_dir: Path) -> BatchSizeReport:
     """Read ``run_dir``'s config and metrics; the report, or a one-line ``GoodputError``."""
     if not run_dir.is_dir():
         raise GoodputError.usage(run_dir, "is not a folder", "pass a run directory (train.run_dir)")
-    global_batch = read_global_batch(run_dir / rundir.CONFIG)
+    global_batch = runfiles.read_tokens_per_step(run_dir / rundir.CONFIG)
     metrics = run_dir / rundir.METRICS
     estimates = read_estimates(metrics)
     if not estimates.by_step:
         raise no_estimate_error(metrics, estimates)
     return summarise(estimates, global_batch)
-
-
-def read_global_batch(config: Path) -> int:
-    """``[train] tokens_per_step`` of a run's ``config.toml``."""
-    train = read_toml(config).get("train")
-    value = train.get("tokens_per_step") if isinstance(train, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NUMBER:
-        raise GoodputError.usage(
-            config,
-            f"[train] tokens_per_step is {value!r}, not a whole number in [1, 2**53]",
-            "pass a goodput run directory: its config.toml is the resolved run config",
-        )
-    return value
 
 
 def read_estimates(path: Path) -> Estimates:

@@ -133,12 +133,10 @@ def lr_find(
     """Run the ramp on this rank; the result on rank 0 (which wrote it to the run directory),
     None on the others. ``progress``: called on rank 0 about every tenth of the steps."""
     lrs = ramp(settings.min_lr, settings.max_lr, settings.num_steps)
-    # The blend is sized by train.steps: exactly the ramp's; the optimizer starts at its first LR.
-    cfg = replace(
-        cfg,
-        train=replace(cfg.train, steps=settings.num_steps),
-        schedule=replace(cfg.schedule, lr=lrs[0]),
-    )
+    # The blend is sized by train.steps: exactly the ramp's (with the data-mix stages that start
+    # within it); the optimizer starts at its first LR.
+    cfg = cfg.shortened(settings.num_steps)
+    cfg = replace(cfg, schedule=replace(cfg.schedule, lr=lrs[0]))
     owns_process_group = not dist.is_initialized()
     runtime = setup_torch(seed=cfg.train.seed)
     try:

@@ -17,7 +17,8 @@ the children's environment (its rank variables and its allocation): the ranks ar
 machine's. Each rank runs one intra-op thread, so results do not depend on the machine's core
 count and the gate does not crawl when CI shares its cores. Overrides: the step count, the run
 directory and checkpoint folder (both throw-away), no checkpoint saved or resumed, no
-TensorBoard.
+TensorBoard; a config of data-mix stages keeps those that start before the smoke's last step
+(``stage_overrides``, said in a line), since a stage after the run's end is refused.
 
 What is compared, in the baseline's layout:
 
@@ -260,11 +261,17 @@ def comparable_config(config: Path, overrides: Sequence[str], num_steps: int, np
     """The config as the smoke runs it, as TOML, with the paths that only mean something on the
     recording machine replaced: two runs of the same recipe on two machines compare equal. A
     layout the trainer would refuse on ``nproc`` ranks is refused here, before anything runs."""
-    cfg = load_config(RunConfig, config, [*overrides, *_smoke_overrides(num_steps, "scratch")])
+    smoke_overrides = _smoke_overrides(num_steps, "scratch")
+    smoke_overrides += stage_overrides(config, overrides, num_steps)[0]
+    cfg = load_config(RunConfig, config, [*overrides, *smoke_overrides])
     check_world(cfg, nproc, nproc)  # local ranks: one host
     local = NOT_COMPARED
     train = replace(cfg.train, run_dir=local)
-    data = replace(cfg.data, file_list=local, cache=local)
+    if cfg.data.stages is None:
+        data = replace(cfg.data, file_list=local, cache=local)
+    else:
+        stages = tuple(replace(stage, file_list=local) for stage in cfg.data.stages)
+        data = replace(cfg.data, stages=stages, cache=local)
     checkpoint = replace(cfg.checkpoint, folder=local, local_dir=None)
     return to_toml(replace(cfg, train=train, data=data, checkpoint=checkpoint))
 
@@ -273,10 +280,13 @@ def run_smoke(config: Path, overrides: Sequence[str], num_steps: int, nproc: int
     """``goodput launch --nproc nproc`` of ``goodput train`` of ``config`` for ``num_steps``
     on this machine; its record."""
     config_text = comparable_config(config, overrides, num_steps, nproc)  # a bad one fails here
+    kept, note = stage_overrides(config, overrides, num_steps)
+    if note:
+        print(note, flush=True)
     with tempfile.TemporaryDirectory(prefix="goodput-smoke-") as scratch:
         run_dir = Path(scratch) / "run"
         train = [sys.executable, "-m", "goodput", "train", str(config.absolute()), *overrides]
-        train += _smoke_overrides(num_steps, scratch)
+        train += [*_smoke_overrides(num_steps, scratch), *kept]
         # The generic profile: no site's environment variables in the ranks' numbers.
         launch = ["--nproc", str(nproc), "--profile", "generic"]
         launch += ["--run-dir", str(Path(scratch) / "launch")]
@@ -321,8 +331,12 @@ def _smoke_overrides(num_steps: int, scratch: str) -> list[str]:
     """The smoke's own settings: its step count, everything written under ``scratch``, no
     checkpoint saved (by steps, time or SIGTERM) or resumed, no memory snapshot, no
     TensorBoard."""
+    return [f"train.steps={num_steps}", *_scratch_overrides(scratch)]
+
+
+def _scratch_overrides(scratch: str) -> list[str]:
+    """The smoke's settings but its step count (``_smoke_overrides``)."""
     return [
-        f"train.steps={num_steps}",
         f"train.run_dir={json.dumps(str(Path(scratch) / 'run'))}",
         "train.tensorboard=false",
         f"checkpoint.folder={json.dumps(str(Path(scratch) / 'checkpoints'))}",
@@ -332,6 +346,40 @@ def _smoke_overrides(num_steps: int, scratch: str) -> list[str]:
         "checkpoint.save_on_sigterm=false",
         "checkpoint.memory_interval_steps=0",
     ]
+
+
+def stage_overrides(
+    config: Path, overrides: Sequence[str], num_steps: int
+) -> tuple[list[str], str | None]:
+    """The override that keeps the config's data-mix stages that start before the smoke's
+    ``num_steps`` (a later one could never start, and the trainer refuses it), with the line
+    that says which stages were left out; nothing when every stage is kept."""
+    # The run as the smoke runs it, but of its own length.
+    cfg = load_config(RunConfig, config, [*overrides, *_scratch_overrides("scratch")])
+    if cfg.data.stages is None:
+        return [], None
+    short = cfg.shortened(num_steps)
+    assert short.data.stages is not None
+    kept, starts = short.data.stages, cfg.stage_steps()
+    if len(kept) == len(starts):
+        return [], None
+    if short.schedule.decay_start != cfg.schedule.decay_start:
+        raise GoodputError.usage(
+            config,
+            f"schedule.decay_start {cfg.schedule.decay_start!r} names a stage that starts after "
+            f"the smoke's {num_steps} steps: its run would differ from the config's",
+            f"pass --steps above {cfg.schedule.decay_start_step(starts)}, or tie the decay to "
+            "an earlier stage",
+        )
+    tables = ", ".join(
+        f"{{file_list = {json.dumps(stage.file_list)}, start_step = {stage.start_step}}}"
+        for stage in kept
+    )
+    note = (
+        f"smoke: {num_steps} steps keep the first {len(kept)} of the config's {len(starts)} "
+        f"data-mix stages; the others start after step {starts[len(kept)]} or later"
+    )
+    return [f"data.stages=[{tables}]"], note
 
 
 def _child_environment() -> dict[str, str]:

@@ -22,7 +22,12 @@ one string). A copy refused that way is not retried: the next try would find the
 A virtual environment names its own absolute path (in ``bin/activate*``, ``pyvenv.cfg`` and the
 shebang lines of ``bin/*``): the local transport rewrites each copy; for the remote ones, which
 copy bytes as they are, ``broadcast`` first makes one prepared copy (rewritten) on this machine
-and sends that, so a venv goes to one node-local path on every host. Hosts done are shown as
+and sends that, so a venv goes to one node-local path on every host. A venv that imports from
+outside itself (system site-packages, ``.pth`` folders) is staged with those folders
+(``layers``): the prepared copy holds them, so the copies import from their own disk. With the
+archive transport (``--compress``), the origin serves one tar.zst file instead
+(``archive.write_archive``: the source read once, in one pass, into ``$TMPDIR``), which the
+hosts forward as it is and drop when the broadcast is over. Hosts done are shown as
 they finish (``goodput.progress``: a bar on a terminal, periodic lines on stderr otherwise).
 Standard library only, and rich for that bar; nothing here imports torch.
 """
@@ -45,8 +50,10 @@ from pathlib import Path, PurePosixPath
 
 from goodput.errors import GoodputError
 from goodput.io import json_text, special_entries
+from goodput.launch.archive import ArchiveStats, require_zstd, write_archive
 from goodput.launch.env import MAX_HOSTS, check_host, read_hostfile
-from goodput.launch.transports import Transport, fix_venv_prefix, is_venv
+from goodput.launch.layers import LAYERS_DIR, VenvLayers, plan_layers
+from goodput.launch.transports import ArchiveTransport, Transport, fix_venv_prefix, is_venv
 from goodput.progress import Progress
 
 ORIGIN = "(origin)"  # not a valid host name, so it never collides with one
@@ -68,6 +75,7 @@ class BroadcastResult:
     failed: dict[str, str] = field(default_factory=dict)  # host -> the last attempt's reason
     makespan_s: float = 0.0
     copies: list[Copy] = field(default_factory=list)  # successful copies only
+    archive: ArchiveStats | None = None  # --compress: the one archive, and the source read
 
 
 def _one_line(exc: BaseException) -> str:
@@ -123,28 +131,92 @@ def _check_outside(source: Path, paths: set[str]) -> None:
 
 
 @contextlib.contextmanager
-def _origin(source: Path, hosts: Sequence[str], transport: Transport) -> Iterator[Path]:
-    """The folder the origin serves: ``source``, or a prepared copy of a venv pointed at its
-    destination when the transport copies bytes as they are (removed afterwards)."""
+def _origin(
+    source: Path,
+    hosts: Sequence[str],
+    transport: Transport,
+    staging: VenvLayers | None,
+    result: BroadcastResult,
+) -> Iterator[Path]:
+    """What the origin serves: ``source`` itself; or, in a scratch folder under ``$TMPDIR``
+    (removed afterwards), the one archive ``--compress`` sends, or a prepared copy of a venv
+    (its layers added, and pointed at its destination when the transport copies bytes as they
+    are). Either is made by reading the source once."""
     old = str(source.absolute())
     paths = {transport.path(host) for host in hosts}
-    if transport.rewrites_venv_prefix or not is_venv(source) or paths <= {old}:
+    layered = staging is not None and bool(staging.layers or staging.replaced)
+    archived = isinstance(transport, ArchiveTransport)
+    venv = is_venv(source)
+    needs_prefix = venv and not transport.rewrites_venv_prefix and not paths <= {old}
+    if not (archived or layered or needs_prefix):
         yield source
         return
-    if len(paths) > 1:  # one prepared copy has one prefix, and hosts copy it on as it is
+    if venv and not transport.rewrites_venv_prefix and len(paths) > 1:
+        # One prepared copy has one prefix, and hosts copy it on as it is.
         raise GoodputError.usage(
             "--dest",
             f"a venv must go to one path on every host, not {len(paths)} ({{host}} in --dest)",
             "drop {host} from --dest, or use the local transport",
         )
+    if archived:
+        require_zstd()
     scratch = Path(tempfile.mkdtemp(prefix="goodput-broadcast-"))
     try:
-        prepared = scratch / source.name
-        shutil.copytree(source, prepared, symlinks=True, ignore=special_entries)
-        fix_venv_prefix(prepared, old=old, new=paths.pop())
-        yield prepared
+        new = str(scratch / source.name) if transport.rewrites_venv_prefix else paths.pop()
+        prefix = (old, new) if venv and new != old else None
+        if archived:
+            archive = scratch / f"{source.name}.tar.zst"
+            result.archive = write_archive(source, archive, staging=staging, prefix=prefix)
+            yield archive
+        else:
+            yield _prepared_copy(source, scratch / source.name, staging, prefix)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _prepared_copy(
+    source: Path, prepared: Path, staging: VenvLayers | None, prefix: tuple[str, str] | None
+) -> Path:
+    """``source`` copied to ``prepared`` with its layers, replaced files and new prefix."""
+    shutil.copytree(source, prepared, symlinks=True, ignore=special_entries)
+    if staging is not None:
+        for layer in staging.layers:
+            shutil.copytree(
+                layer.source,
+                prepared / LAYERS_DIR / layer.name,
+                symlinks=True,
+                ignore=special_entries,
+            )
+        for name, data in staging.replaced.items():
+            (prepared / name).unlink(missing_ok=True)  # a link must not steer the write
+            (prepared / name).write_bytes(data)
+    if prefix is not None:
+        fix_venv_prefix(prepared, old=prefix[0], new=prefix[1])
+    return prepared
+
+
+def _remove_archives(
+    transport: ArchiveTransport, hosts: Sequence[str], progress: Callable[[str], None]
+) -> None:
+    """Drop each host's copy of the archive, now that no host serves another."""
+    with ThreadPoolExecutor(max_workers=max(1, min(len(hosts), MAX_THREADS))) as pool:
+        futures = {pool.submit(transport.remove_archive, host): host for host in hosts}
+        for future, host in futures.items():
+            if (error := future.exception()) is not None:
+                path = transport.archive_path(host)
+                progress(f"broadcast: {host}: {path} not removed ({_one_line(error)})")
+
+
+def _staging(source: Path, progress: Callable[[str], None]) -> VenvLayers | None:
+    """A venv's layers (``layers.plan_layers``), its notes shown; None for another folder."""
+    if not is_venv(source):
+        return None
+    staging = plan_layers(source)
+    for layer in staging.layers:
+        progress(f"broadcast: staging {layer.source} ({layer.why}) in the copy")
+    for note in staging.notes:
+        progress(f"broadcast: note: {note}")
+    return staging
 
 
 def broadcast(
@@ -164,6 +236,7 @@ def broadcast(
     Raises ``GoodputError`` naming the failed hosts when fewer than ``min_success`` succeeded.
     """
     needed = _check_args(source, hosts, transport, fanout, retries, min_success)
+    staging = _staging(source, progress)
     # What each copy's marker file says it is a copy of.
     marker = json_text(
         {"source": os.path.realpath(source), "from": socket.gethostname()},
@@ -198,7 +271,7 @@ def broadcast(
         )
 
     with (
-        _origin(source, hosts, transport) as origin,
+        _origin(source, hosts, transport, staging, result) as origin,
         ThreadPoolExecutor(max_workers=max(1, min(len(hosts), MAX_THREADS))) as pool,
         Progress("broadcast", total=len(hosts), unit="hosts") as hosts_done,
     ):
@@ -230,6 +303,8 @@ def broadcast(
                 else:
                     progress(f"broadcast: {host} failed {num_failures[host]} times: {reason}")
                     result.failed[host] = reason
+        if isinstance(transport, ArchiveTransport):
+            _remove_archives(transport, result.succeeded, progress)
     result.makespan_s = time.monotonic() - began
     if len(result.succeeded) < needed:
         listed = [f"{host} ({reason})" for host, reason in list(result.failed.items())[:10]]

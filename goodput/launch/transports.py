@@ -4,7 +4,10 @@ Transports (``TRANSPORTS``, keyed by the CLI ``--transport`` kind) carry out one
   - local: host H's node-local path is ``dest`` with ``{host}`` replaced, on this machine (tests,
     and a demonstration of the tree without a cluster);
   - rsync: ``rsync -a --delete`` over ssh, pushed by the source host;
-  - tar: ``tar -c | ssh DST tar -x``, run on the source host.
+  - tar: ``tar -c | ssh DST tar -x``, run on the source host;
+  - tar with ``compress`` (``ArchiveTransport``): one tar.zst archive written once on this
+    machine (``archive``), sent as it is, ``cat ARCHIVE | ssh DST 'tee | zstd -d | tar -x'``;
+    each host keeps the archive beside its copy (``ARCHIVE_SUFFIX``) to serve the next hosts.
 The remote transports pass ``-F SSH_CONFIG`` to every ssh they start, the ssh a source host runs
 to reach the next host included, so that file must sit at the same path on every host.
 Invariants: ``dest`` is absolute and normalized for every transport (no ``..``, not ``/``) and
@@ -12,7 +15,8 @@ Invariants: ``dest`` is absolute and normalized for every transport (no ``..``, 
 lands under a temp sibling (``.partial``) and is renamed onto its final path only when complete,
 with a ``MARKER`` file inside naming its source; an existing final path is replaced only when
 it carries that marker (a copy goodput made), anything else there is refused and left as it
-is. So a transport deletes only its own partial copies and its own earlier copies. Local
+is. So a transport deletes only its own partial copies and its own earlier copies (and, with
+``compress``, the archive at its own path beside its copy). Local
 commands are argv lists and every remote argument is ``shlex.quote``d (ssh hands the remote
 shell one string). ``fix_venv_prefix`` points a copied virtual environment at its new path.
 Standard library only.
@@ -39,6 +43,7 @@ from goodput.launch.env import check_host
 COMMAND_TIMEOUT_S = 3600.0
 MARKER = ".goodput-broadcast"  # in every finished copy: its source, as one line of JSON
 REFUSED = "goodput-broadcast-refused:"  # what the remote guard prints before exit 3
+ARCHIVE_SUFFIX = ".goodput.tar.zst"  # beside a host's copy, while it serves others (--compress)
 
 
 class Transport(Protocol):
@@ -195,10 +200,12 @@ class RemoteTransport:
         """Run ``argv`` on ``host``: ssh joins its arguments into one line, so quote each."""
         return [*self.ssh, host, shlex.join(argv)]
 
-    def guarded(self, dst_host: str, then: str, *args: str) -> list[str]:
-        """``sh -c GUARD; then`` for ``dst_host``'s final path ($1) and partial copy ($2)."""
+    def guarded(self, dst_host: str, then: str, *args: str, shell: str = "sh") -> list[str]:
+        """``sh -c GUARD; then`` for ``dst_host``'s final path ($1) and partial copy ($2);
+        ``shell="bash"`` runs it with pipefail, for a pipeline whose every part must succeed."""
         final = self.path(dst_host)
-        return ["sh", "-c", f"{GUARD}\n{then}", "sh", final, f"{final}.partial", *args]
+        argv = ["sh", "-c"] if shell == "sh" else ["bash", "-o", "pipefail", "-c"]
+        return [*argv, f"{GUARD}\n{then}", "sh", final, f"{final}.partial", *args]
 
     def _publish(self, dst_host: str, marker: str) -> list[list[str]]:
         """Mark the finished temp copy and rename it onto the final path, on ``dst_host``."""
@@ -243,6 +250,39 @@ class TarTransport(RemoteTransport):
         return [stream, self._publish(dst_host, marker)]
 
 
+class ArchiveTransport(RemoteTransport):
+    """``--compress``: ``origin`` is one tar + zstd file (``archive.write_archive``), sent as it
+    is. A host keeps its copy of the archive beside its final path (``archive_path``) and serves
+    the next hosts from that, so no host packs or compresses anything; each unpacks once, while
+    the archive arrives. ``remove_archive`` drops a host's archive when the broadcast is over."""
+
+    def archive_path(self, host: str) -> str:
+        return self.path(host) + ARCHIVE_SUFFIX
+
+    def commands(
+        self, origin: Path, src_host: str | None, dst_host: str, marker: str
+    ) -> list[list[list[str]]]:
+        # $3: this host's archive. A failed unpack leaves neither a partial copy nor an archive.
+        unpack = (
+            'rm -rf -- "$2" && rm -f -- "$3" && mkdir -p -- "$2" && '
+            '{ tee -- "$3" | zstd -dcq | tar -C "$2" -xf - ; } '
+            '|| { status=$?; rm -rf -- "$2" "$3"; exit "$status"; }'
+        )
+        archive = self.archive_path(dst_host)
+        receive = self.on(dst_host, *self.guarded(dst_host, unpack, archive, shell="bash"))
+        if src_host is None:
+            stream = [["cat", "--", str(origin.absolute())], receive]
+        else:
+            send = shlex.join(["cat", "--", self.archive_path(src_host)])
+            line = f"{send} | {shlex.join(receive)}"
+            stream = [self.on(src_host, "bash", "-o", "pipefail", "-c", line)]
+        return [stream, self._publish(dst_host, marker)]
+
+    def remove_archive(self, host: str) -> None:
+        remove = self.on(host, "rm", "-f", "--", self.archive_path(host))
+        _run_pipeline([remove], refused=not_goodputs_copy(self.archive_path(host)))
+
+
 TRANSPORTS: dict[str, Callable[[str, Path | None], Transport]] = {
     "local": LocalTransport,
     "rsync": RsyncTransport,
@@ -250,7 +290,18 @@ TRANSPORTS: dict[str, Callable[[str, Path | None], Transport]] = {
 }
 
 
-def make_transport(kind: str, dest: str, ssh_config: Path | None = None) -> Transport:
+def make_transport(
+    kind: str, dest: str, ssh_config: Path | None = None, *, compress: bool = False
+) -> Transport:
+    """The transport of ``kind``; ``compress``: the tar one's archive form."""
+    if compress and kind != "tar":
+        raise GoodputError.usage(
+            "--compress",
+            f"sends one tar.zst archive host to host, which the {kind} transport does not",
+            "use --transport tar (the default with --compress)",
+        )
+    if compress:
+        return ArchiveTransport(dest, ssh_config)
     if kind not in TRANSPORTS:
         raise GoodputError.usage(
             "--transport",
@@ -315,29 +366,48 @@ def is_venv(folder: Path) -> bool:
     return (folder / "pyvenv.cfg").is_file() and (folder / "bin" / "activate").is_file()
 
 
+def venv_file_fixer(old: str, new: str) -> Callable[[str, bytes], bytes]:
+    """``fix(relative_path, data)``: a venv file's bytes pointed from ``old`` to ``new``:
+    ``pyvenv.cfg`` and ``bin/activate*`` throughout, the shebang line of another ``bin/*``
+    script; any other file as it is. ``may_change`` says which paths to read for it."""
+    # A whole path only: /a/venv must not match inside /a/venv2.
+    pattern = re.compile(re.escape(old.encode()) + rb"(?![A-Za-z0-9._-])")
+    new_b = new.encode()
+
+    def fix(relative_path: str, data: bytes) -> bytes:
+        name = relative_path.rpartition("/")[2]
+        if relative_path == "pyvenv.cfg" or (
+            may_change(relative_path) and name.startswith("activate")
+        ):
+            return pattern.sub(new_b, data)
+        if may_change(relative_path) and data.startswith(b"#!"):
+            first, sep, rest = data.partition(b"\n")
+            return pattern.sub(new_b, first) + sep + rest
+        return data
+
+    return fix
+
+
+def may_change(relative_path: str) -> bool:
+    """Whether ``venv_file_fixer`` may rewrite the venv file at ``relative_path``."""
+    parts = relative_path.split("/")
+    return relative_path == "pyvenv.cfg" or (len(parts) == 2 and parts[0] == "bin")
+
+
 def fix_venv_prefix(folder: Path, *, old: str, new: str) -> int:
-    """Point a copied venv at its new home: ``bin/activate*``, ``pyvenv.cfg`` (its ``command``
-    line) and the shebangs of ``bin/*``.
+    """Point a copied venv at its new home (``venv_file_fixer``, over its files in place).
 
     Returns the number of files rewritten; a folder that is not a venv is left alone.
     """
     if old == new or not is_venv(folder):
         return 0
-    old_b, new_b = old.encode(), new.encode()
-    # A whole path only: /a/venv must not match inside /a/venv2.
-    pattern = re.compile(re.escape(old_b) + rb"(?![A-Za-z0-9._-])")
+    fix = venv_file_fixer(old, new)
     num_rewritten = 0
     for path in [folder / "pyvenv.cfg", *sorted((folder / "bin").iterdir())]:
         if path.is_symlink() or not path.is_file():
             continue
         data = path.read_bytes()
-        if path.name.startswith("activate") or path.name == "pyvenv.cfg":
-            fixed = pattern.sub(new_b, data)
-        elif data.startswith(b"#!"):
-            first, sep, rest = data.partition(b"\n")
-            fixed = pattern.sub(new_b, first) + sep + rest
-        else:
-            continue
+        fixed = fix(path.relative_to(folder).as_posix(), data)
         if fixed != data:
             mode = path.stat().st_mode
             path.write_bytes(fixed)

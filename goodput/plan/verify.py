@@ -205,7 +205,8 @@ def run_config(
 ) -> RunConfig:
     """The run config the trainer would build from ``config_path``, with the plan's model,
     layout and batch in it. A config of only ``[model]`` gets placeholders for what a build
-    never reads (``train.steps``, ``train.run_dir``, ``data.file_list``)."""
+    never reads (``train.steps``, ``train.run_dir``, ``data.file_list``); a config's data-mix
+    stages are replaced by the placeholder file list, and a decay tied to one is left out."""
     from goodput.config import from_table, read_toml
     from goodput.train.config import DEPRECATED_TRAIN_KEYS, RunConfig
 
@@ -227,9 +228,16 @@ def run_config(
         "micro_batch_size": micro_batch_size,
         "tokens_per_step": global_batch_size * seq_len,
     }
-    data = {"file_list": PLACEHOLDER_FILE_LIST} | raw.get("data", {})
+    # What the data is, a file list or stages, a build never reads: the placeholder stands for
+    # either (a stage's start_tokens need not divide the plan's batch), and a decay tied to a
+    # stage's start goes with the stages.
+    data = {key: value for key, value in raw.get("data", {}).items() if key != "stages"}
+    data = {"file_list": PLACEHOLDER_FILE_LIST} | data
+    schedule = raw.get("schedule", {})
+    if isinstance(schedule, dict):
+        schedule = {key: value for key, value in schedule.items() if key != "decay_start"}
     # The config's own [parallel] may not suit the plan's seq_len: the plan's layout replaces it.
-    raw = raw | {"train": train, "data": data, "parallel": {}}
+    raw = raw | {"train": train, "data": data, "schedule": schedule, "parallel": {}}
     cfg = from_table(RunConfig, raw, str(config_path))
     return replace(cfg, model=model, parallel=parallel)
 

@@ -59,6 +59,7 @@ from datetime import datetime
 from goodput import rundir
 from goodput.launch.history import AttemptRecord, Evidence
 from goodput.report.run_files import RunFiles, Step
+from goodput.runfiles import StageMixture
 
 CAUSES = (
     "startup",
@@ -153,6 +154,7 @@ class Accounting:
     attempts: list[AttemptSummary]
     timeline: tuple[Span, ...]  # the attempts with their steps, in time order (not in --json)
     ignored: list[Ignored] = field(default_factory=list)  # records left out, in file order
+    stages: list[StageMixture] = field(default_factory=list)  # run.json's, for --json
 
     @property
     def goodput(self) -> float:
@@ -200,6 +202,7 @@ class Accounting:
             "attempts": [attempt.as_json() for attempt in self.attempts],
             "ignored": [record.as_json() for record in self.ignored[:MAX_IGNORED_LISTED]],
             "ignored_total": len(self.ignored),
+            "stages": [stage.as_json() for stage in self.stages],
         }
 
 
@@ -279,6 +282,7 @@ def account(run: RunFiles, now: float | None = None) -> Accounting:
         attempts=_attempt_summaries(spans, run.done),
         timeline=spans,
         ignored=ignored,
+        stages=run.stages,
     )
 
 

@@ -57,13 +57,14 @@ def render_html(run: RunFiles, acc: Accounting) -> str:
         _attempts(acc),
         "<h2>Step time</h2>",
         _step_time(acc),
+        *(["<h2>Data-mix stages</h2>", _stages(run)] if len(run.stages) > 1 else []),
         "<h2>Figures</h2>",
         _figures(run, acc),
     ]
     return (
         "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
         f"{HTML_GENERATOR}\n"
-        f"<title>{_text(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
+        f"<title>{html_text(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
         + "\n".join(body)
         + "\n</body>\n</html>\n"
     )
@@ -74,24 +75,24 @@ def _header(run: RunFiles, acc: Accounting) -> str:
     last = "no step yet" if acc.last_step is None else f"last step {acc.last_step:,}"
     span = f"{_utc(acc.start)} to {_utc(acc.end)}" if acc.wall_s > 0 else "no wall time yet"
     return (
-        f"<h1>Run {_text(str(run.run_dir))}</h1>\n"
+        f"<h1>Run {html_text(str(run.run_dir))}</h1>\n"
         f"<p class='meta'>{state} · {last} · {len(acc.attempts)} attempt(s) · {span}</p>\n"
         f"<p><span class='big'>goodput {100 * acc.goodput:.1f}%</span> of "
         f"{_duration(acc.wall_s)} wall time · tokens {100 * acc.token_goodput:.1f}% "
         f"({acc.tokens_kept:,} kept) · {acc.steps_kept:,} steps kept, "
         f"{acc.steps_recomputed:,} recomputed</p>"
-        + "".join(f"\n<p class='meta'>{_text(note)}</p>" for note in acc.ignored_notes())
+        + "".join(f"\n<p class='meta'>{html_text(note)}</p>" for note in acc.ignored_notes())
     )
 
 
 def _summary(acc: Accounting) -> str:
     wall = acc.wall_s or float("inf")
     rows = [("productive", acc.productive_s), *acc.badput_s.items()]
-    return _table(
+    return html_table(
         ["", "seconds", "% of wall"],
         (
             [
-                _swatch(CAUSE_COLOURS.get(cause, "#7f7f7f")) + _text(cause),
+                _swatch(CAUSE_COLOURS.get(cause, "#7f7f7f")) + html_text(cause),
                 f"{seconds:,.1f}",
                 f"{100 * seconds / wall:.1f}",
             ]
@@ -106,7 +107,7 @@ def _attempts(acc: Accounting) -> str:
         return "<p>No attempts recorded.</p>"
     header = ["#", "job", "class", "exit", "started (h)", "length", "from", "steps", "gained"]
     header += ["evidence", "hosts evicted", "recovery"]
-    return _table(
+    return html_table(
         header,
         (_attempt_row(a, acc.start) for a in acc.attempts),
         classes={**dict.fromkeys((0, 3, 4, 5, 8, 11), "n"), 9: "evidence"},
@@ -119,16 +120,16 @@ def _attempt_row(attempt: AttemptSummary, start: float) -> list[str]:
     recovery = "-" if attempt.recovery_s is None else _duration(attempt.recovery_s)
     return [
         str(attempt.attempt),
-        _text(attempt.job or "-"),
-        _swatch(colour) + _text(attempt.class_),
+        html_text(attempt.job or "-"),
+        _swatch(colour) + html_text(attempt.class_),
         "-" if attempt.exit_code is None else str(attempt.exit_code),
         f"{(attempt.started - start) / 3600:.2f}",
         _duration(attempt.ended - attempt.started),
-        _text(attempt.loaded_from()),
+        html_text(attempt.loaded_from()),
         steps,
         f"{attempt.steps_gained:,}",
-        _text(attempt.evidence or ""),
-        _text(", ".join(attempt.hosts_evicted)),
+        html_text(attempt.evidence or ""),
+        html_text(", ".join(attempt.hosts_evicted)),
         recovery,
     ]
 
@@ -138,7 +139,22 @@ def _step_time(acc: Accounting) -> str:
     cells = [f"{float(acc.step_time.get(key, 0.0)):.3f} s" for key in names]
     slow = int(acc.step_time.get("slow_steps", 0))
     header = [*names, "slow steps"]
-    return _table(header, [[*cells, f"{slow:,}"]], classes=dict.fromkeys(range(5), "n"))
+    return html_table(header, [[*cells, f"{slow:,}"]], classes=dict.fromkeys(range(5), "n"))
+
+
+def _stages(run: RunFiles) -> str:
+    """Each data-mix stage's corpora: target and achieved share (the figure draws them)."""
+    header = ["stage", "from step", "file list", "corpus", "target %", "achieved %", "wrapped"]
+    rows = [
+        [
+            str(index), f"{stage.start_step:,}", html_text(stage.file_list),
+            html_text(share.corpus), f"{100 * share.target:.2f}",
+            f"{100 * share.achieved:.2f}", "yes" if share.wrapped else "",
+        ]
+        for index, stage in enumerate(run.stages)
+        for share in stage.corpora
+    ]  # fmt: skip
+    return html_table(header, rows, classes=dict.fromkeys((0, 1, 4, 5), "n"))
 
 
 def _figures(run: RunFiles, acc: Accounting) -> str:
@@ -154,17 +170,17 @@ def _figures(run: RunFiles, acc: Accounting) -> str:
             continue
         data = base64.b64encode(png).decode("ascii")
         shown.append(
-            f"<figure id='{plot.name}'>\n<img alt='{_text(plot.title)}' "
+            f"<figure id='{plot.name}'>\n<img alt='{html_text(plot.title)}' "
             f"src='data:image/png;base64,{data}'>\n"
-            f"<figcaption><b>{_text(plot.title)}.</b> {_text(plot.caption)}</figcaption>\n"
+            f"<figcaption><b>{html_text(plot.title)}.</b> {html_text(plot.caption)}</figcaption>\n"
             "</figure>"
         )
     if absent:
-        shown.append(f"<p class='meta'>No data for: {_text(', '.join(absent))}.</p>")
+        shown.append(f"<p class='meta'>No data for: {html_text(', '.join(absent))}.</p>")
     return "\n".join(shown)
 
 
-def _table(header: list[str], rows: Iterable[list[str]], classes: dict[int, str]) -> str:
+def html_table(header: list[str], rows: Iterable[list[str]], classes: dict[int, str]) -> str:
     """A table of cells that are already HTML (each built with ``_text``); ``classes``: the
     CSS class of a column's cells."""
 
@@ -172,16 +188,16 @@ def _table(header: list[str], rows: Iterable[list[str]], classes: dict[int, str]
         kind = f" class='{classes[index]}'" if index in classes else ""
         return f"<{tag}{kind}>{content}</{tag}>"
 
-    head = "".join(cell("th", i, _text(name)) for i, name in enumerate(header))
+    head = "".join(cell("th", i, html_text(name)) for i, name in enumerate(header))
     body = ["<tr>" + "".join(cell("td", i, c) for i, c in enumerate(row)) + "</tr>" for row in rows]
     return "<table>\n<tr>" + head + "</tr>\n" + "\n".join(body) + "\n</table>"
 
 
 def _swatch(colour: str) -> str:
-    return f"<span class='swatch' style='background:{_text(colour)}'></span>"
+    return f"<span class='swatch' style='background:{html_text(colour)}'></span>"
 
 
-def _text(value: str) -> str:
+def html_text(value: str) -> str:
     return html.escape(value, quote=True)
 
 

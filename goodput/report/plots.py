@@ -32,6 +32,8 @@ WIDTH_IN, HEIGHT_IN = 8.0, 3.5
 MAX_LABEL = 40  # characters of an outside name shown in a figure
 LOG_SPAN = 100.0  # a positive series spanning more than this factor is drawn on a log axis
 BUSY_HOSTS = 8  # the slowest hosts drawn one by one; the others are in the band
+STAGES_PER_ROW = 3  # panels of the data-mix stages figure
+STAGES_DRAWN = 12  # the first ones; the page's table lists every stage
 # Hex colours, so that the HTML page's swatches are the figures' own.
 CLASS_COLOURS = {
     "success": "#2ca02c",
@@ -90,7 +92,7 @@ def loss_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     heldout = heldout_losses(run)
     if not train[0] and not heldout:
         return None
-    figure, axes = _figure()
+    figure, axes = report_figure()
     if train[0]:
         axes.plot(*train, color="#333333", linewidth=1, label="training loss")
     recomputed = _series(lost, "loss")
@@ -99,7 +101,7 @@ def loss_plot(run: RunFiles, acc: Accounting) -> bytes | None:
             *recomputed, s=4, color="gray", alpha=0.5, label="lost runs of recomputed steps"
         )
     for corpus, points in heldout.items():
-        label = f"held-out: {_plain(corpus)}"
+        label = f"held-out: {plain_label(corpus)}"
         axes.plot(*zip(*points, strict=True), marker="o", markersize=3, label=label)
     axes.set_xlabel("step")
     axes.set_ylabel("loss")
@@ -135,7 +137,7 @@ def throughput_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     rate, mfu = _series(kept, "tokens_per_s"), _series(kept, "mfu")
     if not rate[0] and not mfu[0]:
         return None
-    figure, axes = _figure()
+    figure, axes = report_figure()
     axes.set_xlabel("step")
     if rate[0]:
         axes.plot(*rate, color="tab:blue", linewidth=1)
@@ -161,7 +163,7 @@ def accuracy_plot(run: RunFiles, acc: Accounting) -> bytes | None:
             chance[line.task] = line.value
     if not scores:
         return None
-    figure, axes = _figure()
+    figure, axes = report_figure()
     for task, by_step in sorted(scores.items()):
         steps = sorted(by_step)
         shown = axes.errorbar(
@@ -171,7 +173,7 @@ def accuracy_plot(run: RunFiles, acc: Accounting) -> bytes | None:
             marker="o",
             markersize=3,
             capsize=2,
-            label=_plain(task),
+            label=plain_label(task),
         )
         if task in chance:
             colour = shown.lines[0].get_color()
@@ -187,16 +189,49 @@ def mixture_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     """The blend's share of each corpus: target weight beside what it achieved."""
     if not run.mixture:
         return None
-    figure, axes = _figure()
+    figure, axes = report_figure()
     places = range(len(run.mixture))
     width = 0.4
     targets = [float(row["target"]) for row in run.mixture]
     achieved = [float(row["achieved"]) for row in run.mixture]
     axes.bar([x - width / 2 for x in places], targets, width, color="#c7c7c7", label="target")
     axes.bar([x + width / 2 for x in places], achieved, width, color="tab:blue", label="achieved")
-    axes.set_xticks(list(places), [_plain(str(row["corpus"])) for row in run.mixture])
+    axes.set_xticks(list(places), [plain_label(str(row["corpus"])) for row in run.mixture])
     axes.set_ylabel("share of tokens")
     axes.legend(fontsize="small")
+    return png_bytes(figure)
+
+
+def stage_mixture_plot(run: RunFiles, acc: Accounting) -> bytes | None:
+    """The data-mix stages' corpora (the first ``STAGES_DRAWN``), a panel a stage
+    (``STAGES_PER_ROW`` to a row): target share beside the share achieved over the stage, a
+    wrapped corpus's bar hatched."""
+    if len(run.stages) < 2:  # a plain run: the blend's mixture figure says it
+        return None
+    stages = run.stages[:STAGES_DRAWN]
+    rows = -(-len(stages) // STAGES_PER_ROW)
+    figure = agg_figure(WIDTH_IN, HEIGHT_IN * rows)
+    figure.set_layout_engine("constrained")
+    panels = list(figure.subplots(rows, STAGES_PER_ROW, sharey=True, squeeze=False).flat)
+    width = 0.4
+    for index, (stage, axes) in enumerate(zip(stages, panels[: len(stages)], strict=True)):
+        places = range(len(stage.corpora))
+        targets = [share.target for share in stage.corpora]
+        achieved = [share.achieved for share in stage.corpora]
+        axes.bar([x - width / 2 for x in places], targets, width, color="#c7c7c7", label="target")
+        bars = axes.bar(
+            [x + width / 2 for x in places], achieved, width, color="tab:blue", label="achieved"
+        )
+        for bar, share in zip(bars, stage.corpora, strict=True):
+            bar.set_hatch("//" if share.wrapped else "")
+        names = [plain_label(share.corpus) for share in stage.corpora]
+        axes.set_xticks(list(places), names, rotation=30, fontsize="small")
+        axes.set_title(f"stage {index} from step {stage.start_step:,}", fontsize="small")
+        axes.grid(alpha=0.3)
+    for axes in panels[len(stages) :]:  # the grid's cells past the last stage
+        axes.set_visible(False)
+    figure.axes[0].set_ylabel("share of the stage's samples")
+    figure.axes[0].legend(fontsize="small")
     return png_bytes(figure)
 
 
@@ -206,7 +241,7 @@ def lr_find_curve_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     found = run.lr_find
     if found is None or len(found["lr"]) < 2:
         return None
-    figure, axes = _figure()
+    figure, axes = report_figure()
     axes.plot(found["lr"], found["loss"], color="tab:blue", linewidth=1.5, label="smoothed loss")
     suggested = found["suggested_lr"]
     if suggested is not None and suggested > 0:
@@ -235,13 +270,13 @@ def busy_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     # Per window: its hosts may differ (a host replaced between attempts).
     quartiles = [np.percentile([h.mean_s for h in w.hosts], [25, 50, 75]) for w in run.busy]
     low, median, high = zip(*quartiles, strict=True)
-    figure, axes = _figure()
+    figure, axes = report_figure()
     axes.fill_between(steps, low, high, color="#c7c7c7", alpha=0.6, label="hosts' middle half")
     axes.plot(steps, median, color="#333333", linestyle="--", linewidth=1, label="median host")
     slowest = sorted(by_host, key=lambda h: -sum(by_host[h].values()) / len(by_host[h]))
     for name in slowest[:BUSY_HOSTS]:
         points = sorted(by_host[name].items())
-        axes.plot(*zip(*points, strict=True), marker="o", markersize=3, label=_plain(name))
+        axes.plot(*zip(*points, strict=True), marker="o", markersize=3, label=plain_label(name))
     axes.set_xlabel("step (end of each window)")
     axes.set_ylabel("busy time a step (s)")
     axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
@@ -253,7 +288,7 @@ def timeline_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     ended; below, a tick at the time of each complete checkpoint's step."""
     if not acc.attempts:
         return None
-    figure, axes = _figure()
+    figure, axes = report_figure()
 
     def hours(instant: float) -> float:
         return (instant - acc.start) / 3600
@@ -291,7 +326,7 @@ def badput_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     if acc.wall_s <= 0:
         return None
     parts = {"productive": acc.productive_s, **acc.badput_s}
-    figure, axes = _figure(height_in=2.2)
+    figure, axes = report_figure(height_in=2.2)
     left = 0.0
     for cause, seconds in parts.items():
         share = 100 * seconds / acc.wall_s
@@ -336,6 +371,13 @@ PLOTS = (
         mixture_plot,
     ),
     Plot(
+        "stages",
+        "Data-mix stages",
+        "Each data-mix stage's corpora: the target share of the stage's samples and the share "
+        "achieved over the stage (hatched: the corpus ran out and wrapped within the stage).",
+        stage_mixture_plot,
+    ),
+    Plot(
         "lr-find",
         "LR finder",
         "The LR range test's smoothed loss against the learning rate; dashed: the suggested LR.",
@@ -365,7 +407,7 @@ PLOTS = (
 )
 
 
-def _figure(height_in: float = HEIGHT_IN) -> tuple[Figure, Axes]:
+def report_figure(height_in: float = HEIGHT_IN) -> tuple[Figure, Axes]:
     figure = agg_figure(WIDTH_IN, height_in)
     figure.set_layout_engine("constrained")  # labels and outside legends stay on the canvas
     axes = figure.subplots()
@@ -385,7 +427,7 @@ def _step_series_plot(run: RunFiles, key: str, label: str, colour: str) -> bytes
     steps, values = _series(kept, key)
     if not steps:
         return None
-    figure, axes = _figure()
+    figure, axes = report_figure()
     axes.plot(steps, values, color=colour, linewidth=1)
     low, high = min(values), max(values)
     if low > 0 and high / low > LOG_SPAN:
@@ -395,7 +437,7 @@ def _step_series_plot(run: RunFiles, key: str, label: str, colour: str) -> bytes
     return png_bytes(figure)
 
 
-def _plain(name: str) -> str:
+def plain_label(name: str) -> str:
     """An outside name as a label matplotlib draws as it is: ``$`` escaped (no math), a
     leading ``_`` kept visible (matplotlib hides such legend labels), long ones cut."""
     shown = name if len(name) <= MAX_LABEL else name[: MAX_LABEL - 1] + "…"

@@ -7,7 +7,8 @@ Read: ``metrics.jsonl`` (every job's and attempt's steps, appended: a step recom
 failure appears again), ``evals.jsonl``, ``attempts.jsonl`` (``launch.history.read_attempts``:
 every ``goodput launch --run-dir`` attempt, across the jobs of a chain), ``run.json``, the
 complete checkpoints (``rundir.list_checkpoints``), the ``done`` marker, the blend's mixture
-report (``blend.json`` of the blend ``run.json`` names, when it is still there),
+report (``blend.json`` of the blend ``run.json`` names, when it is still there) and each data-mix
+stage's (``run.json``'s own record of them, ``runfiles.read_stage_mixtures``),
 ``lr_find.json`` and ``busy.jsonl`` (busy time per host, a line per straggler-watch window,
 read by its schema's reader ``runfiles.read_busy``). Missing files are fine (a run that never
 launched, a run not yet evaluated); a file that is there must be a regular file and parse.
@@ -29,7 +30,7 @@ from goodput import rundir, runfiles
 from goodput.errors import GoodputError
 from goodput.io import read_json
 from goodput.launch.history import AttemptRecord, read_attempts
-from goodput.runfiles import BusyLine, EvalLine
+from goodput.runfiles import BusyLine, EvalLine, StageMixture, read_stage_mixtures
 
 MAX_TOKENS = float(1 << 62)  # a step's tokens, capped (the accounting leaves such a step out)
 # The step record's fields the report reads, beside the series it plots (``Step.values``).
@@ -72,6 +73,8 @@ class RunFiles:
     mixture: list[dict[str, Any]] | None  # the blend report's rows: corpus, target, achieved
     lr_find: dict[str, Any] | None  # lr_find.json as goodput diagnose lr-find wrote it
     busy: list[BusyLine] = field(default_factory=list)  # busy.jsonl's windows, in order
+    # run.json's data-mix stages with each one's mixture, in order ([]: an older run's record)
+    stages: list[StageMixture] = field(default_factory=list)
 
 
 def read_run(run_dir: Path) -> RunFiles:
@@ -99,6 +102,7 @@ def read_run(run_dir: Path) -> RunFiles:
         mixture=_mixture(record),
         lr_find=_lr_find(run_dir / rundir.LR_FIND),
         busy=_busy(run_dir / rundir.BUSY),
+        stages=read_stage_mixtures(record, str(run_dir / rundir.RUN_RECORD)),
     )
 
 

@@ -1,6 +1,7 @@
 """The terminal view of a run's accounting: a compact summary as ``rich`` tables (goodput, the
 badput causes that cost anything, step time, attempts: each with where its process loaded its
-state from), the same on a terminal or in a log (no colour there)."""
+state from; a run of data-mix stages, each stage's target and achieved mixture), the same on a
+terminal or in a log (no colour there)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rich.text import Text
 
 from goodput.report.accounting import Accounting
 from goodput.report.run_files import RunFiles
+from goodput.runfiles import StageMixture
 
 MAX_ATTEMPT_ROWS = 20  # the last ones; --json has them all
 
@@ -25,7 +27,28 @@ def summary(run: RunFiles, acc: Accounting) -> Group:
         f"step(s) recomputed; tokens goodput {acc.token_goodput:.1%})",
     )
     notes = [Text(note, style="yellow") for note in acc.ignored_notes()]  # Text: never markup
-    return Group(title, *notes, _time_table(acc), _step_table(acc), _attempt_table(acc))
+    tables = [_time_table(acc), _step_table(acc), _attempt_table(acc)]
+    if len(run.stages) > 1:  # a plain run's one mixture is the blend's report
+        tables.append(stage_table(run.stages))
+    return Group(title, *notes, *tables)
+
+
+def stage_table(stages: list[StageMixture]) -> Table:
+    """Each data-mix stage's corpora: target and achieved share of the stage's samples."""
+    table = Table(title="data-mix stages", title_justify="left")
+    for column in ("stage", "from step", "corpus", "target %", "achieved %", ""):
+        table.add_column(column, justify="right" if "%" in column else "left")
+    for index, stage in enumerate(stages):
+        for row, share in enumerate(stage.corpora):
+            table.add_row(
+                str(index) if row == 0 else "",
+                f"{stage.start_step:,}" if row == 0 else "",
+                Text(share.corpus),  # Text: outside input, never markup
+                f"{100 * share.target:.2f}",
+                f"{100 * share.achieved:.2f}",
+                "wrapped" if share.wrapped else "",
+            )
+    return table
 
 
 def _time_table(acc: Accounting) -> Table:

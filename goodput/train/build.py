@@ -34,7 +34,7 @@ from torch import nn
 from goodput import __version__, rundir
 from goodput.checkpoint.memory import SnapshotStore
 from goodput.config import to_toml
-from goodput.data.blend import BlendSpec, build_blend, format_report
+from goodput.data.blend import BlendSpec, BlendStage, build_blend, format_report
 from goodput.data.loader import DataLoader
 from goodput.data.manifest import git_sha
 from goodput.errors import GoodputError
@@ -43,6 +43,7 @@ from goodput.eval.heldout import LoopEval
 from goodput.faults import FaultPlan
 from goodput.io import write_json, write_text
 from goodput.outputs import RUN_DIR, check_output_dir
+from goodput.runfiles import stage_mixtures
 from goodput.train.config import BatchPlan, RunConfig, plan_batches
 from goodput.train.flops import flops_per_token
 from goodput.train.grad_tally import GradientTally
@@ -238,9 +239,15 @@ def build_loader(cfg: RunConfig, plan: BatchPlan, mesh: ParallelMesh) -> DataLoa
 
 
 def blend_spec(cfg: RunConfig, plan: BatchPlan) -> BlendSpec:
-    """The blend a run of ``cfg`` trains on, sized for the whole run."""
+    """The blend a run of ``cfg`` trains on, sized for the whole run: one stage per data-mix
+    stage, each from its first step's first sample (a step's samples all of one stage)."""
+    stages = tuple(
+        BlendStage(Path(file_list), start * plan.global_batch_size)
+        for file_list, start in zip(cfg.data.file_lists(), cfg.stage_steps(), strict=True)
+    )
     return BlendSpec(
-        file_list=Path(cfg.data.file_list),
+        stages=stages,
+        step_samples=plan.global_batch_size,
         seq_len=cfg.train.seq_len,
         num_samples=cfg.train.steps * plan.global_batch_size,
         seed=cfg.data.seed,
@@ -255,7 +262,7 @@ def check_tokenizer_fits(cfg: RunConfig, manifest: dict[str, Any]) -> None:
     tokenizer = manifest.get("tokenizer")
     if tokenizer and tokenizer["vocab_size"] > cfg.model.vocab_size:
         raise GoodputError.usage(
-            cfg.data.file_list,
+            cfg.data.file_list or "[data] stages",
             f"the tokenizer's vocabulary ({tokenizer['vocab_size']}) is larger than "
             f"model.vocab_size ({cfg.model.vocab_size})",
             f"set model.vocab_size to at least {tokenizer['vocab_size']}",
@@ -337,6 +344,10 @@ def write_run_record(run: Run, cfg: RunConfig, peak_flops: float | None, peak_so
                 "blend": str(loader.samples.directory),
                 "fingerprint": manifest["fingerprint"],
                 "components": manifest["components"],
+                "stages": [
+                    stage.as_json()
+                    for stage in stage_mixtures(manifest, run.plan.global_batch_size)
+                ],
             },
         },
     )

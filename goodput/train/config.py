@@ -9,6 +9,12 @@ data-parallel size comes from the mesh (``mesh.py``), and gradient accumulation 
 ``global batch / (micro_batch_size · DP)``. Numbers that do not divide are a usage error naming
 the values and a value that would work.
 
+``[data]`` names the data as one file list or as data-mix stages (``[[data.stages]]``, exactly
+one of the two): each stage a file list and the step it starts after, given as a step or as a
+multiple of ``tokens_per_step``; the first at 0, each after the one before and before the
+run's end (``RunConfig.stage_steps``), at most ``MAX_STAGES``. ``[schedule] decay_start`` may
+name one of them.
+
 Deprecated keys, read for one more release with a one-line warning: ``[train]
 activation_checkpointing`` and ``[train] compile`` (now in ``[parallel]``) and ``[train] output``
 (now ``[train] run_dir``, by ``TrainConfig.RENAMED``: see ``goodput.config``); the built config
@@ -24,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar, Literal
 
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.config import NON_EMPTY, example, limits
+from goodput.config import NON_EMPTY, example, limits, one_of
 from goodput.data.interleave import MAX_SAMPLES
 from goodput.errors import GoodputError
 from goodput.eval.config import EvalConfig
@@ -43,6 +49,8 @@ from goodput.train.schedule import ScheduleConfig
 
 POSITIVE = limits(at_least=1)
 FILE_LIST_EXAMPLE = "PATH (your corpora, see docs/data.md)"
+STAGES_EXAMPLE = '[{file_list="PATH", start_step=0}, ...] (see docs/training.md)'
+MAX_STAGES = 64  # far past a real run's few mixtures; each is a file list read at start
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,13 +99,54 @@ class TrainConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StageConfig:
+    """One ``[[data.stages]]`` table: a mixture (its file list) and the step it starts after
+    (its samples are those of the next step on), given as a step or as the tokens trained on
+    before it (a multiple of ``train.tokens_per_step``)."""
+
+    file_list: str = field(metadata={**NON_EMPTY, **example("PATH")})
+    start_step: int | None = field(
+        default=None, metadata={**one_of("start_tokens"), **example("N")}
+    )
+    start_tokens: int | None = field(
+        default=None, metadata={**one_of("start_step"), **example("N")}
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DataConfig:
     # "weight path-prefix corpus" lines, as for `goodput data blend`. The one key a shipped
     # recipe (configs/) leaves to its user: without it, the error names the override to add.
-    file_list: str = field(metadata={**NON_EMPTY, **example(FILE_LIST_EXAMPLE)})
+    file_list: str | None = field(
+        default=None, metadata={**NON_EMPTY, **example(FILE_LIST_EXAMPLE), **one_of("stages")}
+    )
+    # Data-mix stages instead: each its own file list from its start on (RunConfig checks the
+    # starts against [train]).
+    stages: tuple[StageConfig, ...] | None = field(
+        default=None, metadata={**one_of("file_list"), **example(STAGES_EXAMPLE)}
+    )
     seed: int = 1234  # the blend's sample order
     cache: str = field(default="blend-cache", metadata=NON_EMPTY)  # blends built once, reused
     on_exhausted: Literal["repeat", "error"] = "repeat"
+
+    def __post_init__(self) -> None:
+        if (self.file_list is None) == (self.stages is None):  # built in code, not from TOML
+            raise GoodputError.usage(
+                "[data]", "set exactly one of file_list and stages", "drop one, or add one"
+            )
+        if self.stages is not None and not 1 <= len(self.stages) <= MAX_STAGES:
+            raise GoodputError.usage(
+                "[data]",
+                f"stages holds {len(self.stages)} stages",
+                f"give 1 to {MAX_STAGES} [[data.stages]] tables",
+            )
+
+    def file_lists(self) -> tuple[str, ...]:
+        """The file list of each stage, in order (one, without stages)."""
+        if self.stages is None:
+            assert self.file_list is not None  # one_of: the loader saw to it
+            return (self.file_list,)
+        return tuple(stage.file_list for stage in self.stages)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,6 +232,57 @@ class RunConfig:
                 "drop optim.qk_clip or set parallel.cp = 1",
             )
         self.parallel.check_model(self.model, self.train.seq_len)
+        self.stage_steps()  # the starts, checked against [train] now, not at the stage
+        self.schedule.decay_start_step(self.stage_steps())
+
+    def stage_steps(self) -> tuple[int, ...]:
+        """The step each data-mix stage starts after (0 for the first): a stage's samples are
+        those of steps ``start + 1`` on. ``(0,)`` without stages."""
+        if self.data.stages is None:
+            return (0,)
+        starts = tuple(
+            _start_step(stage, i, self.train.tokens_per_step)
+            for i, stage in enumerate(self.data.stages)
+        )
+        for i, start in enumerate(starts):
+            where = f"data.stages[{i}]"
+            if i == 0 and start != 0:
+                raise GoodputError.usage(
+                    "[data]", f"{where} starts at step {start}", "start the first stage at 0"
+                )
+            if i and start <= starts[i - 1]:
+                raise GoodputError.usage(
+                    "[data]",
+                    f"{where} starts at step {start}, not after data.stages[{i - 1}] "
+                    f"(step {starts[i - 1]})",
+                    "list the stages in the order they start, each at a later step",
+                )
+            if start >= self.train.steps:
+                raise GoodputError.usage(
+                    "[data]",
+                    f"{where} starts at step {start}, not before the run's end "
+                    f"(train.steps {self.train.steps})",
+                    "start it earlier, raise train.steps, or drop the stage",
+                )
+        return starts
+
+    def shortened(self, steps: int) -> RunConfig:
+        """This run cut to ``steps`` steps (a diagnostic's), with the data-mix stages that start
+        before its end (each from its step) and a decay tied to one of them; a decay tied to a
+        stage left out starts after the end, so it is left out too."""
+        starts = self.stage_steps()
+        data, schedule = self.data, self.schedule
+        if data.stages is not None:
+            kept = [
+                StageConfig(file_list=stage.file_list, start_step=start)
+                for stage, start in zip(data.stages, starts, strict=True)
+                if start < steps
+            ]
+            data = replace(data, stages=tuple(kept))
+        decay_start = schedule.decay_start_step(starts)
+        if decay_start is not None and decay_start >= steps:
+            schedule = replace(schedule, decay_start=None)
+        return replace(self, train=replace(self.train, steps=steps), data=data, schedule=schedule)
 
     def _move_deprecated_keys(self) -> None:
         moved = {
@@ -211,6 +311,23 @@ class RunConfig:
 
 
 DEPRECATED_TRAIN_KEYS = ("activation_checkpointing", "compile")  # now in [parallel]
+
+
+def _start_step(stage: StageConfig, index: int, tokens_per_step: int) -> int:
+    """The step ``stage`` starts after: its ``start_step``, or its ``start_tokens`` in steps."""
+    if stage.start_tokens is None:
+        assert stage.start_step is not None  # one_of: the loader saw to it
+        return stage.start_step
+    steps, rest = divmod(stage.start_tokens, tokens_per_step)
+    if rest:
+        below, above = steps * tokens_per_step, (steps + 1) * tokens_per_step
+        raise GoodputError.usage(
+            "[data]",
+            f"data.stages[{index}].start_tokens {stage.start_tokens} is not a multiple of "
+            f"train.tokens_per_step {tokens_per_step}: a stage starts on a step",
+            f"use {below} or {above}",
+        )
+    return steps
 
 
 @dataclass(frozen=True, slots=True)

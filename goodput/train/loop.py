@@ -7,8 +7,10 @@ registered with the ``Checkpointer`` once with the model and optimizers (``Check
 what every save writes and a resume loads), the resume, and the metrics. Everything after that
 is here, in the order it happens. Each step, in labelled blocks: LR; batch (this rank's slice
 of the global batch — under context parallelism its chunks of each sequence — cut into
-micro-batches); step (``train_step``, which skips the optimizer step on a non-finite gradient
-norm); metrics (and the step-1 loss of a fresh model against ln(vocab)); eval, every ``[eval]
+micro-batches), and where it lies: its data-mix stage and the run's tokens through it, both from
+the loader's global sample count, so they carry on across resumes; step (``train_step``, which
+skips the optimizer step on a non-finite gradient norm); metrics (and the step-1 loss of a fresh
+model against ln(vocab)); eval, every ``[eval]
 interval_steps`` (``goodput.eval.heldout``: held-out loss per corpus and multiple-choice tasks,
 timed apart from the step) and the eval gate (``goodput.eval.gate``), whose alarm can stop the
 run; the checkpoint vote (``Checkpointer.decide``, the same on every rank), which also hands
@@ -107,17 +109,24 @@ def train(cfg: RunConfig) -> list[float]:
         last_step_end = time.perf_counter()
         timings["startup_s"] = last_step_end - entered
         first_step = (resumed.step if resumed else 0) + 1
+        decay_start = cfg.schedule.decay_start_step(cfg.stage_steps())
         with SigtermFlag() as sigterm, StepHooks(cfg, run, faults, first_step=first_step) as hooks:
             for step in range(first_step, cfg.train.steps + 1):
                 hooks.start(step)
                 # LR
-                lr = lr_scale.factor * learning_rate(cfg.schedule, step - 1, cfg.train.steps)
+                lr = lr_scale.factor * learning_rate(
+                    cfg.schedule, step - 1, cfg.train.steps, decay_start
+                )
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 # Batch: this rank's share of the global batch, in micro-batches.
                 data_start = time.perf_counter()
                 hooks.data(step)
                 micro_batches = run.micro_batches(next(batches))
+                # Where the step's samples lie: through them, the run's tokens; their stage.
+                consumed = run.loader.consumed_samples
+                tokens = consumed * cfg.train.seq_len
+                stage = run.loader.samples.stage_of_sample(consumed - run.plan.global_batch_size)
                 timings["data_time_s"] = time.perf_counter() - data_start
                 # Step
                 hooks.before_step(step)
@@ -159,7 +168,10 @@ def train(cfg: RunConfig) -> list[float]:
                 decision, busy = hooks.decide(
                     checkpointer, step, last_step=cfg.train.steps, sigterm=sigterm.is_set()
                 )
-                metrics.step(step, result, lr, now - last_step_end, skips.total, diagnosed | busy)
+                metrics.step(
+                    step, result, lr, now - last_step_end, skips.total, diagnosed | busy,
+                    stage=stage, tokens=tokens,
+                )  # fmt: skip
                 if rank == 0:
                     if evaluated is not None:
                         print_line(evaluated.describe(step))
@@ -217,6 +229,10 @@ def print_start(
         flush=True,
     )
     print(f"train: layout {run.mesh.degrees.describe()}", flush=True)
+    if cfg.data.stages is not None:
+        stages = enumerate(zip(cfg.stage_steps(), cfg.data.file_lists(), strict=True))
+        said = [f"{index} after step {start:,} ({path})" for index, (start, path) in stages]
+        print(f"train: data-mix stages {', '.join(said)}", flush=True)
     peak_text = f"{peak / 1e12:.3f} TFLOP/s" if peak else "unknown"
     print(f"train: peak per device for MFU {peak_text} ({peak_source})", flush=True)
     memory = run.snapshots.describe() if run.snapshots else None

@@ -12,6 +12,9 @@ they are not records. ``metrics.jsonl`` is appended and flushed per step, its li
 (``runfiles.StepRecord``, then what else the step measured), strict JSON: a loss or gradient norm
 that is not finite is written as null (the step line shows inf or nan). A step the
 non-finite guard skipped says so in both (``skipped``, and the run's ``skipped_steps`` so far).
+Every record says which data-mix stage the step's samples came from (``stage``, from 0) and the
+tokens the run has trained on through it (``tokens``: the loader's global sample count times the
+sequence length, so it carries on across a resume, a job chain and a new layout).
 A mixture-of-experts model adds the step's expert load imbalance (the most loaded expert's
 tokens over the mean, worst layer) and the token-to-expert assignments its capacity dropped.
 The in-loop diagnostics add theirs (``watch.py``: ``gns``, ``loss_z``, ``frozen_fraction``,
@@ -133,9 +136,13 @@ class Metrics:
         step_time_s: float,
         skipped_steps: int,
         diagnosed: Mapping[str, float | int | str | None] | None = None,
+        *,
+        stage: int,
+        tokens: int,
     ) -> dict[str, Any]:
         """The record of ``step``, written on rank 0; ``skipped_steps``: the run's so far;
-        ``diagnosed``: the in-loop diagnostics' values (``watch.Watch.after_step``)."""
+        ``diagnosed``: the in-loop diagnostics' values (``watch.Watch.after_step``); ``stage``:
+        the data-mix stage of the step's samples; ``tokens``: the run's through this step."""
         tokens_per_s = self.tokens_per_step / step_time_s
         per_device = tokens_per_s / self.world_size
         measured: dict[str, float | int | str | None] = {}
@@ -155,6 +162,8 @@ class Metrics:
             skipped=result.skipped,
             skipped_steps=skipped_steps,
             time=time.time(),
+            stage=stage,
+            tokens=tokens,
             measured={**measured, **(diagnosed or {})},
         ).as_json()
         if self.enabled:

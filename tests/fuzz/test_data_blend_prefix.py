@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from goodput.data.blend import BlendSpec, build_blend, corpus_order
+from goodput.data.blend import BlendSpec, BlendStage, build_blend, corpus_order
 from goodput.data.interleave import build_blend_index
 from goodput.data.loader import BlendedSamples, DataLoader
 from goodput.data.shards import ShardWriter
@@ -64,7 +64,7 @@ def test_a_blend_of_n_samples_starts_that_of_more(shards, weights, lengths, seed
 
         def blend(num_samples):
             spec = BlendSpec(
-                file_list=file_list,
+                stages=(BlendStage(file_list, 0),),
                 seq_len=8,
                 num_samples=num_samples,
                 seed=seed,

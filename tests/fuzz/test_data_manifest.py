@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from goodput.data.blend import BlendSpec, build_blend
+from goodput.data.blend import BlendSpec, BlendStage, build_blend
 from goodput.data.index_files import INT16, IndexFile, load_array
 from goodput.data.loader import BlendedSamples
 from goodput.data.manifest import read_dataset_manifest, read_part_record, read_run_manifest
@@ -42,7 +42,11 @@ def built_blend(tmp_path_factory):
         writer.finish()
     (root / "list.txt").write_text("1 a a\n2 b b\n")
     spec = BlendSpec(
-        file_list=root / "list.txt", seq_len=8, num_samples=40, seed=1, cache=root / "cache"
+        stages=(BlendStage(root / "list.txt", 0),),
+        seq_len=8,
+        num_samples=40,
+        seed=1,
+        cache=root / "cache",
     )
     directory, _ = build_blend(spec)
     return directory, (directory / "blend.json").read_text()

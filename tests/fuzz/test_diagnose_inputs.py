@@ -21,10 +21,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from goodput import argtypes
-from goodput.diagnostics.batch_size import read_estimates, read_global_batch, report
+from goodput.diagnostics.batch_size import read_estimates, report
 from goodput.diagnostics.lr_find import Curve, RampSettings
 from goodput.diagnostics.lr_regions import find_regions, ramp
 from goodput.io import json_text
+from goodput.runfiles import read_tokens_per_step
 from goodput.testing.fuzz import json_values, result_or_refusal, strict_json
 
 CONFIG = '[train]\ntokens_per_step = 4096\nrun_dir = "run"\n'
@@ -101,7 +102,7 @@ def test_any_bytes_as_config(data):
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "config.toml"
         path.write_bytes(data)
-        value = result_or_refusal(read_global_batch, path)
+        value = result_or_refusal(read_tokens_per_step, path)
         assert value is None or (isinstance(value, int) and value > 0)
 
 

@@ -63,6 +63,7 @@ records = st.builds(
     step=counts, loss=floats, grad_norm=floats.map(abs), lr=seconds, tokens_per_s=seconds,
     tokens_per_s_per_device=seconds, mfu=st.none() | seconds, peak_memory_gib=seconds,
     step_time_s=seconds, skipped=st.booleans(), skipped_steps=counts, time=seconds,
+    stage=counts, tokens=counts,
     measured=st.dictionaries(measured_keys, st.none() | floats | counts, max_size=4),
 )  # fmt: skip
 

@@ -60,8 +60,19 @@ def write_steps(run_dir: Path) -> list[dict]:
     }
     load = ExpertLoad(imbalance=1.5, dropped_tokens=7)
     records = [
-        metrics.step(1, StepResult(2.5, 0.5, 256, expert_load=load), 1e-3, 0.5, 0, measured),
-        metrics.step(2, StepResult(2.0, math.inf, 256, skipped=True), 2e-3, 0.25, 1),
+        metrics.step(
+            1,
+            StepResult(2.5, 0.5, 256, expert_load=load),
+            1e-3,
+            0.5,
+            0,
+            measured,
+            stage=0,
+            tokens=256,
+        ),
+        metrics.step(
+            2, StepResult(2.0, math.inf, 256, skipped=True), 2e-3, 0.25, 1, stage=1, tokens=512
+        ),
     ]
     metrics.close()
     return records
@@ -108,13 +119,15 @@ def test_the_line_format_holds_to_the_byte():
     record = runfiles.StepRecord(
         step=3, loss=math.nan, grad_norm=0.5, lr=0.001, tokens_per_s=100.0,
         tokens_per_s_per_device=50.0, mfu=None, peak_memory_gib=1.5, step_time_s=2.0,
-        skipped=False, skipped_steps=0, time=1700000000.5, measured={"gns": 7, "x/y": None},
+        skipped=False, skipped_steps=0, time=1700000000.5, stage=1, tokens=768,
+        measured={"gns": 7, "x/y": None},
     )  # fmt: skip
     line = runfiles.json_line(runfiles.nonfinite_as_null(record.as_json()), where="test")
     assert line == (
         '{"step": 3, "loss": null, "grad_norm": 0.5, "lr": 0.001, "tokens_per_s": 100.0, '
         '"tokens_per_s_per_device": 50.0, "mfu": null, "peak_memory_gib": 1.5, "step_time_s": '
-        '2.0, "skipped": false, "skipped_steps": 0, "time": 1700000000.5, "gns": 7, "x/y": null}\n'
+        '2.0, "skipped": false, "skipped_steps": 0, "time": 1700000000.5, "stage": 1, '
+        '"tokens": 768, "gns": 7, "x/y": null}\n'
     )
 
 

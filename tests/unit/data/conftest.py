@@ -37,3 +37,9 @@ def three_corpora(tmp_path):
         "0.3 code code  # trailing comment\n0.2 math math\n"
     )
     return file_list, docs
+
+
+@pytest.fixture
+def shard_maker():
+    """``make_shard``, for a test that needs a shard of its own."""
+    return make_shard

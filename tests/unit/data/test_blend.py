@@ -3,14 +3,21 @@ import os
 import numpy as np
 import pytest
 
-from goodput.data.blend import BlendSpec, blend_dir, build_blend, format_report, parse_file_list
+from goodput.data.blend import (
+    BlendSpec,
+    BlendStage,
+    blend_dir,
+    build_blend,
+    format_report,
+    parse_file_list,
+)
 from goodput.data.loader import BlendedSamples
 from goodput.errors import GoodputError
 
 
 def spec(file_list, tmp_path, **overrides):
     values = {
-        "file_list": file_list,
+        "stages": (BlendStage(file_list, 0),),
         "seq_len": 64,
         "num_samples": 2000,
         "seed": 7,

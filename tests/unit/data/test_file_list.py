@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from goodput.data.blend import BlendSpec, build_blend
+from goodput.data.blend import BlendSpec, BlendStage, build_blend
 from goodput.data.file_list import corpus_weights, parse_file_list
 from goodput.errors import GoodputError
 
@@ -78,7 +78,11 @@ def test_a_byte_identical_copy_is_refused_naming_both_lines(three_corpora, tmp_p
         shutil.copyfile(data / f"math{suffix}", data / f"copy{suffix}")
     file_list.write_text("1 math math\n1 copy web\n")
     spec = BlendSpec(
-        file_list=file_list, seq_len=8, num_samples=10, seed=1, cache=tmp_path / "cache"
+        stages=(BlendStage(file_list, 0),),
+        seq_len=8,
+        num_samples=10,
+        seed=1,
+        cache=tmp_path / "cache",
     )
     message = error_of(build_blend, spec)
     assert message.startswith(f"{file_list}:2: ")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from goodput.cli import main
-from goodput.data.blend import BlendSpec, build_blend, corpus_order, heldout_samples
+from goodput.data.blend import BlendSpec, BlendStage, build_blend, corpus_order, heldout_samples
 from goodput.data.loader import BlendedSamples
 from goodput.errors import GoodputError
 from goodput.io import sha256_file
@@ -16,7 +16,7 @@ from goodput.io import sha256_file
 
 def spec(file_list, tmp_path, **overrides):
     values = {
-        "file_list": file_list,
+        "stages": (BlendStage(file_list, 0),),
         "seq_len": 64,
         "num_samples": 2000,
         "seed": 7,

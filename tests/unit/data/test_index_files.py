@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from goodput.data.blend import BlendSpec, build_blend
+from goodput.data.blend import BlendSpec, BlendStage, build_blend
 from goodput.data.index_files import IndexFile, load_array
 from goodput.data.loader import BlendedSamples
 from goodput.errors import GoodputError
@@ -18,7 +18,11 @@ from goodput.errors import GoodputError
 def blend(three_corpora, tmp_path):
     file_list, _ = three_corpora
     spec = BlendSpec(
-        file_list=file_list, seq_len=32, num_samples=512, seed=3, cache=tmp_path / "cache"
+        stages=(BlendStage(file_list, 0),),
+        seq_len=32,
+        num_samples=512,
+        seed=3,
+        cache=tmp_path / "cache",
     )
     directory, manifest = build_blend(spec)
     return spec, directory, manifest

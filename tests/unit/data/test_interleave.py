@@ -108,8 +108,9 @@ def _reference_greedy(weights: np.ndarray, num_samples: int) -> list[int]:
 @pytest.mark.parametrize("name", sorted(WEIGHT_SETS))
 def test_every_prefix_is_within_one_sample_of_the_mixture(name):
     weights, num_samples = WEIGHT_SETS[name]
-    corpus_index, sample_index, fallbacks = interleave._run(
-        "goodput_edf_interleave", normalise_weights(weights), num_samples
+    corpus_index, sample_index = interleave._outputs(num_samples)
+    fallbacks = interleave._run(
+        "goodput_edf_interleave", normalise_weights(weights), corpus_index, sample_index
     )
     _assert_prefix_bound(corpus_index, weights)
     assert fallbacks == 0  # every slot had a released item: the fallback is never needed
@@ -225,8 +226,9 @@ def test_greedy_baseline_is_the_classic_greedy_without_the_bound():
 def test_fallback_keeps_going_when_nothing_is_released():
     # Weights summing to 1/2 release items half as often as slots come: only the fallback fills
     # the gaps. Unreachable through the public API, which normalises.
-    corpus_index, sample_index, fallbacks = interleave._run(
-        "goodput_edf_interleave", np.array([0.25, 0.25]), 100
+    corpus_index, sample_index = interleave._outputs(100)
+    fallbacks = interleave._run(
+        "goodput_edf_interleave", np.array([0.25, 0.25]), corpus_index, sample_index
     )
     assert fallbacks > 0
     order, rank = _running_count(corpus_index, 2)

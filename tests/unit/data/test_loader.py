@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from goodput.data import prefix
-from goodput.data.blend import BlendSpec, build_blend
+from goodput.data.blend import BlendSpec, BlendStage, build_blend
 from goodput.data.loader import BlendedSamples, DataLoader
 from goodput.errors import GoodputError
 from goodput.testing.dist import run_distributed
@@ -14,7 +14,7 @@ from goodput.testing.dist import run_distributed
 def blend_of(three_corpora, tmp_path, num_samples=512, seed=3):
     file_list, _ = three_corpora
     spec = BlendSpec(
-        file_list=file_list,
+        stages=(BlendStage(file_list, 0),),
         seq_len=32,
         num_samples=num_samples,
         seed=seed,
@@ -75,7 +75,11 @@ def test_fingerprint_mismatch_names_what_changed(blend_dir, three_corpora, tmp_p
     file_list, _ = three_corpora
     other, _ = build_blend(
         BlendSpec(
-            file_list=file_list, seq_len=32, num_samples=512, seed=4, cache=tmp_path / "cache"
+            stages=(BlendStage(file_list, 0),),
+            seq_len=32,
+            num_samples=512,
+            seed=4,
+            cache=tmp_path / "cache",
         )
     )
     other_loader = DataLoader(other, global_batch_size=8, dp_rank=0, dp_size=1)

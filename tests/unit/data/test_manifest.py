@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from goodput.data.blend import BlendSpec, build_blend
+from goodput.data.blend import BlendSpec, BlendStage, build_blend
 from goodput.data.inspect import describe
 from goodput.data.loader import DataLoader
 from goodput.data.manifest import read_dataset_manifest, read_run_manifest, verify_dataset
@@ -95,7 +95,9 @@ def test_garbage_files_are_one_line(tmp_path, text, message):
 
 def test_a_hostile_run_manifest_is_refused(three_corpora, tmp_path):
     file_list, _ = three_corpora
-    spec = BlendSpec(file_list=file_list, seq_len=32, num_samples=64, seed=1, cache=tmp_path)
+    spec = BlendSpec(
+        stages=(BlendStage(file_list, 0),), seq_len=32, num_samples=64, seed=1, cache=tmp_path
+    )
     directory, _ = build_blend(spec)
     path = directory / "blend.json"
     good = json.loads(path.read_text())

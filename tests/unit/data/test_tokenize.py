@@ -162,11 +162,11 @@ def test_hf_tokenizer_with_a_big_vocab_writes_int32(corpus, tmp_path):
 
 def blend_list(directory, *, seq_len, num_samples):
     """Blend ``directory/list.txt`` with seed 0 into ``directory/cache``."""
-    from goodput.data.blend import BlendSpec, build_blend
+    from goodput.data.blend import BlendSpec, BlendStage, build_blend
 
     return build_blend(
         BlendSpec(
-            file_list=directory / "list.txt",
+            stages=(BlendStage(directory / "list.txt", 0),),
             seq_len=seq_len,
             num_samples=num_samples,
             seed=0,

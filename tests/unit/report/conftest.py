@@ -22,7 +22,7 @@ from goodput.io import write_json
 from goodput.launch.history import Evidence
 from goodput.report.accounting import Accounting, account
 from goodput.report.run_files import RunFiles, read_run
-from goodput.runfiles import BusyLine, HostBusy, json_line
+from goodput.runfiles import BusyLine, CorpusShare, HostBusy, StageMixture, json_line
 from goodput.testing.run_dirs import Attempt, write_run
 
 T0 = 1_700_000_000.0
@@ -34,6 +34,14 @@ MIXTURE = [
     {"corpus": "web", "target": 0.7, "achieved": 0.68},
     {"corpus": "code", "target": 0.3, "achieved": 0.32},
 ]
+
+# Three data-mix stages (runfiles.StageMixture): a corpus named as math, and one that wrapped.
+STAGES = [
+    StageMixture(0, "web.txt", (CorpusShare("web", 1.0, 1.0, False),)),
+    StageMixture(8, "mix.txt", (CorpusShare("web", 0.5, 0.5, False),
+                                CorpusShare(MATH_TASK, 0.5, 0.5, False))),
+    StageMixture(16, "anneal.txt", (CorpusShare(MATH_TASK, 1.0, 1.0, True),)),
+]  # fmt: skip
 
 
 def build_run(run_dir: Path) -> None:
@@ -152,5 +160,5 @@ def full_run(tmp_path_factory) -> tuple[RunFiles, Accounting]:
     """The synthetic run, read; its directory's name is markup too."""
     run_dir = tmp_path_factory.mktemp("report") / "run<b>&amp;"
     build_run(run_dir)
-    run = replace(read_run(run_dir), mixture=MIXTURE)
+    run = replace(read_run(run_dir), mixture=MIXTURE, stages=STAGES)
     return run, account(run)

@@ -57,7 +57,7 @@ def test_a_run_without_data_draws_nothing(plot):
 
 def test_only_the_figures_whose_data_is_there_are_drawn(full_run):
     run, _ = full_run
-    steps_only = replace(run, evals=[], attempts=[], mixture=None, lr_find=None, busy=[])
+    steps_only = replace(run, evals=[], attempts=[], mixture=None, lr_find=None, busy=[], stages=[])
     drawn = {p.name for p in plots.PLOTS if p.draw(steps_only, account(steps_only))}
     # Without attempt records the timeline shows the processes the steps tell apart.
     assert drawn == {"loss", "grad-norm", "lr", "throughput", "timeline", "badput"}
@@ -94,9 +94,9 @@ def test_checkpoints_are_marked_when_their_step_last_ended(full_run):
 
 def test_names_from_the_run_are_drawn_as_plain_text():
     # Unescaped, "$\frac$" is math that matplotlib cannot parse: the draw would raise.
-    assert plots._plain(r"mc $\frac$") == r"mc \$\frac\$"
-    assert plots._plain("_hidden") == " _hidden"
-    assert len(plots._plain("x" * 100)) == plots.MAX_LABEL
+    assert plots.plain_label(r"mc $\frac$") == r"mc \$\frac\$"
+    assert plots.plain_label("_hidden") == " _hidden"
+    assert len(plots.plain_label("x" * 100)) == plots.MAX_LABEL
     run = bare_run(mixture=[{"corpus": r"$\frac$", "target": 1.0, "achieved": 1.0}])
     assert plots.mixture_plot(run, account(run)) is not None
 

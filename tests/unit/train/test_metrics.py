@@ -82,8 +82,19 @@ def write_two_steps(run_dir: Path, **options) -> list[dict]:
         **options,
     )
     records = [
-        metrics.step(1, StepResult(2.5, 0.5, 128), 1e-3, 0.1, 0, {"gns": 3.0, "loss_z": None}),
-        metrics.step(2, StepResult(2.0, float("inf"), 128, skipped=True), 1e-3, 0.1, 1),
+        metrics.step(
+            1,
+            StepResult(2.5, 0.5, 128),
+            1e-3,
+            0.1,
+            0,
+            {"gns": 3.0, "loss_z": None},
+            stage=0,
+            tokens=128,
+        ),
+        metrics.step(
+            2, StepResult(2.0, float("inf"), 128, skipped=True), 1e-3, 0.1, 1, stage=0, tokens=256
+        ),
     ]
     metrics.close()
     return records

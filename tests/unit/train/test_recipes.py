@@ -27,7 +27,8 @@ CONFIGS = REPO / "configs"
 SOURCE = re.compile(r"^# Source: (.+)", re.M)
 MISSING_DATA = (
     "goodput: error: configs/{name}.toml: [data] file_list is not set; "
-    "add data.file_list=PATH (your corpora, see docs/data.md)"
+    "add data.file_list=PATH (your corpora, see docs/data.md) or add "
+    'data.stages=[{{file_list="PATH", start_step=0}}, ...] (see docs/training.md)'
 )
 
 
