@@ -15,17 +15,7 @@ from goodput.errors import GoodputError
 from goodput.launch import archive
 from goodput.launch.archive import write_archive
 from goodput.launch.layers import LAYERS_DIR, Layer, VenvLayers
-
-
-def _tree(folder: Path) -> dict[str, tuple[int, bytes]]:
-    entries = {}
-    for path in sorted(folder.rglob("*")):
-        mode = path.lstat().st_mode
-        data = os.readlink(path).encode() if path.is_symlink() else b""
-        if stat.S_ISREG(mode):
-            data = path.read_bytes()
-        entries[str(path.relative_to(folder))] = (stat.S_IMODE(mode), data)
-    return entries
+from goodput.testing.trees import file_tree
 
 
 def _unpack(archive_path: Path, into: Path) -> None:
@@ -49,12 +39,12 @@ def _source(tmp_path: Path) -> Path:
 def test_the_archive_holds_the_source_and_counts_each_byte_once(tmp_path: Path) -> None:
     source = _source(tmp_path)
     os.mkfifo(source / "fifo")  # skipped: a read would block
-    expected = {name: entry for name, entry in _tree(source).items() if name != "fifo"}
+    expected = {name: entry for name, entry in file_tree(source).items() if name != "fifo"}
     with socket.socket(socket.AF_UNIX) as listening:  # skipped too: tar has no such type
         listening.bind(str(source / "sock"))
         stats = write_archive(source, tmp_path / "a.tar.zst")
     _unpack(tmp_path / "a.tar.zst", tmp_path / "out")
-    assert _tree(tmp_path / "out") == expected
+    assert file_tree(tmp_path / "out") == expected
     # The hard link's second name carries no bytes: each file is read once.
     regular = {p.stat().st_ino: p.stat().st_size for p in source.rglob("*")
                if stat.S_ISREG(p.lstat().st_mode)}  # fmt: skip

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -20,21 +19,10 @@ from goodput.launch.broadcast import ORIGIN, broadcast
 from goodput.launch.layers import LAYERS_DIR
 from goodput.launch.transports import ARCHIVE_SUFFIX, MARKER, make_transport
 from goodput.testing.sshd import SSH_CONFIG, sshd_answers
+from goodput.testing.trees import file_tree
 from goodput.testing.venvs import make_layered_venv
 
 HOSTS = ["node1", "node2", "node3", "node4"]
-
-
-def _tree(folder: Path) -> dict[str, tuple[int, bytes]]:
-    """Every entry's mode and bytes (a link's target)."""
-    entries = {}
-    for path in sorted(folder.rglob("*")):
-        mode = path.lstat().st_mode
-        data = os.readlink(path).encode() if path.is_symlink() else b""
-        if stat.S_ISREG(mode):
-            data = path.read_bytes()
-        entries[str(path.relative_to(folder))] = (stat.S_IMODE(mode), data)
-    return entries
 
 
 pytestmark = pytest.mark.skipif(
@@ -71,10 +59,10 @@ def test_one_archive_goes_host_to_host_and_each_host_unpacks_it(tmp_path: Path) 
     assert result.archive.source_bytes_read == sum(p.stat().st_size for p in files)
     # Text compresses: the archive is smaller than what was read.
     assert result.archive.archive_bytes < result.archive.source_bytes_read
-    expected = _tree(source)
+    expected = file_tree(source)
     for host in HOSTS:
         copy = nodes / host / "payload"
-        assert {k: v for k, v in _tree(copy).items() if k != MARKER} == expected
+        assert {k: v for k, v in file_tree(copy).items() if k != MARKER} == expected
         assert json.loads((copy / MARKER).read_text())["source"] == str(source)
         assert sorted(os.listdir(nodes / host)) == ["payload"]  # no archive, no partial left
     assert not os.listdir(scratch)  # nor the origin's archive

@@ -12,7 +12,6 @@ import json
 import os
 import shlex
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from goodput import cli
 from goodput.launch.broadcast import ORIGIN, broadcast
 from goodput.launch.transports import MARKER, make_transport
 from goodput.testing.sshd import SSH_CONFIG, sshd_answers
+from goodput.testing.trees import file_tree
 
 HOSTS = ["node1", "node2", "node3", "node4"]
 
@@ -37,21 +37,6 @@ pytestmark = pytest.mark.skipif(
 def _on_node1(*argv: str) -> str:
     ssh = ["ssh", "-F", str(SSH_CONFIG), "node1", shlex.join(argv)]
     return subprocess.run(ssh, capture_output=True, text=True, check=True, timeout=30).stdout
-
-
-def _tree(folder: Path) -> dict[str, tuple[int, bytes]]:
-    """Every entry under ``folder`` but the marker of a copy: its mode, and its bytes or a
-    symlink's target."""
-    entries = {}
-    for path in sorted(folder.rglob("*")):
-        if path == folder / MARKER:
-            continue
-        mode = path.lstat().st_mode
-        data = os.readlink(path).encode() if path.is_symlink() else b""
-        if stat.S_ISREG(mode):
-            data = path.read_bytes()
-        entries[str(path.relative_to(folder))] = (mode, data)
-    return entries
 
 
 def _source(tmp_path: Path) -> Path:
@@ -82,9 +67,9 @@ def test_a_tree_over_ssh_lands_identical_copies(tmp_path: Path, kind: str) -> No
     assert sorted(result.succeeded) == HOSTS and not result.failed and not lines
     # fanout 2: the origin serves two hosts, which then serve the other two (host to host).
     assert sorted(copy.source == ORIGIN for copy in result.copies) == [False, False, True, True]
-    expected = _tree(source)
+    expected = file_tree(source, skip={MARKER})
     for host in HOSTS:
-        assert _tree(nodes / host / "payload") == expected, host
+        assert file_tree(nodes / host / "payload", skip={MARKER}) == expected, host
         assert sorted(os.listdir(nodes / host)) == ["payload"]  # no partial left behind
         marker = json.loads((nodes / host / "payload" / MARKER).read_text())
         assert marker["source"] == str(source)
@@ -100,7 +85,7 @@ def test_a_venv_sent_over_ssh_runs_at_its_destination(
     tool = venv / "bin" / "where"
     tool.write_text(f"#!{venv}/bin/python\nimport sys\nprint(sys.prefix)\n")
     tool.chmod(0o755)
-    source_tree = _tree(venv)
+    source_tree = file_tree(venv, skip={MARKER})
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
@@ -116,7 +101,7 @@ def test_a_venv_sent_over_ssh_runs_at_its_destination(
     assert _on_node1("bash", "-c", activate) == f"{dest}\n"
     config = (dest / "pyvenv.cfg").read_text()
     assert str(venv) not in config and f"--without-pip {dest}\n" in config  # its command line
-    assert _tree(venv) == source_tree  # the source is left as it was
+    assert file_tree(venv, skip={MARKER}) == source_tree  # the source is left as it was
     assert not os.listdir(scratch)  # and the prepared copy is gone
 
 
@@ -143,7 +128,9 @@ def test_a_host_that_cannot_connect_is_retried_and_reported(
     assert retried.startswith("broadcast: dead from ") and retried.endswith("; retrying")
     assert reported.startswith("broadcast: dead failed 2 times: RuntimeError: ")
     assert "Connection refused" in retried and "Connection refused" in reported
-    assert _tree(tmp_path / "nodes" / "node4" / "payload") == _tree(source)
+    assert file_tree(tmp_path / "nodes" / "node4" / "payload", skip={MARKER}) == file_tree(
+        source, skip={MARKER}
+    )
     assert not (tmp_path / "nodes" / "dead").exists()
 
     # Below --min-success (all hosts, by default): exit 1 and one line naming the host.
@@ -222,10 +209,13 @@ def test_a_dest_outside_its_folder_is_refused_before_any_ssh(
     source = _source(tmp_path)
     monkeypatch.chdir(_sentinel(tmp_path / "work"))
     victim = _sentinel(tmp_path / "victim")
-    before = _tree(tmp_path)
+    before = file_tree(tmp_path, skip={MARKER})
     assert _broadcast(source, kind, dest.replace("{root}", str(tmp_path))) == 2
     assert "is not a safe absolute path" in _last_line(capsys)
-    assert _tree(tmp_path) == before and (victim / "keep.txt").read_text() == "mine\n"
+    assert (
+        file_tree(tmp_path, skip={MARKER}) == before
+        and (victim / "keep.txt").read_text() == "mine\n"
+    )
 
 
 @pytest.mark.parametrize("kind", ["rsync", "tar"])
@@ -238,14 +228,14 @@ def test_someones_folder_at_the_destination_survives_over_ssh(
     (marked / MARKER).write_text("{}\n")  # a marked folder reached by a link is not ours either
     (tmp_path / "nodes" / "node2").mkdir()
     (tmp_path / "nodes" / "node2" / "payload").symlink_to(marked)
-    before = _tree(tmp_path)
+    before = file_tree(tmp_path, skip={MARKER})
     dest = str(tmp_path / "nodes" / "{host}" / "payload")
     assert _broadcast(source, kind, dest, "node1,node2") == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "retrying" not in err  # a refusal is not retried
     for host in ("node1", "node2"):
         assert f"{host}:{tmp_path}/nodes/{host}/payload: exists and is not a copy goodput" in err
-    assert _tree(tmp_path) == before  # no partial copy left either
+    assert file_tree(tmp_path, skip={MARKER}) == before  # no partial copy left either
     assert (theirs / "keep.txt").read_text() == "mine\n"
 
 
@@ -260,7 +250,9 @@ def test_a_linked_partial_copy_cannot_steer_rsync_delete(
     assert (victim / "keep.txt").read_text() == "mine\n" and sorted(os.listdir(victim)) == [
         "keep.txt"
     ]
-    assert _tree(tmp_path / "nodes" / "node1" / "payload") == _tree(source)
+    assert file_tree(tmp_path / "nodes" / "node1" / "payload", skip={MARKER}) == file_tree(
+        source, skip={MARKER}
+    )
     capsys.readouterr()
 
 
@@ -273,9 +265,9 @@ def test_a_node_local_copy_into_the_runs_checkpoints_is_refused(
         step_dir = _sentinel(checkpoints / f"step-{step:08d}")
         (step_dir / "checksums.json").write_text("{}\n")
         (step_dir / ".complete").touch()
-    before = _tree(tmp_path)
+    before = file_tree(tmp_path, skip={MARKER})
     code = cli.main(["broadcast", "--checkpoint", str(tmp_path / "run"), "--transport", kind,
                      "--hosts", "node1", "--dest", str(checkpoints),
                      "--ssh-config", str(SSH_CONFIG)])  # fmt: skip
     assert code == 2 and "is the run's checkpoint folder" in _last_line(capsys)
-    assert _tree(tmp_path) == before
+    assert file_tree(tmp_path, skip={MARKER}) == before

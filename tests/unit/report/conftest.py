@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -123,12 +124,19 @@ def write_lr_find(run_dir: Path) -> None:
 
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's, driven by playwright (which never downloads)
+ROWS_JS = "() => Array.from(document.querySelectorAll('tr'), r => Array.from(r.cells, c => c.innerText.trim()))"  # noqa: E501
+
+
+@dataclass(frozen=True)
+class Rendered:
+    problems: list[str]  # console errors, page errors and dialogs
+    requested: list[str]  # every URL the page asked for but data: ones
+    values: dict[str, Any]  # each script's result, evaluated once the page has loaded
 
 
 @pytest.fixture
-def chromium_rows(tmp_path) -> Callable[[str], list[list[str]]]:
-    """Every table row of an HTML page as a real headless Chromium renders it: each cell's text,
-    as a reader sees it."""
+def render_in_chromium() -> Callable[[Path, dict[str, str]], Rendered]:
+    """An HTML file as a real headless Chromium loads it, with named scripts run on it."""
     # A skip here fails under GOODPUT_REQUIRE_ALL=1 (tests/conftest.py): CI installs both.
     if not CHROMIUM.is_file():
         pytest.skip(f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)")
@@ -136,21 +144,37 @@ def chromium_rows(tmp_path) -> Callable[[str], list[list[str]]]:
         "playwright.sync_api", reason="needs playwright (pip install -e '.[dev]')"
     )
 
-    def rows(page: str) -> list[list[str]]:
-        path = tmp_path / "report.html"
-        path.write_text(page)
+    def render(path: Path, scripts: dict[str, str]) -> Rendered:
+        problems: list[str] = []
+        requested: list[str] = []
         with sync_api.sync_playwright() as playwright:
             browser = playwright.chromium.launch(
                 executable_path=str(CHROMIUM), args=["--no-sandbox"]
             )
             try:
-                view = browser.new_page()
-                view.goto(path.as_uri(), wait_until="load")
-                return view.eval_on_selector_all(
-                    "tr", "rows => rows.map(r => Array.from(r.cells, c => c.innerText.trim()))"
-                )
+                page = browser.new_page()
+                page.on("request", lambda request: requested.append(request.url))
+                page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+                page.on("pageerror", lambda error: problems.append(str(error)))
+                page.on("dialog", lambda dialog: problems.append(f"dialog: {dialog.message}"))
+                page.goto(path.as_uri(), wait_until="load")
+                values = {name: page.evaluate(script) for name, script in scripts.items()}
             finally:
                 browser.close()
+        return Rendered(problems, [r for r in requested if not r.startswith("data:")], values)
+
+    return render
+
+
+@pytest.fixture
+def chromium_rows(tmp_path, render_in_chromium) -> Callable[[str], list[list[str]]]:
+    """Every table row of an HTML page as a real headless Chromium renders it: each cell's text,
+    as a reader sees it."""
+
+    def rows(page: str) -> list[list[str]]:
+        path = tmp_path / "report.html"
+        path.write_text(page)
+        return render_in_chromium(path, {"rows": ROWS_JS}).values["rows"]
 
     return rows
 

@@ -33,7 +33,6 @@ from goodput.train.config import RunConfig
 from goodput.train.loop import train
 
 pytestmark = pytest.mark.timeout(900)
-CHROMIUM = Path("/usr/bin/chromium")  # Debian's, driven by playwright (which never downloads)
 NUM_STEPS = 8
 REL_TOLERANCE = 1e-5  # two layouts sum in another order (tests/unit/train/test_layout_invariance)
 
@@ -102,36 +101,23 @@ def test_each_figure_names_every_run_in_its_legend(runs):
         assert [text.get_text() for text in legend.get_texts()] == ["chain", "fsdp", "slow"]
 
 
-def test_the_page_renders_in_chromium(runs, tmp_path, capsys):
-    # A skip here fails under GOODPUT_REQUIRE_ALL=1 (tests/conftest.py): CI installs both.
-    if not CHROMIUM.is_file():
-        pytest.skip(f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)")
-    sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="needs playwright (pip install -e '.[dev]')"
-    )
+def test_the_page_renders_in_chromium(runs, tmp_path, capsys, render_in_chromium):
     out = tmp_path / "compare.html"
     argv = ["report", str(runs["chain"]), str(runs["slow"]), "--html", str(out)]
     assert main(argv) == 0
     comparison = compare_runs([runs["chain"], runs["slow"]])
     assert out.read_text() == render_comparison_html(comparison)
-    problems: list[str] = []
-    requested: list[str] = []
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
-        try:
-            page = browser.new_page()
-            page.on("request", lambda request: requested.append(request.url))
-            page.on("console", lambda m: m.type == "error" and problems.append(m.text))
-            page.on("pageerror", lambda error: problems.append(str(error)))
-            page.goto(out.as_uri(), wait_until="load")
-            images = page.evaluate(
-                "() => Array.from(document.images, i => [i.complete, i.naturalWidth, i.alt])"
-            )
-            captions = page.eval_on_selector_all("figcaption b", "b => b.map(x => x.innerText)")
-            text = page.inner_text("body")
-        finally:
-            browser.close()
-    assert problems == [] and [r for r in requested if not r.startswith("data:")] == [out.as_uri()]
+    rendered = render_in_chromium(
+        out,
+        {
+            "images": "() => Array.from(document.images, i => [i.complete, i.naturalWidth, i.alt])",
+            "captions": "() => Array.from(document.querySelectorAll('figcaption b'),"
+            " b => b.innerText)",
+            "text": "() => document.body.innerText",
+        },
+    )
+    images, captions, text = (rendered.values[k] for k in ("images", "captions", "text"))
+    assert rendered.problems == [] and rendered.requested == [out.as_uri()]
     names = comparison.series_names()
     assert [alt for _, _, alt in images] == names == captions  # one figure per series
     assert all(complete and width > 0 for complete, width, _ in images)

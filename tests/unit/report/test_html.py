@@ -6,14 +6,11 @@ itself, and every figure decodes with a non-zero size."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from goodput.report.html import render_html, write_html
 from goodput.report.plots import PLOTS
-
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 @pytest.fixture(scope="module")
@@ -51,38 +48,23 @@ def test_it_is_written_atomically(full_run, page, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]  # no temp file left
 
 
-def test_the_page_renders_in_chromium(full_run, tmp_path):
-    # A skip here fails under GOODPUT_REQUIRE_ALL=1 (tests/conftest.py): CI installs both.
-    if not CHROMIUM.is_file():
-        pytest.skip(f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)")
-    sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="needs playwright (pip install -e '.[dev]')"
-    )
+def test_the_page_renders_in_chromium(full_run, tmp_path, render_in_chromium):
     run, acc = full_run
     out = tmp_path / "report.html"
     write_html(run, acc, out)
-    url = out.as_uri()
-    problems: list[str] = []
-    requested: list[str] = []
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
-        try:
-            page = browser.new_page()
-            page.on("request", lambda request: requested.append(request.url))
-            page.on("console", lambda m: m.type == "error" and problems.append(m.text))
-            page.on("pageerror", lambda error: problems.append(str(error)))
-            page.on("dialog", lambda dialog: problems.append(f"dialog: {dialog.message}"))
-            page.goto(url, wait_until="load")
-            images = page.evaluate(
-                "() => Array.from(document.images, i => [i.complete, i.naturalWidth,"
-                " i.naturalHeight])"
-            )
-            text = page.inner_text("body")
-            scripts = page.evaluate("() => document.scripts.length")
-        finally:
-            browser.close()
+    rendered = render_in_chromium(
+        out,
+        {
+            "images": "() => Array.from(document.images, i => [i.complete, i.naturalWidth,"
+            " i.naturalHeight])",
+            "text": "() => document.body.innerText",
+            "scripts": "() => document.scripts.length",
+        },
+    )
+    images, text, scripts = (rendered.values[k] for k in ("images", "text", "scripts"))
+    problems = rendered.problems
     assert problems == []
-    assert [r for r in requested if not r.startswith("data:")] == [url]
+    assert rendered.requested == [out.as_uri()]
     assert len(images) == len(PLOTS)
     assert all(complete and width > 0 and height > 0 for complete, width, height in images)
     assert hostile_evidence(acc) in text and scripts == 0  # the evidence reads as itself
