@@ -21,6 +21,7 @@ cheap at any scale; ``goodput data verify`` re-hashes them too.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -242,7 +243,7 @@ class DataLoader:
         changed = changed_components(state["components"], self.samples.manifest["components"])
         started = self._started_changes(changed, state.get("stage_starts", []), consumed)
         differs = f"data fingerprint differs from the checkpoint's ({', '.join(changed)} changed)"
-        if any(name != "num_samples" and not name.startswith("stage ") for name in changed):
+        if any(name != "num_samples" and _stage_number(name) is None for name in changed):
             raise GoodputError.usage(blend_json, differs, fix)  # stage 0, read from sample 0
         if started:
             restore = "restore that stage as it was, or resume with allow_data_change"
@@ -263,10 +264,7 @@ class DataLoader:
         not): a stage that had started by ``consumed`` in the checkpoint's blend or starts
         before it in this one."""
         stages = self.samples.manifest["stages"]
-        for name in changed:
-            if not name.startswith("stage "):
-                continue
-            k = int(name.split()[1])
+        for k in filter(None, map(_stage_number, changed)):
             starts = [self.samples.stage_starts[k]] if k < len(stages) else []
             if k < len(old_starts):
                 starts.append(old_starts[k])
@@ -279,3 +277,10 @@ class DataLoader:
                     f"has consumed {consumed:,}; only a stage not yet started may change"
                 )
         return ""
+
+
+def _stage_number(component: str) -> int | None:
+    """``k`` of a fingerprint component ``stage k`` (k >= 1: stage 0's are the blend's own);
+    None for any other name, as a checkpoint's hostile one would be."""
+    match = re.fullmatch(r"stage ([1-9][0-9]{0,4})", component)
+    return int(match.group(1)) if match else None

@@ -132,3 +132,20 @@ def test_an_unstarted_stage_is_checked_by_the_samples_consumed(lists, tmp_path):
     loader = DataLoader(after, global_batch_size=GLOBAL_BATCH, dp_rank=0, dp_size=1)
     with pytest.raises(GoodputError, match="first 192 samples are not those the checkpoint"):
         loader.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "name", ["stage abc", "stage -1", "stage 0", "stage 01", "stage 1 ", "stage"]
+)
+def test_a_checkpoint_naming_a_component_no_blend_has_is_refused(lists, tmp_path, name):
+    """Component names come from the checkpoint: one that is not ``stage k`` (k >= 1) is a
+    change the loader refuses, never a stage number it computes with."""
+    stage0, stage1, _, _ = lists
+    directory = blend(tmp_path, [(0, stage0), (128, stage1)])
+    state = dict(state_at(directory, 64))
+    state["components"] = {**state["components"], name: "0" * 16}
+    state["fingerprint"] = "f" * 16
+    loader = DataLoader(directory, global_batch_size=GLOBAL_BATCH, dp_rank=0, dp_size=1)
+    with pytest.raises(GoodputError, match="resume with the blend the run started with") as refused:
+        loader.load_state_dict(state)
+    assert refused.value.code == 2 and name.strip() in str(refused.value)
