@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import tomllib
 import types
 import typing
@@ -252,7 +253,9 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
             )
     if isinstance(node, list):
         raise GoodputError.usage(
-            key, f"'{parents[-1]}' is a list of tables", f"override a key of one: {key}.0.KEY=..."
+            key,
+            f"'{parents[-1]}' is a list of tables",
+            f"override a key of one: {'.'.join(parents)}.0.KEY=...",
         )
     node[leaf] = value
 
@@ -318,8 +321,9 @@ def _refuse_missing(
             raw = {**raw, name: {}}
             continue
         key = f"[{prefix.rstrip('.')}] {name}" if prefix else f"'{name}'"
+        dotted = re.sub(r"\[(\d+)\]", r".\1", prefix)  # an override names a list's table by index
         fix = " or ".join(
-            f"add {prefix}{each}={fields[each].metadata.get('example', 'VALUE')}"
+            f"add {dotted}{each}={fields[each].metadata.get('example', 'VALUE')}"
             for each in (name, *others)
         )
         raise GoodputError.usage(where, f"{key} is not set", fix)

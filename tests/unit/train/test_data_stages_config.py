@@ -83,7 +83,7 @@ STAGE = '[[data.stages]]\nfile_list = "a.txt"\nstart_step = 0\n'
         ("[data]\nstages = 3", [], "'data.stages' must be a list, got 3"),
         ("[data]\nstages = [3]", [], "'data.stages[0]' must be a table, got 3"),
         ('[[data.stages]]\nfile_list = "a"', [], "[data.stages[0]] start_step is not set; add "
-         "data.stages[0].start_step=N or add data.stages[0].start_tokens=N"),
+         "data.stages.0.start_step=N or add data.stages.0.start_tokens=N"),
         ('[[data.stages]]\nstart_step = 0', [], "[data.stages[0]] file_list is not set"),
         (f"{STAGE}start_tokens = 0", [], "'data.stages[0].start_step' and "
          "'data.stages[0].start_tokens' are both set"),
@@ -107,7 +107,8 @@ STAGE = '[[data.stages]]\nfile_list = "a.txt"\nstart_step = 0\n'
          "a step; use 4096 or 6144"),
         (STAGE, ["data.stages.1.start_step=5"], "'1' is not an index of a list of 1"),
         (STAGE, ["data.stages.x.start_step=5"], "'x' is not an index of a list of 1"),
-        (STAGE, ["data.stages.0=5"], "'stages' is a list of tables; override a key of one"),
+        (STAGE, ["data.stages.0=5"], "'stages' is a list of tables; override a key of one: "
+         "data.stages.0.KEY=..."),
         (STAGE, ["data.stages.0.file_list.x=5"], "'file_list' is a value, not a section"),
     ],
 )  # fmt: skip
