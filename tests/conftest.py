@@ -1,9 +1,12 @@
 """Shared test setup. Under GOODPUT_REQUIRE_ALL=1 (CI) a skipped test is a failure: a missing
-tool must never turn into a silently green run."""
+tool must never turn into a silently green run. Every test starts with SIGPIPE ignored, as
+Python starts: ``goodput.cli.main`` called in-process restores its default, under which a later
+test's write to a dead child would kill the whole test run without a word."""
 
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -15,3 +18,8 @@ def pytest_runtest_makereport(item, call):
     if report.skipped and os.environ.get("GOODPUT_REQUIRE_ALL") == "1":
         report.outcome = "failed"
         report.longrepr = f"skipped under GOODPUT_REQUIRE_ALL=1: {report.longrepr}"
+
+
+@pytest.fixture(autouse=True)
+def _sigpipe_ignored():
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)

@@ -21,10 +21,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -162,6 +164,7 @@ def write_archive(
     stats = ArchiveStats()
     content = _content(staging, prefix, stats)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_broken_pipe_as_error())
         err = stack.enter_context(tempfile.TemporaryFile())
         zstd = subprocess.Popen([*ZSTD, "-o", str(archive)], stdin=subprocess.PIPE, stderr=err)
         stack.callback(_reap, zstd)
@@ -181,7 +184,8 @@ def write_archive(
         except BrokenPipeError:
             pass  # zstd died: its exit status and message below say why
         finally:
-            zstd.stdin.close()
+            with contextlib.suppress(BrokenPipeError):  # the flush of what zstd never read
+                zstd.stdin.close()
         zstd.wait(timeout=ZSTD_TIMEOUT_S)
         if zstd.returncode != 0:
             err.seek(0)
@@ -189,6 +193,21 @@ def write_archive(
             raise RuntimeError(f"zstd exited {zstd.returncode} writing {archive}: {said}")
     stats.archive_bytes = archive.stat().st_size
     return stats
+
+
+@contextlib.contextmanager
+def _broken_pipe_as_error() -> Iterator[None]:
+    """SIGPIPE ignored while this thread writes to zstd. The CLI restores its default (so that
+    ``goodput ... | head`` ends quietly), under which a zstd that dies would kill goodput without
+    a word; ignored, the write raises ``BrokenPipeError`` and zstd's own message is shown."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set a handler; the CLI writes from it
+        return
+    previous = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGPIPE, previous)
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:

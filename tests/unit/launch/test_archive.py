@@ -7,6 +7,7 @@ import os
 import socket
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,26 @@ def test_without_zstd_compress_is_refused(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(GoodputError, match="needs the zstd command.*apt-get install zstd"):
         archive.require_zstd()
+
+
+def test_a_zstd_that_dies_is_one_line_from_the_command_not_a_silent_death(tmp_path: Path) -> None:
+    """The CLI restores SIGPIPE's default (so ``goodput ... | head`` ends quietly); a zstd that
+    exits before reading must still end ``goodput broadcast --compress`` with its message. A real
+    child process: a ``zstd`` on PATH that fails at once, fed more than a pipe holds."""
+    fake = tmp_path / "bin" / "zstd"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'zstd: out of space' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    source = tmp_path / "payload"
+    source.mkdir()
+    (source / "big.bin").write_bytes(os.urandom(4 << 20))
+    (tmp_path / "hosts").write_text("node1\n")
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    argv = ["broadcast", str(source), "--compress", "--hostfile", str(tmp_path / "hosts")]
+    done = subprocess.run(
+        [sys.executable, "-m", "goodput", *argv, "--dest", str(tmp_path / "copy")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "zstd exited 3" in done.stderr and "out of space" in done.stderr
+    assert not (tmp_path / "copy").exists()
