@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -64,6 +65,23 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def stray_temps(path: str | os.PathLike[str]) -> list[Path]:
+    """The temp files ``atomic_path`` left beside ``path`` when its process was killed before the
+    rename (mkstemp's exact name: ``.NAME.`` + 8 of its characters + ``.tmp``): regular files
+    only, so the name proves goodput wrote them."""
+    final = Path(path)
+    name = re.compile(re.escape(f".{final.name}.") + "[a-z0-9_]{8}" + re.escape(".tmp"))
+    try:
+        entries = list(os.scandir(final.parent))
+    except OSError:
+        return []
+    return [
+        final.parent / entry.name
+        for entry in entries
+        if name.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)
+    ]
 
 
 def fsync_dir(directory: Path) -> None:

@@ -40,7 +40,9 @@ payload is mapped only once it is a regular file of this user of exactly the man
 partner bytes are held to the same manifest rules as files; nothing is unpickled. Files are
 deleted only by slot name, and only this rank's own and its source's held files: at the first
 ``take`` of a start, the manifests it did not restore (an earlier start's snapshots are never
-mixed with this one's) and the payloads of another run (a manifest naming another run id).
+mixed with this one's) and the payloads of another run (a manifest naming another run id); then
+and at the run's end, the temp files of those manifests that a killed write left
+(``io.stray_temps``: mkstemp's exact names, regular files).
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ from goodput.checkpoint.parts import gather, load_into
 from goodput.checkpoint.state import CheckpointContents, rng_state, set_rng_state
 from goodput.errors import GoodputError
 from goodput.faults import FaultPlan
-from goodput.io import write_bytes
+from goodput.io import stray_temps, write_bytes
 from goodput.progress import print_line
 
 # A partner that died mid-transfer ends the wait after this (the idle watchdog may come first).
@@ -714,7 +716,9 @@ class SnapshotStore:
         """Before this start's first snapshot: drop the manifests of this rank's slot files (own,
         and held of its source) that this start did not restore, so no snapshot of an earlier
         start is ever mixed with this one's; a slot of another run (its manifest names another
-        run id) loses its payload too. The name and a valid manifest prove goodput wrote them."""
+        run id) loses its payload too. The name and a valid manifest prove goodput wrote them.
+        A manifest's temp file left by a rank killed mid-write goes too (``stray_temps``)."""
+        self._remove_stray_temps()
         for kind, owner in self._files_of_mine():
             for slot in range(SLOTS):
                 if slot == self.committed[kind]:
@@ -736,6 +740,14 @@ class SnapshotStore:
             mine.append(("held", self.pairing.source))
         return mine
 
+    def _remove_stray_temps(self) -> None:
+        """The temp files of this rank's manifests that a killed write left (a SIGKILL between
+        the temp write and its rename): host memory, held until removed."""
+        for kind, owner in self._files_of_mine():
+            for slot in range(SLOTS):
+                for path in stray_temps(self.folder / manifest_name(kind, owner, slot)):
+                    self._unlink(path)
+
     def _unlink(self, path: Path) -> None:
         path.unlink(missing_ok=True)
 
@@ -748,6 +760,7 @@ class SnapshotStore:
         this rank's files; else keep them for the restart."""
         self._drop_pending()
         if finished:
+            self._remove_stray_temps()
             for kind, owner in self._files_of_mine():
                 for slot in range(SLOTS):
                     self._unlink(self.folder / manifest_name(kind, owner, slot))

@@ -460,3 +460,45 @@ def test_a_verified_snapshot_whose_train_state_is_refused_stops_every_rank(tmp_p
     assert results[0]["error"].startswith(f"{manifest}: on rank 1: memory snapshot not loaded")
     for result in results:
         assert result["steps"] == [3, 3], result  # own and held of step 3; step 2's dropped
+
+
+def killed_writes(rank: int, world_size: int, tmp: str) -> dict:
+    """Manifest temp files a SIGKILL left (between the temp write and its rename) in each host
+    folder, and lookalikes that are not this rank's to delete."""
+    folder = folder_of(tmp, f"n{rank + 1}")
+    store = store_of(tmp, ["n1", "n2"])  # rank 0 holds rank 1's copies and the reverse
+    source = 1 - rank
+
+    def plant() -> tuple[list[Path], list[Path]]:
+        mine = [
+            folder / f".{manifest_name('own', rank, 0)}.k1ll_d{rank}0.tmp",
+            folder / f".{manifest_name('held', source, 1)}.k1ll_d{rank}1.tmp",
+        ]
+        others = [
+            folder / f".{manifest_name('own', 7, 0)}.k1ll_d{rank}2.tmp",  # no rank 7 here
+            folder / f".{payload_name('own', rank, 0)}.k1ll_d{rank}3.tmp",  # never written so
+            folder / f".{manifest_name('own', rank, 1)}.k1ll_d{rank}44.tmp",  # not mkstemp's
+        ]
+        for path in mine + others:
+            path.touch()
+        return mine, others
+
+    mine, others = plant()
+    contents = contents_of(seed=rank)
+    train(contents, 1)
+    snapshot(store, contents, 1)  # a start's first snapshot: what an earlier one left goes
+    results = {"first": [p.exists() for p in mine], "kept": [p.exists() for p in others]}
+    mine, _ = plant()
+    store.close(finished=True)  # the run's end: this rank's files go, strays too
+    results["finished"] = [p.exists() for p in mine]
+    results["left"] = sorted(p.name for p in folder.iterdir())
+    results["others"] = sorted(p.name for p in others)
+    return results
+
+
+@pytest.mark.timeout(180)
+def test_temp_files_of_killed_manifest_writes_are_removed_and_nothing_else(tmp_path):
+    for result in run_distributed(killed_writes, 2, str(tmp_path), timeout_s=150):
+        assert result["first"] == [False, False] and result["kept"] == [True, True, True]
+        assert result["finished"] == [False, False]
+        assert result["left"] == result["others"]

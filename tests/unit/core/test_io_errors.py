@@ -1,10 +1,23 @@
 import os
 import pickle
+import re
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from goodput.errors import ExitCode, GoodputError
-from goodput.io import atomic_path, is_complete, sha256_file, write_json, write_marker
+from goodput.io import (
+    atomic_path,
+    is_complete,
+    sha256_file,
+    stray_temps,
+    write_json,
+    write_marker,
+)
 
 
 def test_atomic_write_leaves_old_content_on_failure(tmp_path):
@@ -99,3 +112,43 @@ def test_the_json_writer_refuses_non_finite_numbers_naming_the_key():
             json_text(bad, where="goodput report --json")
         assert caught.value.where == "goodput report --json"
         assert f"non-finite number at {key}," in caught.value.what
+
+
+def test_stray_temps_are_the_temp_files_a_killed_atomic_write_leaves_and_nothing_else(tmp_path):
+    """What ``atomic_path`` leaves when its process dies before the rename (mkstemp's own names,
+    made here by mkstemp itself) is found; a lookalike of another length, another file's temp,
+    a link or a folder by the right name are not."""
+    final = tmp_path / "rank-00001.slot-0.json"
+    killed = [Path(tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=tmp_path)[1])]
+    killed.append(tmp_path / f".{final.name}.ab_c1234.tmp")
+    for name in killed:
+        name.touch()
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.write_text("not goodput's")
+    (tmp_path / f".{final.name}.link1234.tmp").symlink_to(outside)
+    (tmp_path / f".{final.name}.fold1234.tmp").mkdir()
+    for lookalike in (
+        f".{final.name}.abc123456.tmp",  # 9 characters: not mkstemp's
+        f".{final.name}.ABCD1234.tmp",  # upper case: not mkstemp's
+        ".rank-00002.slot-0.json.abcd1234.tmp",  # another file's temp
+        f"{final.name}.abcd1234.tmp",  # no leading dot
+        f".{final.name}.abcd1234.tmp.x",
+    ):
+        (tmp_path / lookalike).touch()
+    assert sorted(stray_temps(final)) == sorted(killed)
+    assert stray_temps(tmp_path / "absent" / "x.json") == []  # no folder: nothing stray
+
+
+@given(st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_.-AZ", min_size=1, max_size=30))
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_stray_temps_matches_exactly_mkstemps_pattern(tmp_path, name):
+    folder = tmp_path / "f"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    entry = folder / name
+    if name in (".", ".."):
+        return
+    entry.touch()
+    found = stray_temps(folder / "m.json")
+    expected = re.fullmatch(r"\.m\.json\.[a-z0-9_]{8}\.tmp", name) is not None
+    assert found == ([entry] if expected else [])
