@@ -56,9 +56,10 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from goodput import faults, rundir
-from goodput.chaos import compare, outcomes, plan, records
+from goodput.chaos import outcomes, plan, records
 from goodput.chaos.report import Report, write_report
 from goodput.config import load_config
 from goodput.errors import ExitCode, GoodputError
@@ -71,7 +72,9 @@ from goodput.outputs import check_output_dir, folder_holding
 from goodput.report.accounting import Accounting, account
 from goodput.report.run_files import RunFiles, read_run
 from goodput.train.config import RunConfig
-from goodput.train.preflight import check_launchable
+
+if TYPE_CHECKING:  # torch's: imported where used, so a usage error comes without it
+    from goodput.chaos import compare
 
 MARKER = "campaign.json"
 PLAN, REFERENCE_PLAN = "plan.json", "reference-plan.json"
@@ -224,6 +227,8 @@ def _prepare(options: CampaignOptions) -> _Setup:
         load_config(RunConfig, options.config, train.overrides_for(run_dir, extra))
         for run_dir, extra in runs
     ]
+    from goodput.train.preflight import check_launchable
+
     for run_cfg in configs:
         check_launchable(run_cfg, launch_plan.nproc, launch_plan.ppn)
     return _Setup(
@@ -493,6 +498,8 @@ def account_run(run_dir: Path) -> AccountedRun:
 def _compare(
     output: Path, num_steps: int, reference: AccountedRun, faulted: AccountedRun
 ) -> compare.Comparison:
+    from goodput.chaos import compare
+
     parts = compare.compare_checkpoints(
         compare.final_checkpoint(output / REFERENCE, num_steps),
         compare.final_checkpoint(output / FAULTED, num_steps),

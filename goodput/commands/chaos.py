@@ -126,8 +126,6 @@ def _kinds(text: str) -> tuple[str, ...]:
 
 
 def _chaos(args: argparse.Namespace) -> ExitCode:
-    from goodput.chaos.campaign import CampaignOptions, run_campaign
-    from goodput.chaos.report import format_report
     from goodput.faults import MAX_FAULTS
 
     words, launch_argv = _split_at_dashes(after_dashes(args.rest))
@@ -143,6 +141,9 @@ def _chaos(args: argparse.Namespace) -> ExitCode:
         raise GoodputError.usage(
             "--faults", f"{args.faults} is more than {MAX_FAULTS}", "ask for fewer"
         )
+    from goodput.chaos.campaign import CampaignOptions, run_campaign
+    from goodput.chaos.report import format_report
+
     report = run_campaign(
         CampaignOptions(
             config=args.config,

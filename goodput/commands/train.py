@@ -66,9 +66,9 @@ def load_run_config(args: argparse.Namespace) -> RunConfig:
 
 
 def _train(args: argparse.Namespace) -> ExitCode:
+    cfg = load_run_config(args)  # torch-free: a config error is one line, without torch's import
     from goodput.train.loop import train
 
-    cfg = load_run_config(args)
     try:
         train(cfg)
     except Exception as error:

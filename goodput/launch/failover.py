@@ -231,12 +231,16 @@ def probe_hosts(probes: dict[str, ProcessSpec], timeout_s: float) -> dict[str, E
     return failed
 
 
-def classify(result: AttemptResult, steps_gained: int, named: Sequence[Evidence]) -> AttemptClass:
+def classify(
+    result: AttemptResult, steps_gained: int, named: Sequence[Evidence], *, finished: bool = False
+) -> AttemptClass:
     """The attempt's class; ``named``: the host evidence against its hosts (peer evidence, hang
     suspects and straggler warnings are no class of their own: the attempt failed for whatever
-    its exit says)."""
+    its exit says); ``finished``: the trainer's last heartbeat, written in this attempt, said
+    the run is complete, so whatever its processes did after that (a teardown that hung past
+    the idle watchdog, a crash on exit) it is a success, never retried."""
     code = result.exit_code
-    if code == ExitCode.OK:
+    if code == ExitCode.OK or finished:
         return "success"
     if result.launcher_signal == signal.SIGINT or code == ExitCode.INTERRUPTED:
         return "interrupted"
@@ -255,10 +259,13 @@ def classify(result: AttemptResult, steps_gained: int, named: Sequence[Evidence]
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """What the trainer's ``heartbeat`` file said: its last step, and when (its clock)."""
+    """What the trainer's ``heartbeat`` file said: its last step, and when (its clock); ``done``:
+    the run's last beat, written once the run is complete (``done`` marker written), at that
+    time rather than a step's."""
 
     step: int
     time: float
+    done: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,9 +284,17 @@ def progress(result: AttemptResult, before: Heartbeat | None, after: Heartbeat |
         by_lines = result.last_step - result.first_step + 1
     by_heartbeat = 0
     if after is not None and after != before:
-        by_heartbeat = max(1, after.step - (before.step if before is not None else 0))
+        moved = after.step - (before.step if before is not None else 0)
+        # The last beat is written at the run's end, not at a step: only its step counts.
+        by_heartbeat = max(0, moved) if after.done else max(1, moved)
+    if after is not None and by_heartbeat:
         last_step = after.step if last_step is None else max(last_step, after.step)
     return Progress(max(by_lines, by_heartbeat), last_step)
+
+
+def finished(before: Heartbeat | None, after: Heartbeat | None) -> bool:
+    """Whether the trainer wrote its last beat (the run is complete) during the attempt."""
+    return after is not None and after.done and after != before
 
 
 def read_heartbeat(path: Path | None) -> Heartbeat | None:
@@ -296,7 +311,10 @@ def read_heartbeat(path: Path | None) -> Heartbeat | None:
         return None
     if type(when) not in (int, float) or not math.isfinite(when):
         return None
-    return Heartbeat(step, float(when))
+    done = raw.get("done", False)
+    if type(done) is not bool or not set(raw) <= {"step", "time", "done"}:
+        return None
+    return Heartbeat(step, float(when), done)
 
 
 @dataclass

@@ -8,7 +8,9 @@ Each line is one JSON object with exactly these keys (none ever left out; null o
   job                  str | null: the Slurm or PBS job id; null outside a job
   class                success | walltime | interrupted | bad-node | hang | stuck-pre-training |
                        straggler | error (``failover.classify``)
-  exit_code            int 0..255: the attempt's; a death by signal N reads 128 + N
+  exit_code            int 0..255: the attempt's; a death by signal N reads 128 + N; 0 only for
+                       a success, which exits 0 unless the trainer said the run was done and its
+                       processes then failed or hung (124: the watchdog stopped them)
   timed_out            bool: the idle watchdog ended it
   first_failure_label  str | null: the label (rank, ``srun``, ...) of the first process that failed
   started              ISO 8601 UTC to the millisecond: before the attempt's processes started
@@ -107,7 +109,8 @@ class AttemptRecord:
         """What a report relies on; at write time a failure here is a bug of the loop."""
         if self.of is not None and self.attempt > self.of:
             raise _refused(f"attempt {self.attempt} of {self.of}")
-        if (self.class_ == "success") != (self.exit_code == 0):
+        # A success exits 0, unless the run said done and its processes then did not (class).
+        if self.exit_code == 0 and self.class_ != "success":
             raise _refused(f"class {self.class_} with exit code {self.exit_code}")
         times = [_instant(self.started), _instant(self.ended)]
         if self.first_step_at is not None:

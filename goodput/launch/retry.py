@@ -2,7 +2,9 @@
 
 One loop serves ``--retries R`` and ``--auto-retry``; a ``Policy`` says what differs. After every
 attempt, in this order:
-  1. it gets its class and progress (``failover.classify``, ``failover.progress``);
+  1. it gets its class and progress (``failover.classify``, ``failover.progress``); an attempt
+     in which the trainer's last heartbeat said the run is complete (``done``) is a success
+     whatever its exit (a teardown that hung past the watchdog), and the launch exits 0;
   2. it stops on ``success``, ``walltime`` (the allocation is ending: continuing is the job
      chain's work, in a new allocation) and ``interrupted``, on a usage error (exit 2),
      which the next attempt would repeat, and on the eval gate's stop (exit 3: the run is not
@@ -160,14 +162,16 @@ def run_attempts(
         started, clock = datetime.now(UTC), time.monotonic()
         result = start_attempt(hosts, scanner)
         ended = started + timedelta(seconds=time.monotonic() - clock)
-        reached = failover.progress(result, before, failover.read_heartbeat(heartbeat))
+        after = failover.read_heartbeat(heartbeat)
+        reached = failover.progress(result, before, after)
         progressed = reached.last_step is not None and (
             furthest is None or reached.last_step > furthest
         )
         furthest = reached.last_step if progressed else furthest
         stepless = 0 if reached.steps_gained else stepless + 1
         findings = _findings(scanner, result, hosts, suspects_before)
-        kind = failover.classify(result, reached.steps_gained, findings.named)
+        finished = failover.finished(before, after)
+        kind = failover.classify(result, reached.steps_gained, findings.named, finished=finished)
         without_progress = 0 if progressed or kind == "straggler" else without_progress + 1
         suspects_before = frozenset(item.host for item in findings.suspects if kind == "hang")
         decision = _decide(policy, pool, attempt, kind, result.exit_code, stepless, findings)
@@ -193,6 +197,12 @@ def run_attempts(
         )
         append_record(attempts_log, record)
         _tell(record, result.duration_s, decision.notes, None if progressed else furthest)
+        if finished and result.exit_code != ExitCode.OK:
+            _say(
+                f"the run is complete (its last heartbeat says done), but its processes ended "
+                f"with exit {result.exit_code}: not retried"
+            )
+            return ExitCode.OK
         if wait_s is None:
             return result.exit_code
         try:

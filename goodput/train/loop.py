@@ -207,6 +207,7 @@ def train(cfg: RunConfig) -> list[float]:
         if rank == 0:
             # Last, once every step has run: a `goodput submit` job chain stops at this file.
             write_marker(run_dir, rundir.DONE)
+            metrics.finished(cfg.train.steps)
             print(f"train: done; metrics in {run_dir / rundir.METRICS}", flush=True)
         return losses
     finally:

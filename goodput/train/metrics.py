@@ -8,10 +8,11 @@ accelerator missing from the table gets no MFU rather than an invented one.
 
 Only rank 0 writes. Every step prints one line starting ``step=N`` (the launcher's progress
 signal) and replaces the ``heartbeat`` file (step and time); neither is fsync'd — they say "alive",
-they are not records. ``metrics.jsonl`` is appended and flushed per step, its line the schema's
-(``runfiles.StepRecord``, then what else the step measured), strict JSON: a loss or gradient norm
-that is not finite is written as null (the step line shows inf or nan). A step the
-non-finite guard skipped says so in both (``skipped``, and the run's ``skipped_steps`` so far).
+they are not records. Once the run is complete, a last beat adds ``done`` (``finished``).
+``metrics.jsonl`` is appended and flushed per step, its line the schema's (``runfiles.StepRecord``,
+then what else the step measured), strict JSON: a loss or gradient norm that is not finite is
+written as null (the step line shows inf or nan). A step the non-finite guard skipped says so in
+both (``skipped``, and the run's ``skipped_steps`` so far).
 Every record says which data-mix stage the step's samples came from (``stage``, from 0) and the
 tokens the run has trained on through it (``tokens``: the loader's global sample count times the
 sequence length, so it carries on across a resume, a job chain and a new layout).
@@ -182,10 +183,18 @@ class Metrics:
         if self.wandb is not None:
             self.wandb.log(scalars, step=record["step"])
         print_line(step_line(record))
-        beat = json_text({"step": record["step"], "time": record["time"]}, where=rundir.HEARTBEAT)
+        self._beat({"step": record["step"], "time": record["time"]})
+
+    def finished(self, step: int) -> None:
+        """The run is complete (``done`` written): a last beat says so, so that goodput launch
+        never retries a run whose processes linger or fail after it (a hung teardown)."""
+        self._beat({"step": step, "time": time.time(), "done": True})
+
+    def _beat(self, beat: dict[str, Any]) -> None:
+        text = json_text(beat, where=rundir.HEARTBEAT)
         for heartbeat in self.heartbeats:  # the run's, and goodput launch's when it is another
             tmp = heartbeat.with_name(f".heartbeat.{os.getpid()}.tmp")
-            tmp.write_text(beat)
+            tmp.write_text(text)
             os.replace(tmp, heartbeat)
 
     def close(self) -> None:

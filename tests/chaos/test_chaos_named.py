@@ -23,8 +23,9 @@ from goodput.launch.history import read_attempts
 from goodput.testing.jobs import outside_any_job
 from goodput.testing.tiny import tiny_run_config
 
-# 5 windows of 10 steps (straggler_steps 5 + 5), 9 steps apart at least, and 5 stalls: room to draw
-STEPS = 100
+# 2 windows of 10 steps (straggler_steps 5 + 5), 9 steps apart at least, and 2 stalls (one in
+# the data phase, one before a collective: dealt evenly): room to draw
+STEPS = 50
 # Between steps the ranks print every few hundredths of a second: a 3 s watchdog finds a stall
 # fast. Start-up is silent far longer (imports, the process group: 8 s and more with 4 ranks on
 # 2 busy cores), so it gets its own bound until the first step line. A stalled rank's peers wait
@@ -45,7 +46,7 @@ def test_every_slow_and_stalled_rank_is_named_and_the_state_is_bitwise_equal(tmp
     config, out = write_config(tmp_path), tmp_path / "campaign"
     argv = [
         sys.executable, "-m", "goodput", "chaos", str(config), "watch.straggler_steps=5",
-        "--nproc", str(nproc), "--kinds", "slow,stall", "--faults", "10", "--output", str(out),
+        "--nproc", str(nproc), "--kinds", "slow,stall", "--faults", "4", "--output", str(out),
         *LAUNCH_OPTIONS,
     ]  # fmt: skip
     started = time.monotonic()
@@ -57,7 +58,7 @@ def test_every_slow_and_stalled_rank_is_named_and_the_state_is_bitwise_equal(tmp
     report = json.loads((out / "report.json").read_text())
     assert report["passed"] and report["comparison"]["equal"]
     faults = report["faults"]
-    assert Counter(f["kind"] for f in faults) == {"slow": 5, "stall": 5}
+    assert Counter(f["kind"] for f in faults) == {"slow": 2, "stall": 2}
     assert {f["where"] for f in faults if f["kind"] == "stall"} == {"data", "collective"}
 
     # Each fault named: its rank, and the host that rank ran on.
@@ -90,4 +91,10 @@ def test_every_slow_and_stalled_rank_is_named_and_the_state_is_bitwise_equal(tmp
             if item.source == "straggler" and item.step in window
         ]  # fmt: skip
         assert lines and lines[0].rank == fault["rank"] and "warning: straggler: " in lines[0].said
-    assert len(attempts) == 6 and attempts[-1].class_ == "success"  # 5 stalls, then done
+    # The 2 stalls' attempts hung, the last finished; any other attempt failed before its first
+    # step (a rendezvous port another process took on a busy machine: retried, as it should be).
+    stalled = {fault["attempt"] for fault in faults if fault["kind"] == "stall"}
+    assert [a.attempt for a in attempts if a.class_ == "hang"] == sorted(stalled)
+    assert attempts[-1].class_ == "success"
+    others = [a for a in attempts[:-1] if a.attempt not in stalled]
+    assert all(a.class_ == "stuck-pre-training" and a.steps_gained == 0 for a in others), others

@@ -19,7 +19,13 @@ from hypothesis import strategies as st
 
 from goodput import rundir
 from goodput.launch.attempt import AttemptResult
-from goodput.launch.failover import PEER_PATTERNS, EvidenceScanner, progress, read_heartbeat
+from goodput.launch.failover import (
+    PEER_PATTERNS,
+    EvidenceScanner,
+    finished,
+    progress,
+    read_heartbeat,
+)
 from goodput.testing.fuzz import json_values, result_or_refusal
 
 POOL = ["nid001", "nid002", "localhost"]
@@ -28,7 +34,8 @@ contents = st.one_of(
     st.binary(max_size=300),
     json_values().map(lambda value: json.dumps(value).encode()),
     st.fixed_dictionaries(
-        {"step": json_values(2**53, 2**53 + 1, -1), "time": json_values(1e308, float("nan"))}
+        {"step": json_values(2**53, 2**53 + 1, -1), "time": json_values(1e308, float("nan"))},
+        optional={"done": json_values(True, False)},  # the run's last beat
     ).map(lambda value: json.dumps(value).encode()),
 )
 
@@ -43,6 +50,8 @@ def test_any_heartbeat_reads_as_a_step_or_nothing(first, second, last_step):
         after = read_heartbeat(path)
     for beat in (before, after):
         assert beat is None or (0 <= beat.step <= 2**53 and abs(beat.time) < float("inf"))
+        assert beat is None or type(beat.done) is bool
+    assert not finished(before, after) or (after is not None and after.done)
     steps = (1, last_step) if last_step is not None else (0, None)
     result = AttemptResult(1, 1.0, False, None, steps[0], last_step, last_step, [])
     reached = progress(result, before, after)

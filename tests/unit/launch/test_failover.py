@@ -36,6 +36,7 @@ from goodput.launch.failover import (
     Pool,
     Progress,
     classify,
+    finished,
     probe_hosts,
     progress,
     read_heartbeat,
@@ -417,6 +418,25 @@ def test_the_heartbeat_counts_steps_that_printed_nothing(tmp_path):
     assert read_heartbeat(tmp_path / "absent") is None
     for text in ["{half", '{"step": 3}', '{"step": -1, "time": 0}', '{"step": 3, "time": "x"}']:
         heartbeat.write_text(text)  # replaced mid-read, or not a heartbeat
+        assert read_heartbeat(heartbeat) is None
+
+
+def test_the_last_beat_says_done_counts_only_its_steps_and_makes_the_attempt_a_success(tmp_path):
+    heartbeat = tmp_path / "heartbeat"
+    heartbeat.write_text(json.dumps({"step": 50, "time": 9.5, "done": True}))
+    done = read_heartbeat(heartbeat)
+    assert done == Heartbeat(50, 9.5, done=True)
+    # Written at the run's end, not at a step: a resumed attempt that only finished made none.
+    assert progress(_result(124, timed_out=True), Heartbeat(50, 1.0), done) == Progress(0, None)
+    assert progress(_result(124, timed_out=True), Heartbeat(45, 1.0), done) == Progress(5, 50)
+    assert finished(Heartbeat(50, 1.0), done) and finished(None, done)
+    assert not finished(done, done)  # said by an earlier attempt, not this one
+    assert not finished(Heartbeat(40, 1.0), Heartbeat(50, 2.0))
+    assert classify(_result(124, timed_out=True), 0, [], finished=True) == "success"
+    assert classify(_result(137), 3, [], finished=True) == "success"
+    for text in ['{"step": 3, "time": 1, "done": 1}', '{"step": 3, "time": 1, "done": "yes"}',
+                 '{"step": 3, "time": 1, "done": true, "x": 0}']:  # fmt: skip
+        heartbeat.write_text(text)  # not a heartbeat of goodput's
         assert read_heartbeat(heartbeat) is None
 
 

@@ -88,3 +88,48 @@ def test_progress_is_seen_by_the_heartbeat_when_no_step_line_comes(tmp_path):
     assert first.class_ == "error"  # not stuck: it stepped
     assert first.wait_s is not None and first.wait_s <= 1.0  # progress: no backoff
     assert json.loads((run_dir / "heartbeat").read_text())["step"] == 3
+
+
+# Trains three steps, then hangs silently in its teardown, as a process group's destroy can; with
+# a last beat that says done (as goodput train writes once `done` is) when "done" is its argument.
+LINGERS = """
+    import json, os, pathlib, sys, time
+    heartbeat = pathlib.Path(os.environ["GOODPUT_HEARTBEAT"])
+    for step in (1, 2, 3):
+        print(f"step={step}", flush=True)
+        heartbeat.write_text(json.dumps({"step": step, "time": time.time()}))
+    if sys.argv[1:] == ["done"]:
+        heartbeat.write_text(json.dumps({"step": 3, "time": time.time(), "done": True}))
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("done", [True, False])
+def test_a_run_that_said_done_and_then_hangs_is_a_success_not_retried(tmp_path, capsys, done):
+    (tmp_path / "lingers.py").write_text(textwrap.dedent(LINGERS))
+    run_dir = tmp_path / "run"
+    options = LaunchOptions(
+        command=(sys.executable, "lingers.py", *(["done"] if done else [])),
+        auto_retry=True,
+        retries=1,
+        idle_timeout_s=1.5,
+        backoff_s=0.1,
+        grace_s=0.5,
+        run_dir=run_dir,
+    )
+    code = goodput.launch.run(options)
+    attempts = read_attempts(run_dir / "attempts.jsonl")
+    err = capsys.readouterr().err
+    if done:  # the watchdog stopped it, and the run was complete: one attempt, exit 0
+        assert code == ExitCode.OK and len(attempts) == 1
+        (only,) = attempts
+        assert (only.class_, only.exit_code, only.timed_out) == ("success", 124, True)
+        assert only.steps_gained == 3
+        assert (
+            "launch: the run is complete (its last heartbeat says done), but its processes "
+            "ended with exit 124: not retried"
+        ) in err
+    else:  # the control: the same hang before done is a hang, retried
+        assert code == ExitCode.IDLE_TIMEOUT
+        assert [a.class_ for a in attempts] == ["hang", "hang"]
+        assert "not retried" not in err

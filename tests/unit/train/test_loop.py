@@ -40,7 +40,8 @@ def test_a_run_trains_and_writes_its_run_directory(run_config, capsys):
     record = json.loads((run_dir / "run.json").read_text())
     assert record["world_size"] == 1 and record["packages"]["torch"].startswith("2.13")
     assert record["git_sha"] and len(record["data"]["fingerprint"]) == 64
-    assert json.loads((run_dir / "heartbeat").read_text())["step"] == 8
+    last_beat = json.loads((run_dir / "heartbeat").read_text())  # the run is complete: done
+    assert (last_beat["step"], last_beat["done"]) == (8, True) and (run_dir / "done").exists()
 
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, 9))

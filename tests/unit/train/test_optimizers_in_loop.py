@@ -4,7 +4,7 @@ refresh and the LR scaling rule, as the loop applies them."""
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,8 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from goodput.checkpoint.save import list_checkpoints, step_dir
 from goodput.rundir import checkpoints_dir
 from goodput.testing.dist import run_distributed
-from goodput.train.config import DiagnosticsConfig
+from goodput.testing.tiny import tiny_run_config
+from goodput.train.config import DiagnosticsConfig, RunConfig
 from goodput.train.loop import train
 from goodput.train.model import Transformer
 from goodput.train.model_config import MoEConfig
@@ -29,8 +30,34 @@ KINDS = {
 }
 
 
-def train_on_rank(rank, world_size, cfg):
-    return train(cfg)
+LAYOUTS = {  # (kind, [parallel] overrides): each new optimizer under a layout that splits it
+    "muon-tp2": ("muon", {"tp": 2}),
+    "lamb-tp2": ("lamb", {"tp": 2}),
+    "mano-pp2": ("mano", {"pp": 2}),
+    "mano-tp2": ("mano", {"tp": 2}),
+    "sophiag-pp2": ("sophiag", {"pp": 2}),
+    "mano-cp2": ("mano", {"cp": 2}),
+    "muon-moe-ep2": ("muon", {"ep": 2}),
+}
+MOE = MoEConfig(num_experts=4, top_k=2, expert_ffn_dim=32)
+RUN_TIMEOUT_S = 120.0  # run_distributed's default bound, for each run a shared spawn holds
+# A test that may set up `two_rank_runs` holds all its runs (a straight run and a resume per
+# kind, a split run per layout, QK-clip's and the GNS run's): past the sum of their bounds.
+SHARED_RUNS_TIMEOUT_S = int(RUN_TIMEOUT_S * (2 * len(KINDS) + len(LAYOUTS) + 2)) + 60
+QK_CLIP_TAU = 0.02  # below the tiny model's largest logits (about 0.08 at init)
+
+
+def train_each_on_rank(rank, world_size, cfgs):
+    """Each run of ``cfgs`` (name: config) in turn, in this rank's one process group; the
+    losses by name. The run that fails is named in the traceback the parent re-raises."""
+    losses = {}
+    for name, cfg in cfgs.items():
+        try:
+            losses[name] = train(cfg)
+        except BaseException as error:
+            error.add_note(f"in the two-rank run {name!r}")
+            raise
+    return losses
 
 
 def with_optimizer(cfg, optim, run_dir, **checkpoint):
@@ -59,18 +86,64 @@ def assert_bitwise_equal(a, b, where=""):
             assert a[key] == b[key], f"{where}.{key}"
 
 
+@dataclass(frozen=True)
+class TwoRankRuns:
+    """This module's runs by name: each one's config, and rank 0's losses of the two-rank ones
+    (the ``/one`` references are left to their tests to run in-process)."""
+
+    configs: dict[str, RunConfig]
+    losses: dict[str, list[float]]
+
+
+def _resume_runs(directory, kind):
+    """A straight run and its resume from the straight run's first save (at step 4)."""
+    run_config = tiny_run_config(directory)
+    straight = with_optimizer(run_config, KINDS[kind], directory / "straight")
+    first_save = step_dir(checkpoints_dir(straight.train.run_dir), 4)
+    resumed = with_optimizer(run_config, KINDS[kind], directory / "resumed", resume=str(first_save))
+    return {f"{kind}/straight": straight, f"{kind}/resumed": resumed}
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory):
+    """Every two-rank run of this module, in two spawned process groups rather than one per run:
+    a spawn (two fresh interpreters importing torch) costs several tiny runs. The resumes come
+    in the second group, so that each one starts, as a restarted job does, in a process that did
+    not write its checkpoint."""
+    configs: dict[str, RunConfig] = {}
+    for kind in KINDS:
+        configs |= _resume_runs(tmp_path_factory.mktemp(kind), kind)
+    for case in LAYOUTS:
+        configs |= _layout_runs(tmp_path_factory.mktemp(case), case)
+    configs["qk-clip"] = _qk_clip_run(tmp_path_factory.mktemp("qk-clip"))
+    configs["gns"] = _gns_run(tmp_path_factory.mktemp("gns"))
+    resumes = {name: cfg for name, cfg in configs.items() if name.endswith("/resumed")}
+    first = {
+        name: cfg
+        for name, cfg in configs.items()
+        if name not in resumes and not name.endswith("/one")
+    }
+    losses: dict[str, list[float]] = {}
+    for group in (first, resumes):
+        timeout_s = RUN_TIMEOUT_S * len(group)
+        losses |= run_distributed(train_each_on_rank, 2, group, timeout_s=timeout_s)[0]
+    return TwoRankRuns(configs, losses)
+
+
+@pytest.mark.timeout(SHARED_RUNS_TIMEOUT_S)
 @pytest.mark.parametrize("kind", KINDS)
-def test_each_optimizer_trains_on_two_ranks_and_resumes_bit_exactly(run_config, tmp_path, kind):
-    optim = KINDS[kind]
-    straight = with_optimizer(run_config, optim, tmp_path / "straight")
-    losses = run_distributed(train_on_rank, 2, straight)[0]
+def test_each_optimizer_trains_on_two_ranks_and_resumes_bit_exactly(two_rank_runs, tmp_path, kind):
+    straight = two_rank_runs.configs[f"{kind}/straight"]
+    losses = two_rank_runs.losses[f"{kind}/straight"]
     assert len(losses) == 8 and all(math.isfinite(loss) for loss in losses)
     assert sum(losses[-3:]) < sum(losses[:3]) and losses[-1] < losses[0], losses
     saved = list_checkpoints(checkpoints_dir(straight.train.run_dir))
     assert [c.step for c in saved] == [4, 8]
 
-    resumed_cfg = with_optimizer(run_config, optim, tmp_path / "resumed", resume=str(saved[0].path))
-    assert run_distributed(train_on_rank, 2, resumed_cfg)[0] == losses[4:]
+    resumed_cfg = two_rank_runs.configs[f"{kind}/resumed"]
+    # Named before the straight run had saved: it must be the first save it lists.
+    assert resumed_cfg.checkpoint.resume == str(saved[0].path)
+    assert two_rank_runs.losses[f"{kind}/resumed"] == losses[4:]
     final = step_dir(checkpoints_dir(resumed_cfg.train.run_dir), 8)
     assert_bitwise_equal(saved_tensors(saved[1].path, tmp_path), saved_tensors(final, tmp_path))
 
@@ -97,10 +170,16 @@ def _flatten(tree, prefix=""):
             yield f"{prefix}{key}", value
 
 
-def test_qk_clip_runs_in_the_loop_and_logs_the_largest_logit(run_config, tmp_path):
-    tau = 0.02  # below the tiny model's largest logits (about 0.08 at init)
-    cfg = with_optimizer(run_config, OptimConfig(kind="muon", qk_clip=tau), tmp_path / "run")
-    losses = run_distributed(train_on_rank, 2, cfg)[0]
+def _qk_clip_run(directory):
+    optim = OptimConfig(kind="muon", qk_clip=QK_CLIP_TAU)
+    return with_optimizer(tiny_run_config(directory), optim, directory / "run")
+
+
+@pytest.mark.timeout(SHARED_RUNS_TIMEOUT_S)
+def test_qk_clip_runs_in_the_loop_and_logs_the_largest_logit(two_rank_runs):
+    tau = QK_CLIP_TAU
+    cfg = two_rank_runs.configs["qk-clip"]
+    losses = two_rank_runs.losses["qk-clip"]
     assert losses[-1] < losses[0]
     logits = [r["max_attention_logit"] for r in _records(cfg)]
     # Each step's forwards start from weights clipped after the step before: their logits
@@ -135,13 +214,18 @@ def _records(cfg):
     return [json.loads(line) for line in lines]
 
 
-def test_gns_is_logged_under_data_parallelism(run_config, tmp_path):
-    cfg = replace(
+def _gns_run(directory):
+    run_config = tiny_run_config(directory)
+    return replace(
         run_config,
-        train=replace(run_config.train, steps=12, run_dir=str(tmp_path / "run")),
+        train=replace(run_config.train, steps=12, run_dir=str(directory / "run")),
         diagnostics=DiagnosticsConfig(gns_ema=0.5),
     )
-    run_distributed(train_on_rank, 2, cfg)
+
+
+@pytest.mark.timeout(SHARED_RUNS_TIMEOUT_S)
+def test_gns_is_logged_under_data_parallelism(two_rank_runs):
+    cfg = two_rank_runs.configs["gns"]
     values = [r.get("gns") for r in _records(cfg)]
     assert all(v is None or math.isfinite(v) for v in values)
     assert values[-1] is not None
@@ -189,31 +273,24 @@ def test_the_freeze_check_is_quiet_under_fp32_master(run_config, tmp_path, capsy
     assert len(fractions) == 2 and max(fractions) < 0.01
 
 
-LAYOUTS = {  # (kind, [parallel] overrides): each new optimizer under a layout that splits it
-    "muon-tp2": ("muon", {"tp": 2}),
-    "lamb-tp2": ("lamb", {"tp": 2}),
-    "mano-pp2": ("mano", {"pp": 2}),
-    "mano-tp2": ("mano", {"tp": 2}),
-    "sophiag-pp2": ("sophiag", {"pp": 2}),
-    "mano-cp2": ("mano", {"cp": 2}),
-    "muon-moe-ep2": ("muon", {"ep": 2}),
-}
-MOE = MoEConfig(num_experts=4, top_k=2, expert_ffn_dim=32)
-
-
-@pytest.mark.parametrize("case", LAYOUTS)
-def test_each_optimizer_under_a_split_layout_logs_the_one_process_losses(
-    run_config, tmp_path, case
-):
+def _layout_runs(directory, case):
+    """The case's run on one process (``/one``) and under its split layout on two (``/split``)."""
     kind, parallel = LAYOUTS[case]
+    run_config = tiny_run_config(directory)
     # tp splits the vocabulary: 64 rows (the counting corpus uses ids below 61)
     moe = MOE if "ep" in parallel else None
     run_config = replace(run_config, model=replace(run_config.model, vocab_size=64, moe=moe))
-    one = with_optimizer(run_config, KINDS[kind], tmp_path / "one")
-    expected = train(one)
+    one = with_optimizer(run_config, KINDS[kind], directory / "one")
     split = replace(
-        with_optimizer(run_config, KINDS[kind], tmp_path / "split"),
+        with_optimizer(run_config, KINDS[kind], directory / "split"),
         parallel=replace(run_config.parallel, **parallel),
     )
-    losses = run_distributed(train_on_rank, 2, split)[0]
+    return {f"{case}/one": one, f"{case}/split": split}
+
+
+@pytest.mark.timeout(SHARED_RUNS_TIMEOUT_S)
+@pytest.mark.parametrize("case", LAYOUTS)
+def test_each_optimizer_under_a_split_layout_logs_the_one_process_losses(two_rank_runs, case):
+    expected = train(two_rank_runs.configs[f"{case}/one"])
+    losses = two_rank_runs.losses[f"{case}/split"]
     assert losses == pytest.approx(expected, rel=1e-4)
