@@ -39,7 +39,7 @@ from goodput.data.schema import SHARDS_FORMAT
 from goodput.data.shards import ShardWriter, bin_path, idx_path, token_dtype
 from goodput.data.tokenizer import load_tokenizer
 from goodput.errors import GoodputError
-from goodput.io import sha256_file, sha256_json, write_json
+from goodput.io import sha256_file, sha256_json, stray_temps, write_json
 from goodput.outputs import DATA_DIR, check_output_dir
 from goodput.progress import BYTES, Progress
 
@@ -236,11 +236,9 @@ def _tokenize_unit(unit: int, inputs: list[Path], job_key: str, dtype_str: str) 
     job: TokenizeJob = _WORKER["job"]
     prefix = job.output / shard_name(job.name, unit)
     # A killed earlier attempt at this unit may have left temp files; the unit is ours alone.
-    for stale in [
-        *job.output.glob(f".{prefix.name}.*.tmp"),
-        *_part_path(job, unit).parent.glob(f".{prefix.name}.json.*.tmp"),
-    ]:
-        stale.unlink(missing_ok=True)
+    for final in (bin_path(prefix), idx_path(prefix), _part_path(job, unit)):
+        for stale in stray_temps(final):
+            stale.unlink(missing_ok=True)
     encoder = _Encoder(_WORKER["tokenizer"], np.dtype(dtype_str), job.pack_seq_len)
     writer = ShardWriter(prefix, encoder.dtype)
     stats = readers.ReadStats()

@@ -350,3 +350,25 @@ def test_an_input_reached_twice_is_tokenized_once(corpus, tmp_path):
     inputs = [folder, tmp_path / "link.jsonl", tmp_path / "hard.jsonl", first]
     manifest = tokenize.run(job(folder, model, tmp_path / "out", inputs=inputs))
     assert manifest["num_documents"] == len(texts)
+
+
+def test_a_units_temp_files_from_a_killed_attempt_go_and_lookalikes_stay(corpus, tmp_path):
+    """What a worker killed mid-write leaves (atomic_path's temp files of the unit's .bin, .idx
+    and part record) is removed when the unit is tokenized again; a folder or another length by
+    such a name is not goodput's and stays."""
+    folder, model, _ = corpus
+    output = tmp_path / "out"
+    (output / tokenize.PARTS_DIR).mkdir(parents=True)
+    killed = [
+        output / ".web_00000.bin.k1lled00.tmp",
+        output / ".web_00000.idx.k1lled01.tmp",
+        output / tokenize.PARTS_DIR / ".web_00000.json.k1lled02.tmp",
+    ]
+    for path in killed:
+        path.write_bytes(b"half")
+    lookalikes = [output / ".web_00000.bin.folder00.tmp", output / ".web_00000.bin.k1lled003.tmp"]
+    lookalikes[0].mkdir()
+    lookalikes[1].write_bytes(b"not mkstemp's")
+    tokenize.run(job(folder, model, output))
+    assert not [path for path in killed if path.exists()]
+    assert all(path.exists() for path in lookalikes)
