@@ -94,10 +94,10 @@ from goodput.launch.checkpoint_copy import copy_checkpoint
 from goodput.launch.transports import make_transport
 from goodput.rundir import step_dir
 from goodput.testing.tiny import tiny_run_config
-from goodput.train.config import RunConfig
+from goodput.train.config.model import ModelConfig
+from goodput.train.config.run import RunConfig
 from goodput.train.flops import model_size
 from goodput.train.loop import train
-from goodput.train.model_config import ModelConfig
 
 MODEL = ModelConfig(vocab_size=32000, dim=768, num_layers=8, num_heads=12, max_seq_len=64)
 SEQ_LEN = 16

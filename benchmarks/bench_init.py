@@ -33,12 +33,12 @@ from goodput.testing.jobs import REPO
 from goodput.testing.recipes import RECIPES, recipe_machine
 from goodput.testing.tiny import tiny_run_config
 from goodput.train.build import build_model, context_layout
-from goodput.train.config import RunConfig, plan_batches
+from goodput.train.config.model import ModelConfig
+from goodput.train.config.run import RunConfig, plan_batches
 from goodput.train.device import process_peak_bytes, reset_process_peak
-from goodput.train.mesh import build_mesh
 from goodput.train.model import Transformer
-from goodput.train.model_config import ModelConfig
-from goodput.train.parallelize import parallelize
+from goodput.train.parallel.mesh import build_mesh
+from goodput.train.parallel.parallelize import parallelize
 
 RANKS = 4
 REPEATS = 3

@@ -54,11 +54,11 @@ import torch.distributed as dist
 from goodput import rundir
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import write_random_corpus
-from goodput.train.config import DataConfig, RunConfig, TrainConfig
+from goodput.train.config.model import ModelConfig, MoEConfig
+from goodput.train.config.parallel import ParallelConfig
+from goodput.train.config.run import DataConfig, RunConfig, TrainConfig
 from goodput.train.flops import model_size
 from goodput.train.loop import train
-from goodput.train.model_config import ModelConfig, MoEConfig
-from goodput.train.parallel_config import ParallelConfig
 
 MODEL = ModelConfig(
     vocab_size=4096, dim=256, num_layers=6, num_heads=8, num_kv_heads=4, max_seq_len=128

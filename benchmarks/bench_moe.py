@@ -32,9 +32,9 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from goodput.testing.dist import run_distributed
+from goodput.train.config.model import MoEConfig
 from goodput.train.experts import shard_experts
 from goodput.train.model import MoE
-from goodput.train.model_config import MoEConfig
 
 DIM = 256
 CONFIG = MoEConfig(num_experts=8, top_k=2, expert_ffn_dim=512, capacity_factor=1.25)

@@ -38,16 +38,16 @@ import torch.distributed as dist
 from goodput.diagnostics.lr_find import RampSettings, lr_find
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL, tiny_run_config, uneven_global_batch
-from goodput.train.freeze import FreezeDetector
-from goodput.train.grad_tally import GradientTally
+from goodput.train.config.model import ModelConfig
+from goodput.train.config.optim import OptimConfig
+from goodput.train.config.parallel import ParallelConfig
 from goodput.train.loop import train
 from goodput.train.model import Transformer
-from goodput.train.model_config import ModelConfig
-from goodput.train.muon import Muon
-from goodput.train.optim import Optimizers, matrix_groups
-from goodput.train.optim_config import OptimConfig
-from goodput.train.parallel_config import ParallelConfig
-from goodput.train.parallelize import parallelize
+from goodput.train.monitor.freeze import FreezeDetector
+from goodput.train.optim.muon import Muon
+from goodput.train.optim.optimizers import Optimizers, matrix_groups
+from goodput.train.parallel.grad_tally import GradientTally
+from goodput.train.parallel.parallelize import parallelize
 from goodput.train.step import forward_backward
 
 MODEL = ModelConfig(

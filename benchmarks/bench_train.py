@@ -77,16 +77,16 @@ from goodput.data.blend import BlendSpec, BlendStage, build_blend
 from goodput.data.loader import DataLoader
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import write_random_corpus
-from goodput.train.config import DataConfig, RunConfig, TrainConfig
+from goodput.train.config.model import ModelConfig
+from goodput.train.config.optim import OptimConfig
+from goodput.train.config.parallel import ParallelConfig
+from goodput.train.config.run import DataConfig, RunConfig, TrainConfig
+from goodput.train.config.schedule import ScheduleConfig, learning_rate
 from goodput.train.flops import flops_per_token, model_size
 from goodput.train.loop import train
 from goodput.train.metrics import measure_matmul_flops
 from goodput.train.model import Transformer
-from goodput.train.model_config import ModelConfig
-from goodput.train.optim import parameter_groups
-from goodput.train.optim_config import OptimConfig
-from goodput.train.parallel_config import ParallelConfig
-from goodput.train.schedule import ScheduleConfig, learning_rate
+from goodput.train.optim.optimizers import parameter_groups
 
 MODEL = ModelConfig(vocab_size=8192, dim=384, num_layers=8, num_heads=6, max_seq_len=256)
 SEQ_LEN = 256

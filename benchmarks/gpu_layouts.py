@@ -56,11 +56,11 @@ from goodput.config import to_toml
 from goodput.errors import GoodputError
 from goodput.io import write_json
 from goodput.testing.tiny import write_random_corpus
-from goodput.train.config import DataConfig, RunConfig, TrainConfig
+from goodput.train.config.model import ModelConfig, MoEConfig
+from goodput.train.config.parallel import ParallelConfig
+from goodput.train.config.run import DataConfig, RunConfig, TrainConfig
 from goodput.train.device import backend_for, detect_device_type, device_name
 from goodput.train.flops import model_size
-from goodput.train.model_config import ModelConfig, MoEConfig
-from goodput.train.parallel_config import ParallelConfig
 
 USAGE_ERROR = 2
 

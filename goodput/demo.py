@@ -28,7 +28,7 @@ from goodput.data.loader import DataLoader
 from goodput.errors import GoodputError
 from goodput.io import write_text
 from goodput.outputs import check_output_dir, folder_holding
-from goodput.train.config import RunConfig
+from goodput.train.config.run import RunConfig
 
 DEMO_MARKER = ".goodput-demo"
 DEMO_WEIGHTS = {"code": 0.5, "docstrings": 0.3, "docs": 0.2}

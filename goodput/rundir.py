@@ -49,7 +49,7 @@ CONFIG = "config.toml"
 RUN_RECORD = "run.json"
 METRICS = "metrics.jsonl"
 EVALS = "evals.jsonl"
-BUSY = "busy.jsonl"  # runfiles.BusyLine; train/stragglers.py writes it, the report draws it
+BUSY = "busy.jsonl"  # runfiles.BusyLine; train/monitor/stragglers.py writes it, the report draws it
 # The bound every reader puts on one line of metrics.jsonl and evals.jsonl: a line is written at
 # a few hundred bytes, so a longer one is damage, refused before it fills memory.
 MAX_LINE_BYTES = 1 << 20

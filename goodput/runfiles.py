@@ -20,8 +20,8 @@ and its corpora's target and achieved shares, read by the report.
 evaluation's lines in one synced write.
 
 ``busy.jsonl``: one object per window of ``[watch] straggler_steps`` steps (``BusyLine``),
-appended by rank 0 (``train/stragglers.py``): the window's last step, its length, and per host
-(in rank order) the mean, least and most of its ranks' mean busy time a step over the window.
+appended by rank 0 (``train/monitor/stragglers.py``): the window's last step, its length, and per
+host (in rank order) the mean, least and most of its ranks' mean busy time a step over the window.
 
 Reading is strict and bounded (``io.read_json_lines``): a line past ``rundir.MAX_LINE_BYTES``,
 past ``MAX_LINES`` lines, not one JSON object, a known key whose value is not of its kind, or a
@@ -137,8 +137,8 @@ MEASURED = {
     "resumed_from": SOURCE,
     "resumed_step": COUNT,
     "eval_time_s": AMOUNT,  # after the step, outside step_time_s, before time
-    # Busy time (train/stragglers.py): over ranks, the step's least, median and most, and the
-    # rank (and its host) with the most; on the step of a straggler warning, the rank it names
+    # Busy time (train/monitor/stragglers.py): over ranks, the step's least, median and most, and
+    # the rank (and its host) with the most; on the step of a straggler warning, the rank it names
     # and its ratio to the median over the window.
     "busy_s_min": SECONDS,
     "busy_s_median": SECONDS,

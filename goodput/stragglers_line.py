@@ -1,7 +1,7 @@
 """The straggler line: the one warning the trainer prints when a rank lags, and its parser.
 
-Rank 0 prints it (``train/stragglers.py``); the launcher's output scanner reads it back into an
-attempt's evidence (source ``straggler``), and ``goodput chaos`` checks the rank it names. One
+Rank 0 prints it (``train/monitor/stragglers.py``); the launcher's output scanner reads it back into
+an attempt's evidence (source ``straggler``), and ``goodput chaos`` checks the rank it names. One
 definition of the text for the writer and every reader (one line)::
 
     warning: straggler: rank 3 on nid0012 busy 1.62x the median over steps 12-31

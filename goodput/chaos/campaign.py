@@ -71,7 +71,7 @@ from goodput.launch.run import DEFAULT_IDLE_TIMEOUT_S, load_profile
 from goodput.outputs import check_output_dir, folder_holding
 from goodput.report.accounting import Accounting, account
 from goodput.report.run_files import RunFiles, read_run
-from goodput.train.config import RunConfig
+from goodput.train.config.run import RunConfig
 
 if TYPE_CHECKING:  # torch's: imported where used, so a usage error comes without it
     from goodput.chaos import compare

@@ -1,8 +1,8 @@
 """A rank's model parts and their optimizers, as the tensors of one checkpoint, by name.
 
 A rank holds one part (the whole model, however sharded) or, under pipeline parallelism, one per
-stage it runs (``goodput.train.pipeline``). Every part names its parameters as the whole model
-does, so the parts of all ranks together name each parameter once, and their state dicts merge
+stage it runs (``goodput.train.parallel.pipeline``). Every part names its parameters as the whole
+model does, so the parts of all ranks together name each parameter once, and their state dicts merge
 into one: model tensors by parameter name, optimizer state by parameter name. A checkpoint
 therefore looks the same whatever layout saved it, and DCP reshards it into any other.
 

@@ -92,7 +92,7 @@ def _list(args: argparse.Namespace) -> ExitCode:
 
 
 def _export_hf(args: argparse.Namespace) -> ExitCode:
-    from goodput.train.convert import export_hf
+    from goodput.train.convert.checkpoints import export_hf
 
     out_dir = export_hf(args.step_dir, args.out_dir, args.tokenizer)
     print(f"{out_dir}: HuggingFace Llama folder written")
@@ -100,7 +100,7 @@ def _export_hf(args: argparse.Namespace) -> ExitCode:
 
 
 def _import_hf(args: argparse.Namespace) -> ExitCode:
-    from goodput.train.convert import import_hf
+    from goodput.train.convert.checkpoints import import_hf
 
     directory = import_hf(args.hf_dir, args.out_dir)
     print(f"{directory}: complete (model only); start from it with --resume {directory}")
@@ -108,14 +108,14 @@ def _import_hf(args: argparse.Namespace) -> ExitCode:
 
 
 def _to_torch(args: argparse.Namespace) -> ExitCode:
-    from goodput.train.convert import to_torch
+    from goodput.train.convert.checkpoints import to_torch
 
     print(f"{to_torch(args.step_dir, args.file)}: model state dict written")
     return ExitCode.OK
 
 
 def _from_torch(args: argparse.Namespace) -> ExitCode:
-    from goodput.train.convert import from_torch
+    from goodput.train.convert.checkpoints import from_torch
 
     directory = from_torch(args.file, args.config, args.out_dir)
     print(f"{directory}: complete (model only); start from it with --resume {directory}")

@@ -137,7 +137,7 @@ def _smoke(args: argparse.Namespace) -> ExitCode:
 def _lr_find(args: argparse.Namespace) -> ExitCode:
     from goodput.config import load_config
     from goodput.diagnostics.lr_find import RampSettings, lr_find
-    from goodput.train.config import RunConfig
+    from goodput.train.config.run import RunConfig
 
     settings = RampSettings(num_steps=args.steps, min_lr=args.min_lr, max_lr=args.max_lr)
     cfg = load_config(RunConfig, args.config, args.overrides)

@@ -35,8 +35,8 @@ def register(groups: Subparsers) -> None:
 def _info(args: argparse.Namespace) -> ExitCode:
     from goodput.config import load_section
     from goodput.io import print_json
+    from goodput.train.config.model import ModelConfig
     from goodput.train.info import describe, format_description
-    from goodput.train.model_config import ModelConfig
 
     cfg = load_section(ModelConfig, args.config, "model", args.overrides)
     info = describe(cfg, args.seq_len or cfg.max_seq_len)

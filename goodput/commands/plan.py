@@ -26,8 +26,8 @@ from goodput.errors import ExitCode, GoodputError
 if TYPE_CHECKING:
     from goodput.plan.layout import Layout
     from goodput.plan.memory import Workload
-    from goodput.train.model_config import ModelConfig
-    from goodput.train.parallel_config import ParallelConfig
+    from goodput.train.config.model import ModelConfig
+    from goodput.train.config.parallel import ParallelConfig
 
 PRECISIONS = ("fp32-master", "pure-bf16", "fp32")
 MAX_NODES = 2**17  # above the largest machines (Aurora: 10,624 nodes)
@@ -274,7 +274,7 @@ def _given_layout(
     if not args.layout_from_config:
         return Layout(tp=parallel["tp"]) if "tp" in parallel else None
     cfg = _parallel_config(parallel, args.config)
-    from goodput.train.parallel_config import resolve_degrees
+    from goodput.train.config.parallel import resolve_degrees
 
     try:
         degrees = resolve_degrees(cfg, world)
@@ -351,7 +351,7 @@ def _parallel_config(parallel: dict[str, Any], where: Path | str) -> ParallelCon
     """A whole [parallel] table (the config's, or the planner's layout) as the trainer reads
     it."""
     from goodput.config import from_table
-    from goodput.train.parallel_config import ParallelConfig
+    from goodput.train.config.parallel import ParallelConfig
 
     # _present coerced the lists to tuples (pp_layers_per_stage); the table takes TOML's lists.
     table = {key: list(v) if isinstance(v, tuple) else v for key, v in parallel.items()}
@@ -409,9 +409,9 @@ def _read_config(path: Path) -> tuple[ModelConfig, dict[str, Any], dict[str, Any
     """The [model] config, and the [train] and [parallel] keys present, each checked as the
     trainer checks it."""
     from goodput.config import from_table, read_toml
-    from goodput.train.config import TrainConfig
-    from goodput.train.model_config import ModelConfig
-    from goodput.train.parallel_config import ParallelConfig
+    from goodput.train.config.model import ModelConfig
+    from goodput.train.config.parallel import ParallelConfig
+    from goodput.train.config.run import TrainConfig
 
     raw = read_toml(path)
     if not isinstance(raw.get("model"), dict):

@@ -142,7 +142,7 @@ def _check_train_line(options: LaunchOptions, ppn: int, nhosts: int) -> None:
     could start (a missing data.file_list, a recipe for another machine, a pipeline with too
     few micro-batches) fails now. Torch-free; the data is checked when the job starts."""
     from goodput.commands import train
-    from goodput.train.config import check_world
+    from goodput.train.config.run import check_world
 
     if list(options.command[:2]) != ["goodput", "train"]:
         return

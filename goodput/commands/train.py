@@ -14,7 +14,7 @@ from goodput.commands import OneLineErrorParser, Subparsers
 from goodput.errors import ExitCode, GoodputError, from_exception
 
 if TYPE_CHECKING:
-    from goodput.train.config import RunConfig
+    from goodput.train.config.run import RunConfig
 
 
 def register(groups: Subparsers) -> None:
@@ -55,7 +55,7 @@ def load_run_config(args: argparse.Namespace) -> RunConfig:
     """The run config ``goodput train ARGS`` trains (its options are overrides too); torch-free,
     for ``goodput submit`` to check a chain's line with."""
     from goodput.config import load_config
-    from goodput.train.config import RunConfig
+    from goodput.train.config.run import RunConfig
 
     overrides = list(args.overrides)
     if args.resume is not None:

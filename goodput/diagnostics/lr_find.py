@@ -25,7 +25,7 @@ from goodput.diagnostics.lr_regions import Regions, SmoothedLoss, find_regions, 
 from goodput.errors import GoodputError
 from goodput.io import write_json
 from goodput.train.build import build_run
-from goodput.train.config import RunConfig
+from goodput.train.config.run import RunConfig
 from goodput.train.setup import setup_torch
 from goodput.train.step import train_step
 

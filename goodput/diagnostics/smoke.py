@@ -72,9 +72,9 @@ from goodput.diagnostics.smoke_record import (
 from goodput.errors import ExitCode, GoodputError
 from goodput.io import read_json
 from goodput.launch.env import LOCAL_RANK_FALLBACKS, LOCAL_SIZE_FALLBACKS, RANK_SOURCES
-from goodput.train.config import RunConfig, check_world
+from goodput.train.config.parallel import FSDP_KEYS, MESH_DIMS, PIPELINE_KEYS, ParallelConfig
+from goodput.train.config.run import RunConfig, check_world
 from goodput.train.device import detect_device_type, device_name
-from goodput.train.parallel_config import FSDP_KEYS, MESH_DIMS, PIPELINE_KEYS, ParallelConfig
 
 KERNEL_TOLERANCE = (
     1e-3  # relative, loss and grad_norm on other kernels: a wrong reduction is far above

@@ -47,12 +47,12 @@ from goodput.eval.choice_tasks import ChoiceItem, read_choice_task
 from goodput.eval.config import EvalConfig
 from goodput.eval.harness import ChoiceScores, choice_requests, summarize
 from goodput.eval.records import EvalRecord
-from goodput.train.config import BatchPlan
-from goodput.train.hf_tokenizer import blend_tokenizer
+from goodput.train.config.run import BatchPlan
+from goodput.train.convert.hf_tokenizer import blend_tokenizer
 from goodput.train.loss import IGNORE_INDEX, row_loss_sums
-from goodput.train.mesh import ParallelMesh
-from goodput.train.pipeline import Pipeline
-from goodput.train.ring_attention import ContextLayout
+from goodput.train.parallel.mesh import ParallelMesh
+from goodput.train.parallel.pipeline import Pipeline
+from goodput.train.parallel.ring_attention import ContextLayout
 from goodput.train.step import micro_batches_of
 
 HELDOUT = "heldout"  # evals.jsonl's task name prefix: heldout/<corpus>

@@ -62,14 +62,19 @@ from goodput.data.tokenizer import Tokenizer, load_tokenizer
 from goodput.errors import GoodputError
 from goodput.launch.env import current_placement
 from goodput.rundir import CONFIG, STEP_DIR, checkpoints_dir
-from goodput.train.convert import MODEL, load_model_state, read_model_config, require_complete
+from goodput.train.config.model import ModelConfig
+from goodput.train.config.parallel import ParallelConfig
+from goodput.train.convert.checkpoints import (
+    MODEL,
+    load_model_state,
+    read_model_config,
+    require_complete,
+)
+from goodput.train.convert.hf_tokenizer import pinned_tokenizer
 from goodput.train.device import detect_device_type, local_device
-from goodput.train.hf_tokenizer import pinned_tokenizer
-from goodput.train.mesh import build_mesh
 from goodput.train.model import Transformer
-from goodput.train.model_config import ModelConfig
-from goodput.train.parallel_config import ParallelConfig
-from goodput.train.parallelize import compute_dtype, parallelize
+from goodput.train.parallel.mesh import build_mesh
+from goodput.train.parallel.parallelize import compute_dtype, parallelize
 from goodput.train.setup import Runtime, setup_torch
 
 

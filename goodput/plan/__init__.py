@@ -7,7 +7,7 @@ seconds of a step, which ranks the layouts that fit), ``batch`` (the global batc
 the critical batch estimate), ``ladder`` (the candidates, in order of pain, and the choice) and
 ``report`` (text and JSON); ``reliability`` is the failure budget (``goodput plan
 reliability``). Whether goodput's trainer takes a layout is asked of its own
-torch-free rules (``goodput.train.parallel_config``). A test imports every module in a fresh
+torch-free rules (``goodput.train.config.parallel``). A test imports every module in a fresh
 interpreter and finds no torch (but ``verify``, which imports it in its child processes only);
 the config tables are read by the command (``goodput.commands.plan``).
 """

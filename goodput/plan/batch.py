@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from goodput.errors import GoodputError
 from goodput.plan.layout import Layout
+from goodput.train.config.model import ModelConfig
+from goodput.train.config.parallel import ParallelConfig, pipeline_microbatches
 from goodput.train.flops import model_size
-from goodput.train.model_config import ModelConfig
-from goodput.train.parallel_config import ParallelConfig, pipeline_microbatches
 
 KAPLAN_N_C = 8.8e13  # non-embedding parameters
 KAPLAN_ALPHA_N = 0.076

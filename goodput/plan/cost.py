@@ -49,9 +49,9 @@ from dataclasses import asdict, dataclass
 
 from goodput.plan.layout import Layout, spans_hosts
 from goodput.plan.memory import COMPUTE_BYTES, GRADIENT_BYTES, Workload, stage_parameters
+from goodput.train.config.model import ModelConfig
+from goodput.train.config.parallel import context_local_lengths, fsdp_shards
 from goodput.train.flops import flops_per_token
-from goodput.train.model_config import ModelConfig
-from goodput.train.parallel_config import context_local_lengths, fsdp_shards
 
 TP_COLLECTIVES_PER_BLOCK = 8  # all-gather and reduce-scatter before/after attention and MLP, x2
 TP_COLLECTIVES_RECOMPUTED = 4  # the forward's, again

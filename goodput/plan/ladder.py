@@ -39,8 +39,8 @@ from goodput.plan.batch import batch_problem, critical_batch_warning
 from goodput.plan.cost import Cost, Rates, step_cost
 from goodput.plan.layout import Layout, balanced_layer_split, problems, tp_across_hosts
 from goodput.plan.memory import GIB, Breakdown, Parameters, Workload, estimate
+from goodput.train.config.model import ModelConfig
 from goodput.train.flops import model_size
-from goodput.train.model_config import ModelConfig
 
 RUNGS = ("DP", "FSDP", "EP", "AC", "TP", "PP", "CP")
 EXPERTS_DOMINATE = 0.5  # the routed experts' share of the parameters above which EP is tried

@@ -6,7 +6,7 @@ dp_shard x cp x tp; ``ep`` borrows its ranks from ``dp_shard`` and adds none.
 ``balanced_layer_split`` is the planner's split of layers that do not divide into the stages
 (the first and the last stage, which hold the embedding and the head, take fewer).
 ``problems`` says why the trainer would refuse a layout for a model: the trainer's own rules
-(``goodput.train.parallel_config``, torch-free). ``tp_across_hosts`` is the warning for a
+(``goodput.train.config.parallel``, torch-free). ``tp_across_hosts`` is the warning for a
 tensor-parallel group that spans hosts; ``spans_hosts`` says which groups do.
 
 Invariants: degrees are whole numbers >= 1. Does not: read configs or build a mesh.
@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from goodput.errors import GoodputError
-from goodput.train.model_config import ModelConfig
-from goodput.train.parallel_config import (
+from goodput.train.config.model import ModelConfig
+from goodput.train.config.parallel import (
     ParallelConfig,
     check_tp_within_hosts,
     even_layer_split,

@@ -65,9 +65,9 @@ import math
 from dataclasses import dataclass, fields
 
 from goodput.plan.layout import Layout
+from goodput.train.config.model import ModelConfig
+from goodput.train.config.parallel import context_local_lengths, fsdp_shards
 from goodput.train.flops import BYTES_PER_PARAMETER, model_size
-from goodput.train.model_config import ModelConfig
-from goodput.train.parallel_config import context_local_lengths, fsdp_shards
 
 GIB = 2**30
 PRECISIONS = ("fp32-master", "pure-bf16", "fp32")

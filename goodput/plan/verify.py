@@ -42,13 +42,13 @@ from typing import TYPE_CHECKING, Any
 
 from goodput.errors import GoodputError, from_exception
 from goodput.plan.memory import GIB
-from goodput.train.model_config import ModelConfig
-from goodput.train.parallel_config import ParallelConfig, check_tp_within_hosts, resolve_degrees
+from goodput.train.config.model import ModelConfig
+from goodput.train.config.parallel import ParallelConfig, check_tp_within_hosts, resolve_degrees
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from goodput.train.config import RunConfig
+    from goodput.train.config.run import RunConfig
 
 AGREEMENT = 0.02  # built and estimated state may differ by this share of the estimate
 # Per child. The largest rank tried, 3.2B parameters (the 405B at TP 8 x PP 16, no FSDP), took
@@ -159,7 +159,7 @@ def verify_layout(
     (``memory.state_bytes_per_device``) and materialise ``rank`` (None: the rank with the most
     state). ``global_batch_size`` is in samples."""
     world = nhosts * ppn
-    from goodput.train.config import plan_batches
+    from goodput.train.config.run import plan_batches
 
     where = f"{config_path} on {nhosts} x {ppn} ranks"
     try:  # what the config and the world size alone refuse, before a child is started
@@ -208,7 +208,7 @@ def run_config(
     never reads (``train.steps``, ``train.run_dir``, ``data.file_list``); a config's data-mix
     stages are replaced by the placeholder file list, and a decay tied to one is left out."""
     from goodput.config import from_table, read_toml
-    from goodput.train.config import DEPRECATED_TRAIN_KEYS, RunConfig
+    from goodput.train.config.run import DEPRECATED_TRAIN_KEYS, RunConfig
 
     raw = read_toml(config_path)
     for section in ("train", "data"):
@@ -283,9 +283,9 @@ def survey(cfg: RunConfig, world: int, ranks_per_host: int, ranks: list[int]) ->
     import torch
 
     from goodput.train.build import build_model
-    from goodput.train.config import plan_batches
-    from goodput.train.mesh import build_mesh
-    from goodput.train.pipeline import model_parts
+    from goodput.train.config.run import plan_batches
+    from goodput.train.parallel.mesh import build_mesh
+    from goodput.train.parallel.pipeline import model_parts
 
     meta = torch.device("meta")
     states = []
@@ -300,8 +300,8 @@ def survey(cfg: RunConfig, world: int, ranks_per_host: int, ranks: list[int]) ->
 
 def rank_state(parts: list[nn.Module], cfg: RunConfig, rank: int, pp_rank: int) -> RankState:
     """The state of a rank holding ``parts``, by its optimizer's parameter groups."""
-    from goodput.train.dtensors import local_tensor
-    from goodput.train.optim import Optimizers
+    from goodput.train.optim.optimizers import Optimizers
+    from goodput.train.parallel.dtensors import local_tensor
 
     elements = weights = moments = 0
     for group in Optimizers(parts, cfg.optim, cfg.schedule.lr).param_groups:
@@ -325,10 +325,10 @@ def materialize(cfg: RunConfig, world: int, ranks_per_host: int, rank: int) -> M
     import torch
 
     from goodput.train.build import build_model
-    from goodput.train.config import plan_batches
+    from goodput.train.config.run import plan_batches
     from goodput.train.device import process_peak_bytes, reset_process_peak
-    from goodput.train.mesh import build_mesh
-    from goodput.train.pipeline import model_parts
+    from goodput.train.parallel.mesh import build_mesh
+    from goodput.train.parallel.pipeline import model_parts
 
     cpu = torch.device("cpu")
     with fake_world(rank, world):
@@ -348,7 +348,7 @@ def materialize(cfg: RunConfig, world: int, ranks_per_host: int, rank: int) -> M
 def allocated_bytes(parts: list[nn.Module]) -> int:
     """Bytes of the distinct storages under ``parts``' parameters and buffers (FSDP's padded
     shards whole, a tied weight once)."""
-    from goodput.train.dtensors import local_tensor
+    from goodput.train.parallel.dtensors import local_tensor
 
     storages = {}
     for part in parts:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from goodput.config import load_config
 from goodput.testing.tiny import TINY_MODEL, tiny_run_config, write_random_corpus
-from goodput.train.config import DataConfig, RunConfig, StageConfig
+from goodput.train.config.run import DataConfig, RunConfig, StageConfig
 
 DOMAINS = ("code", "docstrings", "docs")
 # Each stage's weights over the domains: a broad mix, more code, an anneal without code.

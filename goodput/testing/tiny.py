@@ -11,11 +11,11 @@ import numpy as np
 import torch
 
 from goodput.data.shards import ShardWriter
-from goodput.train.config import DataConfig, RunConfig, TrainConfig
+from goodput.train.config.model import ModelConfig
+from goodput.train.config.parallel import ParallelConfig
+from goodput.train.config.run import DataConfig, RunConfig, TrainConfig
+from goodput.train.config.schedule import ScheduleConfig
 from goodput.train.loss import IGNORE_INDEX
-from goodput.train.model_config import ModelConfig
-from goodput.train.parallel_config import ParallelConfig
-from goodput.train.schedule import ScheduleConfig
 
 TINY_MODEL = ModelConfig(
     vocab_size=61, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=64

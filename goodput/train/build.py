@@ -44,23 +44,24 @@ from goodput.faults import FaultPlan
 from goodput.io import write_json, write_text
 from goodput.outputs import RUN_DIR, check_output_dir
 from goodput.runfiles import stage_mixtures
-from goodput.train.config import BatchPlan, RunConfig, plan_batches
+from goodput.train.config.parallel import pipeline_microbatches
+from goodput.train.config.run import BatchPlan, RunConfig, plan_batches
 from goodput.train.flops import flops_per_token
-from goodput.train.grad_tally import GradientTally
 from goodput.train.init import initialize_model
-from goodput.train.mesh import ParallelMesh, build_mesh
 from goodput.train.metrics import Metrics
 from goodput.train.model import Transformer
-from goodput.train.optim import Optimizers
-from goodput.train.parallel_config import pipeline_microbatches
-from goodput.train.parallelize import parallelize
-from goodput.train.pipeline import Pipeline, build_pipeline, model_parts
+from goodput.train.monitor.diagnostics import measures_noise
+from goodput.train.monitor.stragglers import rank_hosts
+from goodput.train.optim.optimizers import Optimizers, replica_group
+from goodput.train.optim.sophia import label_generator
+from goodput.train.parallel.grad_tally import GradientTally
+from goodput.train.parallel.mesh import ParallelMesh, build_mesh
+from goodput.train.parallel.parallelize import parallelize
+from goodput.train.parallel.pipeline import Pipeline, build_pipeline, model_parts
+from goodput.train.parallel.ring_attention import ContextLayout
 from goodput.train.resume import CheckpointChoice, checkpoint_root
-from goodput.train.ring_attention import ContextLayout
 from goodput.train.setup import Runtime, decided_by_rank_zero
 from goodput.train.step import StepSettings, micro_batches_of
-from goodput.train.stragglers import rank_hosts
-from goodput.train.watch import label_generator, measures_noise, replica_group
 
 RECORDED_PACKAGES = ("torch", "numpy", "sentencepiece", "tokenizers", "tensorboard")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from goodput.train.model_config import ModelConfig
+from goodput.train.config.model import ModelConfig
 
 # Bytes held per parameter during training, by precision policy. fp32-master: fp32 weights,
 # fp32 gradients, fp32 Adam moments (bf16 working copies of the weights are transient);

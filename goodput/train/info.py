@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from goodput.train.config.model import ModelConfig
 from goodput.train.flops import BYTES_PER_PARAMETER, flops_per_token, model_size
-from goodput.train.model_config import ModelConfig
 
 
 def describe(cfg: ModelConfig, seq_len: int) -> dict[str, object]:

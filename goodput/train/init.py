@@ -36,7 +36,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from goodput.train.model_config import ModelConfig
+from goodput.train.config.model import ModelConfig
 
 # 64 Ki values: big enough that drawing a block costs far more than seeding its generator,
 # small enough that a shard of a few rows (FSDP over thousands of ranks) draws little more.

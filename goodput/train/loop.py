@@ -41,16 +41,18 @@ from goodput.faults import load_plan
 from goodput.io import write_marker
 from goodput.progress import print_line
 from goodput.train.build import Run, build_metrics, build_run, fresh_loss_warning, write_run_record
-from goodput.train.config import RunConfig
+from goodput.train.config.run import RunConfig
+from goodput.train.config.schedule import learning_rate
 from goodput.train.metrics import peak_flops
-from goodput.train.parallelize import compute_dtype
+from goodput.train.monitor.diagnostics import Diagnostics
+from goodput.train.optim.lr_scale import LrScale
+from goodput.train.optim.qk_clip import QkClip
+from goodput.train.parallel.parallelize import compute_dtype
 from goodput.train.resume import LoaderState, checkpoint_root, resume
-from goodput.train.schedule import learning_rate
 from goodput.train.setup import setup_torch
 from goodput.train.step import SkippedSteps, train_step
 from goodput.train.step_hooks import StepHooks, open_rank_beacon
 from goodput.train.termination import SigtermFlag
-from goodput.train.watch import LrScale, Watch
 
 
 def train(cfg: RunConfig) -> list[float]:
@@ -75,7 +77,10 @@ def train(cfg: RunConfig) -> list[float]:
         # what each save writes and a resume loads.
         skips = SkippedSteps(cfg.train.max_skipped_steps)
         lr_scale = LrScale(cfg)
-        watch = Watch(cfg, run.parts, mesh, measures_noise=run.step_settings.tally is not None)
+        diagnostics = Diagnostics(
+            cfg.diagnostics, run.parts, mesh, measures_noise=run.step_settings.tally is not None
+        )
+        qk_clip = None if cfg.optim.qk_clip is None else QkClip(cfg.optim.qk_clip, run.parts, mesh)
         gate = EvalGate(cfg.eval.alarm_evals, cfg.eval.stop_on_alarm)
         contents = CheckpointContents(
             parts=run.parts,
@@ -84,7 +89,7 @@ def train(cfg: RunConfig) -> list[float]:
                 "loader": LoaderState(run.loader, cfg.checkpoint.allow_data_change),
                 "skips": skips,
                 "lr_scale": lr_scale,
-                "diagnostics": watch.running,
+                "diagnostics": diagnostics.running,
                 "eval_gate": gate,
             },
             config_toml=to_toml(cfg),
@@ -101,7 +106,9 @@ def train(cfg: RunConfig) -> list[float]:
         if rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
             write_run_record(run, cfg, peak, peak_source)  # and the run id, after the resume
-            print_start(cfg, run, peak, peak_source, [lr_scale.describe(), watch.describe()])
+            qk_note = qk_clip.describe() if qk_clip else None
+            notes = [lr_scale.describe(), diagnostics.describe(), qk_note]
+            print_start(cfg, run, peak, peak_source, notes)
         metrics = build_metrics(cfg, run, peak)
         eval_every = cfg.eval.interval_steps  # 0: no in-loop evals
         losses = []
@@ -135,16 +142,17 @@ def train(cfg: RunConfig) -> list[float]:
                     optimizer,
                     micro_batches,
                     run.step_settings,
-                    freeze=watch.freeze_check(step),
+                    freeze=diagnostics.freeze_check(step),
                     hessian_labels=run.hessian_labels(step),
                     inject_nan=faults is not None and faults.nan_at(step, rank),
                 )
-                watch.clip_logits()  # QK-clip, when on: heads whose logits grew past it
+                # QK-clip, when on: heads whose logits grew past it; the largest, recorded.
+                max_logit = qk_clip.apply() if qk_clip else None
                 # Metrics: the whole iteration (data, step, logging, checkpoint stall) is the
                 # step time; then the diagnostics and their warnings.
                 now = time.perf_counter()
                 too_many_skips = skips.count(step, result.skipped)
-                diagnosed = watch.after_step(step, result, optimizer) | timings
+                diagnosed = diagnostics.after_step(step, result, optimizer, max_logit) | timings
                 timings = {}
                 # Eval: every [eval] interval_steps and after the last step, all ranks, forward
                 # only; timed apart.
@@ -159,7 +167,7 @@ def train(cfg: RunConfig) -> list[float]:
                     diagnosed |= evaluated.metrics()
                     diagnosed["eval_time_s"] = time.perf_counter() - eval_start
                 alarm = gate.observe(
-                    step, result.loss, frozen=watch.frozen,
+                    step, result.loss, frozen=diagnostics.frozen,
                     tasks=evaluated.tasks if evaluated else None,
                 )  # fmt: skip
                 if alarm is not None:

@@ -43,8 +43,8 @@ from goodput import rundir
 from goodput.io import json_text, open_append
 from goodput.progress import print_line
 from goodput.runfiles import StepRecord, json_line, nonfinite_as_null
+from goodput.train.config.metrics import MetricsConfig
 from goodput.train.device import device_name, peak_memory_bytes
-from goodput.train.metrics_config import MetricsConfig
 from goodput.train.step import StepResult
 
 # (substring of the device name, dense bf16 TFLOP/s per device); the first match wins.

@@ -18,7 +18,7 @@ splits by expert.
 Positions. ``forward`` takes each token's position in its sequence (default: 0..t-1): under
 context parallelism a rank holds two chunks of every sequence, and rotary embeddings need
 their global positions; its attention then runs ring attention over the context-parallel
-group (``goodput.train.ring_attention``), set by ``parallelize``.
+group (``goodput.train.parallel.ring_attention``), set by ``parallelize``.
 
 KV cache (inference only: ``goodput.eval.generate``). ``forward(tokens, cache=KVCache)`` runs
 the new tokens at positions ``cache.length, ...`` and appends each layer's keys (after RoPE)
@@ -40,10 +40,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from goodput.train.config.model import ModelConfig, MoEConfig
 from goodput.train.experts import GroupedExperts
 from goodput.train.init import initialize_model
-from goodput.train.model_config import ModelConfig, MoEConfig
-from goodput.train.ring_attention import ContextLayout, ring_attention
+from goodput.train.parallel.ring_attention import ContextLayout, ring_attention
 
 
 class RMSNorm(nn.Module):
@@ -343,8 +343,8 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The whole model, or one pipeline stage of it (``goodput.train.pipeline`` cuts one from a
-    whole model): ``embedding`` only on the first stage, ``norm`` and ``output`` only on the
+    """The whole model, or one pipeline stage of it (``train.parallel.pipeline`` cuts one from
+    a whole model): ``embedding`` only on the first stage, ``norm`` and ``output`` only on the
     last, and ``blocks`` keyed by their layer number, so every parameter keeps the name it has
     in the whole model (checkpoints load across layouts by name)."""
 

@@ -20,7 +20,7 @@ import sys
 
 from goodput.data.blend import build_blend
 from goodput.train.build import blend_spec, check_tokenizer_fits
-from goodput.train.config import RunConfig, check_world
+from goodput.train.config.run import RunConfig, check_world
 
 
 def check_launchable(cfg: RunConfig, num_ranks: int, ranks_per_host: int) -> None:

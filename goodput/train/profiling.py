@@ -23,51 +23,17 @@ no torch at load time: the config is read by commands that never load torch.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from goodput import rundir
-from goodput.config import limits
-from goodput.errors import GoodputError, from_exception
+from goodput.errors import from_exception
 from goodput.io import atomic_path
 from goodput.progress import print_line
+from goodput.train.config.profile import ProfilerConfig
 
-# A trace grows with every op of every step: a few MB a step for a small model, far more for a
-# big one, and the viewers slow down past a few hundred MB. Profile a few steps, not an epoch.
-MAX_STEPS = 100
 STEP_SPAN = "ProfilerStep#"  # torch.profiler's name for a step's span, which both viewers read
 MEMORY_HISTORY_ENTRIES = 100_000  # allocator events kept (torch's own example uses this)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProfilerConfig:
-    # [first, last] training steps to trace, both included; None: no trace
-    steps: tuple[int, int] | None = field(default=None, metadata=limits(at_least=1))
-    # CUDA: keep the allocator's history and dump it when an allocation fails
-    memory_snapshot_on_oom: bool = False
-
-    def __post_init__(self) -> None:
-        if self.steps is None:
-            return
-        first, last = self.steps
-        if first > last:
-            raise GoodputError.usage(
-                "[profile]",
-                f"steps [{first}, {last}] end before they start",
-                f"write the first step first: steps = [{last}, {first}]",
-            )
-        if last - first >= MAX_STEPS:
-            raise GoodputError.usage(
-                "[profile]",
-                f"steps [{first}, {last}] are {last - first + 1} steps; at most {MAX_STEPS} are "
-                "traced (a trace grows with every step)",
-                f"trace a few steps, e.g. steps = [{first}, {first + 4}]",
-            )
-
-    @property
-    def enabled(self) -> bool:
-        return self.steps is not None or self.memory_snapshot_on_oom
 
 
 def build_profiler(

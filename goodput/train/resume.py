@@ -46,7 +46,7 @@ from goodput.config import to_toml
 from goodput.data.loader import DataLoader
 from goodput.errors import GoodputError
 from goodput.rundir import STEP_DIR, checkpoints_dir
-from goodput.train.config import RunConfig
+from goodput.train.config.run import RunConfig
 from goodput.train.init import initialize_model
 from goodput.train.setup import decided_by_rank_zero
 

@@ -39,10 +39,10 @@ from goodput.checkpoint.save import Checkpointer, Decision
 from goodput.faults import FaultPlan
 from goodput.launch.env import current_placement
 from goodput.train.build import Run
-from goodput.train.config import RunConfig
+from goodput.train.config.run import RunConfig
+from goodput.train.monitor.stragglers import BusyClock, StragglerWatch, rank_host, rank_hosts
 from goodput.train.profiling import Profiler, build_profiler
 from goodput.train.setup import Runtime
-from goodput.train.stragglers import BusyClock, StragglerWatch, rank_host, rank_hosts
 
 Measured = dict[str, float | int | str | None]
 

@@ -26,7 +26,7 @@ from goodput.config import to_toml
 from goodput.launch.history import read_attempts
 from goodput.testing.jobs import outside_any_job
 from goodput.testing.tiny import tiny_run_config
-from goodput.train.config import RunConfig
+from goodput.train.config.run import RunConfig
 
 BIN = Path(sys.executable).parent  # the jobs find this venv's goodput on PATH
 # Seconds of training at the speed measured just before the chain: more than a one-minute job

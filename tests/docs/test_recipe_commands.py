@@ -33,7 +33,7 @@ from goodput.config import load_config
 from goodput.launch.submit import CLIENTS
 from goodput.testing.doc_commands import command_lines
 from goodput.testing.jobs import JOB_PREFIXES, JOB_VARS, REPO, run_goodput
-from goodput.train.config import RunConfig, check_world
+from goodput.train.config.run import RunConfig, check_world
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUN_ELSEWHERE = {"plan.md"}  # tests/unit/plan/test_command.py

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from goodput.config import load_config
 from goodput.errors import ExitCode, GoodputError
-from goodput.train.config import RunConfig
+from goodput.train.config.run import RunConfig
 
 TINY = Path(__file__).parents[2] / "configs" / "tiny-cpu.toml"
 TABLE = tomllib.loads(TINY.read_text())

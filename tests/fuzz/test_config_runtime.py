@@ -24,14 +24,14 @@ from hypothesis import strategies as st
 from goodput.config import load_config
 from goodput.data.interleave import MAX_SAMPLES
 from goodput.errors import GoodputError
-from goodput.train.config import RunConfig, plan_batches
-from goodput.train.freeze import FreezeDetector
-from goodput.train.loss_spikes import LossSpikes
+from goodput.train.config.run import RunConfig, plan_batches
+from goodput.train.config.schedule import learning_rate
 from goodput.train.model import Transformer
-from goodput.train.noise_scale import NoiseScale
-from goodput.train.optim import Optimizers
-from goodput.train.schedule import learning_rate
-from goodput.train.stragglers import StragglerWatch
+from goodput.train.monitor.freeze import FreezeDetector
+from goodput.train.monitor.loss_spikes import LossSpikes
+from goodput.train.monitor.noise_scale import NoiseScale
+from goodput.train.monitor.stragglers import StragglerWatch
+from goodput.train.optim.optimizers import Optimizers
 
 TINY = Path(__file__).parents[2] / "configs" / "tiny-cpu.toml"
 STEP_BUDGET_S = 5.0  # one optimizer step on two 8x8 matrices, whatever the config

@@ -20,9 +20,9 @@ from safetensors.torch import save
 
 from goodput.errors import GoodputError
 from goodput.testing.tiny import TINY_MODEL
-from goodput.train import convert, hf
+from goodput.train.config.model import ModelConfig
+from goodput.train.convert import checkpoints, hf
 from goodput.train.model import Transformer
-from goodput.train.model_config import ModelConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -45,7 +45,7 @@ json_values = st.recursive(
 def imports_or_refuses(folder: Path) -> None:
     out = Path(tempfile.mkdtemp(dir=folder.parent)) / "out"
     try:
-        directory = convert.import_hf(folder, out)
+        directory = checkpoints.import_hf(folder, out)
     except GoodputError as error:
         assert error.render().count("\n") == 0
         assert not out.exists()
@@ -119,4 +119,4 @@ def test_a_valid_file_with_its_header_mutated_or_cut(tmp_path, valid_weights, da
 def test_the_valid_file_imports(tmp_path, valid_weights):
     """The control: unmutated, the same folder imports."""
     folder = hf_folder(tmp_path, valid_weights)
-    assert convert.import_hf(folder, tmp_path / "out").is_dir()
+    assert checkpoints.import_hf(folder, tmp_path / "out").is_dir()

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from goodput.config import from_table
 from goodput.errors import ExitCode, GoodputError
-from goodput.train.profiling import MAX_STEPS, ProfilerConfig, build_profiler
+from goodput.train.config.profile import MAX_STEPS, ProfilerConfig
+from goodput.train.profiling import build_profiler
 
 steps = st.integers(min_value=-(2**60), max_value=2**60) | st.integers(min_value=-3, max_value=210)
 

@@ -18,8 +18,8 @@ from goodput.faults import Fault
 from goodput.launch.failover import EvidenceScanner
 from goodput.launch.history import Evidence
 from goodput.testing.run_dirs import Attempt, write_run
-from goodput.train.config import WatchConfig
-from goodput.train.stragglers import StragglerWatch
+from goodput.train.config.run import WatchConfig
+from goodput.train.monitor.stragglers import StragglerWatch
 
 T0 = 1_800_000_000.0
 HOST = "nid0007"

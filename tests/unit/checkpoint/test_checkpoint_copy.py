@@ -19,7 +19,7 @@ from goodput.rundir import checkpoints_dir, step_dir
 from goodput.testing.dist import run_distributed
 from goodput.testing.sshd import SSH_CONFIG, sshd_answers
 from goodput.testing.tiny import tiny_run_config
-from goodput.train.convert import from_torch, to_torch
+from goodput.train.convert.checkpoints import from_torch, to_torch
 from goodput.train.loop import train
 
 

@@ -10,10 +10,10 @@ import torch
 from goodput.checkpoint.parts import gather, load_into
 from goodput.errors import GoodputError
 from goodput.testing.tiny import TINY_MODEL
+from goodput.train.config.optim import OptimConfig
 from goodput.train.model import Transformer
-from goodput.train.optim import Optimizers
-from goodput.train.optim_config import OptimConfig
-from goodput.train.pipeline import cut_stage
+from goodput.train.optim.optimizers import Optimizers
+from goodput.train.parallel.pipeline import cut_stage
 
 TIED = replace(TINY_MODEL, tie_embeddings=True, num_layers=4)
 

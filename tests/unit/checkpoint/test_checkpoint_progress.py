@@ -16,9 +16,9 @@ from goodput.io import read_json
 from goodput.rundir import TRAIN_STATE, step_dir
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL
+from goodput.train.config.parallel import ParallelConfig
 from goodput.train.model import Transformer
-from goodput.train.parallel_config import ParallelConfig
-from goodput.train.parallelize import parallelize
+from goodput.train.parallel.parallelize import parallelize
 
 AMOUNT = re.compile(r": ([\d.]+)% ([\d.]+ k?B) of ([\d.]+ k?B)")
 

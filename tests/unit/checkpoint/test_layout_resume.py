@@ -27,9 +27,9 @@ from goodput.cli import main
 from goodput.rundir import LATEST, METRICS, checkpoints_dir, list_checkpoints, step_dir
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import tiny_run_config
-from goodput.train.config import RunConfig
+from goodput.train.config.model import MoEConfig
+from goodput.train.config.run import RunConfig
 from goodput.train.loop import train
-from goodput.train.model_config import MoEConfig
 
 pytestmark = pytest.mark.timeout(900)  # the module's runs, paid by its first test
 
@@ -68,7 +68,7 @@ PAIRS: dict[str, tuple[Layout, Layout, str]] = {
     "ep4-to-ep2": ({"ep": 4}, {"ep": 2}, "moe"),
 }
 MOE = MoEConfig(num_experts=4, top_k=2, expert_ffn_dim=16, bias_update_rate=0.01)
-# pp=2 on 4 ranks: the mesh is pp x dp_shard, pp outermost (goodput.train.mesh), so ranks 2
+# pp=2 on 4 ranks: the mesh is pp x dp_shard, pp outermost (goodput.train.parallel.mesh), so ranks 2
 # and 3 hold the last stage and nothing else.
 LAST_STAGE_RANKS = (2, 3)
 

@@ -8,9 +8,10 @@ from goodput.checkpoint.load import check_train_state
 from goodput.checkpoint.state import CheckpointContents
 from goodput.eval.gate import EvalGate
 from goodput.testing.tiny import tiny_run_config
+from goodput.train.monitor.diagnostics import RunningDiagnostics
+from goodput.train.optim.lr_scale import LrScale
 from goodput.train.resume import LoaderState
 from goodput.train.step import SkippedSteps
-from goodput.train.watch import LrScale, RunningDiagnostics
 
 PATH = Path("step-00000004/train_state.json")
 # Written by goodput 0405c79 (a tiny run on 2 ranks, at step 4), the parameter names cut short.

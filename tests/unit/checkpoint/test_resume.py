@@ -24,7 +24,7 @@ from goodput.config import from_table, to_toml
 from goodput.errors import GoodputError
 from goodput.rundir import LATEST, checkpoints_dir, list_checkpoints, step_dir
 from goodput.testing.dist import run_distributed
-from goodput.train.convert import from_torch, to_torch
+from goodput.train.convert.checkpoints import from_torch, to_torch
 from goodput.train.loop import train
 
 

@@ -12,9 +12,9 @@ from goodput.checkpoint.state import CheckpointContents
 from goodput.rundir import list_checkpoints
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL
+from goodput.train.config.parallel import ParallelConfig
 from goodput.train.model import Transformer
-from goodput.train.parallel_config import ParallelConfig
-from goodput.train.parallelize import parallelize
+from goodput.train.parallel.parallelize import parallelize
 
 WRITE_SECONDS = 0.3
 

@@ -88,14 +88,15 @@ def test_plan_imports_no_torch():
     assert found["torch"] == []
     assert {m for m in found["goodput"] if m.startswith("goodput.train.")} == {
         "goodput.train.flops",
-        "goodput.train.model_config",
-        "goodput.train.parallel_config",
+        "goodput.train.config",
+        "goodput.train.config.model",
+        "goodput.train.config.parallel",
     }
 
 
 def test_the_run_config_imports_no_torch():
     # What reads a config without training (goodput plan, goodput model info) stays quick.
-    code = "import sys, goodput.train.config, goodput.train.info; print('torch' in sys.modules)"
+    code = "import sys, goodput.train.config.run, goodput.train.info; print('torch' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], env=outside_any_job(), capture_output=True, text=True
     )

@@ -17,7 +17,7 @@ from goodput.diagnostics.smoke import stage_overrides
 from goodput.errors import GoodputError
 from goodput.testing.jobs import outside_any_job
 from goodput.testing.stages import staged_run_config
-from goodput.train.schedule import ScheduleConfig
+from goodput.train.config.schedule import ScheduleConfig
 
 STEPS = 6  # the staged run's stages start after steps 0, 4 and 8
 

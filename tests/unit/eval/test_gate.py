@@ -18,7 +18,7 @@ from goodput.eval.config import EvalConfig
 from goodput.eval.gate import EvalGate, at_chance
 from goodput.eval.harness import summarize
 from goodput.testing.tiny import tokenized_run_config, write_spelling_task
-from goodput.train.config import DiagnosticsConfig
+from goodput.train.config.run import DiagnosticsConfig
 from goodput.train.loop import train
 
 ITEMS = [ChoiceItem("q", (" a", " b", " c", " d"), i % 4) for i in range(40)]

@@ -18,10 +18,14 @@ from goodput.errors import GoodputError
 from goodput.eval import generate as gen
 from goodput.eval.generate import CachedDecoder, Sampling, choose_token, generate
 from goodput.testing.tiny import TINY_MODEL, tokenized_run_config
-from goodput.train.convert import load_model_state, read_model_config, write_model_only_checkpoint
+from goodput.train.config.model import MoEConfig
+from goodput.train.convert.checkpoints import (
+    load_model_state,
+    read_model_config,
+    write_model_only_checkpoint,
+)
 from goodput.train.loop import train
 from goodput.train.model import Transformer
-from goodput.train.model_config import MoEConfig
 
 # A larger init than training's, so that a random model's predictions are peaked and differ
 # from position to position: a cache that attends wrongly changes the tokens, not only noise.

@@ -28,7 +28,11 @@ from goodput.testing.eval_tasks import (
     write_rolling_task,
 )
 from goodput.testing.tiny import TINY_MODEL, tokenized_run_config
-from goodput.train.convert import load_model_state, read_model_config, write_model_only_checkpoint
+from goodput.train.convert.checkpoints import (
+    load_model_state,
+    read_model_config,
+    write_model_only_checkpoint,
+)
 from goodput.train.loop import train
 from goodput.train.loss import token_loss_sum
 from goodput.train.model import Transformer

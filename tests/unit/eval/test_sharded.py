@@ -30,7 +30,7 @@ from goodput.testing.eval_tasks import (
 )
 from goodput.testing.jobs import REPO, run_goodput
 from goodput.testing.tiny import tokenized_run_config
-from goodput.train.convert import read_model_config
+from goodput.train.convert.checkpoints import read_model_config
 from goodput.train.loop import train
 from goodput.train.setup import setup_torch
 

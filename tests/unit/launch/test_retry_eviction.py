@@ -26,7 +26,7 @@ from goodput.config import to_toml
 from goodput.launch.history import read_attempts
 from goodput.testing.jobs import outside_any_job
 from goodput.testing.tiny import tiny_run_config
-from goodput.train.config import WatchConfig
+from goodput.train.config.run import WatchConfig
 
 needs_mpiexec = pytest.mark.skipif(
     shutil.which("mpiexec") is None, reason="needs MPICH's mpiexec (apt: mpich)"

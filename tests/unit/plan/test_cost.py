@@ -8,7 +8,7 @@ import pytest
 from goodput.plan.cost import Rates, step_cost
 from goodput.plan.layout import Layout, spans_hosts
 from goodput.plan.memory import Workload
-from goodput.train.model_config import ModelConfig
+from goodput.train.config.model import ModelConfig
 
 # 4 layers of d 256, 8 heads of 32, 4 kv heads (kv 128), ffn 768, vocabulary 1000, untied.
 # Per block: attention 256 x 32 x (16 + 8) = 196,608; MLP 3 x 256 x 768 = 589,824; norms 512:

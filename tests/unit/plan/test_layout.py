@@ -17,7 +17,7 @@ from goodput.plan.ladder import RUNGS, TIE, Machine, evaluate, plan_layout, rung
 from goodput.plan.layout import Layout, problems, tp_across_hosts
 from goodput.plan.memory import Workload
 from goodput.testing.jobs import REPO
-from goodput.train.model_config import ModelConfig, MoEConfig
+from goodput.train.config.model import ModelConfig, MoEConfig
 
 AURORA = {"ppn": 12, "gpu_mem_gib": 64.0}
 # FSDP gives each rank ceil(rows / shard) rows of every tensor: the figures below, written

@@ -32,7 +32,7 @@ import pytest
 from goodput.plan.layout import Layout
 from goodput.plan.memory import Workload, estimate
 from goodput.testing.jobs import outside_any_job
-from goodput.train.model_config import ModelConfig
+from goodput.train.config.model import ModelConfig
 
 MODEL = ModelConfig(
     vocab_size=8192,
@@ -53,11 +53,11 @@ CHILD = """
 
     from goodput.checkpoint.config import CheckpointConfig
     from goodput.testing.tiny import write_random_corpus
-    from goodput.train.config import DataConfig, RunConfig, TrainConfig
+    from goodput.train.config.run import DataConfig, RunConfig, TrainConfig
     from goodput.train.loop import train
-    from goodput.train.model_config import ModelConfig
-    from goodput.train.parallel_config import ParallelConfig
-    from goodput.train.schedule import ScheduleConfig
+    from goodput.train.config.model import ModelConfig
+    from goodput.train.config.parallel import ParallelConfig
+    from goodput.train.config.schedule import ScheduleConfig
 
     directory = Path(sys.argv[1])
     model = ModelConfig(**json.loads(sys.argv[2]))

@@ -23,10 +23,10 @@ from goodput.plan.memory import (
     layer_activation_bytes,
     state_bytes_per_device,
 )
+from goodput.train.config.model import ModelConfig, MoEConfig
+from goodput.train.config.parallel import ParallelConfig, even_layer_split
 from goodput.train.flops import BYTES_PER_PARAMETER, model_size
 from goodput.train.model import Block, Transformer
-from goodput.train.model_config import ModelConfig, MoEConfig
-from goodput.train.parallel_config import ParallelConfig, even_layer_split
 
 DENSE = ModelConfig(
     vocab_size=1000, dim=256, num_layers=3, num_heads=8, num_kv_heads=4, ffn_dim=768
@@ -163,7 +163,7 @@ def test_state_per_device_is_the_largest_stages_shard_of_the_state():
 
 
 def test_the_trainers_layer_split_is_even_with_the_first_stages_one_more():
-    from goodput.train.pipeline import layers_per_stage
+    from goodput.train.parallel.pipeline import layers_per_stage
 
     assert even_layer_split(13, 4) == [4, 3, 3, 3] and even_layer_split(8, 2) == [4, 4]
     for pp in range(1, 9):
@@ -173,7 +173,7 @@ def test_the_trainers_layer_split_is_even_with_the_first_stages_one_more():
 
 
 def test_compute_bytes_follow_the_trainers_compute_dtype():
-    from goodput.train.parallelize import compute_dtype
+    from goodput.train.parallel.parallelize import compute_dtype
 
     for precision, size in COMPUTE_BYTES.items():
         dtype = compute_dtype(ParallelConfig(precision=precision))  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ from goodput.plan.layout import Layout, balanced_layer_split
 from goodput.plan.memory import Workload
 from goodput.plan.report import CONFIG, format_text
 from goodput.testing.jobs import REPO
-from goodput.train.model_config import ModelConfig
+from goodput.train.config.model import ModelConfig
 
 
 def shipped(name: str) -> ModelConfig:

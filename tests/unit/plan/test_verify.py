@@ -29,11 +29,11 @@ from goodput.plan.verify import (
     survey,
     verify_layout,
 )
+from goodput.train.config.model import ModelConfig, MoEConfig
+from goodput.train.config.optim import OptimConfig
+from goodput.train.config.parallel import ParallelConfig
 from goodput.train.model import Transformer
-from goodput.train.model_config import ModelConfig, MoEConfig
-from goodput.train.optim import Optimizers
-from goodput.train.optim_config import OptimConfig
-from goodput.train.parallel_config import ParallelConfig
+from goodput.train.optim.optimizers import Optimizers
 
 # Rows that 4 FSDP ranks do not divide (wk's and wv's 50 per TP rank of 2), so the fullest
 # rank holds more than the average; 5 layers over 2 stages.

@@ -12,8 +12,8 @@ from goodput.config import load_config
 from goodput.plan.verify import PLACEHOLDER_FILE_LIST, run_config
 from goodput.testing.jobs import outside_any_job
 from goodput.testing.stages import TINY_CPU
-from goodput.train.config import RunConfig
-from goodput.train.parallel_config import ParallelConfig
+from goodput.train.config.parallel import ParallelConfig
+from goodput.train.config.run import RunConfig
 
 STAGES = """[data]
 cache = "c"

@@ -29,7 +29,7 @@ from goodput.testing.dist import run_distributed
 from goodput.testing.doc_commands import command_lines
 from goodput.testing.jobs import REPO, outside_any_job
 from goodput.testing.tiny import tiny_run_config, write_counting_corpus
-from goodput.train.config import RunConfig
+from goodput.train.config.run import RunConfig
 from goodput.train.loop import train
 
 pytestmark = pytest.mark.timeout(900)

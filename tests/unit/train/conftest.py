@@ -1,7 +1,7 @@
 import pytest
 
 from goodput.testing.tiny import tiny_run_config
-from goodput.train.config import RunConfig
+from goodput.train.config.run import RunConfig
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from torch.distributed.tensor import DTensor
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import tiny_run_config
 from goodput.train.build import build_model
-from goodput.train.config import plan_batches
+from goodput.train.config.run import plan_batches
 from goodput.train.init import initialize_model
-from goodput.train.mesh import build_mesh
+from goodput.train.parallel.mesh import build_mesh
 
 
 def full_state(model):

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 from goodput.testing.dist import run_distributed
+from goodput.train.config.model import MoEConfig
 from goodput.train.experts import (
     _expert_major_order,
     _fused_grouped_mm_takes,
@@ -19,7 +20,6 @@ from goodput.train.experts import (
     shard_experts,
 )
 from goodput.train.model import MoE
-from goodput.train.model_config import MoEConfig
 
 
 def per_group(x, w, counts):

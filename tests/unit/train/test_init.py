@@ -21,13 +21,13 @@ import goodput.train.init
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL, tiny_run_config
 from goodput.train.build import build_model
-from goodput.train.config import RunConfig, plan_batches
+from goodput.train.config.model import ModelConfig, MoEConfig
+from goodput.train.config.run import RunConfig, plan_batches
 from goodput.train.device import process_peak_bytes, reset_process_peak
 from goodput.train.init import fill_region, normal_blocks
-from goodput.train.mesh import build_mesh
 from goodput.train.model import Transformer
-from goodput.train.model_config import ModelConfig, MoEConfig
-from goodput.train.pipeline import Pipeline
+from goodput.train.parallel.mesh import build_mesh
+from goodput.train.parallel.pipeline import Pipeline
 
 SMALL_BLOCK = 96
 DEFAULT_BLOCK = goodput.train.init.BLOCK_ELEMENTS

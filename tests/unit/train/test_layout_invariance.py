@@ -41,9 +41,9 @@ import goodput.train.step
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import tiny_run_config
 from goodput.train.build import fresh_loss_warning
-from goodput.train.config import RunConfig
+from goodput.train.config.model import MoEConfig
+from goodput.train.config.run import RunConfig
 from goodput.train.loop import train
-from goodput.train.model_config import MoEConfig
 
 # The whole file (a single-process reference per tie setting, then 17 four-rank runs in one
 # spawn) takes about 1.5 minutes on 2 idle cores; several times that on busy ones.

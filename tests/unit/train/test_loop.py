@@ -10,7 +10,7 @@ import pytest
 
 from goodput.config import load_config
 from goodput.testing.dist import run_distributed
-from goodput.train.config import RunConfig
+from goodput.train.config.run import RunConfig
 from goodput.train.flops import flops_per_token
 from goodput.train.loop import train
 

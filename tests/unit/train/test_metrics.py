@@ -13,9 +13,9 @@ import torch
 
 from goodput.errors import GoodputError
 from goodput.train.build import fresh_loss_warning
+from goodput.train.config.metrics import MetricsConfig
 from goodput.train.loop import train
 from goodput.train.metrics import Metrics, datasheet_peak_flops, peak_flops, step_line
-from goodput.train.metrics_config import MetricsConfig
 from goodput.train.step import StepResult
 
 

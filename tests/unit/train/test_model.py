@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from goodput.errors import GoodputError
+from goodput.train.config.model import ModelConfig, MoEConfig
 from goodput.train.model import MoE, RMSNorm, Transformer, apply_rope, rope_frequencies
-from goodput.train.model_config import ModelConfig, MoEConfig
 
 
 def tiny(**overrides):

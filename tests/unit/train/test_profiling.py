@@ -23,8 +23,9 @@ from goodput.testing.doc_commands import command_lines
 from goodput.testing.jobs import REPO, outside_any_job
 from goodput.testing.tiny import write_counting_corpus
 from goodput.train import loop
-from goodput.train.config import RunConfig
-from goodput.train.profiling import ProfilerConfig, build_profiler
+from goodput.train.config.profile import ProfilerConfig
+from goodput.train.config.run import RunConfig
+from goodput.train.profiling import build_profiler
 
 TINY = REPO / "configs" / "tiny-cpu.toml"
 SECTION = re.compile(r"^## Why is it slow: the profiler\n(.*?)(?=^## |\Z)", re.S | re.M)

@@ -20,8 +20,8 @@ from goodput.config import load_config
 from goodput.errors import GoodputError
 from goodput.testing.jobs import REPO
 from goodput.testing.recipes import RECIPES, recipe_machine
-from goodput.train.config import RunConfig, check_world
-from goodput.train.parallel_config import resolve_degrees
+from goodput.train.config.parallel import resolve_degrees
+from goodput.train.config.run import RunConfig, check_world
 
 CONFIGS = REPO / "configs"
 SOURCE = re.compile(r"^# Source: (.+)", re.M)

@@ -18,9 +18,9 @@ from goodput.errors import GoodputError
 from goodput.runfiles import read_stage_mixtures, read_steps
 from goodput.testing.dist import run_distributed
 from goodput.testing.stages import staged_run_config
-from goodput.train.config import RunConfig, StageConfig
+from goodput.train.config.run import RunConfig, StageConfig
+from goodput.train.config.schedule import ScheduleConfig
 from goodput.train.loop import train
-from goodput.train.schedule import ScheduleConfig
 
 pytestmark = pytest.mark.timeout(300)
 

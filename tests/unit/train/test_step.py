@@ -9,10 +9,10 @@ import torch
 
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL, rank_micro_batches, uneven_global_batch
+from goodput.train.config.model import MoEConfig
+from goodput.train.config.schedule import ScheduleConfig, learning_rate
 from goodput.train.loss import IGNORE_INDEX, num_targets, token_loss_sum
 from goodput.train.model import Transformer
-from goodput.train.model_config import MoEConfig
-from goodput.train.schedule import ScheduleConfig, learning_rate
 from goodput.train.step import StepSettings, clip_and_step, forward_backward, train_step
 
 NO_CLIP = StepSettings(max_grad_norm=None)

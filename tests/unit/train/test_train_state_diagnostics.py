@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from goodput.checkpoint.load import check_train_state
 from goodput.checkpoint.state import CheckpointContents
 from goodput.errors import GoodputError
-from goodput.train.config import DiagnosticsConfig
-from goodput.train.watch import RunningDiagnostics
+from goodput.train.config.run import DiagnosticsConfig
+from goodput.train.monitor.diagnostics import RunningDiagnostics
 
 PATH = Path("step-00000008/train_state.json")
 VALID = {

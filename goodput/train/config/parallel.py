@@ -1,0 +1,383 @@
+"""The ``[parallel]`` table and the rules a layout must meet, with no torch.
+
+``ParallelConfig`` holds the degrees and options of ``[parallel]`` and refuses, in one line each,
+what cannot work: alone (``__post_init__``) and for a model and sequence length
+(``check_model``). ``resolve_degrees`` fills the unset data-parallel degree from the world size
+and checks the product; ``check_tp_within_hosts`` keeps tensor-parallel groups on one host;
+``context_chunk_bounds`` is the context-parallel split of a sequence, ``even_layer_split`` the
+pipeline's default split of the layers, ``fsdp_shards`` when FSDP is applied. They are the trainer's
+rules (``mesh.py`` and ``parallelize.py`` apply them) and the planner's (``goodput.plan``, which
+runs on login nodes: nothing here imports torch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from goodput.config import limits
+from goodput.errors import GoodputError
+from goodput.train.config.model import ModelConfig
+
+DEGREE = limits(at_least=1, at_most=2**20)
+PIPELINE_KEYS = ("pp_schedule", "pp_microbatches", "pp_stages_per_rank", "pp_layers_per_stage")
+FSDP_KEYS = ("reshard_after_forward", "sync_every_micro_batch")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelConfig:
+    data_parallel: Literal["fsdp", "replicate"] = "fsdp"
+    # Data-parallel degrees; unset: 1, or for the kind of data parallelism chosen (fsdp:
+    # dp_shard, replicate: dp_replicate) whatever the world size leaves (mesh.py).
+    dp_replicate: int | None = field(default=None, metadata=DEGREE)
+    dp_shard: int | None = field(default=None, metadata=DEGREE)
+    tp: int = field(default=1, metadata=DEGREE)
+    pp: int = field(default=1, metadata=DEGREE)
+    cp: int = field(default=1, metadata=DEGREE)
+    ep: int = field(default=1, metadata=DEGREE)  # borrows data-parallel ranks: no factor
+    # Tensor parallelism: cross-entropy on the vocabulary shards, never gathering the logits.
+    loss_parallel: bool = True
+    # Pipeline parallelism (pipeline.py): the schedule; micro-batches per step on each pipeline
+    # (None: the batch plan's micro-batches per rank); stages per rank (None: 1, and 2 for
+    # interleaved_1f1b); layers per stage in stage order (None: an even split, the first
+    # stages taking one more when they do not divide).
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
+    pp_microbatches: int | None = field(default=None, metadata=DEGREE)
+    pp_stages_per_rank: int | None = field(default=None, metadata=DEGREE)
+    pp_layers_per_stage: tuple[int, ...] | None = field(default=None, metadata=DEGREE)
+    reshard_after_forward: bool = True
+    precision: Literal["fp32-master", "pure-bf16", "fp32"] = "fp32-master"
+    activation_checkpointing: bool = False  # recompute each block in backward
+    compile: bool = False  # torch.compile each block
+    # FSDP: reduce-scatter gradients after every micro-batch, keeping only sharded gradients;
+    # false: once per step, holding unsharded gradients across the accumulation (memory for
+    # communication, bench_train).
+    sync_every_micro_batch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ep > 1 and self.data_parallel == "replicate":
+            # The ranks holding the same experts sum their gradients through FSDP.
+            raise GoodputError.usage(
+                "[parallel]",
+                f"ep = {self.ep} needs data_parallel = 'fsdp'",
+                "use data_parallel = 'fsdp' (the default) with expert parallelism",
+            )
+        if self.cp > 1 and self.pp > 1:
+            raise GoodputError.usage(
+                "[parallel]",
+                f"cp = {self.cp} with pp = {self.pp}: context parallelism inside pipeline stages "
+                "is not supported yet",
+                "set pp = 1 with cp, or cp = 1 with pp",
+            )
+        for degree, exchange in (("cp", "ring attention's point-to-point"), ("ep", "all-to-all")):
+            if getattr(self, degree) > 1 and self.compile:
+                # Not shown to compute the right gradients compiled (a compiled tensor-parallel
+                # block did not, below): refused rather than trusted.
+                raise GoodputError.usage(
+                    "[parallel]",
+                    f"compile = true with {degree} = {getattr(self, degree)}: the {exchange} "
+                    "exchanges are not compiled",
+                    f"set compile = false with {degree} > 1",
+                )
+        # fp32-master's bf16 compute comes from FSDP's mixed-precision policy; a replicated model
+        # has no such hook and would silently train in fp32.
+        if self.data_parallel == "replicate" and self.precision == "fp32-master":
+            raise GoodputError.usage(
+                "[parallel]",
+                "precision 'fp32-master' needs data_parallel = 'fsdp'",
+                "use data_parallel = 'fsdp', or precision 'fp32' or 'pure-bf16' with 'replicate'",
+            )
+        if self.data_parallel == "replicate" and (self.dp_shard or 1) > 1:
+            raise GoodputError.usage(
+                "[parallel]",
+                f"dp_shard = {self.dp_shard}, but data_parallel = 'replicate' shards nothing",
+                "leave dp_shard unset, or use data_parallel = 'fsdp'",
+            )
+        if self.compile and self.tp > 1:
+            # Checked on CPU: a compiled block under tensor parallelism ran, with fp32-master,
+            # to a gradient norm of 0.65 where every other layout gives 0.85 (and in fp32 did not
+            # finish its first step in 5 minutes).
+            raise GoodputError.usage(
+                "[parallel]",
+                f"compile = true with tp = {self.tp}: a compiled tensor-parallel block computes "
+                "wrong gradients on torch 2.13",
+                "set compile = false for tensor-parallel runs (compile works with dp and pp)",
+            )
+        if self.pp > 1:  # with pp = 1 the pipeline keys are refused as inert (inert_keys)
+            self._check_pipeline()
+
+    def inert_keys(self) -> dict[str, str]:
+        """The keys that do nothing in this layout, and what would enable each (config.py
+        refuses them when set)."""
+        rules: dict[str, str] = {}
+        if self.pp == 1:
+            rules |= dict.fromkeys(PIPELINE_KEYS, "pp > 1")
+        if self.tp == 1:
+            rules["loss_parallel"] = "tp > 1"
+        if self.data_parallel == "replicate":  # FSDP's own options
+            rules |= dict.fromkeys(FSDP_KEYS, "data_parallel = 'fsdp'")
+        return rules
+
+    def _check_pipeline(self) -> None:
+        interleaved = self.pp_schedule == "interleaved_1f1b"
+        if interleaved and self.stages_per_rank < 2:
+            raise GoodputError.usage(
+                "[parallel]",
+                "pp_schedule 'interleaved_1f1b' needs pp_stages_per_rank >= 2",
+                "raise pp_stages_per_rank, or use pp_schedule '1f1b' or 'gpipe'",
+            )
+        if not interleaved and self.stages_per_rank != 1:
+            raise GoodputError.usage(
+                "[parallel]",
+                f"pp_stages_per_rank = {self.stages_per_rank} needs pp_schedule 'interleaved_1f1b'",
+                f"set pp_schedule = 'interleaved_1f1b', or pp_stages_per_rank = 1 with "
+                f"'{self.pp_schedule}'",
+            )
+        if self.pp_layers_per_stage is not None and len(self.pp_layers_per_stage) != (
+            self.num_stages
+        ):
+            raise GoodputError.usage(
+                "[parallel]",
+                f"pp_layers_per_stage lists {len(self.pp_layers_per_stage)} stages, but pp "
+                f"{self.pp} x pp_stages_per_rank {self.stages_per_rank} = {self.num_stages}",
+                f"list {self.num_stages} layer counts, or leave it unset for an even split",
+            )
+
+    @property
+    def stages_per_rank(self) -> int:
+        if self.pp_stages_per_rank is not None:
+            return self.pp_stages_per_rank
+        return 2 if self.pp_schedule == "interleaved_1f1b" else 1
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.stages_per_rank
+
+    def check_model(self, model: ModelConfig, seq_len: int) -> None:
+        """Refuse a layout that cannot split ``model`` (a usage error naming what to change)."""
+        if model.moe is not None and (self.tp > 1 or self.pp > 1 or self.cp > 1):
+            raise GoodputError.usage(
+                "[parallel]",
+                f"tp = {self.tp}, pp = {self.pp}, cp = {self.cp} with a mixture-of-experts model: "
+                "not supported yet",
+                "set tp, pp and cp to 1 and split the MoE model with ep and FSDP (dp_shard)",
+            )
+        if self.ep > 1:
+            if model.moe is None:
+                raise GoodputError.usage(
+                    "[parallel]",
+                    f"ep = {self.ep} needs a mixture-of-experts model (a [model.moe] table)",
+                    "set ep = 1 for a dense model",
+                )
+            elif model.moe.num_experts % self.ep:
+                raise GoodputError.usage(
+                    "[parallel]",
+                    f"ep = {self.ep} does not divide model.moe.num_experts = "
+                    f"{model.moe.num_experts}",
+                    "choose ep dividing the number of experts",
+                )
+        if self.cp > 1:
+            self._check_context(seq_len)
+        if self.tp > 1:
+            split = {
+                "model.num_heads": model.num_heads,
+                "model.num_kv_heads": model.kv_heads,
+                "model.ffn_dim": model.mlp_dim,
+                "model.vocab_size": model.vocab_size,
+            }
+            if self.cp == 1:  # sequence parallelism splits each micro-batch's sequence
+                split["train.seq_len"] = seq_len
+            for name, value in split.items():
+                if value % self.tp:
+                    raise GoodputError.usage(
+                        "[parallel]",
+                        f"tp = {self.tp} does not divide {name} = {value}",
+                        f"choose tp dividing {name}, or change {name}",
+                    )
+        if self.pp > 1:
+            layers = self.pp_layers_per_stage
+            if layers is not None and sum(layers) != model.num_layers:
+                raise GoodputError.usage(
+                    "[parallel]",
+                    f"pp_layers_per_stage sums to {sum(layers)} layers, but model.num_layers = "
+                    f"{model.num_layers}",
+                    "make the counts add up to model.num_layers",
+                )
+            if layers is None and self.num_stages > model.num_layers:
+                raise GoodputError.usage(
+                    "[parallel]",
+                    f"{self.num_stages} pipeline stages for {model.num_layers} layers",
+                    "lower pp or pp_stages_per_rank to at most model.num_layers stages",
+                )
+
+    def _check_context(self, seq_len: int) -> None:
+        """Each rank's two chunks of a sequence must be non-empty and, under tensor
+        parallelism, split evenly over the tp ranks (sequence parallelism)."""
+        fix = f"use a train.seq_len that is a multiple of 2 x cp x tp = {2 * self.cp * self.tp}"
+        if seq_len < 2 * self.cp:
+            raise GoodputError.usage(
+                "[parallel]",
+                f"cp = {self.cp} splits each sequence into {2 * self.cp} chunks, more than "
+                f"train.seq_len = {seq_len} tokens",
+                fix,
+            )
+        lengths = set(context_local_lengths(seq_len, self.cp))
+        if self.tp > 1 and any(length % self.tp for length in lengths):
+            raise GoodputError.usage(
+                "[parallel]",
+                f"tp = {self.tp} does not divide the {sorted(lengths)} tokens a context-parallel "
+                f"rank holds of train.seq_len = {seq_len}",
+                fix,
+            )
+
+
+# The layout's dimensions, outermost first: tp varies fastest (see Rank order above).
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+@dataclass(frozen=True, slots=True)
+class Degrees:
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def expert_shard(self) -> int:
+        """The ``dp_shard`` ranks holding the same experts (``ep`` splits the rest)."""
+        return self.dp_shard // self.ep
+
+    def describe(self) -> str:
+        """The degrees as the mesh orders them, e.g. ``pp 2 x dp_replicate 1 x dp_shard 2 x
+        cp 1 x tp 1``, and ``ep`` when it splits ``dp_shard``."""
+        line = " x ".join(f"{name} {getattr(self, name)}" for name in MESH_DIMS)
+        return line + (f" (ep {self.ep} within dp_shard)" if self.ep > 1 else "")
+
+    def product(self) -> int:
+        """The number of ranks this layout needs (``ep`` borrows its ranks)."""
+        return self.dp * self.tp * self.pp * self.cp
+
+
+def resolve_degrees(cfg: ParallelConfig, world_size: int) -> Degrees:
+    """``cfg``'s degrees with the unset ones filled in; a usage error, suggesting a split that
+    works, when they do not multiply to ``world_size``."""
+    others = cfg.tp * cfg.pp * cfg.cp
+    # The kind of data parallelism chosen takes what is left; the other data-parallel degree
+    # defaults to 1.
+    rest = "dp_shard" if cfg.data_parallel == "fsdp" else "dp_replicate"
+    fixed = "dp_replicate" if rest == "dp_shard" else "dp_shard"
+    fixed_degree = getattr(cfg, fixed) or 1
+    rest_degree = getattr(cfg, rest) or world_size // (fixed_degree * others) or 1
+    degrees = Degrees(
+        **{fixed: fixed_degree, rest: rest_degree},
+        tp=cfg.tp,
+        pp=cfg.pp,
+        cp=cfg.cp,
+        ep=cfg.ep,
+    )
+    if degrees.product() != world_size:
+        raise GoodputError.usage(
+            "[parallel]",
+            f"dp_replicate {degrees.dp_replicate} x dp_shard {degrees.dp_shard} x tp {cfg.tp} "
+            f"x pp {cfg.pp} x cp {cfg.cp} = {degrees.product()} ranks, but the world has "
+            f"{world_size}",
+            _suggest(cfg, world_size, fixed, rest),
+        )
+    if degrees.dp_shard % cfg.ep:
+        raise GoodputError.usage(
+            "[parallel]",
+            f"ep = {cfg.ep} does not divide dp_shard = {degrees.dp_shard}: expert parallelism "
+            "splits the experts over ranks that shard one replica",
+            f"choose ep dividing {degrees.dp_shard} (e.g. ep = "
+            f"{math.gcd(cfg.ep, degrees.dp_shard)}), or raise dp_shard",
+        )
+    return degrees
+
+
+def _suggest(cfg: ParallelConfig, world_size: int, fixed: str, rest: str) -> str:
+    others = cfg.tp * cfg.pp * cfg.cp
+    if world_size % others:
+        return f"launch a multiple of tp x pp x cp = {others} ranks"
+    data_parallel = world_size // others
+    fixed_degree = math.gcd(getattr(cfg, fixed) or 1, data_parallel)
+    return (
+        f"e.g. {fixed} = {fixed_degree}, {rest} = {data_parallel // fixed_degree} (or leave "
+        f"{rest} unset: it takes what the world size leaves)"
+    )
+
+
+def check_tp_within_hosts(tp: int, world_size: int, ranks_per_host: int) -> None:
+    """Refuse a tensor-parallel group that the rank order would split across hosts."""
+    if tp == 1 or world_size <= ranks_per_host or ranks_per_host % tp == 0:
+        return
+    raise GoodputError.usage(
+        "[parallel]",
+        f"tp = {tp} does not divide the {ranks_per_host} ranks per host: a tensor-parallel "
+        "group would span hosts, with an all-reduce inside every layer over the network",
+        f"choose tp dividing {ranks_per_host} (e.g. tp = {math.gcd(tp, ranks_per_host)}) and "
+        "split the rest with pp or dp",
+    )
+
+
+def context_chunk_bounds(seq_len: int, cp: int) -> list[tuple[int, int]]:
+    """[start, end) of the 2cp near-even chunks context parallelism cuts a sequence into (the
+    first seq_len % 2cp one token longer); rank r holds chunks r and 2cp-1-r."""
+    base, longer = divmod(seq_len, 2 * cp)
+    ends = [(i + 1) * base + min(i + 1, longer) for i in range(2 * cp)]
+    return list(zip([0, *ends[:-1]], ends, strict=True))
+
+
+def context_local_lengths(seq_len: int, cp: int) -> list[int]:
+    """The tokens each context-parallel rank holds of one sequence, by rank."""
+    lengths = [end - start for start, end in context_chunk_bounds(seq_len, cp)]
+    return [lengths[rank] + lengths[2 * cp - 1 - rank] for rank in range(cp)]
+
+
+def even_layer_split(num_layers: int, num_stages: int) -> list[int]:
+    """Layers per pipeline stage when ``pp_layers_per_stage`` is unset: an even split, the
+    first ``num_layers % num_stages`` stages taking one more."""
+    base, extra = divmod(num_layers, num_stages)
+    return [base + (stage < extra) for stage in range(num_stages)]
+
+
+def fsdp_shards(num_ranks: int, precision: str) -> bool:
+    """Whether goodput applies FSDP over ``num_ranks`` ranks (dp_replicate x dp_shard x cp):
+    on one rank it shards nothing, yet its hooks cost ~12% of a CPU step (bench_train), so only
+    fp32-master, whose bf16 compute comes from FSDP's policy, takes it there."""
+    return num_ranks > 1 or precision == "fp32-master"
+
+
+def pipeline_microbatches(cfg: ParallelConfig, local_batch_size: int, default: int) -> int:
+    """The pipeline's micro-batches per step: ``pp_microbatches``, else ``default`` (the batch
+    plan's); refused unless it divides this rank's ``local_batch_size`` samples and the schedule
+    takes it (torch's: 1F1B at least ``pp``, interleaved 1F1B whole rounds of about ``pp``), so
+    that the loop can refuse it at start rather than ``_schedule`` after the blend is built."""
+    count = cfg.pp_microbatches or default
+    if local_batch_size % count:
+        raise GoodputError.usage(
+            "[parallel]",
+            f"pp_microbatches = {count} does not divide the {local_batch_size} samples each "
+            "pipeline runs per step",
+            "choose pp_microbatches dividing it, or leave it unset (one per micro-batch)",
+        )
+    rounds = max(1, count // cfg.pp)
+    needs = None
+    if cfg.pp_schedule == "1f1b" and count < cfg.pp:
+        needs = f"at least pp = {cfg.pp}"
+    elif cfg.pp_schedule == "interleaved_1f1b" and count % rounds:
+        needs = f"a multiple of its {rounds} rounds (micro-batches // pp)"
+    if needs is not None:
+        raise GoodputError.usage(
+            "[parallel]",
+            f"pp_schedule '{cfg.pp_schedule}' with {count} micro-batches on pp = {cfg.pp}: it "
+            f"needs {needs}",
+            "set parallel.pp_microbatches to a multiple of pp (and at least pp)",
+        )
+    return count

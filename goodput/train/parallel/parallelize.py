@@ -1,0 +1,207 @@
+"""``parallelize``: the one place that composes a model's layouts (``[parallel]`` itself, and
+the rules a layout must meet, are ``parallel_config.py``'s).
+
+``parallelize(model, cfg, mesh)`` applies, in this order (each must wrap what the next one
+sees): tensor parallelism → expert parallelism → context parallelism → activation checkpointing
+(each block recomputed in backward) → ``torch.compile`` (each block, the checkpointing inside
+it) → FSDP2 ``fully_shard`` (each block, its split experts a unit of their own, then the root:
+embedding, final norm, output head — tied weights stay in one unit). The precision policy
+comes first of all: pure-bf16 casts the weights (the buffers stay fp32). Pipeline parallelism
+comes before all of them: ``goodput.train.parallel.pipeline`` cuts the model into stages and
+parallelizes each stage as a model of its own.
+
+Data parallelism (``data_parallel``): ``fsdp`` shards over ``dp_shard`` ranks and replicates
+over ``dp_replicate`` (HSDP when both are > 1); on a single data-parallel rank FSDP is applied
+only for ``fp32-master``, whose bf16 compute comes from FSDP's policy. ``replicate``: every rank
+keeps the whole model and ``train_step`` sums the gradients itself; right for models that fit
+easily. How the degrees are read and checked against the world size is ``mesh.py``'s.
+
+Tensor parallelism (``tp``), Megatron-style with sequence parallelism: ``wq``/``wk``/``wv`` and
+``w1``/``w3`` are split by output (column-wise: each rank holds heads / tp heads and ffn / tp
+hidden units), ``wo`` and ``w2`` by input (row-wise), so each half of a block costs one
+all-gather of the sequence on the way in and one reduce-scatter on the way out. Between them
+the residual stream and the norms are split along the sequence (sequence parallelism), so
+activations outside the matmuls are 1/tp per rank. The embedding is split by vocabulary rows;
+the output head by vocabulary columns, and with ``loss_parallel`` the logits stay split and the
+cross-entropy is computed on the shards (``torch.distributed.tensor.parallel.loss_parallel``):
+the ``[tokens, vocab]`` logits are never gathered.
+
+Expert parallelism (``ep``, MoE models): each MoE layer's grouped expert weights are split by
+expert over ``ep`` ranks borrowed from ``dp_shard``, tokens reach their experts by all-to-all
+(``goodput.train.experts``); FSDP then shards the experts, as a unit of their own, over the
+``dp_shard / ep`` ranks holding the same ones (and replicates them over ``dp_replicate``).
+
+Context parallelism (``cp``): each rank holds two mirrored chunks of every sequence and its
+attention runs ring attention over the ``cp`` ranks (``goodput.train.parallel.ring_attention``); the
+weights are the same on those ranks, so FSDP shards over ``dp_shard x cp`` and sums their
+gradients, as the step sums their losses and token counts.
+
+Precision policies:
+- ``fp32-master`` (default): fp32 weights and optimizer state, bf16 compute, fp32 gradient
+  reduction;
+- ``pure-bf16``: weights, gradients and optimizer state all bf16 — half the memory, and the
+  policy under which small updates can round to zero (the diagnostics need it to reproduce that);
+- ``fp32``: everything fp32 (CPU tests compare it with one process).
+
+``train_step`` already divides by the global token count, so FSDP must *sum* gradients, never
+average them: the divide factor is 1 and the reduction is forced to a plain SUM, which is also
+the only form gloo accepts (it rejects the pre-multiplied sum FSDP would otherwise use).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from goodput.train.config.parallel import ParallelConfig, fsdp_shards
+from goodput.train.experts import GroupedExperts, shard_experts
+from goodput.train.model import Attention, ContextParallel, Transformer
+from goodput.train.parallel.collectives import CountedAllGather, CountedReduceScatter
+from goodput.train.parallel.grad_tally import GradientTally
+from goodput.train.parallel.ring_attention import ContextLayout
+
+if TYPE_CHECKING:
+    from goodput.train.parallel.mesh import ParallelMesh
+
+
+def parallelize(
+    model: Transformer,
+    cfg: ParallelConfig,
+    mesh: ParallelMesh | None = None,
+    *,
+    context: ContextLayout | None = None,
+    tally: GradientTally | None = None,
+) -> Transformer:
+    """Apply ``cfg``'s layouts to ``model`` (a whole model or one pipeline stage) in place, in
+    the order of the module docstring; return it. ``mesh`` None: every rank of the default
+    group is a data-parallel shard. ``context``: how context parallelism splits the training
+    sequences (``build.context_layout``; needed when ``cp`` > 1). ``tally``: FSDP's
+    reduce-scatters add up the squares of each rank's own gradient there (``grad_tally``)."""
+    if cfg.precision == "pure-bf16":
+        # The weights only (``.data``: a tied weight stays one). The buffers stay fp32: the
+        # rotary frequencies in bf16 put ~0.4 rad of error into the angle at position 4096,
+        # and an MoE layer's token counts in bf16 stop counting past 256.
+        for parameter in model.parameters():
+            parameter.data = parameter.data.to(torch.bfloat16)
+    if mesh is not None and mesh.degrees.tp > 1:
+        _tensor_parallel(model, mesh.tp_mesh, loss_parallel=cfg.loss_parallel)
+    if mesh is not None and mesh.degrees.ep > 1:
+        shard_experts(model, mesh.ep_mesh)
+    if mesh is not None and mesh.degrees.cp > 1:
+        assert context is not None, "context parallelism splits the training sequences"
+        for module in model.modules():
+            if isinstance(module, Attention):
+                module.context = ContextParallel(context, mesh.cp_group)
+    blocks = model.blocks
+    if cfg.activation_checkpointing:
+        for key, block in blocks.items():
+            # Checkpoints leave the wrapper out of their names: resumable either way.
+            blocks[key] = checkpoint_wrapper(block)
+    if cfg.compile:
+        for block in blocks.values():
+            block.compile()
+    if cfg.data_parallel == "fsdp":
+        _fully_shard(model, cfg, mesh, tally)
+    return model
+
+
+def _tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: bool) -> None:
+    """Split ``model``'s matmuls over ``tp_mesh`` (the module docstring's plan). Between blocks
+    the residual stream is this rank's slice of the sequence, as a plain tensor."""
+    outer: dict[str, object] = {}
+    if model.embedding is not None:
+        outer["embedding"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if model.norm is not None:
+        outer["norm"] = SequenceParallel()
+    if model.output is not None:
+        outer["output"] = ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    parallelize_module(model, tp_mesh, outer)  # type: ignore[arg-type]
+    if model.cfg.tie_embeddings and model.embedding is not None and model.output is not None:
+        # Each plan replaced its module's weight with a DTensor of its own; both are split by
+        # vocabulary rows, so one of them serves both again.
+        model.output.weight = model.embedding.weight
+    gather_sequence = PrepareModuleInput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+    )
+    # The positions beside the hidden states are every rank's alike: left as they are.
+    gather_attention_input = PrepareModuleInput(
+        input_layouts=(Shard(1), None),
+        desired_input_layouts=(Replicate(), None),
+        use_local_output=True,
+    )
+    for block in model.blocks.values():
+        plan = {
+            "attention_norm": SequenceParallel(),
+            "attention": gather_attention_input,
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "mlp_norm": SequenceParallel(),
+            "mlp": gather_sequence,
+            "mlp.w1": ColwiseParallel(),
+            "mlp.w3": ColwiseParallel(),
+            "mlp.w2": RowwiseParallel(output_layouts=Shard(1)),
+        }
+        parallelize_module(block, tp_mesh, plan)  # type: ignore[arg-type]
+
+
+def _fully_shard(
+    model: Transformer, cfg: ParallelConfig, mesh: ParallelMesh | None, tally: GradientTally | None
+) -> None:
+    num_ranks = mesh.fsdp_mesh.size() if mesh is not None else dist.get_world_size()
+    if not fsdp_shards(num_ranks, cfg.precision):
+        return
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if cfg.precision == "fp32-master"
+        else MixedPrecisionPolicy()
+    )
+    fsdp_mesh = mesh.fsdp_mesh if mesh is not None else None
+    # A pipeline stage runs forward once per micro-batch: resharding after each would gather
+    # its weights again for every one.
+    reshard = cfg.reshard_after_forward and (mesh is None or mesh.degrees.pp == 1)
+    for block in model.blocks.values():
+        if mesh is not None and mesh.degrees.ep > 1:
+            # Split experts are one FSDP unit of their own, sharded over the ranks holding the
+            # same experts (the block's other weights shard over all of dp_shard x cp).
+            for experts in block.modules():
+                if isinstance(experts, GroupedExperts):
+                    fully_shard(
+                        experts,
+                        mesh=mesh.expert_fsdp_mesh,
+                        reshard_after_forward=reshard,
+                        mp_policy=policy,
+                    )
+        fully_shard(block, mesh=fsdp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+    # Every unit's collectives counted in the beacon (the reduce-scatter also feeds the tally).
+    all_gather, reduce_scatter = CountedAllGather(), CountedReduceScatter(tally)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+            module.set_custom_all_gather(all_gather)
+            module.set_custom_reduce_scatter(reduce_scatter)
+
+
+def compute_dtype(cfg: ParallelConfig) -> torch.dtype:
+    """The dtype the matmuls run in under ``cfg``'s precision policy."""
+    return torch.float32 if cfg.precision == "fp32" else torch.bfloat16
