@@ -1,4 +1,4 @@
-"""Ring attention (``goodput.train.parallel.ring_attention``) against full causal attention on CPU.
+"""Ring attention (``goodput.train.ring_attention``) against full causal attention on CPU.
 
 Baseline: ``F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)`` on the
 whole sequence in one process, forward + backward. Shape: batch 1, 8 query heads over 4 kv
@@ -43,7 +43,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from goodput.testing.dist import run_distributed
-from goodput.train.parallel.ring_attention import ContextLayout, ring_attention
+from goodput.train.ring_attention import ContextLayout, ring_attention
 
 BATCH, HEADS, KV_HEADS, HEAD_DIM = 1, 8, 4, 64
 SEQ_LENS = (2048, 4096)

@@ -52,7 +52,7 @@ from goodput.train.convert.hf_tokenizer import blend_tokenizer
 from goodput.train.loss import IGNORE_INDEX, row_loss_sums
 from goodput.train.parallel.mesh import ParallelMesh
 from goodput.train.parallel.pipeline import Pipeline
-from goodput.train.parallel.ring_attention import ContextLayout
+from goodput.train.ring_attention import ContextLayout
 from goodput.train.step import micro_batches_of
 
 HELDOUT = "heldout"  # evals.jsonl's task name prefix: heldout/<corpus>

@@ -300,8 +300,8 @@ def survey(cfg: RunConfig, world: int, ranks_per_host: int, ranks: list[int]) ->
 
 def rank_state(parts: list[nn.Module], cfg: RunConfig, rank: int, pp_rank: int) -> RankState:
     """The state of a rank holding ``parts``, by its optimizer's parameter groups."""
+    from goodput.train.dtensors import local_tensor
     from goodput.train.optim.optimizers import Optimizers
-    from goodput.train.parallel.dtensors import local_tensor
 
     elements = weights = moments = 0
     for group in Optimizers(parts, cfg.optim, cfg.schedule.lr).param_groups:
@@ -348,7 +348,7 @@ def materialize(cfg: RunConfig, world: int, ranks_per_host: int, rank: int) -> M
 def allocated_bytes(parts: list[nn.Module]) -> int:
     """Bytes of the distinct storages under ``parts``' parameters and buffers (FSDP's padded
     shards whole, a tied weight once)."""
-    from goodput.train.parallel.dtensors import local_tensor
+    from goodput.train.dtensors import local_tensor
 
     storages = {}
     for part in parts:

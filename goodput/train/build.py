@@ -58,8 +58,8 @@ from goodput.train.parallel.grad_tally import GradientTally
 from goodput.train.parallel.mesh import ParallelMesh, build_mesh
 from goodput.train.parallel.parallelize import parallelize
 from goodput.train.parallel.pipeline import Pipeline, build_pipeline, model_parts
-from goodput.train.parallel.ring_attention import ContextLayout
 from goodput.train.resume import CheckpointChoice, checkpoint_root
+from goodput.train.ring_attention import ContextLayout
 from goodput.train.setup import Runtime, decided_by_rank_zero
 from goodput.train.step import StepSettings, micro_batches_of
 

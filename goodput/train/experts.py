@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from goodput.train.parallel.dtensors import local_tensor
+from goodput.train.dtensors import local_tensor
 
 # torch._grouped_mm wants every row of its operands 16-byte aligned.
 GROUPED_MM_ALIGNMENT_BYTES = 16

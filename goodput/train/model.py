@@ -18,7 +18,7 @@ splits by expert.
 Positions. ``forward`` takes each token's position in its sequence (default: 0..t-1): under
 context parallelism a rank holds two chunks of every sequence, and rotary embeddings need
 their global positions; its attention then runs ring attention over the context-parallel
-group (``goodput.train.parallel.ring_attention``), set by ``parallelize``.
+group (``goodput.train.ring_attention``), set by ``parallelize``.
 
 KV cache (inference only: ``goodput.eval.generate``). ``forward(tokens, cache=KVCache)`` runs
 the new tokens at positions ``cache.length, ...`` and appends each layer's keys (after RoPE)
@@ -43,7 +43,7 @@ from torch import nn
 from goodput.train.config.model import ModelConfig, MoEConfig
 from goodput.train.experts import GroupedExperts
 from goodput.train.init import initialize_model
-from goodput.train.parallel.ring_attention import ContextLayout, ring_attention
+from goodput.train.ring_attention import ContextLayout, ring_attention
 
 
 class RMSNorm(nn.Module):

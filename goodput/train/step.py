@@ -67,16 +67,16 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from goodput.beacon import current
 from goodput.errors import GoodputError
+from goodput.train.dtensors import local_tensor
 from goodput.train.loss import labels_from_model, num_targets, token_loss_sum
 from goodput.train.model import Transformer
-from goodput.train.parallel.dtensors import local_tensor
 from goodput.train.parallel.grad_tally import GradientTally
 
 if TYPE_CHECKING:
     from goodput.train.config.run import BatchPlan
     from goodput.train.optim.optimizers import Optimizers
     from goodput.train.parallel.pipeline import Pipeline
-    from goodput.train.parallel.ring_attention import ContextLayout
+    from goodput.train.ring_attention import ContextLayout
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from goodput.train.parallel.dtensors import local_tensor
+from goodput.train.dtensors import local_tensor
 
 COPY_LIMIT_BYTES = 64 * 1024  # tensors up to this size (local values) keep a copy, not a hash
 CHUNK_WORDS = 2**18  # fingerprint chunk, in 16-bit words; bounds the int64 sums below 2^57

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from goodput.train.parallel.dtensors import local_grad, local_tensor
+from goodput.train.dtensors import local_grad, local_tensor
 
 
 def init_adamw_state(state: dict, parameter: torch.Tensor) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from goodput.train.parallel.dtensors import local_grad, local_tensor, sum_over_shards
+from goodput.train.dtensors import local_grad, local_tensor, sum_over_shards
 
 
 def _squared_norm(tensor: torch.Tensor) -> torch.Tensor:

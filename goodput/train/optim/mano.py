@@ -36,8 +36,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from goodput.beacon import current
+from goodput.train.dtensors import local_grad, local_tensor
 from goodput.train.optim.adamw_rule import MatrixOptimizer
-from goodput.train.parallel.dtensors import local_grad, local_tensor
 
 
 @dataclass

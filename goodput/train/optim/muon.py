@@ -45,8 +45,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
 
 from goodput.beacon import current
+from goodput.train.dtensors import aligned_grad, local_tensor
 from goodput.train.optim.adamw_rule import MatrixOptimizer
-from goodput.train.parallel.dtensors import aligned_grad, local_tensor
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from goodput.train.parallel.dtensors import local_grad, local_tensor, sum_over_shards
+from goodput.train.dtensors import local_grad, local_tensor, sum_over_shards
 from goodput.train.parallel.mesh import ParallelMesh
 
 

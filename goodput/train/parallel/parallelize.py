@@ -32,7 +32,7 @@ expert over ``ep`` ranks borrowed from ``dp_shard``, tokens reach their experts 
 ``dp_shard / ep`` ranks holding the same ones (and replicates them over ``dp_replicate``).
 
 Context parallelism (``cp``): each rank holds two mirrored chunks of every sequence and its
-attention runs ring attention over the ``cp`` ranks (``goodput.train.parallel.ring_attention``); the
+attention runs ring attention over the ``cp`` ranks (``goodput.train.ring_attention``); the
 weights are the same on those ranks, so FSDP shards over ``dp_shard x cp`` and sums their
 gradients, as the step sums their losses and token counts.
 
@@ -71,7 +71,7 @@ from goodput.train.experts import GroupedExperts, shard_experts
 from goodput.train.model import Attention, ContextParallel, Transformer
 from goodput.train.parallel.collectives import CountedAllGather, CountedReduceScatter
 from goodput.train.parallel.grad_tally import GradientTally
-from goodput.train.parallel.ring_attention import ContextLayout
+from goodput.train.ring_attention import ContextLayout
 
 if TYPE_CHECKING:
     from goodput.train.parallel.mesh import ParallelMesh

@@ -48,9 +48,9 @@ from goodput.beacon import current
 from goodput.errors import GoodputError
 from goodput.train.config.model import ModelConfig
 from goodput.train.config.parallel import ParallelConfig, even_layer_split
+from goodput.train.dtensors import local_tensor
 from goodput.train.loss import labels_from_model, row_loss_sums, token_loss_sum
 from goodput.train.model import Transformer
-from goodput.train.parallel.dtensors import local_tensor
 from goodput.train.parallel.mesh import ParallelMesh
 from goodput.train.parallel.parallelize import parallelize
 

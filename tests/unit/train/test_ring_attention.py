@@ -35,9 +35,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import goodput.train.parallel.ring_attention as ring_module
+import goodput.train.ring_attention as ring_module
 from goodput.testing.dist import run_distributed
-from goodput.train.parallel.ring_attention import ContextLayout, block_pairs, ring_attention
+from goodput.train.ring_attention import ContextLayout, block_pairs, ring_attention
 
 pytestmark = pytest.mark.timeout(300)
 
