@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 import torch.distributed as dist
 
@@ -77,10 +77,8 @@ def train(cfg: RunConfig) -> list[float]:
         # what each save writes and a resume loads.
         skips = SkippedSteps(cfg.train.max_skipped_steps)
         lr_scale = LrScale(cfg)
-        diagnostics = Diagnostics(
-            cfg.diagnostics, run.parts, mesh, measures_noise=run.step_settings.tally is not None
-        )
-        qk_clip = None if cfg.optim.qk_clip is None else QkClip(cfg.optim.qk_clip, run.parts, mesh)
+        diagnostics = Diagnostics(cfg.diagnostics, run.parts, mesh, run.step_settings.tally)
+        qk_clip = QkClip.when_on(cfg.optim.qk_clip, run.parts, mesh)
         gate = EvalGate(cfg.eval.alarm_evals, cfg.eval.stop_on_alarm)
         contents = CheckpointContents(
             parts=run.parts,
@@ -106,9 +104,7 @@ def train(cfg: RunConfig) -> list[float]:
         if rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
             write_run_record(run, cfg, peak, peak_source)  # and the run id, after the resume
-            qk_note = qk_clip.describe() if qk_clip else None
-            notes = [lr_scale.describe(), diagnostics.describe(), qk_note]
-            print_start(cfg, run, peak, peak_source, notes)
+            print_start(cfg, run, peak, peak_source, [lr_scale, diagnostics, qk_clip])
         metrics = build_metrics(cfg, run, peak)
         eval_every = cfg.eval.interval_steps  # 0: no in-loop evals
         losses = []
@@ -225,10 +221,11 @@ def train(cfg: RunConfig) -> list[float]:
 
 
 def print_start(
-    cfg: RunConfig, run: Run, peak: float | None, peak_source: str, notes: list[str | None]
+    cfg: RunConfig, run: Run, peak: float | None, peak_source: str, parts: list[Described | None]
 ) -> None:
-    """Rank 0's banner: the batch, the layout, the peak that MFU is measured against, and the
-    loop's ``notes`` (the LR scaling, diagnostics, evals)."""
+    """Rank 0's banner: the batch, the layout, the peak that MFU is measured against, and what
+    the loop's ``parts`` say of themselves (the LR scaling, diagnostics, QK-clip), the evals and
+    the snapshots."""
     plan = run.plan
     print(
         f"train: {run.runtime.world_size} rank(s) on {run.device}, global batch "
@@ -244,10 +241,13 @@ def print_start(
         print(f"train: data-mix stages {', '.join(said)}", flush=True)
     peak_text = f"{peak / 1e12:.3f} TFLOP/s" if peak else "unknown"
     print(f"train: peak per device for MFU {peak_text} ({peak_source})", flush=True)
-    memory = run.snapshots.describe() if run.snapshots else None
-    for line in [*notes, run.loop_eval.describe(), memory]:
-        if line:
+    for part in [*parts, run.loop_eval, run.snapshots]:
+        if part is not None and (line := part.describe()):
             print(line, flush=True)
+
+
+class Described(Protocol):
+    def describe(self) -> str | None: ...
 
 
 def stop(checkpointer: Checkpointer, error: GoodputError) -> NoReturn:

@@ -33,6 +33,7 @@ from goodput.train.monitor.noise_scale import NoiseScale
 from goodput.train.optim.optimizers import Optimizers
 from goodput.train.optim.sophia import SophiaG
 from goodput.train.parallel import grad_tally
+from goodput.train.parallel.grad_tally import GradientTally
 from goodput.train.parallel.mesh import ParallelMesh
 from goodput.train.step import StepResult
 
@@ -86,11 +87,12 @@ class Diagnostics:
         cfg: DiagnosticsConfig,
         parts: list[nn.Module],
         mesh: ParallelMesh,
-        *,
-        measures_noise: bool,
+        tally: GradientTally | None,
     ) -> None:
+        """``tally``: the step's own-gradient tally, where the layout lets the noise scale be
+        measured (``measures_noise``), else None."""
         self.parts, self.mesh = parts, mesh
-        self.measures_noise = measures_noise
+        self.measures_noise = tally is not None
         self.loud = dist.get_rank() == 0
         self.running = RunningDiagnostics(cfg)
         named = [(name, p) for part in parts for name, p in part.named_parameters()]

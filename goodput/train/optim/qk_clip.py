@@ -39,6 +39,13 @@ class QkClip:
         self.tau, self.parts, self.mesh = tau, parts, mesh
         track_logits(parts)
 
+    @classmethod
+    def when_on(
+        cls, tau: float | None, parts: Sequence[nn.Module], mesh: ParallelMesh
+    ) -> QkClip | None:
+        """The clip at ``[optim] qk_clip`` = ``tau``; None when it is off."""
+        return None if tau is None else cls(tau, parts, mesh)
+
     def describe(self) -> str:
         return f"train: qk-clip at {self.tau:g}"
 
