@@ -59,7 +59,7 @@ def test_checkpoint_imports_neither_train_nor_launch():
 def test_train_imports_the_fault_hooks_not_the_campaign():
     found = _import_all("goodput.train")
     assert "goodput.faults" in found["goodput"]
-    forbidden = ("goodput.chaos", "goodput.diagnostics", "goodput.report")
+    forbidden = ("goodput.chaos", "goodput.diagnose", "goodput.report")
     assert not [m for m in found["goodput"] if m.startswith(forbidden)]
 
 
@@ -68,9 +68,7 @@ def test_report_imports_neither_torch_nor_diagnostics():
     found = _import_all("goodput.report")
     assert {"goodput.report.accounting", "goodput.report.plots"} <= set(found["modules"])
     assert found["torch"] == []
-    assert not [
-        m for m in found["goodput"] if m.startswith(("goodput.diagnostics", "goodput.train"))
-    ]
+    assert not [m for m in found["goodput"] if m.startswith(("goodput.diagnose", "goodput.train"))]
 
 
 def test_data_imports_neither_train_nor_launch():
