@@ -323,6 +323,10 @@ def _broken_directions(imports: list[Import]) -> list[str]:
             for forbidden in NEVER.get(part, ())
             if _breaks(found, forbidden)
         ]
+        if _within(found.imported, "goodput.testing") and not _within(
+            found.importer, "goodput.testing"
+        ):
+            broken.append(f"{found}: only tests and benchmarks import goodput.testing")
         if not _is_root_leaf(found.importer):
             continue
         imported = _goodput_module(found.imported)
