@@ -70,7 +70,7 @@ def test_train_imports_the_fault_hooks_not_the_campaign():
     assert not [m for m in found["goodput"] if m.startswith(forbidden)]
 
 
-def test_report_imports_neither_torch_nor_diagnostics():
+def test_report_imports_neither_torch_nor_diagnose():
     # `goodput report` runs on login nodes; its figures come from goodput.figures.
     found = _import_all("goodput.report")
     assert {"goodput.report.accounting", "goodput.report.plots"} <= set(found["modules"])
