@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from goodput.diagnostics.lr_find import RampSettings, lr_find
+from goodput.diagnose.lr_find import RampSettings, lr_find
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL, tiny_run_config, uneven_global_batch
 from goodput.train.config.model import ModelConfig

@@ -21,7 +21,7 @@ from typing import Any
 import sentencepiece
 
 from goodput.data import tokenize
-from goodput.data.corpus import build_demo_corpus
+from goodput.data.demo_corpus import build_demo_corpus
 from goodput.data.readers import iter_texts
 from goodput.data.tokenizer import train_sentencepiece
 

@@ -1,7 +1,15 @@
 """goodput: pre-train large language models on supercomputers and keep the run alive to the end.
 
-Three parts usable alone: ``goodput.data`` (tokenize, blend, pin), ``goodput.launch`` (one launch
-command, layered recovery) and ``goodput.train`` (the trainer).
+Three main parts, each usable alone: ``goodput.data`` (tokenize, blend, pin), ``goodput.launch``
+(one launch command, layered recovery) and ``goodput.train`` (the trainer; ``setup_torch``
+below is its portable start). Beside them: ``goodput.checkpoint`` (saves on disk and in memory,
+resume), ``goodput.eval`` (in the loop and on a checkpoint), ``goodput.plan`` (the layout and the
+failure budget before a job, torch-free), ``goodput.report`` (where a run's hours went),
+``goodput.diagnose`` (the smoke gate, the LR finder, the critical batch), ``goodput.chaos``
+(fault campaigns that check recovery), ``goodput.commands`` with ``goodput.cli`` (the command
+line) and ``goodput.testing`` (helpers for tests and benchmarks). The modules at this root are
+leaves every part may import (errors, io, config reading, the run directory and its files, the
+launcher's signals to the ranks, the output guard, figures, progress); they import no part.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ pyplot state, the same pixels everywhere) and PNG bytes signed as goodput's.
 
 matplotlib is imported here and nowhere else, and only when a figure is made: importing this
 module imports neither matplotlib nor torch (a report runs on a login node). The run report
-(``report.plots``) and the diagnostics (``diagnostics.plots``) draw through it.
+(``report.plots``) and ``goodput diagnose`` (``diagnose.plots``) draw through it.
 """
 
 from __future__ import annotations

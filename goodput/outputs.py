@@ -40,6 +40,8 @@ from goodput.io import open_regular
 HTML_GENERATOR = '<meta name="generator" content="goodput">'
 PNG_SOFTWARE = "goodput"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# The "format" value of every smoke record (``diagnose/smoke_record.py`` writes and checks it).
+SMOKE_FORMAT = "goodput-smoke"
 HEAD_BYTES = 64 << 10  # where a kind's marker must be: matplotlib's tEXt precedes the image data
 JSON_BYTES = 64 << 20  # io.SMALL_FILE_BYTES: the JSON outputs are read whole
 
@@ -84,10 +86,8 @@ def _json_value(path: Path) -> object:
 
 
 def _smoke_record(path: Path) -> bool:
-    from goodput.diagnostics.smoke_record import FORMAT
-
     value = _json_value(path)
-    return isinstance(value, dict) and value.get("format") == FORMAT
+    return isinstance(value, dict) and value.get("format") == SMOKE_FORMAT
 
 
 def _eval_summary(path: Path) -> bool:

@@ -179,7 +179,7 @@ def register(groups: Subparsers) -> None:
 
 
 def _demo_corpus(args: argparse.Namespace) -> ExitCode:
-    from goodput.data.corpus import build_demo_corpus
+    from goodput.data.demo_corpus import build_demo_corpus
 
     for domain, path in build_demo_corpus(args.output).items():
         print(f"{domain}: {path} ({path.stat().st_size / 1e6:.1f} MB)")

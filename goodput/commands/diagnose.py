@@ -1,7 +1,7 @@
 """``goodput diagnose``: questions answered by running the real trainer or reading its run.
 ``smoke`` records a config's per-step numbers in a layout, or compares them with a baseline;
 ``lr-find`` runs the LR range test on a fresh model of a config; ``batch-size`` reads a run's
-gradient noise scale against its global batch (``goodput.diagnostics`` does the work)."""
+gradient noise scale against its global batch (``goodput.diagnose`` does the work)."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def _register_batch_size(commands: Subparsers) -> None:
 
 
 def _smoke(args: argparse.Namespace) -> ExitCode:
-    from goodput.diagnostics import smoke
+    from goodput.diagnose import smoke
 
     if args.record is not None:
         from goodput.outputs import SMOKE_RECORD, check_output_file
@@ -136,7 +136,7 @@ def _smoke(args: argparse.Namespace) -> ExitCode:
 
 def _lr_find(args: argparse.Namespace) -> ExitCode:
     from goodput.config import load_config
-    from goodput.diagnostics.lr_find import RampSettings, lr_find
+    from goodput.diagnose.lr_find import RampSettings, lr_find
     from goodput.train.config.run import RunConfig
 
     settings = RampSettings(num_steps=args.steps, min_lr=args.min_lr, max_lr=args.max_lr)
@@ -151,7 +151,7 @@ def _lr_find(args: argparse.Namespace) -> ExitCode:
     if result is None:  # not rank 0
         return ExitCode.OK
     if args.plot is not None:
-        from goodput.diagnostics.plots import lr_find_plot
+        from goodput.diagnose.plots import lr_find_plot
 
         lr_find_plot(result, args.plot)
     if args.json:
@@ -183,7 +183,7 @@ def _require_plot_path(path: Path, inputs: list[Path]) -> None:
 
 
 def _batch_size(args: argparse.Namespace) -> ExitCode:
-    from goodput.diagnostics.batch_size import report
+    from goodput.diagnose.batch_size import report
 
     found = report(args.run_dir)
     if args.json:

@@ -21,9 +21,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from goodput import argtypes
-from goodput.diagnostics.batch_size import read_estimates, report
-from goodput.diagnostics.lr_find import Curve, RampSettings
-from goodput.diagnostics.lr_regions import find_regions, ramp
+from goodput.diagnose.batch_size import read_estimates, report
+from goodput.diagnose.lr_find import Curve, RampSettings
+from goodput.diagnose.lr_regions import find_regions, ramp
 from goodput.io import json_text
 from goodput.runfiles import read_tokens_per_step
 from goodput.testing.fuzz import json_values, result_or_refusal, strict_json

@@ -16,7 +16,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from goodput.diagnostics.smoke_record import (
+from goodput.diagnose.smoke_record import (
     ENVIRONMENT_LABELS,
     METRICS,
     SmokeRecord,

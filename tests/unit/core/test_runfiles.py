@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from goodput import rundir, runfiles
-from goodput.diagnostics.batch_size import read_estimates
-from goodput.diagnostics.smoke_record import METRICS as SMOKE_METRICS
+from goodput.diagnose.batch_size import read_estimates
+from goodput.diagnose.smoke_record import METRICS as SMOKE_METRICS
 from goodput.errors import GoodputError
 from goodput.eval.records import EvalRecord, append_evals
 from goodput.report import run_files

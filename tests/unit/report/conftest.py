@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from goodput import rundir
-from goodput.diagnostics.lr_find import CurvePoint, LrFindResult, RampSettings
-from goodput.diagnostics.lr_regions import find_regions, ramp
+from goodput.diagnose.lr_find import CurvePoint, LrFindResult, RampSettings
+from goodput.diagnose.lr_regions import find_regions, ramp
 from goodput.eval.records import EvalRecord, append_evals
 from goodput.io import write_json
 from goodput.launch.history import Evidence

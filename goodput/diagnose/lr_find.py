@@ -21,7 +21,7 @@ from typing import Any
 import torch.distributed as dist
 
 from goodput import rundir
-from goodput.diagnostics.lr_regions import Regions, SmoothedLoss, find_regions, ramp
+from goodput.diagnose.lr_regions import Regions, SmoothedLoss, find_regions, ramp
 from goodput.errors import GoodputError
 from goodput.io import write_json
 from goodput.train.build import build_run

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from goodput.data import corpus
+from goodput.data import demo_corpus
 from goodput.data.readers import ReadStats, iter_texts
 
 DOMAINS = ("code", "docs", "docstrings")
@@ -13,7 +13,7 @@ DOMAINS = ("code", "docs", "docstrings")
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     output = tmp_path_factory.mktemp("demo")
-    return output, corpus.build_demo_corpus(output)
+    return output, demo_corpus.build_demo_corpus(output)
 
 
 def test_one_folder_and_file_per_domain(built):
@@ -28,9 +28,9 @@ def test_one_folder_and_file_per_domain(built):
 @pytest.mark.parametrize(
     ("domain", "cap", "min_bytes", "min_docs"),
     [
-        ("code", corpus.MAX_CODE_BYTES, 4 << 20, 300),
-        ("docs", corpus.MAX_DOCS_BYTES, 200_000, 50),
-        ("docstrings", corpus.MAX_DOCSTRINGS_BYTES, 500_000, 300),
+        ("code", demo_corpus.MAX_CODE_BYTES, 4 << 20, 300),
+        ("docs", demo_corpus.MAX_DOCS_BYTES, 200_000, 50),
+        ("docstrings", demo_corpus.MAX_DOCSTRINGS_BYTES, 500_000, 300),
     ],
 )
 def test_domains_are_non_trivial_and_capped(built, domain, cap, min_bytes, min_docs):
@@ -71,7 +71,7 @@ def test_source_selection_is_sorted_and_excludes_tests_packages_and_non_utf8(tmp
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     (tmp_path / "latin1.py").write_bytes("caf\xe9 = 1".encode("latin-1"))
-    assert corpus._stdlib_sources(tmp_path) == ["a", "a/z", "b"]
+    assert demo_corpus._stdlib_sources(tmp_path) == ["a", "a/z", "b"]
 
 
 def test_docstrings_in_source_order():
@@ -92,13 +92,13 @@ except ImportError:
     def h():
         """In handler."""
 '''
-    assert list(corpus._module_docstrings([source, "x = 1"])) == [
+    assert list(demo_corpus._module_docstrings([source, "x = 1"])) == [
         "Module.\n\nClass A.\n\nMethod f.\n\nNested in if.\n\nIn handler."
     ]
 
 
 def test_rebuild_is_byte_identical(built, tmp_path):
     first = built[1]
-    second = corpus.build_demo_corpus(tmp_path)
+    second = demo_corpus.build_demo_corpus(tmp_path)
     for domain in DOMAINS:
         assert first[domain].read_bytes() == second[domain].read_bytes(), domain

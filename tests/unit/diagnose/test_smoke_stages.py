@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from goodput.config import to_toml
-from goodput.diagnostics.smoke import stage_overrides
+from goodput.diagnose.smoke import stage_overrides
 from goodput.errors import GoodputError
 from goodput.testing.jobs import outside_any_job
 from goodput.testing.stages import staged_run_config

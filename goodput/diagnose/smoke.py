@@ -60,7 +60,7 @@ from goodput import __version__, rundir, runfiles
 from goodput.checkpoint.load import config_diff
 from goodput.config import from_table, load_config, to_toml
 from goodput.data.manifest import git_sha
-from goodput.diagnostics.smoke_record import (
+from goodput.diagnose.smoke_record import (
     ENVIRONMENT_LABELS,
     MAX_STEPS,
     METRICS,

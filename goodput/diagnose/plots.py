@@ -1,4 +1,4 @@
-"""PNG plots of the diagnostics, drawn with matplotlib's Agg backend (no display needed) and
+"""PNG plots of ``goodput diagnose``, drawn with matplotlib's Agg backend (no display needed) and
 written atomically. ``lr_find_plot``: the LR range test's loss against lr on a log axis (raw
 faint, smoothed bold), its regions shaded and labelled, the suggested LR as a vertical line.
 
@@ -15,7 +15,7 @@ from goodput.figures import agg_figure, png_bytes
 from goodput.io import write_bytes
 
 if TYPE_CHECKING:
-    from goodput.diagnostics.lr_find import LrFindResult
+    from goodput.diagnose.lr_find import LrFindResult
 
 REGION_COLOURS = {"plateau": "tab:gray", "basin": "tab:green", "cliff": "tab:red"}
 

@@ -15,7 +15,7 @@ import pytest
 
 from goodput import rundir
 from goodput.cli import main
-from goodput.diagnostics.batch_size import read_estimates, report, windows
+from goodput.diagnose.batch_size import read_estimates, report, windows
 from goodput.errors import ExitCode, GoodputError
 from goodput.testing.fuzz import strict_json
 from goodput.testing.jobs import REPO

@@ -43,8 +43,8 @@ from typing import Any
 from goodput.errors import GoodputError
 from goodput.io import read_json, write_json
 from goodput.launch.env import MAX_RANKS
+from goodput.outputs import SMOKE_FORMAT
 
-FORMAT = "goodput-smoke"
 VERSION = 2
 VERSION_WITHOUT_LAYOUT = 1  # one process: read as world_size 1
 MAX_RECORD_BYTES = 4 << 20  # 10,000 steps take about 1 MB
@@ -92,7 +92,7 @@ def write_record(path: Path, record: SmokeRecord) -> None:
     write_json(
         path,
         {
-            "format": FORMAT,
+            "format": SMOKE_FORMAT,
             "version": VERSION,
             "world_size": record.world_size,
             "config": record.config.splitlines(),
@@ -111,9 +111,9 @@ def read_record(path: Path) -> SmokeRecord:
     version = raw.get("version") if isinstance(raw, dict) else None
     without_layout = type(version) is int and version == VERSION_WITHOUT_LAYOUT
     top = _object(path, "the file", raw, KEYS_WITHOUT_LAYOUT if without_layout else KEYS)
-    if top["format"] != FORMAT:
+    if top["format"] != SMOKE_FORMAT:
         raise _refusal(
-            path, "format", f"is {_show(top['format'])}, not {FORMAT!r}: not a smoke record"
+            path, "format", f"is {_show(top['format'])}, not {SMOKE_FORMAT!r}: not a smoke record"
         )
     if not without_layout and (type(version) is not int or version != VERSION):
         raise GoodputError.usage(

@@ -22,13 +22,13 @@ import torch
 
 from goodput import cli
 from goodput.config import to_toml
-from goodput.diagnostics.smoke import (
+from goodput.diagnose.smoke import (
     LAYOUT_TOLERANCE,
     PEAK_MEMORY_TOLERANCE,
     first_difference,
     metric_tolerances,
 )
-from goodput.diagnostics.smoke_record import MAX_RECORD_BYTES, read_record
+from goodput.diagnose.smoke_record import MAX_RECORD_BYTES, read_record
 from goodput.errors import ExitCode, GoodputError
 from goodput.testing.jobs import outside_any_job
 from goodput.testing.tiny import tiny_run_config

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from goodput.diagnostics.lr_regions import (
+from goodput.diagnose.lr_regions import (
     DIVERGENCE_FACTOR,
     SmoothedLoss,
     find_regions,
