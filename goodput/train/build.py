@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from goodput import __version__, rundir
-from goodput.checkpoint.memory import SnapshotStore
+from goodput.checkpoint.snapshot.store import SnapshotStore
 from goodput.config import to_toml
 from goodput.data.blend import BlendSpec, BlendStage, build_blend, format_report
 from goodput.data.loader import DataLoader

@@ -1,4 +1,4 @@
-"""Memory snapshots (``[checkpoint] memory_interval_steps``) in real 2-rank ``goodput train``
+"""In-memory checkpoints (``[checkpoint] memory_interval_steps``) in real 2-rank ``goodput train``
 processes on gloo: a killed run resumes from the newest snapshot every rank has — its own, or
 its partner's copy on the other (emulated) host when its own is damaged or its host was
 replaced — and ends bitwise where a straight run without snapshots ends (losses, weights,
@@ -23,7 +23,8 @@ import torch
 from goodput import rundir
 from goodput.chaos.compare import compare_checkpoints, compare_losses, final_checkpoint
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.memory_format import (
+from goodput.checkpoint.save import Checkpointer
+from goodput.checkpoint.snapshot.files import (
     SLOTS,
     Kind,
     host_folder,
@@ -33,7 +34,6 @@ from goodput.checkpoint.memory_format import (
     read_manifest,
     run_key,
 )
-from goodput.checkpoint.save import Checkpointer
 from goodput.checkpoint.state import CheckpointContents
 from goodput.config import from_table, to_toml
 from goodput.errors import GoodputError
