@@ -194,8 +194,8 @@ def build_snapshots(
 
 
 def config_digest(cfg: RunConfig) -> str:
-    """What a memory snapshot must have been taken under to be loaded: the resolved config, but
-    for ``resume`` (a restart's ``--resume`` does not change what was trained). Stricter than a
+    """What an in-memory checkpoint must have been taken under to be loaded: the resolved config,
+    but for ``resume`` (a restart's ``--resume`` does not change what was trained). Stricter than a
     checkpoint, which loads under another config and says how it differs: a snapshot serves a
     restart of the same run, and anything else resumes from disk."""
     same = replace(cfg, checkpoint=replace(cfg.checkpoint, resume="auto"))
@@ -322,7 +322,7 @@ def context_layout(cfg: RunConfig, mesh: ParallelMesh) -> ContextLayout | None:
 def write_run_record(run: Run, cfg: RunConfig, peak_flops: float | None, peak_source: str) -> None:
     """The resolved config and what produced the run, written once at start by rank 0 (once
     the resume succeeded: a refused one leaves the run directory as it was), and the run id of
-    this life when it takes memory snapshots."""
+    this life when it takes in-memory checkpoints."""
     run_dir, loader = run.run_dir, run.loader
     write_text(run_dir / rundir.CONFIG, to_toml(cfg))
     if run.snapshots is not None:

@@ -259,7 +259,7 @@ def test_a_bad_memory_key_names_the_key(table, says):
 
 
 def test_the_docs_table_is_a_valid_checkpoint_table():
-    """docs/checkpoints.md's [checkpoint] table of memory snapshots loads as it says."""
+    """docs/checkpoints.md's [checkpoint] table of in-memory checkpoints loads as it says."""
     (block,) = [
         body
         for language, body in FENCE.findall((REPO / "docs" / "checkpoints.md").read_text())
