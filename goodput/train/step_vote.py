@@ -1,5 +1,5 @@
-"""The step's vote: after each step every rank hands every rank what the step's hooks decide on
-together, in one all-reduce — no other collective per step serves these.
+"""The step's vote: after each step, in one all-reduce, every rank hands every rank what the
+step's hooks decide together (``StepHooks.decide``).
 
 A rank's ``Ballot`` (its named fields) and what comes back to every rank alike, the ``Tally``:
 
