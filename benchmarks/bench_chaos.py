@@ -14,7 +14,7 @@ of each run, ``report.accounting``):
     spare host), seed ``SEED``: goodput against the straight run, mean recovery time by kind,
     steps lost per fault, time in backoff;
   - ``one_per_100_steps``: 3 ``kill`` faults in the 300 steps, seed ``SEED``: the goodput target;
-  - ``one_per_100_steps_k1`` and ``_k5``: the same faults with memory snapshots every 1 and 5
+  - ``one_per_100_steps_k1`` and ``_k5``: the same faults with in-memory checkpoints every 1 and 5
     steps (``checkpoint.memory_interval_steps``, both runs of the campaign): what they save per
     kill, and what they cost a step (the straight runs' median step time and snapshot stall
     against the campaign without them).
@@ -47,7 +47,7 @@ from goodput.testing.jobs import outside_any_job
 NUM_RANKS = 2
 INTERVAL = 10
 SEED = 0
-CAMPAIGNS = {  # name: (faults, kinds, memory snapshot interval in steps; 0: none)
+CAMPAIGNS = {  # name: (faults, kinds, in-memory checkpoint interval in steps; 0: none)
     "eight_faults": (8, "kill,ckpt-kill,hang,save-fail,nan", 0),
     "one_per_100_steps": (3, "kill", 0),
     "one_per_100_steps_k1": (3, "kill", 1),

@@ -1,5 +1,5 @@
-"""Memory snapshots: what a step pays for one, against what it pays for an async disk save, and
-what snapshots every step or every 5 cost a run against a run without them.
+"""In-memory checkpoints (snapshots): what a step pays for one, against what it pays for an async
+disk save, and what snapshots every step or every 5 cost a run against a run without them.
 
 Model: ``bench_checkpoint``'s 105.8M-parameter ``Transformer`` (fp32, AdamW: 1.27 GB of state,
 0.63 GB a rank), trained by the real ``python -m goodput train`` on 2 ranks started by hand as

@@ -18,7 +18,7 @@ which never imports torch, spells the names from here too.
       hostfile-<hash>        an mpiexec host file of goodput launch
       done                   empty, written last after the final step: a job chain stops here
       run-id                 16 hex digits naming this life of the run (rank 0, after a resume):
-                             memory snapshots of another life are never loaded
+                             in-memory checkpoints of another life are never loaded
       checkpoints/
         step-00000100/
           .metadata  __<rank>_0.distcp  DCP: {"model": ..., "optim": ...} (model-only: no optim)
@@ -122,7 +122,7 @@ def run_id(run_dir: str | Path, *, fresh: bool) -> str:
     """The id of this life of the run: the one in ``RUN/run-id`` unless ``fresh`` (``resume``
     other than ``auto``: nothing of an earlier life may be loaded) or there is none yet, else a
     new one. A damaged file is a ``GoodputError`` naming it: guessing a new id would silently
-    drop the memory snapshots a restart is for."""
+    drop the in-memory checkpoints a restart is for."""
     path = Path(run_dir) / RUN_ID
     if fresh or not os.path.lexists(path):
         return secrets.token_hex(8)

@@ -78,8 +78,8 @@ VALUE = Kind("a finite number or null", lambda v: v is None or _finite(v))
 NUMBER = Kind("a number or null", lambda v: v is None or _is_number(v))
 FLAG = Kind("true or false", lambda v: type(v) is bool)
 NAME = Kind("a name", lambda v: isinstance(v, str) and 0 < len(v) <= MAX_NAME_CHARS)
-# Where a resumed process loaded its state from: its own memory snapshot, its partner's copy of
-# it (its host was replaced), or the newest checkpoint on disk.
+# Where a resumed process loaded its state from: its own in-memory checkpoint ("snapshot"), its
+# partner's copy of it (its host was replaced), or the newest checkpoint on disk.
 RESUMED_FROM = ("snapshot", "partner", "checkpoint")
 SOURCE = Kind(
     "'snapshot', 'partner' or 'checkpoint'", lambda v: type(v) is str and v in RESUMED_FROM
@@ -132,7 +132,7 @@ MEASURED = {
     "data_time_s": AMOUNT,  # the parts of step_time_s the loop timed
     "checkpoint_stall_s": AMOUNT,
     "checkpoint_load_s": AMOUNT,
-    "snapshot_stall_s": AMOUNT,  # a memory snapshot held the step: its copy and its settling
+    "snapshot_stall_s": AMOUNT,  # an in-memory checkpoint held the step: its copy, its settling
     # Only on a resumed process's first step: where its state came from, and which step's.
     "resumed_from": SOURCE,
     "resumed_step": COUNT,

@@ -28,10 +28,10 @@ Recovery is ``--auto-retry`` plus the user's launch options. The fault plan need
 when the config saves too rarely for it, ``checkpoint.interval_steps`` is set for both runs, and
 the report says so. ``bad-node`` and ``host-loss`` need a spare host per fault (``--nhosts N`` of
 a larger job): without one they are left out of the default kinds and refused when asked for.
-``snapshot-kill`` and ``host-loss`` need memory snapshots (``checkpoint.memory_interval_steps``
-k > 0, read from the config and overrides, the same for both runs), ``host-loss`` also a second
-host to hold the partner copies: without them they are left out of the default kinds and
-refused when asked for. With k > 0 the report also asks that each fault that ends an attempt
+``snapshot-kill`` and ``host-loss`` need in-memory checkpoints (``checkpoint.memory_interval_steps``
+k > 0, read from the config and overrides, the same for both runs), ``host-loss`` also a second host
+to hold the partner copies: without them they are left out of the default kinds and refused when
+asked for. With k > 0 the report also asks that each fault that ends an attempt
 lose at most k steps, and that each host-loss restart load its partner's copy. A hang is caught
 by the idle watchdog: without the user's ``--timeout``, the faulted run gets
 ``IDLE_TIMEOUT_FACTOR`` times the straight run's longest quiet stretch it can see (its start-up
@@ -245,7 +245,7 @@ def _prepare(options: CampaignOptions) -> _Setup:
 
 
 def _memory_notes(snapshot_interval: int) -> list[str]:
-    """The bound a campaign with memory snapshots every ``snapshot_interval`` steps holds."""
+    """The bound a campaign with in-memory checkpoints every ``snapshot_interval`` steps holds."""
     if not snapshot_interval:
         return []
     return [

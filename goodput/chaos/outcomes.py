@@ -14,8 +14,8 @@ fired record (``records``):
     account charges them) and its **first step**; the **steps lost** (the last step its attempt
     reached, less the step the next one resumed from) and the **recovery** time, from the fault
     to the end of that first step back; where that attempt **loaded from** (``snapshot``: every
-    rank's own memory snapshot, ``partner``: some rank's partner copy, ``checkpoint``: the disk)
-    and the step it loaded, as its first step record says (``Step.resumed_from``,
+    rank's own in-memory checkpoint, ``partner``: some rank's partner copy, ``checkpoint``: the
+    disk) and the step it loaded, as its first step record says (``Step.resumed_from``,
     ``resumed_step``; None where the record does not say, as a fresh start's does not);
   - for a ``slow`` or ``stall`` fault (``NAMED``), the **host** it was injected on (its rank's
     host in the attempt it fired in, as the ranks name it: ``faults.launcher_host``) and the

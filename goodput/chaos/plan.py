@@ -16,7 +16,7 @@ kind. Steps are distinct and leave the run its last step to finish after the las
     own (a multiple of the interval before the last step, outside the windows): no two of them
     meet in one save, and a failed save is never the final one, whose checkpoint the campaign
     compares;
-  - ``snapshot-kill`` fires in a memory snapshot, so each gets a snapshot step of its own (a
+  - ``snapshot-kill`` fires in an in-memory checkpoint, so each gets a snapshot step of its own (a
     multiple of ``checkpoint.memory_interval_steps`` before the last step, outside the windows
     and the save faults' steps): the snapshot it kills is the one of its step;
   - every other kind gets any other step in [1, steps - 1] outside the windows.
@@ -34,6 +34,7 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
+from goodput.checkpoint.schedule import periodic_save, snapshot_step
 from goodput.errors import GoodputError
 from goodput.faults import IN_SAVE, IN_SNAPSHOT, STALL_WHERE, Fault, parse_plan
 from goodput.io import write_json
@@ -67,8 +68,15 @@ def quiet_steps(straggler_steps: int) -> int:
 
 
 def save_steps(num_steps: int, interval_steps: int) -> list[int]:
-    """The periodic saves of a run that saves every ``interval_steps``, its last step excluded."""
-    return list(range(interval_steps, num_steps, interval_steps)) if interval_steps > 0 else []
+    """The periodic saves of a run that saves every ``interval_steps``, its last step excluded
+    (the checkpoint's own rule, ``schedule.periodic_save``)."""
+    return [step for step in range(1, num_steps) if periodic_save(step, interval_steps)]
+
+
+def snapshot_steps(num_steps: int, memory_interval_steps: int) -> list[int]:
+    """The in-memory checkpoints by interval of a run that takes one every
+    ``memory_interval_steps``, its last step excluded (``schedule.snapshot_step``)."""
+    return [step for step in range(1, num_steps) if snapshot_step(step, memory_interval_steps)]
 
 
 def interval_needed(num_steps: int, num_save_faults: int, interval_steps: int) -> int | None:
@@ -150,7 +158,7 @@ def _snapshot_steps(
     count = sum(kind in IN_SNAPSHOT for kind in kinds)
     if not count:
         return []
-    snapshots = sorted(set(save_steps(num_steps, interval)) & set(free))
+    snapshots = sorted(set(snapshot_steps(num_steps, interval)) & set(free))
     if count > len(snapshots):
         raise _does_not_fit(
             f"{count} snapshot fault(s) need as many memory snapshots before the last step "

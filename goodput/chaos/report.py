@@ -7,7 +7,7 @@ run's ``report.accounting.Accounting``, in JSON as ``goodput report --json`` wri
 verdict: whether the final state is bitwise equal to the straight run's, every planned
 fault fired, the faulted run finished, and for every ``slow`` and ``stall`` fault the launcher
 named the rank and host it was injected on (``outcomes.NAMED``; each fault's ``host``,
-``named_rank`` and ``named_host`` are in the JSON), and, with memory snapshots on
+``named_rank`` and ``named_host`` are in the JSON), and, with in-memory checkpoints on
 (``memory_interval_steps`` k > 0), every fault that ended an attempt lost at most k steps and
 every ``host-loss`` restart loaded the lost host's state from its partner's copy (each fault's
 ``loaded_from`` and ``resumed_step`` are in the JSON, and in the table's "from" column).
@@ -57,8 +57,8 @@ class Report:
 
     @property
     def lost_too_many(self) -> list[FaultOutcome]:
-        """With memory snapshots every k steps: the faults that ended an attempt and lost more
-        than k steps."""
+        """With in-memory checkpoints every k steps: the faults that ended an attempt and lost
+        more than k steps."""
         k = self.memory_interval_steps
         return [
             o
@@ -258,8 +258,8 @@ def _verdict_lines(report: Report) -> list[str]:
 
 
 def _memory_lines(report: Report) -> list[str]:
-    """With memory snapshots on: the faults that lost more than k steps, the host-loss faults
-    not loaded from a partner's copy, or the line that says every one kept to its bound."""
+    """With in-memory checkpoints on: the faults that lost more than k steps, the host-loss
+    faults not loaded from a partner's copy, or the line that says every one kept to its bound."""
     k = report.memory_interval_steps
     lines = []
     for outcome in report.lost_too_many:

@@ -34,9 +34,9 @@ class CheckpointConfig:
     # Resume hashes the checkpoint's files against checksums.json, split over all ranks (about
     # 1 s per GB per rank, README: Trust); false skips that, e.g. on a filesystem known intact.
     verify_checksums: bool = True
-    # Memory snapshots (checkpoint/memory.py): every N steps each rank's state goes into host
-    # memory that outlives the process, with a copy on a rank of the next host; a restart loads
-    # the newest step every rank has, else the disk checkpoint. 0: off.
+    # In-memory checkpoints (snapshots for short, checkpoint/snapshot/): every N steps each
+    # rank's state goes into host memory that outlives the process, with a copy on a rank of the
+    # next host; a restart loads the newest step every rank has, else the disk checkpoint. 0: off.
     memory_interval_steps: int = field(default=0, metadata=limits(at_least=0, at_most=2**40))
     # Where the snapshots live: default /dev/shm when it is a writable folder, else the
     # temporary folder. Node-local memory (a tmpfs) is the point: a disk folder works, slowly.

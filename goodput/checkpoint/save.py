@@ -1,30 +1,23 @@
 """Saving: the step pays for a copy to host memory (DCP's staging), a background thread pays for
 the disk.
 
-When to save is decided here too (``Checkpointer.decide``): by steps, by minutes, at the last
-step, and on SIGTERM (the scheduler's walltime warning) a final synchronous save before the
-run stops. Ranks see the clock and the signal at slightly different moments, so every rank
-takes each step's decision together (one all-reduce SUM over a gloo group of its own: the flush
-of the previous save may still be running collectives on the checkpoint group from its thread,
-and two threads' collectives on one group pair up in a different order on each rank and hang);
-otherwise one rank would enter a save while another entered the next step, and both would hang.
-The vote carries each rank's share too (its busy time of the step, for the straggler watch):
-one float64 vector ``[sigterm, minutes_due, snapshot_failed, share_0 .. share_{W-1}]`` in which
-each rank writes its flags and only its own share's slot, so the sum hands every rank every
-share exactly, whatever the order of the reduction, with no collective of its own
-(``Checkpointer.shares``). ``snapshot_failed``: this rank's last memory snapshot did not
-complete (``checkpoint.memory``); every rank learns whether any did
-(``Checkpointer.snapshot_failed_anywhere``), so all keep or all drop the one before alike.
+When to save is decided here too (``Checkpointer.decide``): by steps (``schedule.periodic_save``),
+by minutes, at the last step, and on SIGTERM (the scheduler's walltime warning) a final
+synchronous save before the run stops. Ranks see the clock and the signal at slightly different
+moments, so the decision is taken from flags every rank voted on together (the step's vote,
+``goodput.train.step_vote``: this rank's clock, ``minutes_due``, goes in; SIGTERM or the minutes
+on any rank come out); otherwise one rank would enter a save while another entered the next
+step, and both would hang.
 
-Where the rank is (``goodput.beacon``): ``decide`` is the ``vote`` phase and ``save`` the
-``checkpoint-save`` phase; each of their collectives is bracketed (sites ``ckpt.vote``,
-``ckpt.barrier``, ``ckpt.gather``), and the flush's barriers and gather are ``ckpt.flush``, on
-the writer thread's own counters when it runs in the background.
+Where the rank is (``goodput.beacon``): ``save`` is the ``checkpoint-save`` phase; each of its
+collectives is bracketed (sites ``ckpt.barrier``, ``ckpt.gather``), and the flush's barriers and
+gather are ``ckpt.flush``, on the writer thread's own counters when it runs in the background.
 
 One save at a time: a save asked for while the previous one is still flushing waits for it (the
 wait is counted as stall). The state is staged into one host copy kept for the whole run; the
 state dict staged there is ``Checkpointer.staged`` until the next save, the source of that
-step's memory snapshot (copied from host memory in the background, not from the device again).
+step's in-memory checkpoint (copied from host memory in the background, not from the device
+again).
 Checkpoint collectives run on their own gloo group, never the training one, so a flush in
 flight cannot interleave with training collectives. Ranks write in waves of at most
 ``max_concurrent_writers`` (a barrier between waves), so thousands of ranks do not open their
@@ -82,6 +75,7 @@ from goodput import beacon
 from goodput.checkpoint.checksums import file_digests, write_checksums
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.parts import gather
+from goodput.checkpoint.schedule import periodic_save
 from goodput.checkpoint.state import CheckpointContents, rng_state
 from goodput.faults import FaultPlan
 from goodput.io import write_json, write_marker, write_text
@@ -270,15 +264,11 @@ class Checkpointer:
         self.cfg, self.root, self.device = cfg, Path(root), device
         self.contents = contents  # what every save writes
         self.faults = faults
-        # Collective: every rank, same moment. The flush's group, and the decisions' group
-        # (the main thread's, used while a flush runs).
+        # Collective: every rank, same moment. The flush's group, the checkpoint's alone.
         self.group = dist.new_group(backend="gloo")
-        self.decision_group = dist.new_group(backend="gloo")
         self.rank = dist.get_rank()
         self.in_flight: threading.Event | None = None
         self.last_save = time.monotonic()
-        self.shares: list[float] | None = None  # every rank's share of the last vote, by rank
-        self.snapshot_failed_anywhere = False  # the last vote's: a memory snapshot failed
         # One host copy of the state, reused by every save (the previous flush is always over
         # before the next staging): a fresh 1.3 GB allocation per save tripled the stall of a
         # 100M model (bench_checkpoint). Plain memory, synchronous copy: works without a GPU.
@@ -286,31 +276,22 @@ class Checkpointer:
         # The state dict the last save staged in host memory; None after a synchronous save.
         self.staged: dict[str, Any] | None = None
 
-    def decide(
-        self,
-        step: int,
-        *,
-        last_step: int,
-        sigterm: bool,
-        share: float | None = None,
-        snapshot_failed: bool = False,
-    ) -> Decision:
-        """Collective: after ``step``, save or stop? SIGTERM on any rank stops every rank; the
-        minutes interval counts once it has passed on any rank; with an interval set, the last
-        step is always saved. ``share`` (given on every rank or on none) rides along: every
-        rank's is in ``shares`` afterwards, by rank; so does ``snapshot_failed``, true on every
-        rank in ``snapshot_failed_anywhere`` when it is on any."""
-        beacon.current().phase("vote")
+    def minutes_due(self) -> bool:
+        """Whether the minutes interval has passed since the last save on this rank's clock: its
+        flag for the step's vote."""
         minutes = self.cfg.interval_minutes
-        minutes_due = minutes > 0 and time.monotonic() - self.last_save >= 60 * minutes
-        (sigterm, minutes_due, self.snapshot_failed_anywhere), self.shares = _vote(
-            [sigterm, minutes_due, snapshot_failed], share, self.decision_group
-        )
+        return minutes > 0 and time.monotonic() - self.last_save >= 60 * minutes
+
+    def decide(self, step: int, *, last_step: int, sigterm: bool, minutes_due: bool) -> Decision:
+        """After ``step``, save or stop? From the flags every rank voted on (``sigterm``,
+        ``minutes_due``: true on any rank), so the same on every rank. SIGTERM stops; with an
+        interval set, the last step is always saved."""
         if sigterm:
             return Decision.FINAL if self.cfg.save_on_sigterm else Decision.STOP
-        interval = self.cfg.interval_steps
-        periodic = (interval > 0 and step % interval == 0) or minutes_due
-        if periodic or (step == last_step and (interval > 0 or minutes > 0)):
+        interval, minutes = self.cfg.interval_steps, self.cfg.interval_minutes
+        if periodic_save(step, interval) or minutes_due:
+            return Decision.PERIODIC
+        if step == last_step and (interval > 0 or minutes > 0):
             return Decision.PERIODIC
         return Decision.NONE
 
@@ -414,7 +395,6 @@ class Checkpointer:
         self.wait()
         self.stager.close()
         dist.destroy_process_group(self.group)
-        dist.destroy_process_group(self.decision_group)
 
     def _settle(
         self,
@@ -488,24 +468,6 @@ def _planned_bytes(plan: SavePlan) -> int:
         for item in plan.items
         if item.tensor_data is not None
     )
-
-
-def _vote(
-    flags: list[bool], share: float | None, group: dist.ProcessGroup
-) -> tuple[list[bool], list[float] | None]:
-    """(each flag true on every rank if it is true on any, every rank's ``share`` by rank or
-    None): one SUM all-reduce in which this rank fills its flags and its own share's slot."""
-    world_size = dist.get_world_size(group)
-    slots = world_size if share is not None else 0
-    votes = torch.zeros(len(flags) + slots, dtype=torch.float64)
-    votes[: len(flags)] = torch.tensor(flags, dtype=torch.float64)
-    if share is not None:
-        votes[len(flags) + dist.get_rank(group)] = share
-    if world_size > 1:
-        with beacon.current().collective("ckpt.vote"):
-            dist.all_reduce(votes, op=dist.ReduceOp.SUM, group=group)
-    values = votes.tolist()
-    return [vote > 0 for vote in values[: len(flags)]], values[len(flags) :] if slots else None
 
 
 def _bracket(site: str) -> Any:

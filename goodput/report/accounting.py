@@ -27,14 +27,14 @@ attempt: its start to its first step is ``startup`` less the ``checkpoint_load``
 between steps is ``other`` (logging, the loop's own work); its last step to its end is ``hang``
 when the idle watchdog ended it, else ``shutdown`` (the save and stop of a straggler's eviction,
 class ``straggler``, too); an attempt without a step is ``failed_start``. Of a step's interval,
-``data_time_s`` is ``data``, ``checkpoint_stall_s`` is ``checkpoint_save``, ``snapshot_stall_s``
-(a memory snapshot's copy, and the wait for the one before it to settle) is ``snapshot``, the rest
-compute: for every step number only its *last* run is **productive, preserved** time, every
-earlier run was lost to a failure (``recomputed``, the whole run); while the run is not done, steps
-past its newest complete checkpoint on disk are ``not_checkpointed`` (lost if it stopped here: a
-memory snapshot does not outlive the job). An attempt says where its process loaded its state
-from (``AttemptSummary.resumed_from``: its own memory snapshot, its partner's copy, a checkpoint)
-when its first step record does.
+``data_time_s`` is ``data``, ``checkpoint_stall_s`` is ``checkpoint_save``, ``snapshot_stall_s`` (an
+in-memory checkpoint's copy, and the wait for the one before it to settle) is ``snapshot``, the rest
+compute: for every step number only its *last* run is **productive, preserved** time, every earlier
+run was lost to a failure (``recomputed``, the whole run); while the run is not done, steps past its
+newest complete checkpoint on disk are ``not_checkpointed`` (lost if it stopped here: a checkpoint
+in memory does not outlive the job). An attempt says where its process loaded its state from
+(``AttemptSummary.resumed_from``: its own in-memory checkpoint, its partner's copy, a checkpoint on
+disk) when its first step record does.
 
 **Goodput** = productive ÷ wall. In tokens: tokens kept ÷ what the median step throughput
 would have trained over the whole wall time (never less than what was kept).

@@ -51,7 +51,7 @@ class Step:
     tokens: int  # tokens per step (tokens_per_s x step_time_s, rounded)
     data_time_s: float = 0.0
     checkpoint_stall_s: float = 0.0
-    snapshot_stall_s: float = 0.0  # a memory snapshot's copy, and the wait for the one before
+    snapshot_stall_s: float = 0.0  # a snapshot's copy, and the wait for the one before
     checkpoint_load_s: float = 0.0
     startup_s: float | None = None  # only on the first step of a process
     eval_time_s: float = 0.0  # after the step, outside step_time_s, before ``time``

@@ -1,5 +1,5 @@
-"""Memory-snapshot fixtures shared by tests: a small nested checkpoint state of every allowed
-dtype, its payload packed as the store packs it, and a valid manifest of it."""
+"""Fixtures of in-memory checkpoints (snapshots) shared by tests: a small nested checkpoint state
+of every allowed dtype, its payload packed as the store packs it, and a valid manifest of it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from goodput.checkpoint.memory_format import (
+from goodput.checkpoint.snapshot.format import (
     DTYPES,
     Manifest,
     chunk_digests,

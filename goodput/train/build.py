@@ -5,10 +5,11 @@ Rank 0 checks that the run directory is ours to write (new, empty, or a goodput 
 builds the blend (a cache hit after the first run) and tells the other ranks; an error there
 reaches every rank, so no rank waits out the collective timeout. The checkpoint to resume from
 is chosen before the model is built (``resume.CheckpointChoice``); with ``[checkpoint]
-memory_interval_steps`` the memory snapshot store (``checkpoint.memory``) is built before that
-choice, which asks it first: rank 0 reads this life's run id from the run directory (a new one
-unless ``resume = "auto"``; the loop writes it once the resume succeeded), and every rank says
-its host, which decides the partner ranks.
+memory_interval_steps`` the store of in-memory checkpoints (``checkpoint.snapshot``) is built
+before that choice, which asks it first: rank 0 reads this life's run id from the run directory
+(a new one unless ``resume = "auto"``; the loop writes it once the resume succeeded). Every rank
+says its host once, first (``Run.hosts``): the snapshots' partner ranks and the straggler
+watch's host names come from it.
 
 The model is built on the meta device, laid out by ``parallelize`` (or cut into pipeline
 stages) and only then allocated: each rank allocates and initialises its own shards
@@ -32,7 +33,7 @@ import torch
 from torch import nn
 
 from goodput import __version__, rundir
-from goodput.checkpoint.memory import SnapshotStore
+from goodput.checkpoint.snapshot.store import SnapshotStore
 from goodput.config import to_toml
 from goodput.data.blend import BlendSpec, BlendStage, build_blend, format_report
 from goodput.data.loader import DataLoader
@@ -72,6 +73,7 @@ class Run:
     ``build_run``."""
 
     runtime: Runtime
+    hosts: tuple[str, ...]  # every rank's host, by rank (rank_hosts: gathered once, here)
     seed: int  # train.seed
     mesh: ParallelMesh
     plan: BatchPlan
@@ -111,8 +113,9 @@ def build_run(
     """Build the run's shared parts in the order they need: refusals before the blend is built,
     the run directory checked before anything is written, the checkpoint chosen before the model
     is built (so its checksums are hashed meanwhile). ``trains`` False (lr-find): no metrics
-    sinks, in-loop eval, gradient noise measurement or memory snapshots, and a fresh model at the
-    config's LR. ``faults``: goodput chaos's, for the snapshot store's fault hook."""
+    sinks, in-loop eval, gradient noise measurement or in-memory checkpoints, and a fresh model at
+    the config's LR. ``faults``: goodput chaos's, for the snapshot store's fault hook."""
+    hosts = tuple(rank_hosts(runtime.rank, runtime.world_size, os.environ))  # collective
     mesh = build_mesh(cfg.parallel, runtime.device, runtime.ranks_per_host)
     plan = plan_batches(cfg.train, dp_size=mesh.dp_size)
     if mesh.degrees.pp > 1:  # refused before the blend is built, not when the model is
@@ -129,12 +132,12 @@ def build_run(
         seq_len=cfg.train.seq_len,
         vocab_size=cfg.model.vocab_size,
     )
-    # Chosen before the model is built, so its checksums are hashed meanwhile; a memory
-    # snapshot, when the ranks have one, before any checkpoint.
+    # Chosen before the model is built, so its checksums are hashed meanwhile; an in-memory
+    # checkpoint, when the ranks have one, before any checkpoint on disk.
     resumes = cfg.checkpoint if trains else replace(cfg.checkpoint, resume="never")
     snapshots = None
     if trains and cfg.checkpoint.memory_interval_steps:
-        snapshots = build_snapshots(cfg, runtime, faults)
+        snapshots = build_snapshots(cfg, runtime, hosts, faults)
     choice = CheckpointChoice(
         resumes, checkpoint_root(cfg), memory=snapshots, last_step=cfg.train.steps
     )
@@ -154,6 +157,7 @@ def build_run(
     )
     return Run(
         runtime=runtime,
+        hosts=hosts,
         seed=cfg.train.seed,
         mesh=mesh,
         plan=plan,
@@ -170,17 +174,19 @@ def build_run(
     )
 
 
-def build_snapshots(cfg: RunConfig, runtime: Runtime, faults: FaultPlan | None) -> SnapshotStore:
-    """Collective: the memory snapshot store of this life of the run (its run id, read by rank
-    0: a new one unless ``resume = "auto"``, so an earlier life's snapshots are never loaded),
-    its partner ranks on the next host (every rank says its host)."""
+def build_snapshots(
+    cfg: RunConfig, runtime: Runtime, hosts: tuple[str, ...], faults: FaultPlan | None
+) -> SnapshotStore:
+    """Collective: the in-memory checkpoint store of this life of the run (its run id, read by
+    rank 0: a new one unless ``resume = "auto"``, so an earlier life's snapshots are never
+    loaded), its partner ranks on the next host (``hosts``: every rank's)."""
     fresh = cfg.checkpoint.resume != "auto"
     return SnapshotStore(
         cfg.checkpoint,
         root=checkpoint_root(cfg),
         run_id=decided_by_rank_zero(lambda: rundir.run_id(cfg.train.run_dir, fresh=fresh)),
         config_digest=config_digest(cfg),
-        hosts=rank_hosts(runtime.rank, runtime.world_size, os.environ),
+        hosts=hosts,
         rank=runtime.rank,
         device=runtime.device,
         faults=faults,
@@ -188,8 +194,8 @@ def build_snapshots(cfg: RunConfig, runtime: Runtime, faults: FaultPlan | None) 
 
 
 def config_digest(cfg: RunConfig) -> str:
-    """What a memory snapshot must have been taken under to be loaded: the resolved config, but
-    for ``resume`` (a restart's ``--resume`` does not change what was trained). Stricter than a
+    """What an in-memory checkpoint must have been taken under to be loaded: the resolved config,
+    but for ``resume`` (a restart's ``--resume`` does not change what was trained). Stricter than a
     checkpoint, which loads under another config and says how it differs: a snapshot serves a
     restart of the same run, and anything else resumes from disk."""
     same = replace(cfg, checkpoint=replace(cfg.checkpoint, resume="auto"))
@@ -316,7 +322,7 @@ def context_layout(cfg: RunConfig, mesh: ParallelMesh) -> ContextLayout | None:
 def write_run_record(run: Run, cfg: RunConfig, peak_flops: float | None, peak_source: str) -> None:
     """The resolved config and what produced the run, written once at start by rank 0 (once
     the resume succeeded: a refused one leaves the run directory as it was), and the run id of
-    this life when it takes memory snapshots."""
+    this life when it takes in-memory checkpoints."""
     run_dir, loader = run.run_dir, run.loader
     write_text(run_dir / rundir.CONFIG, to_toml(cfg))
     if run.snapshots is not None:

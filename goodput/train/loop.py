@@ -13,12 +13,13 @@ skips the optimizer step on a non-finite gradient norm); metrics (and the step-1
 model against ln(vocab)); eval, every ``[eval]
 interval_steps`` (``goodput.eval.heldout``: held-out loss per corpus and multiple-choice tasks,
 timed apart from the step) and the eval gate (``goodput.eval.gate``), whose alarm can stop the
-run; the checkpoint vote (``Checkpointer.decide``, the same on every rank), which also hands
+run; the step's vote (``StepHooks.decide``: one all-reduce, ``step_vote``) and the checkpoint's
+decision taken from it (``Checkpointer.decide``, the same on every rank); the vote also hands
 every rank each rank's busy time for the straggler watch, whose fields join the step's metrics;
 the non-finite guard (``train.max_skipped_steps`` skips in a row stop the run); the checkpoint
 save or stop, and with ``GOODPUT_EVICT_STRAGGLERS=1`` and a straggler named, a last blocking
 save and exit 4 so the launcher replaces its host. The work around the step (the beacon, busy
-time, injected faults under ``goodput chaos``, the profiler, memory snapshots) is
+time, injected faults under ``goodput chaos``, the profiler, in-memory checkpoints) is
 ``step_hooks.StepHooks``'s. A stop (``stop``) lets a save in flight complete first.
 """
 
@@ -168,7 +169,7 @@ def train(cfg: RunConfig) -> list[float]:
                 )  # fmt: skip
                 if alarm is not None:
                     diagnosed["eval_alarm"] = 1
-                # Checkpoint vote: before the metrics, so rank 0's logging is no one's busy time.
+                # The step's vote: before the metrics, so rank 0's logging is no one's busy time.
                 decision, busy = hooks.decide(
                     checkpointer, step, last_step=cfg.train.steps, sigterm=sigterm.is_set()
                 )
@@ -198,7 +199,7 @@ def train(cfg: RunConfig) -> list[float]:
                     # Held training: part of the next step's time, said in its record.
                     held = checkpointer.save(step, blocking=decision.stops or evicts)
                     timings["checkpoint_stall_s"] = held
-                hooks.snapshot(step, decision, checkpointer)  # memory snapshots, when on
+                hooks.snapshot(step, decision, checkpointer)  # in-memory checkpoints, when on
                 if alarm is not None and gate.stop_on_alarm:
                     stop(checkpointer, gate.stop_error(step))
                 if decision.stops:

@@ -1,4 +1,4 @@
-"""Resuming a run: which checkpoint or memory snapshot (``CheckpointChoice``), and loading it
+"""Resuming a run: which checkpoint or in-memory checkpoint (``CheckpointChoice``), and loading it
 into the run's registered contents (``resume``).
 
 Rank 0 picks the checkpoint to resume from and tells the other ranks; an error there reaches
@@ -9,13 +9,14 @@ match (``checkpoint.local_copy``). The load fills every parameter of a model bui
 should every checkpoint found be refused after all, the model is initialised then, the values a
 fresh build draws. The loader's position is one of the registered states (``LoaderState``).
 
-With memory snapshots (``[checkpoint] memory_interval_steps``, ``checkpoint.memory``) the ranks
-then vote on the newest snapshot step every rank has (its own copy or its partner's), no older
-than that checkpoint: when there is one, the checkpoint is neither copied nor hashed (a restart
-within a job pays none of it); only when the snapshot is refused at load (a damaged copy on
-some rank and its partner's, a changed layout: one line) does the checkpoint's check start, and
-the resume goes on from it without overlap. Where a start's state came from is ``Resumed``:
-``snapshot``, ``partner`` (some rank read its partner's copy) or ``checkpoint``.
+With in-memory checkpoints (snapshots for short: ``[checkpoint] memory_interval_steps``,
+``checkpoint.snapshot``) the ranks then vote on the newest snapshot step every rank has (its own
+copy or its partner's), no older than that checkpoint: when there is one, the checkpoint is
+neither copied nor hashed (a restart within a job pays none of it); only when the snapshot is
+refused at load (a damaged copy on some rank and its partner's, a changed layout: one line) does
+the checkpoint's check start, and the resume goes on from it without overlap. Where a start's
+state came from is ``Resumed``: ``snapshot``, ``partner`` (some rank read its partner's copy) or
+``checkpoint``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from goodput.checkpoint.load import (
     read_checkpoint,
 )
 from goodput.checkpoint.local_copy import choose_copy
-from goodput.checkpoint.memory import SnapshotRefused, SnapshotStore
+from goodput.checkpoint.snapshot.restore import SnapshotRefused
+from goodput.checkpoint.snapshot.store import SnapshotStore
 from goodput.checkpoint.state import CheckpointContents
 from goodput.checkpoint.verify import PendingVerification, Verdict
 from goodput.config import to_toml
@@ -90,7 +92,7 @@ def resume(
     contents: CheckpointContents,
     device: torch.device,
 ) -> Resumed | None:
-    """Load the memory snapshot or the checkpoint ``choice`` settles on, if any, into
+    """Load the in-memory checkpoint or the checkpoint ``choice`` settles on, if any, into
     ``contents``; None for a fresh start."""
     restored = choice.restore_snapshot(contents)
     if restored is not None:
@@ -127,7 +129,7 @@ class _Candidate:
 
 
 class CheckpointChoice:
-    """Collective: which memory snapshot, or which copy of which checkpoint, this rank resumes
+    """Collective: which in-memory checkpoint, or which copy of which checkpoint, this rank resumes
     from. Begun before the model is built, so the checksum hashing runs meanwhile; ``finish``
     after. A checkpoint whose files do not match its checksums is refused by name; ``auto`` then
     falls back to the newest older complete one (checked without overlap: a rare path).
@@ -144,7 +146,7 @@ class CheckpointChoice:
         self.cfg, self.root, self.memory = cfg, root, memory
         self.refused: list[Path] = []
         self.candidate = self._find()
-        self.snapshot_step: int | None = None  # the memory snapshot the ranks agreed on
+        self.snapshot_step: int | None = None  # the in-memory checkpoint the ranks agreed on
         if memory is not None:
             self.snapshot_step = memory.choose(_step_of(self.candidate), last_step)
         if self.snapshot_step is None:
@@ -153,7 +155,7 @@ class CheckpointChoice:
         self.found = self.candidate is not None or self.snapshot_step is not None
 
     def restore_snapshot(self, contents: CheckpointContents) -> Resumed | None:
-        """Collective: load the memory snapshot chosen into ``contents``; None when there is
+        """Collective: load the in-memory checkpoint chosen into ``contents``; None when there is
         none, or when it is refused (its line, naming what the resume falls back to; that
         checkpoint's check starts now)."""
         if self.snapshot_step is None:
@@ -247,7 +249,7 @@ def _path_or_none(path: Path | None) -> str | None:
 
 
 def _step_of(candidate: _Candidate | None) -> int | None:
-    """The step of a ``step-N`` checkpoint (no memory snapshot older than it is loaded); None
+    """The step of a ``step-N`` checkpoint (no in-memory checkpoint older than it is loaded); None
     for none, or a directory named otherwise (``resume = DIR``: a new life of the run, whose
     snapshots are all another life's anyway)."""
     match = STEP_DIR.fullmatch(candidate.saved.name) if candidate else None

@@ -9,17 +9,21 @@ step runs, so ``loop.train`` stays a list of what happens.
   step and the loop's phases (``data``, ``eval``, ``metrics``, ``done``; ``train_step`` and the
   checkpointer set theirs; ``forward`` from just before ``train_step``, where a ``slow`` fault
   sleeps).
+- The step's vote (``step_vote.StepVote``, one all-reduce): ``decide`` hands every rank each
+  rank's SIGTERM, checkpoint clock, in-memory checkpoint outcome and busy time; the checkpoint's
+  decision (``Checkpointer.decide``) is taken from what it voted.
 - Busy time (``stragglers.BusyClock``) from the data phase to the vote, the eval apart; shared
-  with the checkpoint vote and judged by the straggler watch (``stragglers.StragglerWatch``).
+  by the vote and judged by the straggler watch (``stragglers.StragglerWatch``).
 - Injected faults (``goodput.faults``, under ``goodput chaos``): ``before_data`` in the data
   phase, ``before_step`` just before ``train_step``, ``after_step`` once the step is over.
 - The profiler (``[profile]``, ``profiling.py``): ``before_step``/``after_step`` around each
   step, ``close`` when the loop is left. None when off: nothing is called.
-- Memory snapshots (``[checkpoint] memory_interval_steps``, ``checkpoint.memory``): ``decide``
-  first settles the previous snapshot (waits for its background checksums and partner copy),
-  its outcome rides the vote, and then every rank alike commits it (drops the one before) or,
-  when it failed anywhere, keeps the one before; ``snapshot`` after the step's save takes one
-  every k steps and at every disk save (from the save's host copy when it staged one). The main
+- In-memory checkpoints (snapshots for short: ``[checkpoint] memory_interval_steps``,
+  ``checkpoint.snapshot``): ``decide`` first settles the previous snapshot (waits for its
+  background checksums and partner copy), its outcome rides the vote, and then every rank alike
+  commits it (drops the one before) or, when it failed anywhere, keeps the one before;
+  ``snapshot`` after the step's save takes one every k steps (``schedule.snapshot_step``) and at
+  every disk save (from the save's host copy when it staged one). The main
   thread's copy and the settling wait are the step's ``snapshot_stall_s``, in the next step's
   record as ``checkpoint_stall_s`` is. A ``host-loss`` fault first forgets this host's
   snapshots (``FaultPlan.host_loss_hook``). The store is closed however the loop ends; its
@@ -36,13 +40,15 @@ from types import TracebackType
 
 from goodput import beacon
 from goodput.checkpoint.save import Checkpointer, Decision
+from goodput.checkpoint.schedule import snapshot_step
 from goodput.faults import FaultPlan
 from goodput.launch.env import current_placement
 from goodput.train.build import Run
 from goodput.train.config.run import RunConfig
-from goodput.train.monitor.stragglers import BusyClock, StragglerWatch, rank_host, rank_hosts
+from goodput.train.monitor.stragglers import BusyClock, StragglerWatch, rank_host
 from goodput.train.profiling import Profiler, build_profiler
 from goodput.train.setup import Runtime
+from goodput.train.step_vote import Ballot, StepVote
 
 Measured = dict[str, float | int | str | None]
 
@@ -59,11 +65,13 @@ class StepHooks:
         self.snapshot_stall = 0.0  # held since the last step record: the next one's
         if faults is not None and self.snapshots is not None:
             faults.host_loss_hook = self.snapshots.forget_host
-        hosts = rank_hosts(runtime.rank, runtime.world_size, os.environ)
         self.beacon = beacon.current()
         self.beacon.set_schedule(schedule_id(run))
+        self.vote = StepVote()
         self.busy = BusyClock()
-        self.stragglers = StragglerWatch(cfg.watch, hosts, rank=runtime.rank, run_dir=run.run_dir)
+        self.stragglers = StragglerWatch(
+            cfg.watch, run.hosts, rank=runtime.rank, run_dir=run.run_dir
+        )
         self.profiler: Profiler | None = build_profiler(
             cfg.profile,
             run.run_dir,
@@ -86,6 +94,7 @@ class StepHooks:
             self.profiler.close()
         if self.snapshots is not None:  # finished: no exception, so every step has run
             self.snapshots.close(finished=kind is None)
+        self.vote.close()
 
     def start(self, step: int) -> None:
         """The top of step ``step``."""
@@ -116,34 +125,39 @@ class StepHooks:
     def decide(
         self, checkpointer: Checkpointer, step: int, *, last_step: int, sigterm: bool
     ) -> tuple[Decision, Measured]:
-        """The checkpoint vote, carrying this rank's busy time and whether its last memory
-        snapshot completed to every rank; the straggler watch's fields of the step, and the
-        snapshot stall held since the last step record."""
-        share = self.busy.seconds()  # the settling below is no busy time
+        """The step's vote (this rank's SIGTERM, checkpoint clock, snapshot outcome and busy
+        time to every rank) and the checkpoint's decision taken from it; the straggler watch's
+        fields of the step, and the snapshot stall held since the last step record."""
+        busy_s = self.busy.seconds()  # the settling below is no busy time
+        self.beacon.phase("vote")  # a partner that never answers shows here, not in a step
         measured: Measured = {}
-        failed = False
+        snapshot_ok = True
         if self.snapshots is not None:
-            self.beacon.phase("vote")  # a partner that never answers shows here, not in a step
-            complete, waited = self.snapshots.settle()
+            snapshot_ok, waited = self.snapshots.settle()
             measured["snapshot_stall_s"], self.snapshot_stall = self.snapshot_stall, waited
-            failed = not complete
+        ballot = Ballot(
+            sigterm=sigterm,
+            minutes_due=checkpointer.minutes_due(),
+            snapshot_ok=snapshot_ok,
+            busy_s=busy_s,
+        )
+        tally = self.vote.cast(ballot)
         decision = checkpointer.decide(
-            step, last_step=last_step, sigterm=sigterm, share=share, snapshot_failed=failed
+            step, last_step=last_step, sigterm=tally.sigterm, minutes_due=tally.minutes_due
         )
         if self.snapshots is not None:
-            self.snapshots.commit(not checkpointer.snapshot_failed_anywhere)
-        assert checkpointer.shares is not None
-        measured |= self.stragglers.observe(step, checkpointer.shares)
+            self.snapshots.commit(tally.snapshots_ok)
+        measured |= self.stragglers.observe(step, tally.busy_s)
         self.beacon.phase("metrics")
         return decision, measured
 
     def snapshot(self, step: int, decision: Decision, checkpointer: Checkpointer) -> None:
-        """After the step's save, if any: a memory snapshot every k steps and at every disk
-        save, copied from the save's host copy when it staged one. None before a stop: the
+        """After the step's save, if any: an in-memory checkpoint every k steps and at every
+        disk save, copied from the save's host copy when it staged one. None before a stop: the
         save of that step is synchronous, and the run ends."""
         if self.snapshots is None or decision.stops:
             return
-        if step % self.snapshot_every and not decision.saves:
+        if not snapshot_step(step, self.snapshot_every) and not decision.saves:
             return
         staged = checkpointer.staged if decision.saves else None
         self.snapshot_stall += self.snapshots.take(step, checkpointer.contents, staged)

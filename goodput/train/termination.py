@@ -1,7 +1,8 @@
 """SIGTERM (the scheduler's walltime warning) as a flag.
 
 The handler only sets a flag: the loop finishes its step, saves if asked, and exits 143. The
-ranks decide that together, after each step (``Checkpointer.decide``).
+ranks decide that together, after each step (the step's vote, ``step_vote``, then
+``Checkpointer.decide``).
 """
 
 from __future__ import annotations

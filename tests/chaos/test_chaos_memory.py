@@ -1,11 +1,11 @@
-"""``goodput chaos`` with memory snapshots on, through the real CLI, as a user runs it: the issue's
-campaign on 2 local CPU ranks of the tiny config (ranks really SIGKILLed after a step, in a
-checkpoint flush and in a memory snapshot's write, one really SIGSTOPped), and a host lost under
-an emulated PBS job (hosts n1-n3, MPICH's real ``mpiexec -launcher fork``, as in
-tests/unit/launch/test_retry_eviction.py): the faulted rank's host folder of snapshots is
-removed, the launcher evicts the host for the spare n3, and the rank on n3 loads its state from
-its partner's copy on the other host. Each campaign must end bitwise equal to its straight run,
-with at most k steps lost per fault and each restart's source in report.json.
+"""``goodput chaos`` with in-memory checkpoints on, through the real CLI, as a user runs it: the
+issue's campaign on 2 local CPU ranks of the tiny config (ranks really SIGKILLed after a step, in a
+checkpoint flush and in a snapshot's write, one really SIGSTOPped), and a host lost under an
+emulated PBS job (hosts n1-n3, MPICH's real ``mpiexec -launcher fork``, as in
+tests/unit/launch/test_retry_eviction.py): the faulted rank's host folder of snapshots is removed,
+the launcher evicts the host for the spare n3, and the rank on n3 loads its state from its partner's
+copy on the other host. Each campaign must end bitwise equal to its straight run, with at most k
+steps lost per fault and each restart's source in report.json.
 
 Only the host names are emulated (every "host" is this machine; ``LOCAL_WORLD_SIZE=1`` and
 ``MASTER_ADDR=127.0.0.1`` as Hydra's variables would give on a real machine); a host's memory
@@ -42,7 +42,7 @@ LAUNCH_OPTIONS = ["--grace", "1", "--timeout", "3", "--startup-timeout", "30"]
 
 def write_config(tmp_path: Path, *, steps: int, saves_every: int) -> Path:
     """The tiny config, saving to disk every ``saves_every`` steps: rarely enough that a bound
-    of k steps lost comes from the memory snapshots."""
+    of k steps lost comes from the in-memory checkpoints."""
     cfg = tiny_run_config(tmp_path)
     cfg = replace(
         cfg,
@@ -96,7 +96,7 @@ def test_kills_a_snapshot_kill_and_a_hang_lose_at_most_one_step_and_end_bitwise_
     for fault in report["faults"]:  # each ended its attempt; the next loaded, and said from where
         assert fault["kind"] in ENDS_ATTEMPT and fault["fired_step"] == fault["step"], fault
         assert fault["loaded_from"] in RESUMED_FROM and 0 <= fault["steps_lost"] <= 1, fault
-    # A kill after a step, or in a snapshot's write, resumes from a memory snapshot (one host: its
+    # A kill after a step, or in a snapshot's write, resumes from a snapshot (one host: its
     # own); the snapshot the rank died writing is never loaded, the one before it is.
     assert faults["kill"]["loaded_from"] == "snapshot"
     snap = faults["snapshot-kill"]

@@ -58,7 +58,7 @@ def test_any_draw_is_a_plan_within_bounds_or_a_usage_error(
     saves = [f.step for f in faults if f.kind in IN_SAVE]
     assert all(s in plan.save_steps(num_steps, interval) for s in saves)
     snaps = [f.step for f in faults if f.kind in IN_SNAPSHOT]
-    assert all(s in plan.save_steps(num_steps, snapshots) for s in snaps)
+    assert all(s in plan.snapshot_steps(num_steps, snapshots) for s in snaps)
     wheres = Counter(f.where for f in faults if f.kind == "stall")
     assert set(wheres) <= {"data", "collective"} and abs(wheres["data"] - wheres["collective"]) <= 1
     timed = plan.timed(faults, 0.125)

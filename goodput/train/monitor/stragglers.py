@@ -1,16 +1,17 @@
 """Busy time per rank, and the straggler watch that names a rank lagging the others.
 
 Busy time of a rank in a step (``BusyClock``): the wall time from the start of its data phase
-to its checkpoint vote, less the in-loop eval (timed apart), less the time it waited in
+to the step's vote, less the in-loop eval (timed apart), less the time it waited in
 collectives (the beacon's ``waited_ns``, ``goodput.beacon``; the eval's waits are the eval's).
 A slow rank hardly waits and its peers wait as long as it lags, so on gloo (where a collective
 blocks until the last peer arrives) this names the slow one: sleeps, data reads and compute
 count as busy. On CUDA it is the host's view (kernels launched, not finished); NCCL timing is
 left for a GPU check. Rank 0's logging is not in it: the vote comes before ``metrics.step``.
 
-Every rank's busy time reaches every rank with the checkpoint vote (``Checkpointer.decide``'s
-``share``, ``shares``): no collective of its own. ``StragglerWatch`` then runs the same on every
-rank from the same numbers, so every rank holds the same straggler state (what eviction needs):
+Every rank's busy time reaches every rank with the step's vote (``train.step_vote``, the
+``busy_s`` of each ``Ballot`` and of the ``Tally``): no collective of its own.
+``StragglerWatch`` then runs the same on every rank from the same numbers, so every rank holds
+the same straggler state (what eviction needs):
 
 - each step: the least, median and most busy time over ranks and the slowest rank (and host),
   into the step's metrics (``runfiles.MEASURED``: ``busy_s_*``, ``busy_slowest_*``);

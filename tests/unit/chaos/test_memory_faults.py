@@ -1,5 +1,5 @@
-"""The memory-snapshot faults and what a campaign makes of them, without a faulted campaign:
-``snapshot-kill`` (``FaultPlan.on_snapshot_write``) and ``host-loss`` (``after_step``: the
+"""The faults of in-memory checkpoints and what a campaign makes of them, without a faulted
+campaign: ``snapshot-kill`` (``FaultPlan.on_snapshot_write``) and ``host-loss`` (``after_step``: the
 host-loss hook, then the bad-node line and exit 1) each in a real process that really dies; their
 plan keys and reachability; where the plan draws a snapshot-kill; which kinds a campaign takes by
 default and refuses; and, on hand-made faulted runs (written as the launcher, the trainer and the

@@ -1,4 +1,4 @@
-"""Save and resume through the real loop: when to save, bit-exact resume (into a model built
+"""Save and resume through the real loop: bit-exact resume (into a model built
 empty), resume at another DP size, the choice of checkpoint, refusals, and saves that fail on
 one rank or on a full disk."""
 
@@ -7,7 +7,6 @@ import os
 import resource
 import signal
 import subprocess
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,8 +17,6 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.load import find_checkpoint, load_tensors
-from goodput.checkpoint.save import Checkpointer, Decision
-from goodput.checkpoint.state import CheckpointContents
 from goodput.config import from_table, to_toml
 from goodput.errors import GoodputError
 from goodput.rundir import LATEST, checkpoints_dir, list_checkpoints, step_dir
@@ -49,51 +46,6 @@ def assert_bitwise_equal(a, b):
             assert torch.equal(a[key], b[key]), key
         else:
             assert a[key] == b[key], key
-
-
-# Each rank's share of the vote (its busy time): 1e17 + 1.0 rounds the 1.0 away, so only
-# slots each rank writes alone hand it back exactly.
-SHARES = [1e17, 1.0]
-
-
-def decisions(rank, world_size, tmp_path, cfg, sigterm_rank, late_rank):
-    """Each step's decision of 8, with SIGTERM on ``sigterm_rank`` only at step 6 and the last
-    save minutes ago on ``late_rank`` only (no save happens, so it stays minutes ago); every
-    vote hands every rank every rank's share, exactly."""
-    nothing = CheckpointContents(parts=[], optimizers=[])
-    checkpointer = Checkpointer(CheckpointConfig(**cfg), tmp_path, torch.device("cpu"), nothing)
-    if rank == late_rank:
-        checkpointer.last_save = time.monotonic() - 120
-    try:
-        decided = []
-        for step in range(1, 9):
-            sigterm = rank == sigterm_rank and step == 6
-            share = SHARES[rank] if step % 2 else None  # given on every rank, or on none
-            decided.append(checkpointer.decide(step, last_step=8, sigterm=sigterm, share=share))
-            assert checkpointer.shares == (SHARES if share is not None else None)
-        return decided
-    finally:
-        checkpointer.close()
-
-
-N, P, F, S = Decision.NONE, Decision.PERIODIC, Decision.FINAL, Decision.STOP
-
-
-@pytest.mark.parametrize(
-    ("cfg", "sigterm_rank", "late_rank", "expected"),
-    [
-        ({"interval_steps": 4}, None, None, [N, N, N, P, N, N, N, P]),
-        ({}, None, None, [N] * 8),  # no interval: not even the last step
-        ({"interval_steps": 3}, 1, None, [N, N, P, N, N, F, N, P]),
-        ({"interval_steps": 3, "save_on_sigterm": False}, 0, None, [N, N, P, N, N, S, N, P]),
-        ({"interval_minutes": 1.0}, None, 1, [P] * 8),  # the late rank's clock counts for all
-    ],
-)
-def test_every_rank_takes_the_same_decision(tmp_path, cfg, sigterm_rank, late_rank, expected):
-    for rank_decisions in run_distributed(decisions, 2, tmp_path, cfg, sigterm_rank, late_rank):
-        assert rank_decisions == expected
-    assert [d.saves for d in (N, P, F, S)] == [False, True, True, False]
-    assert [d.stops for d in (N, P, F, S)] == [False, False, True, True]
 
 
 def test_resume_is_bit_exact(run_config, tmp_path):

@@ -1,5 +1,5 @@
-"""Memory snapshots in the report: a snapshot's stall is its own cause (``snapshot``), charged as
-the checkpoint save's is, its seconds in a step run again lost with the step; each attempt says
+"""In-memory checkpoints in the report: a snapshot's stall is its own cause (``snapshot``), charged
+as the checkpoint save's is, its seconds in a step run again lost with the step; each attempt says
 where its process loaded its state from (its own snapshot, its partner's copy, a checkpoint), in
 ``--json``, the terminal summary and the page (checked in headless Chromium as test_html.py
 does); a source the trainer does not write is refused as a damaged line."""

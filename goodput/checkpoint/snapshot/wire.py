@@ -1,14 +1,16 @@
-"""What the ranks of a memory snapshot store send each other, on the store's own gloo group.
+"""What the ranks of an in-memory checkpoint store send each other, on the store's own gloo group.
 
-A snapshot travels as one message of several pieces, all with one tag: a header (int64 ``[ok,
-payload bytes, manifest bytes, chunk bytes]``; ``ok`` 0 and nothing after it when the sender
-has no snapshot to send, so its peer is never left waiting for bytes that will not come), the
-manifest's bytes, then the payload in chunks. The sender posts every piece at once
-(``isend``): two ranks sending each other a message on a ring never wait on each other's
-receive. The receiver checks the header's bounds, hands the manifest to ``accept`` (which
-parses it, checks it and picks the memory for the payload, or refuses) and receives every
-announced chunk whatever ``accept`` said — into a scratch chunk when refused — so the next
-message on the pair still lines up. Nothing is unpickled: bytes go into uint8 tensors.
+A snapshot travels as one message of several pieces, all with one tag (``TAG_SNAPSHOT`` to its
+holder after each snapshot; ``TAG_FETCH``, ``TAG_REPLICATE``: a restart's copy sent back, or
+re-sent to a holder): a header (int64 ``[ok, payload bytes, manifest bytes, chunk bytes]``;
+``ok`` 0 and nothing after it when the sender has no snapshot to send, so its peer is never
+left waiting for bytes that will not come), the manifest's bytes, then the payload in chunks.
+The sender posts every piece at once (``isend``): two ranks sending each other a message on a
+ring never wait on each other's receive. The receiver checks the header's bounds, hands the
+manifest to ``accept`` (which parses it, checks it and picks the memory for the payload, or
+refuses) and receives every announced chunk whatever ``accept`` said — into a scratch chunk
+when refused — so the next message on the pair still lines up. Nothing is unpickled: bytes go
+into uint8 tensors.
 
 The store's collectives (``all_gather_ints``, ``all_gather_objects``, ``raise_anywhere``) are
 here too: every rank reaches each of them, so a failure on one rank is raised on all alike.
@@ -22,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from goodput.checkpoint.memory_format import (
+from goodput.checkpoint.snapshot.format import (
     CHUNK_BYTES,
     MAX_MANIFEST_BYTES,
     MAX_PAYLOAD_BYTES,
@@ -32,6 +34,7 @@ from goodput.checkpoint.memory_format import (
 from goodput.errors import GoodputError
 
 HEADER_LENGTH = 4
+TAG_SNAPSHOT, TAG_FETCH, TAG_REPLICATE = 1, 2, 3  # p2p tags: snapshot, copy back, re-replicate
 
 
 def post(

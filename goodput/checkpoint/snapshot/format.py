@@ -1,27 +1,19 @@
-"""The on-memory format of a memory snapshot: tensor table, manifest, names, folders, pairing.
+"""The format of an in-memory checkpoint (a snapshot, for short): the tensor table of its payload,
+the digests of the payload's chunks, and its manifest.
 
-A memory snapshot (``[checkpoint] memory_interval_steps``) is one rank's checkpoint state in two
-files of a private tmpfs folder: a payload (every tensor of ``flatten_state``, packed at
+A snapshot (``[checkpoint] memory_interval_steps``) is one rank's checkpoint state in two files
+of a private tmpfs folder (``files``): a payload (every tensor of ``flatten_state``, packed at
 ``ALIGN``-byte offsets in key order, ``tensor_table``) and a manifest (JSON, ``manifest_bytes``)
 that names the run, the step, the layout, the SHA-256 of each ``chunk_bytes`` chunk of the
-payload, the train state and the RNG state. The store (``checkpoint.memory``) writes the
-manifest last, so a payload without one is a half-written snapshot and is never read.
-
-Folders: ``{memory_dir}/goodput-{uid}/{run_key}/{host}/``, every level a real folder of this
-user, mode 0700 (``ensure_private_dir``): inside, only this user can create or swap files, so a
-file checked with ``lstat`` stays what was checked. Files: ``rank-00003.slot-0.bin|json`` (this
-rank's own), ``held-00001.slot-1.bin|json`` (the copy held for rank 1, byte-identical to its
-owner's); ``SNAPSHOT_FILE`` matches every name goodput writes here and nothing else.
+payload, the train state and the RNG state. The store (``store``) writes the manifest last, so a
+payload without one is a half-written snapshot and is never read.
 
 Trust: a manifest comes from an earlier process, another rank or another run, so
-``read_manifest``/``parse_manifest`` are strict and bounded (``MAX_MANIFEST_BYTES``, exact keys
-and types, the layout recomputed from the table, ``load.check_train_state``); anything else is a
-``GoodputError`` naming the file. Nothing is unpickled: tensors are raw bytes of an allow-listed
-dtype at offsets the reader recomputes.
-
-Pairing: a rank's partner copy lives on the next host (cyclic), at the same local index;
-``newest_complete`` is the restart vote over what every rank holds. Pure: no threads except
-``chunk_digests``'s pool, no process groups, no files but those named.
+``parse_manifest`` is strict and bounded (``MAX_MANIFEST_BYTES``, exact keys and types, the
+layout recomputed from the table, ``load.check_train_state``); anything else is a
+``GoodputError`` naming where it came from. Nothing is unpickled: tensors are raw bytes of an
+allow-listed dtype at offsets the reader recomputes. Pure: no threads except
+``chunk_digests``'s pool, no process groups, no files.
 """
 
 from __future__ import annotations
@@ -30,30 +22,19 @@ import hashlib
 import itertools
 import json
 import math
-import os
 import re
-import stat
-import tempfile
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from goodput.checkpoint.load import check_train_state
 from goodput.errors import GoodputError
-from goodput.faults import HOSTNAME
-from goodput.io import (
-    NotOwnFile,
-    json_text,
-    json_type_name,
-    open_own_file,
-    sha256_json,
-    write_bytes,
-)
+from goodput.io import json_text, json_type_name, sha256_json
 
 MAGIC = "goodput-snapshot"
 VERSION = 1
@@ -61,7 +42,6 @@ CHUNK_BYTES = 64 * 2**20
 ALIGN = 64
 MAX_MANIFEST_BYTES = 64 * 2**20
 MAX_TENSORS = 1_000_000
-SLOTS = 2  # per kind: the newest committed snapshot and the one being written
 MAX_STEP = 2**40
 MAX_WORLD = 1 << 24
 MAX_PAYLOAD_BYTES = 2**50
@@ -80,12 +60,9 @@ DTYPES: dict[str, torch.dtype] = {
         torch.bool,
     )
 }
-SNAPSHOT_FILE = re.compile(r"(?:rank|held)-[0-9]{5,8}\.slot-[0-9]\.(?:bin|json)")
 HEX16 = re.compile(r"[0-9a-f]{16}")
 HEX64 = re.compile(r"[0-9a-f]{64}")
 FIX = "the snapshot is not used: the run resumes from another one or from the disk checkpoint"
-Kind = Literal["own", "held"]
-_PREFIX: dict[str, str] = {"own": "rank", "held": "held"}
 
 
 # --- tensors -----------------------------------------------------------------------------------
@@ -293,11 +270,6 @@ def manifest_bytes(manifest: Manifest) -> bytes:
     return json_text(value, where="memory snapshot manifest", sort_keys=True).encode()
 
 
-def write_manifest(path: Path, manifest: Manifest) -> None:
-    """Write ``manifest`` to ``path`` atomically (temp name, fsync, rename): call it last."""
-    write_bytes(path, manifest_bytes(manifest))
-
-
 def parse_manifest(data: bytes, where: str) -> Manifest:
     """The manifest ``data`` holds (read from ``where``: a file or a partner rank), strictly
     checked; anything else is a ``GoodputError`` naming ``where``."""
@@ -373,14 +345,14 @@ def _refuse_constant(name: str) -> Any:
 def _count(raw: dict[str, Any], key: str, where: str, high: int, *, low: int = 0) -> int:
     value = raw[key]
     if type(value) is not int or not low <= value <= high:
-        raise _bad(where, f"{key} is {_short(value)}, not a whole number in {low}..{high}")
+        raise _bad(where, f"{key} is {brief(value)}, not a whole number in {low}..{high}")
     return value
 
 
 def _hex(raw: dict[str, Any], key: str, pattern: re.Pattern[str], where: str) -> str:
     value = raw[key]
     if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise _bad(where, f"{key} is {_short(value)}, not lowercase hex")
+        raise _bad(where, f"{key} is {brief(value)}, not lowercase hex")
     return value
 
 
@@ -400,7 +372,7 @@ def _hosts_shape(value: Any, world_size: int, where: str) -> tuple[int, int]:
         and 1 <= value[0] <= world_size
         and (value[1] == 0 or value[0] * value[1] == world_size)
     ):
-        raise _bad(where, f"hosts_shape is {_short(value)}, not [hosts, ranks per host or 0]")
+        raise _bad(where, f"hosts_shape is {brief(value)}, not [hosts, ranks per host or 0]")
     return value[0], value[1]
 
 
@@ -416,7 +388,7 @@ def _tensors(value: Any, where: str) -> tuple[TensorEntry, ...]:
         if item[3:] != [entry.offset, entry.nbytes]:
             raise _bad(
                 where,
-                f"tensor {_short(entry.key)} is at {_short(item[3])} with {_short(item[4])} "
+                f"tensor {brief(entry.key)} is at {brief(item[3])} with {brief(item[4])} "
                 f"bytes, not at {entry.offset} with {entry.nbytes}",
             )
     return table
@@ -437,226 +409,15 @@ def _tensor_spec(item: Any, where: str) -> tuple[str, str, tuple[int, ...]]:
         and type(item[4]) is int
         and math.prod(item[2]) <= MAX_PAYLOAD_BYTES
     ):
-        raise _bad(where, f"tensor entry {_short(item)} is not [key, dtype, shape, offset, nbytes]")
+        raise _bad(where, f"tensor entry {brief(item)} is not [key, dtype, shape, offset, nbytes]")
     return item[0], item[1], tuple(item[2])
 
 
-def _short(value: Any) -> str:
+def brief(value: Any) -> str:
+    """``value``'s repr, cut to about 80 characters for a message."""
     text = repr(value)
     return text if len(text) <= 80 else f"{text[:60]}...{text[-12:]}"
 
 
 def _bad(where: str, what: str) -> GoodputError:
     return GoodputError(where, f"memory snapshot manifest {what}", FIX)
-
-
-def own_file(path: Path) -> os.stat_result:
-    """The ``fstat`` of ``path`` if it is a regular file (not a link) of this user; a
-    ``GoodputError`` otherwise, a missing file too. Inside a ``ensure_private_dir`` folder
-    nobody else can swap the file after this check."""
-    try:
-        fd, info = open_own_file(path)
-    except NotOwnFile as refused:
-        raise _bad_file(path, refused.reason) from None
-    os.close(fd)
-    return info
-
-
-def _os_error(exc: OSError) -> str:
-    if isinstance(exc, FileNotFoundError):
-        return "is missing"
-    return f"cannot be read ({exc.strerror or exc})"
-
-
-def _bad_file(path: Path, what: str) -> GoodputError:
-    return GoodputError(path, f"memory snapshot file {what}", FIX)
-
-
-def read_manifest(path: Path) -> Manifest:
-    """The manifest in ``path``: a regular file of this user, not a link, at most
-    ``MAX_MANIFEST_BYTES``, read without following links or blocking, then ``parse_manifest``."""
-    try:
-        fd, info = open_own_file(path)
-    except NotOwnFile as refused:
-        raise _bad_file(path, refused.reason) from None
-    try:
-        if info.st_size > MAX_MANIFEST_BYTES:
-            raise _bad_file(path, f"is larger than {MAX_MANIFEST_BYTES:,} bytes")
-        data = _read_at_most(fd, MAX_MANIFEST_BYTES + 1, path)
-    finally:
-        os.close(fd)
-    return parse_manifest(data, str(path))
-
-
-def _read_at_most(fd: int, limit: int, path: Path) -> bytes:
-    parts = []
-    size = 0
-    while size < limit:
-        try:
-            part = os.read(fd, min(limit - size, 1 << 20))
-        except OSError as exc:
-            raise _bad_file(path, _os_error(exc)) from None
-        if not part:
-            break
-        parts.append(part)
-        size += len(part)
-    return b"".join(parts)
-
-
-# --- names and folders -------------------------------------------------------------------------
-
-
-def run_key(checkpoint_root: Path) -> str:
-    """16 hex of the SHA-256 of the checkpoint root's resolved absolute path: one run's
-    snapshots, whatever the relative spelling of its root."""
-    return hashlib.sha256(str(Path(checkpoint_root).resolve()).encode()).hexdigest()[:16]
-
-
-def memory_root(memory_dir: str | None) -> Path:
-    """``memory_dir`` when set; else ``/dev/shm`` when it is a writable folder (tmpfs: pages
-    outlive the process, not the host), else the temp folder."""
-    if memory_dir is not None:
-        return Path(memory_dir)
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
-        return shm
-    return Path(tempfile.gettempdir())
-
-
-def user_folder(memory_dir: Path) -> Path:
-    """``memory_dir/goodput-{uid}``: the top of this user's private snapshot folders."""
-    return Path(memory_dir) / f"goodput-{os.getuid()}"
-
-
-def host_folder(memory_dir: Path, run_key: str, host: str) -> Path:
-    """``memory_dir/goodput-{uid}/{run_key}/{host}``: one host's snapshots of one run."""
-    if not HEX16.fullmatch(run_key):
-        raise ValueError(f"run key {run_key!r} is not 16 hex digits")
-    if not HOSTNAME.fullmatch(host):
-        raise GoodputError(
-            "memory snapshots",
-            f"host name {_short(host)} is not a host name",
-            "check GOODPUT_LAUNCH_HOSTS or the launcher's host list",
-        )
-    return user_folder(memory_dir) / run_key / host
-
-
-def payload_name(kind: Kind, rank: int, slot: int) -> str:
-    """``rank-00003.slot-0.bin`` (own) or ``held-00003.slot-0.bin`` (held for rank 3)."""
-    return f"{_stem(kind, rank, slot)}.bin"
-
-
-def manifest_name(kind: Kind, rank: int, slot: int) -> str:
-    """``rank-00003.slot-0.json`` (own) or ``held-00003.slot-0.json`` (held for rank 3)."""
-    return f"{_stem(kind, rank, slot)}.json"
-
-
-def _stem(kind: Kind, rank: int, slot: int) -> str:
-    if kind not in _PREFIX or not 0 <= rank < MAX_WORLD or not 0 <= slot < SLOTS:
-        raise ValueError(f"no snapshot file for {kind!r} rank {rank} slot {slot}")
-    return f"{_PREFIX[kind]}-{rank:05d}.slot-{slot}"
-
-
-def ensure_private_dir(path: Path) -> Path:
-    """``path`` (below a ``goodput-{uid}`` folder), created 0700 with its parents from that
-    folder down; each level must be a real folder (not a link) of this user, else a
-    ``GoodputError`` naming it. A level of ours open to others is closed (chmod 0700)."""
-    path = Path(path)
-    top = f"goodput-{os.getuid()}"
-    if top not in path.parts:
-        raise ValueError(f"{path} is not below a {top} folder")
-    start = len(path.parts) - path.parts[::-1].index(top)
-    for depth in range(start, len(path.parts) + 1):
-        _private_level(Path(*path.parts[:depth]))
-    return path
-
-
-def _private_level(level: Path) -> None:
-    fix = "remove it, or set [checkpoint] memory_dir to a folder of yours"
-    try:
-        os.mkdir(level, 0o700)
-    except FileExistsError:
-        pass
-    except FileNotFoundError:
-        raise GoodputError(
-            level.parent,
-            "does not exist",
-            "create it, or set [checkpoint] memory_dir to an existing folder (default /dev/shm)",
-        ) from None
-    except OSError as exc:
-        raise GoodputError(level, f"cannot be created ({exc.strerror or exc})", fix) from None
-    info = os.lstat(level)
-    if stat.S_ISLNK(info.st_mode):
-        raise GoodputError(level, "is a symbolic link, not a snapshot folder", fix)
-    if not stat.S_ISDIR(info.st_mode):
-        raise GoodputError(level, "is not a folder", fix)
-    if info.st_uid != os.getuid():
-        raise GoodputError(level, f"is owned by uid {info.st_uid}, not this user", fix)
-    if stat.S_IMODE(info.st_mode) != 0o700:
-        os.chmod(level, 0o700)
-
-
-# --- pairing and the restart vote --------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Pairing:
-    """Where a rank's partner copy goes (``holder``) and whose copy it holds (``source``):
-    the same local index on the next and previous host. None, None on one host or when hosts
-    hold unequal numbers of ranks (no partner copy)."""
-
-    holder: int | None
-    source: int | None
-    num_hosts: int
-
-    @classmethod
-    def from_hosts(cls, hosts: Sequence[str], rank: int) -> Pairing:
-        """``hosts``: every rank's host, by rank."""
-        if not 0 <= rank < len(hosts):
-            raise ValueError(f"rank {rank} is not one of {len(hosts)} ranks")
-        groups = _ranks_by_host(hosts)
-        order = list(groups)
-        if len(order) == 1 or hosts_shape(hosts)[1] == 0:
-            return cls(holder=None, source=None, num_hosts=len(order))
-        here = order.index(hosts[rank])
-        index = groups[hosts[rank]].index(rank)
-        after, before = order[(here + 1) % len(order)], order[here - 1]
-        return cls(holder=groups[after][index], source=groups[before][index], num_hosts=len(order))
-
-
-def _ranks_by_host(hosts: Sequence[str]) -> dict[str, list[int]]:
-    """``{host: its ranks}``, hosts in order of first appearance."""
-    groups: dict[str, list[int]] = {}
-    for rank, host in enumerate(hosts):
-        groups.setdefault(host, []).append(rank)
-    return groups
-
-
-def hosts_shape(hosts: Sequence[str]) -> tuple[int, int]:
-    """(number of hosts, ranks per host), ranks per host 0 when hosts hold unequal counts."""
-    groups = _ranks_by_host(hosts)
-    counts = {len(ranks) for ranks in groups.values()}
-    return len(groups), counts.pop() if len(counts) == 1 else 0
-
-
-def newest_complete(
-    own: Sequence[Sequence[int]],
-    held: Sequence[Sequence[int]],
-    holders: Sequence[int | None],
-    *,
-    at_least: int,
-) -> int | None:
-    """The newest step ``s >= at_least`` that every rank ``r`` can load: ``s`` in ``own[r]``
-    (its own copies) or in ``held[holders[r]]`` (the copies its holder keeps of it). Steps
-    below 0 mean none. None when no step qualifies."""
-    if not len(own) == len(held) == len(holders):
-        raise ValueError("own, held and holders must have one entry per rank")
-    low = max(at_least, 0)
-    candidates = {s for steps in (*own, *held) for s in steps if s >= low}
-    for step in sorted(candidates, reverse=True):
-        if all(
-            step in own[r] or (holder is not None and step in held[holder])
-            for r, holder in enumerate(holders)
-        ):
-            return step
-    return None

@@ -1,4 +1,4 @@
-"""Memory snapshots (``[checkpoint] memory_interval_steps``) in real 2-rank ``goodput train``
+"""In-memory checkpoints (``[checkpoint] memory_interval_steps``) in real 2-rank ``goodput train``
 processes on gloo: a killed run resumes from the newest snapshot every rank has — its own, or
 its partner's copy on the other (emulated) host when its own is damaged or its host was
 replaced — and ends bitwise where a straight run without snapshots ends (losses, weights,
@@ -23,7 +23,8 @@ import torch
 from goodput import rundir
 from goodput.chaos.compare import compare_checkpoints, compare_losses, final_checkpoint
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.memory_format import (
+from goodput.checkpoint.save import Checkpointer
+from goodput.checkpoint.snapshot.files import (
     SLOTS,
     Kind,
     host_folder,
@@ -33,7 +34,6 @@ from goodput.checkpoint.memory_format import (
     read_manifest,
     run_key,
 )
-from goodput.checkpoint.save import Checkpointer
 from goodput.checkpoint.state import CheckpointContents
 from goodput.config import from_table, to_toml
 from goodput.errors import GoodputError
@@ -208,9 +208,8 @@ def test_resume_never_refuses_the_earlier_life_and_a_damaged_set_falls_back_to_d
     assert_bitwise(straight, run_dir)
 
 
-def vote_and_stage(rank: int, world_size: int, tmp_path: Path) -> list[object]:
-    """The vote's snapshot flag (failed on rank 1 only, at the first vote) as every rank sees
-    it, and what an async save, then a synchronous one, leave as ``Checkpointer.staged``."""
+def staged_copies(rank: int, world_size: int, tmp_path: Path) -> list[object]:
+    """What an async save, then a synchronous one, leave as ``Checkpointer.staged``."""
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.ones(1, 4)).sum().backward()
@@ -219,10 +218,6 @@ def vote_and_stage(rank: int, world_size: int, tmp_path: Path) -> list[object]:
     checkpointer = Checkpointer(CheckpointConfig(), tmp_path, torch.device("cpu"), contents)
     try:
         seen: list[object] = []
-        for step in (1, 2):
-            failed = rank == 1 and step == 1
-            checkpointer.decide(step, last_step=2, sigterm=False, snapshot_failed=failed)
-            seen.append(checkpointer.snapshot_failed_anywhere)
         checkpointer.save(1)  # async: staged in host memory
         staged = checkpointer.staged
         assert staged is not None
@@ -237,11 +232,9 @@ def vote_and_stage(rank: int, world_size: int, tmp_path: Path) -> list[object]:
         checkpointer.close()
 
 
-def test_the_vote_carries_a_failed_snapshot_to_every_rank_and_an_async_save_its_staged_copy(
-    tmp_path,
-):
-    expected = [True, False, True, True, ["exp_avg", "exp_avg_sq", "step"], None]
-    assert run_distributed(vote_and_stage, 2, tmp_path) == [expected, expected]
+def test_an_async_save_leaves_its_staged_copy(tmp_path):
+    expected = [True, True, ["exp_avg", "exp_avg_sq", "step"], None]
+    assert run_distributed(staged_copies, 2, tmp_path) == [expected, expected]
 
 
 @pytest.mark.parametrize(
@@ -266,7 +259,7 @@ def test_a_bad_memory_key_names_the_key(table, says):
 
 
 def test_the_docs_table_is_a_valid_checkpoint_table():
-    """docs/checkpoints.md's [checkpoint] table of memory snapshots loads as it says."""
+    """docs/checkpoints.md's [checkpoint] table of in-memory checkpoints loads as it says."""
     (block,) = [
         body
         for language, body in FENCE.findall((REPO / "docs" / "checkpoints.md").read_text())

@@ -1,6 +1,6 @@
-"""Fuzz the memory-snapshot manifest reader (``memory_format.parse_manifest`` and
-``read_manifest``): a restart reads manifests left by earlier processes and received from
-partner ranks, and any of them may be damaged or hostile.
+"""Fuzz the in-memory checkpoint's manifest reader (``snapshot.format.parse_manifest`` and
+``snapshot.files.read_manifest``): a restart reads manifests left by earlier processes and
+received from partner ranks, and any of them may be damaged or hostile.
 
 Property: any bytes, any JSON value, a valid manifest with a field replaced, removed or added,
 or its bytes flipped or cut: a ``Manifest`` that is consistent (it serialises back to one that
@@ -19,14 +19,14 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from goodput.checkpoint.memory_format import (
+from goodput.checkpoint.snapshot.files import read_manifest
+from goodput.checkpoint.snapshot.format import (
     ALIGN,
     DTYPES,
     Manifest,
     chunk_count,
     manifest_bytes,
     parse_manifest,
-    read_manifest,
 )
 from goodput.testing.fuzz import json_values, result_or_refusal
 from goodput.testing.snapshots import sample_manifest

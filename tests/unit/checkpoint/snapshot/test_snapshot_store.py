@@ -1,9 +1,9 @@
-"""The memory snapshot store on real gloo ranks (spawned processes), hosts emulated by name: a
-snapshot taken, committed and restored by a fresh store (a restart) is bit for bit the state
-that was taken — model, optimizer, train state, RNG — from the rank's own copy, or from its
-partner's when its host was replaced (a new host name: an empty folder) or its own copy is
-damaged; with no intact copy every rank refuses alike. Half-written, foreign, truncated and
-hostile files are never loaded.
+"""The in-memory checkpoint store (``checkpoint.snapshot``: store, slots, restore) on real gloo
+ranks (spawned processes), hosts emulated by name: a snapshot taken, committed and restored by a
+fresh store (a restart) is bit for bit the state that was taken — model, optimizer, train
+state, RNG — from the rank's own copy, or from its partner's when its host was replaced (a new
+host name: an empty folder) or its own copy is damaged; with no intact copy every rank refuses
+alike. Half-written, foreign, truncated and hostile files are never loaded.
 
 Each spawn runs several restarts in one process group (a restart is a new store over the same
 folder; its mappings of the old one are gone), to keep the spawns few."""
@@ -20,9 +20,8 @@ import torch.distributed as dist
 from torch import nn
 
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.memory import TAG_SNAPSHOT, SnapshotRefused, SnapshotStore
-from goodput.checkpoint.memory_format import (
-    flatten_state,
+from goodput.checkpoint.parts import gather
+from goodput.checkpoint.snapshot.files import (
     host_folder,
     manifest_name,
     memory_root,
@@ -30,7 +29,10 @@ from goodput.checkpoint.memory_format import (
     read_manifest,
     run_key,
 )
-from goodput.checkpoint.parts import gather
+from goodput.checkpoint.snapshot.format import flatten_state
+from goodput.checkpoint.snapshot.restore import SnapshotRefused
+from goodput.checkpoint.snapshot.store import SnapshotStore
+from goodput.checkpoint.snapshot.wire import TAG_SNAPSHOT
 from goodput.checkpoint.state import CheckpointContents
 from goodput.errors import GoodputError
 from goodput.testing.dist import run_distributed
@@ -101,7 +103,7 @@ def store_of(tmp: str, hosts: list[str], run_id: str = RUN_ID) -> SnapshotStore:
         device=CPU,
         faults=None,
     )
-    store.chunk_bytes = 128  # a 512-byte payload in 4 chunks: transfers and checks per chunk
+    store.slots.chunk_bytes = 128  # a 512-byte payload in 4 chunks: transfers and checks per chunk
     return store
 
 
@@ -375,10 +377,10 @@ def hostile_partner(tmp: str, rank: int) -> list[str | None]:
         ]
         for pieces in messages:
             for piece in pieces:
-                dist.send(piece.contiguous(), 0, group=store.group, tag=TAG_SNAPSHOT)
+                dist.send(piece.contiguous(), 0, group=store.slots.group, tag=TAG_SNAPSHOT)
     else:
         for _ in range(4):
-            outcomes.append(store._receive(1, TAG_SNAPSHOT, "held", 1, 1, step=1))
+            outcomes.append(store.slots.receive(1, TAG_SNAPSHOT, "held", 1, 1, step=1))
             kept = folder_of(tmp, "n1") / manifest_name("held", 1, 1)
             outcomes.append("kept" if kept.exists() else None)
     store.close(finished=False)
