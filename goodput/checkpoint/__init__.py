@@ -9,8 +9,9 @@ before a copy is trusted (``checksums``, ``verify``); the node-local copy each h
 
 In memory: the in-memory checkpoints (``[checkpoint] memory_interval_steps``), each rank's state
 in host memory with a copy on a rank of the next host, and the restart from the newest step
-every rank has (``memory``, its format ``memory_format``, what the ranks send each other
-``memory_wire``).
+every rank has: the ``snapshot`` package (its format, host folders, pairing, what the ranks
+send each other, this rank's slot files, the store, the restore). Which steps save and which
+take a snapshot is one rule (``schedule``).
 
 Conversions to and from HuggingFace folders and single ``.pt`` files need the model: they are
 ``goodput.train.convert``'s.
