@@ -45,7 +45,6 @@ from torch.distributed.tensor import DTensor
 
 from goodput.checkpoint.load import check_train_state
 from goodput.errors import GoodputError
-from goodput.faults import HOSTNAME
 from goodput.io import (
     NotOwnFile,
     json_text,
@@ -54,6 +53,7 @@ from goodput.io import (
     sha256_json,
     write_bytes,
 )
+from goodput.ranks import HOSTNAME
 
 MAGIC = "goodput-snapshot"
 VERSION = 1

@@ -34,6 +34,7 @@ from typing import NoReturn
 
 from goodput.errors import ExitCode, GoodputError, one_line
 from goodput.launch import device_tools
+from goodput.ranks import PROBE_HOST_VAR
 
 PROBE_BYTES = 1 << 20
 MIN_FREE_BYTES = 1 << 30
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     except GoodputError as error:
         print(f"health: {error.render()}", file=sys.stderr)
         return int(error.code)
-    host = os.environ.get("GOODPUT_PROBE_HOST") or socket.gethostname()
+    host = os.environ.get(PROBE_HOST_VAR) or socket.gethostname()
     problem = check()
     problems = [] if problem is None else [problem]
     notes: list[str] = []
