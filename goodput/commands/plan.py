@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from goodput import argtypes
 from goodput.commands import Subparsers
 from goodput.errors import ExitCode, GoodputError
+from goodput.train.config.precision import PRECISIONS
 
 if TYPE_CHECKING:
     from goodput.plan.layout import Layout
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from goodput.train.config.model import ModelConfig
     from goodput.train.config.parallel import ParallelConfig
 
-PRECISIONS = ("fp32-master", "pure-bf16", "fp32")
 MAX_NODES = 2**17  # above the largest machines (Aurora: 10,624 nodes)
 MAX_GPUS_PER_NODE = 2**10
 DEFAULT_SEQ_LEN = 8192  # Llama 3's pre-training length; capped at model.max_seq_len
@@ -96,7 +96,9 @@ def register(groups: Subparsers) -> None:
         help="samples per forward pass (default: train.micro_batch_size, else 1)",
     )
     layout.add_argument(
-        "--precision", choices=PRECISIONS, help="default: parallel.precision, else fp32-master"
+        "--precision",
+        choices=tuple(PRECISIONS),
+        help="default: parallel.precision, else fp32-master",
     )
     layout.add_argument(
         "--activation-checkpointing",
@@ -283,12 +285,7 @@ def _given_layout(
             f"{args.config} [parallel]", f"{error.what} (--layout-from-config)", error.fix
         ) from None
     return Layout(
-        dp_replicate=degrees.dp_replicate,
-        dp_shard=degrees.dp_shard,
-        tp=degrees.tp,
-        pp=degrees.pp,
-        cp=degrees.cp,
-        ep=degrees.ep,
+        **degrees.by_name(),
         activation_checkpointing=cfg.activation_checkpointing,
         pp_layers_per_stage=cfg.pp_layers_per_stage,
     )
@@ -325,7 +322,7 @@ def _verify(
         cfg = _parallel_config(parallel, args.config)
     else:
         table: dict[str, Any] = {
-            **layout.degrees(),
+            **layout.by_name(),
             "activation_checkpointing": layout.activation_checkpointing,
             "precision": work.precision,
             "sync_every_micro_batch": chosen.sync_every_micro_batch or work.sync_every_micro_batch,
