@@ -15,7 +15,6 @@ errors are one line and exit 2, like every other usage error.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -350,7 +349,8 @@ def _parallel_config(parallel: dict[str, Any], where: Path | str) -> ParallelCon
     from goodput.config import from_table
     from goodput.train.config.parallel import ParallelConfig
 
-    # _present coerced the lists to tuples (pp_layers_per_stage); the table takes TOML's lists.
+    # read_present coerced the lists to tuples (pp_layers_per_stage); the table takes TOML's
+    # lists.
     table = {key: list(v) if isinstance(v, tuple) else v for key, v in parallel.items()}
     return from_table(ParallelConfig, table, str(where), "parallel.")
 
@@ -404,8 +404,8 @@ def _reliability(args: argparse.Namespace) -> ExitCode:
 
 def _read_config(path: Path) -> tuple[ModelConfig, dict[str, Any], dict[str, Any]]:
     """The [model] config, and the [train] and [parallel] keys present, each checked as the
-    trainer checks it."""
-    from goodput.config import from_table, read_toml
+    trainer checks it (``config.read_present``)."""
+    from goodput.config import from_table, read_present, read_toml
     from goodput.train.config.model import ModelConfig
     from goodput.train.config.parallel import ParallelConfig
     from goodput.train.config.run import TrainConfig
@@ -414,35 +414,15 @@ def _read_config(path: Path) -> tuple[ModelConfig, dict[str, Any], dict[str, Any
     if not isinstance(raw.get("model"), dict):
         raise GoodputError.usage(path, "no [model] table", "add a [model] section")
     model = from_table(ModelConfig, raw["model"], str(path), "model.")
-    return (
-        model,
-        _present(TrainConfig, raw, "train", path),
-        _present(ParallelConfig, raw, "parallel", path),
-    )
-
-
-def _present(cls: type, raw: dict[str, Any], section: str, path: Path) -> dict[str, Any]:
-    """The keys of ``[section]`` that are there (a renamed one under its new name), each coerced
-    as ``cls``'s field (type and range); an unknown key is refused, a missing one is simply
-    absent."""
-    from goodput.config import coerce_field, read_renamed
-
-    table = raw.get(section, {})
-    if not isinstance(table, dict):
-        raise GoodputError.usage(path, f"'{section}' is not a table", f"write it as [{section}]")
-    table = read_renamed(cls, table, str(path), f"{section}.")
-    names = {field.name for field in dataclasses.fields(cls)}
-    unknown = sorted(set(table) - names)
-    if unknown:
-        raise GoodputError.usage(
-            path,
-            f"unknown key '{section}.{unknown[0]}'",
-            f"valid keys in [{section}]: " + ", ".join(sorted(names)),
-        )
-    return {
-        key: coerce_field(cls, key, value, str(path), f"{section}.{key}")
-        for key, value in table.items()
-    }
+    present: dict[str, dict[str, Any]] = {}
+    for section, cls in (("train", TrainConfig), ("parallel", ParallelConfig)):
+        table = raw.get(section, {})
+        if not isinstance(table, dict):
+            raise GoodputError.usage(
+                path, f"'{section}' is not a table", f"write it as [{section}]"
+            )
+        present[section] = read_present(cls, table, str(path), f"{section}.")
+    return model, present["train"], present["parallel"]
 
 
 def _workload(
