@@ -45,6 +45,11 @@ def register(groups: Subparsers) -> None:
         description="Plan a run before it starts. Allocates nothing.",
     )
     commands = plan.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_layout(commands)
+    _add_reliability(commands)
+
+
+def _add_layout(commands: Subparsers) -> None:
     layout = commands.add_parser(
         "layout",
         help="the parallel layout that fits a model on a machine at the least cost per step",
@@ -79,6 +84,14 @@ def register(groups: Subparsers) -> None:
         required=True,
         help="memory per device in GiB (a vendor's '80 GB' HBM is 80 GiB)",
     )
+    _add_workload_options(layout)
+    _add_rate_options(layout)
+    _add_report_options(layout)
+    layout.set_defaults(handler=_layout)
+
+
+def _add_workload_options(layout: argparse.ArgumentParser) -> None:
+    """What one step asks (``plan.memory.Workload``): the batch, the sequence, the precision."""
     layout.add_argument(
         "--gbs-tokens",
         type=argtypes.positive_int,
@@ -105,6 +118,10 @@ def register(groups: Subparsers) -> None:
         help="force activation checkpointing on (or off with --no-...); default: the planner "
         "weighs it as a rung",
     )
+
+
+def _add_rate_options(layout: argparse.ArgumentParser) -> None:
+    """What a device computes and moves a second (``plan.cost.Rates``), for the step cost."""
     layout.add_argument(
         "--tflops",
         type=argtypes.positive_float,
@@ -126,6 +143,10 @@ def register(groups: Subparsers) -> None:
         help="GB/s per device to other hosts, for the step cost (default "
         f"{DEFAULT_INTER_GBPS:g}: one 200 Gb/s NIC per device)",
     )
+
+
+def _add_report_options(layout: argparse.ArgumentParser) -> None:
+    """Which layout is reported (the planner's or the config's), checked how, printed how."""
     layout.add_argument(
         "--layout-from-config",
         action="store_true",
@@ -144,8 +165,9 @@ def register(groups: Subparsers) -> None:
         help="with --verify: the rank to materialise (default: the one with the most state)",
     )
     layout.add_argument("--json", action="store_true", help="print one JSON object")
-    layout.set_defaults(handler=_layout)
 
+
+def _add_reliability(commands: Subparsers) -> None:
     reliability = commands.add_parser(
         "reliability",
         help="the failure budget: failures a day, the optimal checkpoint interval, the goodput "
@@ -180,6 +202,13 @@ def register(groups: Subparsers) -> None:
         required=True,
         help="seconds from a failure to training again (detection, restart, load)",
     )
+    _add_interval_options(reliability)
+    reliability.add_argument("--json", action="store_true", help="print one JSON object")
+    reliability.set_defaults(handler=_reliability)
+
+
+def _add_interval_options(reliability: argparse.ArgumentParser) -> None:
+    """The intervals to compare and the walltime the spare pool must last."""
     reliability.add_argument(
         "--step-s", type=argtypes.positive_float, help="seconds a step takes (intervals in steps)"
     )
@@ -211,8 +240,6 @@ def register(groups: Subparsers) -> None:
         default=0.99,
         help="the probability that the spare pool lasts the walltime (default 0.99)",
     )
-    reliability.add_argument("--json", action="store_true", help="print one JSON object")
-    reliability.set_defaults(handler=_reliability)
 
 
 def _layout(args: argparse.Namespace) -> ExitCode:
