@@ -139,7 +139,8 @@ class FaultPlan:
     def __init__(self, faults: list[Fault], fired_dir: Path, environ: Mapping[str, str]):
         self.faults, self.fired_dir = faults, fired_dir
         self.source = environ.get(FAULTS_VAR, "")  # the plan file, for errors
-        self.environ = environ  # where this rank's host is named, for the device-lost line
+        # As at start: it names this rank's host (ranks.rank_host), for the device-lost line.
+        self.environ = dict(environ)
         self.by_step: dict[tuple[int, int], list[Fault]] = {}  # (step, rank): at that step
         self.in_save: dict[int, list[Fault]] = {}  # rank: its save faults, by step
         self.in_snapshot: dict[int, list[Fault]] = {}  # rank: its snapshot faults, by step

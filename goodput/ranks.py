@@ -44,7 +44,6 @@ EVICT_VAR = "GOODPUT_EVICT_STRAGGLERS"
 PROBE_HOST_VAR = "GOODPUT_PROBE_HOST"
 FAULTS_VAR = "GOODPUT_FAULTS"
 DEVICE_VAR = "GOODPUT_DEVICE"
-LOCAL_WORLD_SIZE_VAR = "LOCAL_WORLD_SIZE"  # torchrun's name, which every launcher sets
 
 HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # always fullmatch: no "\n" after
 COUNT = re.compile(r"[0-9]{1,9}")
@@ -71,4 +70,5 @@ def rank_host(rank: int, environ: Mapping[str, str]) -> str:
     """This rank's host as ``goodput launch`` named it (its emulated hosts too), else this
     machine's name: the one spelling of a rank's host in beacons, straggler lines, snapshot
     partners and injected device errors."""
-    return launcher_host(rank, environ.get(HOSTS_VAR, ""), environ.get(LOCAL_WORLD_SIZE_VAR, ""))
+    ranks_per_host = environ.get("LOCAL_WORLD_SIZE", "")  # torchrun's name for it
+    return launcher_host(rank, environ.get(HOSTS_VAR, ""), ranks_per_host)

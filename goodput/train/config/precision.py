@@ -63,7 +63,8 @@ class PrecisionPolicy:
         return DTYPE_BYTES[self.reduce]
 
 
-# In the order ParallelConfig.precision lists them (a test checks the names agree).
+# In the order ParallelConfig.precision and goodput plan's --precision list them (a test holds
+# the three equal).
 PRECISIONS = {
     "fp32-master": PrecisionPolicy(weights="float32", compute="bfloat16", reduce="float32"),
     "pure-bf16": PrecisionPolicy(weights="bfloat16", compute="bfloat16", reduce="bfloat16"),

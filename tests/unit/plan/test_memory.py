@@ -52,12 +52,14 @@ def saved_for_backward(module: torch.nn.Module, *inputs: torch.Tensor) -> int:
 def test_the_precisions_are_the_trainers():
     import typing
 
+    from goodput.commands import plan
+
     bytes_per_parameter = {name: p.bytes_per_parameter for name, p in PRECISIONS.items()}
     assert bytes_per_parameter == {"fp32-master": 16, "pure-bf16": 8, "fp32": 16}
     dtype_bytes = {name: (p.compute_bytes, p.reduce_bytes) for name, p in PRECISIONS.items()}
     assert dtype_bytes == {"fp32-master": (2, 4), "pure-bf16": (2, 2), "fp32": (4, 4)}
     trainer = typing.get_args(typing.get_type_hints(ParallelConfig)["precision"])
-    assert tuple(PRECISIONS) == trainer
+    assert tuple(PRECISIONS) == plan.PRECISIONS == trainer
 
 
 @pytest.mark.parametrize("model", [DENSE, MOE, replace(DENSE, tie_embeddings=True)])
