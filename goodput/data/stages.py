@@ -32,7 +32,9 @@ import numpy as np
 from goodput.data.interleave import interleave_into
 from goodput.errors import GoodputError
 
-MAX_STAGES = 64  # a schedule, not a per-step mixture: each stage costs a pass over its span
+# A schedule, not a per-step mixture: each stage costs a pass over its span, and [[data.stages]]
+# a file list read at start; far past a real run's few mixtures.
+MAX_STAGES = 64
 _CHUNK = 1 << 20  # samples remapped or counted at once: 8 MiB of int64 scratch
 
 

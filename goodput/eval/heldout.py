@@ -51,7 +51,7 @@ from goodput.train.config.run import BatchPlan
 from goodput.train.convert.hf_tokenizer import blend_tokenizer
 from goodput.train.loss import IGNORE_INDEX, row_loss_sums
 from goodput.train.parallel.mesh import ParallelMesh
-from goodput.train.parallel.pipeline import Pipeline
+from goodput.train.parallel.pipeline import Pipeline, model_parts
 from goodput.train.parallel.ring_attention import ContextLayout
 from goodput.train.step import micro_batches_of
 
@@ -204,7 +204,7 @@ def score_rows(
     first = mesh.dp_rank * local_rows
     dp_group = mesh.dp_mesh.get_group() if mesh.dp_size > 1 else None
     cp_group = mesh.cp_group if mesh.degrees.cp > 1 else None
-    parts = model.parts if isinstance(model, Pipeline) else [model]
+    parts = model_parts(model)
     was_training = [part.training for part in parts]
     for part in parts:
         part.eval()

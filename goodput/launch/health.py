@@ -39,7 +39,7 @@ from goodput.ranks import PROBE_HOST_VAR
 PROBE_BYTES = 1 << 20
 MIN_FREE_BYTES = 1 << 30
 MAX_EXPECT_DEVICES = device_tools.MAX_DEVICES
-MAX_BOUND_S = 3600.0  # as device_check's own limit
+MAX_BOUND_S = 3600.0  # device_check's --bound-s too
 DEFAULT_BOUND_S = 5.0
 # The device check's child starts Python and torch (and CUDA's context) before any matmul.
 CHILD_STARTUP_S = 120.0

@@ -32,6 +32,7 @@ from typing import ClassVar, Literal
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.config import NON_EMPTY, example, limits, one_of
 from goodput.data.interleave import MAX_SAMPLES
+from goodput.data.stages import MAX_STAGES
 from goodput.errors import GoodputError
 from goodput.eval.config import EvalConfig
 from goodput.train.config.metrics import MetricsConfig
@@ -52,7 +53,6 @@ STAGES_EXAMPLE = '[{file_list="PATH", start_step=0}, ...] (see docs/training.md)
 # [diagnostics] loss_spike_window (monitor/loss_spikes.py):
 MIN_HISTORY = 20  # finite losses before the first z; the floor of [diagnostics] loss_spike_window
 MAX_WINDOW = 2**16  # bounds the saved state a checkpoint may hand back
-MAX_STAGES = 64  # far past a real run's few mixtures; each is a file list read at start
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

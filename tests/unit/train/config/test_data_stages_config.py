@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from goodput.config import load_config, to_toml
+from goodput.data.stages import MAX_STAGES
 from goodput.errors import GoodputError
 from goodput.testing.stages import load_tiny_cpu
-from goodput.train.config.run import MAX_STAGES, RunConfig
+from goodput.train.config.run import RunConfig
 from goodput.train.config.schedule import learning_rate
 
 TOKENS_PER_STEP = 2048  # set below, so the tests know it
