@@ -75,6 +75,7 @@ import torch.nn.functional as F
 from goodput import beacon, rundir
 from goodput.data.blend import BlendSpec, BlendStage, build_blend
 from goodput.data.loader import DataLoader
+from goodput.ranks import BEACON_DIR_VAR
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import write_random_corpus
 from goodput.train.config.model import ModelConfig
@@ -299,21 +300,21 @@ def _beacon_overhead(tmp: Path, file_list: Path) -> dict[str, Any]:
 @contextlib.contextmanager
 def _beacon_dir(directory: Path | None) -> Iterator[None]:
     """``GOODPUT_BEACON_DIR`` set to ``directory`` (None: unset) for the ranks spawned inside."""
-    before = os.environ.pop(beacon.BEACON_DIR_VAR, None)
+    before = os.environ.pop(BEACON_DIR_VAR, None)
     if directory is not None:
-        os.environ[beacon.BEACON_DIR_VAR] = str(directory)
+        os.environ[BEACON_DIR_VAR] = str(directory)
     try:
         yield
     finally:
-        os.environ.pop(beacon.BEACON_DIR_VAR, None)
+        os.environ.pop(BEACON_DIR_VAR, None)
         if before is not None:
-            os.environ[beacon.BEACON_DIR_VAR] = before
+            os.environ[BEACON_DIR_VAR] = before
 
 
 def _beacon_update_ns(directory: Path) -> dict[str, float]:
     """ns per ``Beacon.step`` and per ``with collective`` on a file-backed beacon."""
     opened = beacon.open_beacon(
-        {beacon.BEACON_DIR_VAR: str(directory)}, rank=0, world_size=1, local_rank=0, host="bench"
+        {BEACON_DIR_VAR: str(directory)}, rank=0, world_size=1, local_rank=0, host="bench"
     )
     assert opened is not None
     bracket = opened.collective("step.sums")

@@ -55,6 +55,7 @@ from goodput import argtypes, rundir
 from goodput.config import to_toml
 from goodput.errors import GoodputError
 from goodput.io import write_json
+from goodput.plan.layout import Layout
 from goodput.testing.tiny import write_random_corpus
 from goodput.train.config.model import ModelConfig, MoEConfig
 from goodput.train.config.parallel import ParallelConfig
@@ -125,47 +126,41 @@ MOE_FFN_FRACTION = 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Layout:
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    dp_replicate: int = 1
+class Row:
+    """One layout of the table: its degrees but ``dp_shard``, which takes what they leave of the
+    devices (``on``); the pipeline's schedule and which model it runs."""
+
+    split: Layout = Layout()  # its dp_shard is left at 1: ``on`` resolves it
     interleaved: bool = False
     moe: bool = False  # the MoE variant of the shape's model
 
-    def dp_shard(self, devices: int) -> int | None:
-        """The sharded data-parallel degree on ``devices``; None: the layout does not fit."""
-        model_parallel = self.tp * self.pp * self.cp * self.dp_replicate
+    def on(self, devices: int) -> Layout | None:
+        """The layout on ``devices``, ``dp_shard`` taking what the other degrees leave; None:
+        the layout does not fit."""
+        model_parallel = self.split.product()
         if devices % model_parallel:
             return None
-        shard = devices // model_parallel
-        if shard % self.ep:  # expert parallelism borrows ranks of dp_shard
+        layout = replace(self.split, dp_shard=devices // model_parallel)
+        if layout.dp_shard % layout.ep:  # expert parallelism borrows ranks of dp_shard
             return None
         # HSDP with nothing to shard is plain replication: not the layout this row is about.
-        return None if self.dp_replicate > 1 and shard < 2 else shard
+        return None if layout.dp_replicate > 1 and layout.dp_shard < 2 else layout
 
     def name(self, devices: int) -> str:
-        degrees = [f"dp_replicate={self.dp_replicate}"] if self.dp_replicate > 1 else []
-        degrees.append(f"dp_shard={self.dp_shard(devices)}")
-        degrees += [
-            f"{key}={value}"
-            for key, value in (("tp", self.tp), ("pp", self.pp), ("cp", self.cp), ("ep", self.ep))
-            if value > 1
-        ]
-        schedule = " interleaved_1f1b" if self.interleaved else (" 1f1b" if self.pp > 1 else "")
+        layout = self.on(devices)
+        assert layout is not None, "only a layout that fits is named"
+        degrees = [f"dp_replicate={layout.dp_replicate}"] if layout.dp_replicate > 1 else []
+        degrees.append(f"dp_shard={layout.dp_shard}")
+        others = {key: getattr(layout, key) for key in ("tp", "pp", "cp", "ep")}
+        degrees += [f"{key}={value}" for key, value in others.items() if value > 1]
+        schedule = " interleaved_1f1b" if self.interleaved else (" 1f1b" if layout.pp > 1 else "")
         return ("moe " if self.moe else "") + ",".join(degrees) + schedule
 
     def parallel(self, devices: int) -> dict[str, Any]:
         """This layout's ``[parallel]`` keys on ``devices``, over the shared config's."""
-        values: dict[str, Any] = {
-            "dp_replicate": self.dp_replicate,
-            "dp_shard": self.dp_shard(devices),
-            "tp": self.tp,
-            "pp": self.pp,
-            "cp": self.cp,
-            "ep": self.ep,
-        }
+        layout = self.on(devices)
+        assert layout is not None, "only a layout that fits is run"
+        values: dict[str, Any] = layout.by_name()
         if self.interleaved:
             values["pp_schedule"] = "interleaved_1f1b"
         return values
@@ -184,22 +179,22 @@ class Layout:
         return [f"model.moe.{key}={value}" for key, value in keys.items()]
 
 
-LAYOUTS = (
-    Layout(),
-    Layout(dp_replicate=2),
-    Layout(tp=2),
-    Layout(tp=4),
-    Layout(tp=8),
-    Layout(pp=2),
-    Layout(pp=2, interleaved=True),
-    Layout(tp=2, pp=2),
-    Layout(cp=2),
-    Layout(cp=4),
-    Layout(cp=2, tp=2),
-    Layout(moe=True),
-    Layout(moe=True, ep=2),
-    Layout(moe=True, ep=4),
-    Layout(moe=True, ep=8),
+ROWS = (
+    Row(),
+    Row(split=Layout(dp_replicate=2)),
+    Row(split=Layout(tp=2)),
+    Row(split=Layout(tp=4)),
+    Row(split=Layout(tp=8)),
+    Row(split=Layout(pp=2)),
+    Row(split=Layout(pp=2), interleaved=True),
+    Row(split=Layout(tp=2, pp=2)),
+    Row(split=Layout(cp=2)),
+    Row(split=Layout(cp=4)),
+    Row(split=Layout(cp=2, tp=2)),
+    Row(moe=True),
+    Row(split=Layout(ep=2), moe=True),
+    Row(split=Layout(ep=4), moe=True),
+    Row(split=Layout(ep=8), moe=True),
 )
 
 
@@ -242,12 +237,12 @@ def write_config(directory: Path, shape: Shape, devices: int, file_list: Path) -
     return path
 
 
-def command(layout: Layout, devices: int, config: Path, run_dir: Path, shape: Shape) -> list[str]:
+def command(row: Row, devices: int, config: Path, run_dir: Path, shape: Shape) -> list[str]:
     goodput = [sys.executable, "-m", "goodput"]
     launch = ["launch", "--nproc", str(devices), "--timeout", str(LAUNCH_IDLE_TIMEOUT_S)]
     launch += ["--log", str(run_dir / "launch.log")]
-    overrides = layout.model_overrides(shape)
-    overrides += [f"parallel.{key}={value}" for key, value in layout.parallel(devices).items()]
+    overrides = row.model_overrides(shape)
+    overrides += [f"parallel.{key}={value}" for key, value in row.parallel(devices).items()]
     train = ["train", str(config), *overrides, f"train.run_dir={run_dir}"]
     return [*goodput, *launch, "--", *goodput, *train]
 
@@ -347,19 +342,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         shape = replace(shape, steps=args.steps)
     if shape.steps <= shape.warmup_steps:
         return refuse(f"--steps {shape.steps}: the first {shape.warmup_steps} are warm-up")
-    layouts = chosen_layouts(devices, args.layouts, shape)
-    if layouts is None:
+    rows = chosen_rows(devices, args.layouts, shape)
+    if rows is None:
         return USAGE_ERROR
     # A fresh folder per invocation: a run directory left by an earlier one would be resumed,
     # and its metrics.jsonl appended to.
     work = args.work_dir.resolve() / time.strftime("%Y%m%d-%H%M%S")
     run_dirs = {
-        layout.name(devices): work / f"{index}-{slug(layout.name(devices))}"
-        for index, layout in enumerate(layouts)
+        row.name(devices): work / f"{index}-{slug(row.name(devices))}"
+        for index, row in enumerate(rows)
     }
     commands = {
-        name: command(layout, devices, work / "config.toml", run_dirs[name], shape)
-        for name, layout in zip(run_dirs, layouts, strict=True)
+        name: command(row, devices, work / "config.toml", run_dirs[name], shape)
+        for name, row in zip(run_dirs, rows, strict=True)
     }
     if args.dry_run:
         print(f"gpu_layouts: {len(commands)} layout(s) on {devices} device(s):")
@@ -368,14 +363,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     work.mkdir(parents=True)
     write_config(work, shape, devices, write_corpus(work, shape))
-    rows = []
+    results = []
     for name, argv_ in commands.items():
         print(f"gpu_layouts: {name} ...", flush=True)
-        row = {"layout": name, "command": shlex.join(argv_)}
-        rows.append(row | run_layout(argv_, run_dirs[name], shape))
+        result = {"layout": name, "command": shlex.join(argv_)}
+        results.append(result | run_layout(argv_, run_dirs[name], shape))
     device = torch.device(device_type, 0) if found else torch.device("cpu")
-    report(args.out, device_name(device), devices, shape, rows)
-    return 0 if all(row["status"] == "ok" for row in rows) else 1
+    report(args.out, device_name(device), devices, shape, results)
+    return 0 if all(result["status"] == "ok" for result in results) else 1
 
 
 def report(out: Path, device: str, devices: int, shape: Shape, rows: list[dict[str, Any]]) -> None:
@@ -408,12 +403,10 @@ def refuse(reason: str) -> int:
     return USAGE_ERROR
 
 
-def chosen_layouts(devices: int, names: list[str] | None, shape: Shape) -> list[Layout] | None:
-    """The layouts that fit, or those of them named; None (after saying why) for a name that
-    is not one of them, or a layout that cannot split the shape's model."""
-    fitting = {
-        layout.name(devices): layout for layout in LAYOUTS if layout.dp_shard(devices) is not None
-    }
+def chosen_rows(devices: int, names: list[str] | None, shape: Shape) -> list[Row] | None:
+    """The rows whose layouts fit, or those of them named; None (after saying why) for a name
+    that is not one of them, or a layout that cannot split the shape's model."""
+    fitting = {row.name(devices): row for row in ROWS if row.on(devices) is not None}
     unknown = [name for name in names or () if name not in fitting]
     if unknown:
         refuse(f"unknown layout(s) {unknown}; on {devices} device(s): {'; '.join(fitting)}")
@@ -421,12 +414,12 @@ def chosen_layouts(devices: int, names: list[str] | None, shape: Shape) -> list[
     chosen = [fitting[name] for name in names] if names else list(fitting.values())
     # Checked here as the trainer will check it, so that a shape a layout cannot split fails
     # before any run (and in a dry run), not after minutes of others.
-    for layout in chosen:
+    for row in chosen:
         try:
-            parallel = replace(PARALLEL, **layout.parallel(devices))
-            parallel.check_model(layout.model(shape), shape.seq_len)
+            parallel = replace(PARALLEL, **row.parallel(devices))
+            parallel.check_model(row.model(shape), shape.seq_len)
         except GoodputError as error:
-            refuse(f"{layout.name(devices)}: {error}")
+            refuse(f"{row.name(devices)}: {error}")
             return None
     return chosen
 

@@ -66,8 +66,8 @@ from typing import IO
 
 from goodput.errors import GoodputError, printable
 from goodput.io import NotOwnFile, open_own_file
+from goodput.ranks import BEACON_DIR_VAR
 
-BEACON_DIR_VAR = "GOODPUT_BEACON_DIR"
 DUMP_SIGNAL = signal.SIGUSR2
 PHASES = (
     "startup",

@@ -276,21 +276,10 @@ def from_table(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") 
     """Build config ``cls`` from a nested dict, rejecting unknown keys and wrong types."""
     raw = read_renamed(cls, raw, where, prefix)
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise GoodputError.usage(
-            where,
-            f"unknown key '{prefix}{unknown[0]}'",
-            f"valid keys{' in [' + prefix.rstrip('.') + ']' if prefix else ''}: "
-            + ", ".join(sorted(fields)),
-        )
+    fields = _known_fields(cls, raw, where, prefix)
     raw = _refuse_missing(fields, hints, raw, where, prefix)
     _refuse_both(fields, raw, where, prefix)
-    kwargs = {
-        name: _coerce(hints[name], value, where, f"{prefix}{name}", fields[name].metadata)
-        for name, value in raw.items()
-    }
+    kwargs = _coerce_table(hints, fields, raw, where, prefix)
     try:
         config = cls(**kwargs)
     except GoodputError as exc:
@@ -300,6 +289,48 @@ def from_table(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") 
         raise GoodputError(f"{where} {exc.where}", exc.what, exc.fix, code=exc.code) from None
     refuse_inert_keys(config, raw, where, prefix)
     return config
+
+
+def read_present(cls: type, raw: dict[str, Any], where: str, prefix: str = "") -> dict[str, Any]:
+    """The keys of ``raw`` (one table of config ``cls``) that are there, each read as
+    ``from_table`` reads it (a renamed key under its new name, its type and range checked); an
+    unknown key is refused, a missing one is simply absent. For a reader that takes what a file
+    says and fills in the rest its own way (``goodput plan``): no class is built, so no
+    required key is asked for and no cross-field check runs."""
+    raw = read_renamed(cls, raw, where, prefix)
+    fields = _known_fields(cls, raw, where, prefix)
+    return _coerce_table(typing.get_type_hints(cls), fields, raw, where, prefix)
+
+
+def _known_fields(
+    cls: type, raw: Mapping[str, Any], where: str, prefix: str
+) -> dict[str, dataclasses.Field[Any]]:
+    """The fields of ``cls`` a table sets, by name; a key of ``raw`` that is none of them is
+    refused, naming the valid ones."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise GoodputError.usage(
+            where,
+            f"unknown key '{prefix}{unknown[0]}'",
+            f"valid keys{' in [' + prefix.rstrip('.') + ']' if prefix else ''}: "
+            + ", ".join(sorted(fields)),
+        )
+    return fields
+
+
+def _coerce_table(
+    hints: Mapping[str, Any],
+    fields: Mapping[str, dataclasses.Field[Any]],
+    raw: Mapping[str, Any],
+    where: str,
+    prefix: str,
+) -> dict[str, Any]:
+    """Each value of ``raw`` checked and converted as its field says (``_coerce``)."""
+    return {
+        name: _coerce(hints[name], value, where, f"{prefix}{name}", fields[name].metadata)
+        for name, value in raw.items()
+    }
 
 
 def _refuse_missing(

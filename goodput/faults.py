@@ -26,9 +26,9 @@ saves, a memory-snapshot fault (``NEEDS_SNAPSHOTS``) in a run without memory sna
 - ``hang``: the same moment, it SIGSTOPs itself; its peers block in their next collective.
 - ``bad-node``: the same moment, it prints ``goodput: error: rank R on HOST: CUDA error: device
   lost (injected by goodput chaos)`` to stderr — the device-error evidence the launcher looks
-  for — and exits 1. HOST is the launcher's name for this rank's host (``GOODPUT_LAUNCH_HOSTS``
-  at index rank // ``LOCAL_WORLD_SIZE``, when both are set and valid; else this machine's host
-  name), cut at the first dot.
+  for — and exits 1. HOST is the launcher's name for this rank's host (``ranks.rank_host``:
+  ``GOODPUT_LAUNCH_HOSTS`` at index rank // ``LOCAL_WORLD_SIZE``, when both are set and valid;
+  else this machine's host name), cut at the first dot.
 - ``ckpt-kill``: in the first checkpoint save of a step >= ``step``, the rank SIGKILLs itself
   while writing it: after its files of that checkpoint are written, before ``.complete`` can
   exist (in the background flush, or in the synchronous write when the save is synchronous).
@@ -70,9 +70,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -82,9 +80,8 @@ from typing import Any, NoReturn
 
 from goodput.errors import GoodputError
 from goodput.io import read_bytes, write_json
+from goodput.ranks import FAULTS_VAR, rank_host
 
-ENV_VAR = "GOODPUT_FAULTS"
-HOSTS_VAR = "GOODPUT_LAUNCH_HOSTS"  # set by goodput launch: the attempt's hosts, in rank order
 KINDS = (
     "kill", "ckpt-kill", "hang", "bad-node", "save-fail", "nan", "slow", "stall",
     "snapshot-kill", "host-loss",
@@ -105,8 +102,6 @@ MAX_PATH_CHARS = 4096
 PLAN_KEYS = frozenset({"fired_dir", "faults"})
 FAULT_KEYS = frozenset({"id", "kind", "step", "rank"})  # every kind's
 KIND_KEYS = {"slow": frozenset({"seconds", "steps"}), "stall": frozenset({"where"})}  # its own
-HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # always fullmatch
-COUNT = re.compile(r"[0-9]{1,9}")
 INJECTED = "(injected by goodput chaos)"
 
 
@@ -143,8 +138,9 @@ class FaultPlan:
 
     def __init__(self, faults: list[Fault], fired_dir: Path, environ: Mapping[str, str]):
         self.faults, self.fired_dir = faults, fired_dir
-        self.source = environ.get(ENV_VAR, "")  # the plan file, for errors
-        self.launch_hosts = environ.get(HOSTS_VAR, ""), environ.get("LOCAL_WORLD_SIZE", "")
+        self.source = environ.get(FAULTS_VAR, "")  # the plan file, for errors
+        # As at start: it names this rank's host (ranks.rank_host), for the device-lost line.
+        self.environ = dict(environ)
         self.by_step: dict[tuple[int, int], list[Fault]] = {}  # (step, rank): at that step
         self.in_save: dict[int, list[Fault]] = {}  # rank: its save faults, by step
         self.in_snapshot: dict[int, list[Fault]] = {}  # rank: its snapshot faults, by step
@@ -266,7 +262,7 @@ class FaultPlan:
         else:  # DEVICE_LOST: a host-loss takes the host's memory with it first
             if fault.kind == "host-loss" and self.host_loss_hook is not None:
                 self.host_loss_hook()
-            host = launcher_host(rank, *self.launch_hosts)
+            host = rank_host(rank, self.environ)
             sys.stdout.flush()
             print(
                 f"goodput: error: rank {rank} on {host}: CUDA error: device lost {INJECTED}",
@@ -283,19 +279,9 @@ def stall() -> NoReturn:
         time.sleep(3600)
 
 
-def launcher_host(rank: int, hosts: str, local_world_size: str) -> str:
-    """This rank's host as ``goodput launch`` named it, short; this machine's name otherwise."""
-    names = hosts.split(",")
-    if COUNT.fullmatch(local_world_size) and int(local_world_size) > 0:
-        index = rank // int(local_world_size)
-        if index < len(names) and HOSTNAME.fullmatch(names[index]):
-            return names[index].split(".")[0]
-    return socket.gethostname().split(".")[0]
-
-
 def load_plan(environ: Mapping[str, str]) -> FaultPlan | None:
     """The plan ``GOODPUT_FAULTS`` names, or None when it is unset or empty."""
-    path = environ.get(ENV_VAR)
+    path = environ.get(FAULTS_VAR)
     if not path:
         return None
     if not os.path.isabs(path) or "\0" in path or len(path) > MAX_PATH_CHARS:
@@ -413,7 +399,7 @@ def _no_constant(name: str) -> Any:
 
 def _refused(path: str, what: str) -> GoodputError:
     return GoodputError.usage(
-        f"{ENV_VAR}={path!r}",
+        f"{FAULTS_VAR}={path!r}",
         what,
-        f"fix or rewrite the fault plan (goodput chaos writes it), or unset {ENV_VAR}",
+        f"fix or rewrite the fault plan (goodput chaos writes it), or unset {FAULTS_VAR}",
     )

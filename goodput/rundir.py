@@ -44,6 +44,7 @@ from pathlib import Path
 
 from goodput.errors import GoodputError
 from goodput.io import is_complete, read_text, write_text
+from goodput.ranks import HEARTBEAT_VAR
 
 CONFIG = "config.toml"
 RUN_RECORD = "run.json"
@@ -54,9 +55,6 @@ BUSY = "busy.jsonl"  # runfiles.BusyLine; train/monitor/stragglers.py writes it,
 # a few hundred bytes, so a longer one is damage, refused before it fills memory.
 MAX_LINE_BYTES = 1 << 20
 HEARTBEAT = "heartbeat"
-# goodput launch names the heartbeat file it reads here; rank 0 of goodput train keeps that file
-# too, so the launcher sees progress whatever train.run_dir is and wherever the step lines go.
-HEARTBEAT_VAR = "GOODPUT_HEARTBEAT"
 TENSORBOARD = "tensorboard"
 ATTEMPTS = "attempts.jsonl"
 CHAIN_SCRIPTS = {"slurm": "chain.sbatch", "pbs": "chain.pbs"}
@@ -97,9 +95,10 @@ class Checkpoint:
 
 def heartbeat_files(run_dir: str | Path, environ: Mapping[str, str]) -> list[Path]:
     """Where rank 0 writes the heartbeat: ``RUN/heartbeat``, and the launcher's file
-    (``HEARTBEAT_VAR``) when that is another one: an absolute path of a file named ``heartbeat``.
-    When its folder is not on this host (not shared with the launcher's), it is left out and the
-    launcher has the step lines alone."""
+    (``ranks.HEARTBEAT_VAR``) when that is another one: an absolute path of a file named
+    ``heartbeat``. Rank 0 keeps both, so the launcher sees progress whatever train.run_dir is
+    and wherever the step lines go. When the launcher's folder is not on this host (not shared
+    with the launcher's), it is left out and the launcher has the step lines alone."""
     own = Path(run_dir) / HEARTBEAT
     named = environ.get(HEARTBEAT_VAR)
     if not named:

@@ -8,7 +8,7 @@ definition of the text for the writer and every reader (one line)::
     (0.231 s vs 0.143 s)
 
 ``parse_notice`` is strict and bounded: a line longer than ``MAX_LINE_CHARS`` is not read, and
-every field must have the form ``line()`` writes (a host name as ``faults.HOSTNAME`` allows,
+every field must have the form ``line()`` writes (a host name as ``ranks.HOSTNAME`` allows,
 integers of at most 16 digits, first step <= last step). Text before ``warning: straggler:``
 (a launcher's ``[rank0]:`` prefix, say) is allowed; text after it is not. It returns the notice
 or None, never raises.
@@ -22,9 +22,6 @@ import re
 from dataclasses import dataclass
 
 MARKER = "warning: straggler: "
-# Set to 1 by goodput launch --evict-stragglers while a spare host is left: a rank named a
-# straggler is then stopped after the next periodic save (exit 4) and its host replaced.
-EVICT_VAR = "GOODPUT_EVICT_STRAGGLERS"
 MAX_LINE_CHARS = 1024  # a notice is at most ~400 characters; anything longer is not one
 MAX_STEP = 2**53
 NOTICE = re.compile(

@@ -69,6 +69,7 @@ from goodput.launch import run as launch_run
 from goodput.launch.env import current_placement
 from goodput.launch.run import DEFAULT_IDLE_TIMEOUT_S, load_profile
 from goodput.outputs import check_output_dir, folder_holding
+from goodput.ranks import FAULTS_VAR
 from goodput.report.accounting import Accounting, account
 from goodput.report.run_files import RunFiles, read_run
 from goodput.train.config.run import RunConfig
@@ -472,15 +473,15 @@ def _launch(
 @contextlib.contextmanager
 def _fault_plan(path: Path | None) -> Iterator[None]:
     """``GOODPUT_FAULTS`` set to ``path`` (unset: None) for the ranks to inherit; restored after."""
-    before = os.environ.pop(faults.ENV_VAR, None)
+    before = os.environ.pop(FAULTS_VAR, None)
     if path is not None:
-        os.environ[faults.ENV_VAR] = str(path)
+        os.environ[FAULTS_VAR] = str(path)
     try:
         yield
     finally:
-        os.environ.pop(faults.ENV_VAR, None)
+        os.environ.pop(FAULTS_VAR, None)
         if before is not None:
-            os.environ[faults.ENV_VAR] = before
+            os.environ[FAULTS_VAR] = before
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ fired record (``records``):
     disk) and the step it loaded, as its first step record says (``Step.resumed_from``,
     ``resumed_step``; None where the record does not say, as a fresh start's does not);
   - for a ``slow`` or ``stall`` fault (``NAMED``), the **host** it was injected on (its rank's
-    host in the attempt it fired in, as the ranks name it: ``faults.launcher_host``) and the
+    host in the attempt it fired in, as the ranks name it: ``ranks.launcher_host``) and the
     rank and host the launcher **named** for it, from the attempts' evidence
     (``attempts.jsonl``): a stall takes the ``hang-suspect`` evidence of the attempt it fired
     in (the first: suspects come first); a slow fault the first ``straggler`` evidence, in
@@ -34,8 +34,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from goodput.chaos.records import FiredRecord
-from goodput.faults import Fault, launcher_host
+from goodput.faults import Fault
 from goodput.launch.history import Evidence
+from goodput.ranks import launcher_host
 from goodput.report.accounting import RECORD_RESOLUTION_S, Span
 
 # The kinds that end the attempt they fire in; the others let it go on.

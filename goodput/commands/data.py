@@ -25,7 +25,15 @@ def register(groups: Subparsers) -> None:
         "tokenize -> blend -> verify.",
     )
     commands = data.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_demo_corpus(commands)
+    _add_train_tokenizer(commands)
+    _add_tokenize(commands)
+    _add_inspect(commands)
+    _add_blend(commands)
+    _add_verify(commands)
 
+
+def _add_demo_corpus(commands: Subparsers) -> None:
     sub = add_command(
         commands,
         "demo-corpus",
@@ -35,6 +43,8 @@ def register(groups: Subparsers) -> None:
     )
     sub.add_argument("--output", type=Path, required=True, help="directory to write into")
 
+
+def _add_train_tokenizer(commands: Subparsers) -> None:
     sub = add_command(
         commands,
         "train-tokenizer",
@@ -46,6 +56,8 @@ def register(groups: Subparsers) -> None:
     sub.add_argument("--output", type=Path, required=True, help="the .model file to write")
     sub.add_argument("--text-field", default="text", help="JSON field holding the text")
 
+
+def _add_tokenize(commands: Subparsers) -> None:
     sub = add_command(
         commands,
         "tokenize",
@@ -91,6 +103,8 @@ def register(groups: Subparsers) -> None:
         help="write rows of L+1 tokens packed across documents",
     )
 
+
+def _add_inspect(commands: Subparsers) -> None:
     sub = add_command(
         commands,
         "inspect",
@@ -102,6 +116,8 @@ def register(groups: Subparsers) -> None:
     sub.add_argument("--tokenizer", type=Path, help="decode the first document with it")
     sub.add_argument("--json", action="store_true", help="machine-readable output")
 
+
+def _add_blend(commands: Subparsers) -> None:
     sub = add_command(
         commands,
         "blend",
@@ -137,6 +153,11 @@ def register(groups: Subparsers) -> None:
         help="global samples of seq_len+1 tokens (steps x global batch)",
     )
     sub.add_argument("--seed", type=argtypes.non_negative_int, required=True)
+    _add_blend_output_options(sub)
+
+
+def _add_blend_output_options(sub: argparse.ArgumentParser) -> None:
+    """Where the blend goes, what it does when a corpus runs out, and what it reports."""
     argtypes.add_renamed(
         sub,
         "--cache",
@@ -168,6 +189,8 @@ def register(groups: Subparsers) -> None:
     )
     sub.add_argument("--json", action="store_true", help="print the run manifest as JSON")
 
+
+def _add_verify(commands: Subparsers) -> None:
     sub = add_command(
         commands,
         "verify",

@@ -15,7 +15,6 @@ errors are one line and exit 2, like every other usage error.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +28,8 @@ if TYPE_CHECKING:
     from goodput.train.config.model import ModelConfig
     from goodput.train.config.parallel import ParallelConfig
 
+# train/config/precision.py's names, spelled here so that building the parser imports no part
+# (goodput --help stays instant); a test holds the two equal.
 PRECISIONS = ("fp32-master", "pure-bf16", "fp32")
 MAX_NODES = 2**17  # above the largest machines (Aurora: 10,624 nodes)
 MAX_GPUS_PER_NODE = 2**10
@@ -46,6 +47,11 @@ def register(groups: Subparsers) -> None:
         description="Plan a run before it starts. Allocates nothing.",
     )
     commands = plan.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_layout(commands)
+    _add_reliability(commands)
+
+
+def _add_layout(commands: Subparsers) -> None:
     layout = commands.add_parser(
         "layout",
         help="the parallel layout that fits a model on a machine at the least cost per step",
@@ -80,6 +86,14 @@ def register(groups: Subparsers) -> None:
         required=True,
         help="memory per device in GiB (a vendor's '80 GB' HBM is 80 GiB)",
     )
+    _add_workload_options(layout)
+    _add_rate_options(layout)
+    _add_report_options(layout)
+    layout.set_defaults(handler=_layout)
+
+
+def _add_workload_options(layout: argparse.ArgumentParser) -> None:
+    """What one step asks (``plan.memory.Workload``): the batch, the sequence, the precision."""
     layout.add_argument(
         "--gbs-tokens",
         type=argtypes.positive_int,
@@ -96,7 +110,9 @@ def register(groups: Subparsers) -> None:
         help="samples per forward pass (default: train.micro_batch_size, else 1)",
     )
     layout.add_argument(
-        "--precision", choices=PRECISIONS, help="default: parallel.precision, else fp32-master"
+        "--precision",
+        choices=PRECISIONS,
+        help="default: parallel.precision, else fp32-master",
     )
     layout.add_argument(
         "--activation-checkpointing",
@@ -104,6 +120,10 @@ def register(groups: Subparsers) -> None:
         help="force activation checkpointing on (or off with --no-...); default: the planner "
         "weighs it as a rung",
     )
+
+
+def _add_rate_options(layout: argparse.ArgumentParser) -> None:
+    """What a device computes and moves a second (``plan.cost.Rates``), for the step cost."""
     layout.add_argument(
         "--tflops",
         type=argtypes.positive_float,
@@ -125,6 +145,10 @@ def register(groups: Subparsers) -> None:
         help="GB/s per device to other hosts, for the step cost (default "
         f"{DEFAULT_INTER_GBPS:g}: one 200 Gb/s NIC per device)",
     )
+
+
+def _add_report_options(layout: argparse.ArgumentParser) -> None:
+    """Which layout is reported (the planner's or the config's), checked how, printed how."""
     layout.add_argument(
         "--layout-from-config",
         action="store_true",
@@ -143,8 +167,9 @@ def register(groups: Subparsers) -> None:
         help="with --verify: the rank to materialise (default: the one with the most state)",
     )
     layout.add_argument("--json", action="store_true", help="print one JSON object")
-    layout.set_defaults(handler=_layout)
 
+
+def _add_reliability(commands: Subparsers) -> None:
     reliability = commands.add_parser(
         "reliability",
         help="the failure budget: failures a day, the optimal checkpoint interval, the goodput "
@@ -179,6 +204,13 @@ def register(groups: Subparsers) -> None:
         required=True,
         help="seconds from a failure to training again (detection, restart, load)",
     )
+    _add_interval_options(reliability)
+    reliability.add_argument("--json", action="store_true", help="print one JSON object")
+    reliability.set_defaults(handler=_reliability)
+
+
+def _add_interval_options(reliability: argparse.ArgumentParser) -> None:
+    """The intervals to compare and the walltime the spare pool must last."""
     reliability.add_argument(
         "--step-s", type=argtypes.positive_float, help="seconds a step takes (intervals in steps)"
     )
@@ -210,8 +242,6 @@ def register(groups: Subparsers) -> None:
         default=0.99,
         help="the probability that the spare pool lasts the walltime (default 0.99)",
     )
-    reliability.add_argument("--json", action="store_true", help="print one JSON object")
-    reliability.set_defaults(handler=_reliability)
 
 
 def _layout(args: argparse.Namespace) -> ExitCode:
@@ -283,12 +313,7 @@ def _given_layout(
             f"{args.config} [parallel]", f"{error.what} (--layout-from-config)", error.fix
         ) from None
     return Layout(
-        dp_replicate=degrees.dp_replicate,
-        dp_shard=degrees.dp_shard,
-        tp=degrees.tp,
-        pp=degrees.pp,
-        cp=degrees.cp,
-        ep=degrees.ep,
+        **degrees.by_name(),
         activation_checkpointing=cfg.activation_checkpointing,
         pp_layers_per_stage=cfg.pp_layers_per_stage,
     )
@@ -325,7 +350,7 @@ def _verify(
         cfg = _parallel_config(parallel, args.config)
     else:
         table: dict[str, Any] = {
-            **layout.degrees(),
+            **layout.by_name(),
             "activation_checkpointing": layout.activation_checkpointing,
             "precision": work.precision,
             "sync_every_micro_batch": chosen.sync_every_micro_batch or work.sync_every_micro_batch,
@@ -353,7 +378,8 @@ def _parallel_config(parallel: dict[str, Any], where: Path | str) -> ParallelCon
     from goodput.config import from_table
     from goodput.train.config.parallel import ParallelConfig
 
-    # _present coerced the lists to tuples (pp_layers_per_stage); the table takes TOML's lists.
+    # read_present coerced the lists to tuples (pp_layers_per_stage); the table takes TOML's
+    # lists.
     table = {key: list(v) if isinstance(v, tuple) else v for key, v in parallel.items()}
     return from_table(ParallelConfig, table, str(where), "parallel.")
 
@@ -407,8 +433,8 @@ def _reliability(args: argparse.Namespace) -> ExitCode:
 
 def _read_config(path: Path) -> tuple[ModelConfig, dict[str, Any], dict[str, Any]]:
     """The [model] config, and the [train] and [parallel] keys present, each checked as the
-    trainer checks it."""
-    from goodput.config import from_table, read_toml
+    trainer checks it (``config.read_present``)."""
+    from goodput.config import from_table, read_present, read_toml
     from goodput.train.config.model import ModelConfig
     from goodput.train.config.parallel import ParallelConfig
     from goodput.train.config.run import TrainConfig
@@ -417,35 +443,15 @@ def _read_config(path: Path) -> tuple[ModelConfig, dict[str, Any], dict[str, Any
     if not isinstance(raw.get("model"), dict):
         raise GoodputError.usage(path, "no [model] table", "add a [model] section")
     model = from_table(ModelConfig, raw["model"], str(path), "model.")
-    return (
-        model,
-        _present(TrainConfig, raw, "train", path),
-        _present(ParallelConfig, raw, "parallel", path),
-    )
-
-
-def _present(cls: type, raw: dict[str, Any], section: str, path: Path) -> dict[str, Any]:
-    """The keys of ``[section]`` that are there (a renamed one under its new name), each coerced
-    as ``cls``'s field (type and range); an unknown key is refused, a missing one is simply
-    absent."""
-    from goodput.config import coerce_field, read_renamed
-
-    table = raw.get(section, {})
-    if not isinstance(table, dict):
-        raise GoodputError.usage(path, f"'{section}' is not a table", f"write it as [{section}]")
-    table = read_renamed(cls, table, str(path), f"{section}.")
-    names = {field.name for field in dataclasses.fields(cls)}
-    unknown = sorted(set(table) - names)
-    if unknown:
-        raise GoodputError.usage(
-            path,
-            f"unknown key '{section}.{unknown[0]}'",
-            f"valid keys in [{section}]: " + ", ".join(sorted(names)),
-        )
-    return {
-        key: coerce_field(cls, key, value, str(path), f"{section}.{key}")
-        for key, value in table.items()
-    }
+    present: dict[str, dict[str, Any]] = {}
+    for section, cls in (("train", TrainConfig), ("parallel", ParallelConfig)):
+        table = raw.get(section, {})
+        if not isinstance(table, dict):
+            raise GoodputError.usage(
+                path, f"'{section}' is not a table", f"write it as [{section}]"
+            )
+        present[section] = read_present(cls, table, str(path), f"{section}.")
+    return model, present["train"], present["parallel"]
 
 
 def _workload(

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from goodput.errors import GoodputError
 from goodput.io import read_text
+from goodput.ranks import HOSTNAME
 
-HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # always fullmatch: no "\n" after
 MAX_HOST_CHARS = 253
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\[\]-]{0,127}")  # Slurm 123, PBS 123[4].server
 DEFAULT_PORT = 29500

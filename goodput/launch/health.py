@@ -34,11 +34,12 @@ from typing import NoReturn
 
 from goodput.errors import ExitCode, GoodputError, one_line
 from goodput.launch import device_tools
+from goodput.ranks import PROBE_HOST_VAR
 
 PROBE_BYTES = 1 << 20
 MIN_FREE_BYTES = 1 << 30
 MAX_EXPECT_DEVICES = device_tools.MAX_DEVICES
-MAX_BOUND_S = 3600.0  # as device_check's own limit
+MAX_BOUND_S = 3600.0  # device_check's --bound-s too
 DEFAULT_BOUND_S = 5.0
 # The device check's child starts Python and torch (and CUDA's context) before any matmul.
 CHILD_STARTUP_S = 120.0
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     except GoodputError as error:
         print(f"health: {error.render()}", file=sys.stderr)
         return int(error.code)
-    host = os.environ.get("GOODPUT_PROBE_HOST") or socket.gethostname()
+    host = os.environ.get(PROBE_HOST_VAR) or socket.gethostname()
     problem = check()
     problems = [] if problem is None else [problem]
     notes: list[str] = []

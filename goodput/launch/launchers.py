@@ -41,6 +41,7 @@ from goodput.launch import device_tools
 from goodput.launch.attempt import ProcessSpec
 from goodput.launch.env import Placement, check_host
 from goodput.outputs import LAUNCH_DIR, LAUNCH_LOG, check_output_dir, check_output_file
+from goodput.ranks import HOSTS_VAR, PROBE_HOST_VAR
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 DEFAULT_PROFILE = "generic"
@@ -51,8 +52,6 @@ CPU_BIND = re.compile(r"[A-Za-z0-9_:,.=+-]{1,1000}")  # "cores", "depth", "list:
 MAX_PPN = 1024
 MAX_HEALTH_TIMEOUT_S = 86400.0
 LOCAL_ADDR = "127.0.0.1"
-HOSTS_VAR = "GOODPUT_LAUNCH_HOSTS"  # every rank learns the attempt's host set, in rank order
-PROBE_HOST_VAR = "GOODPUT_PROBE_HOST"  # the host a health probe was sent to
 # An overlapping srun step's memory: Python and goodput's launch modules (23 MB resident, measured)
 # with room; a step asking for none would ask for the node's, which the hung step holds.
 OVERLAP_MEM = "256M"

@@ -7,7 +7,7 @@ run folder, then runs attempts through the one attempt loop (``retry``) with pla
 ``goodput submit`` chain runs such a line; any other caller (a chaos campaign) comes through here
 too, so that a launch behaves the same whoever started it. Every attempt is logged to
 ``RUN_DIR/attempts.jsonl`` (``history``). Every rank is told where the launcher reads the
-heartbeat (``rundir.HEARTBEAT_VAR``: ``RUN_DIR/heartbeat``), and ``goodput train`` keeps one
+heartbeat (``ranks.HEARTBEAT_VAR``: ``RUN_DIR/heartbeat``), and ``goodput train`` keeps one
 there too: progress is seen whatever ``train.run_dir`` is and wherever the step lines go. Like
 all of ``goodput.launch``, it never imports torch.
 """
@@ -22,13 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from goodput import beacon, rundir, stragglers_line
+from goodput import rundir
 from goodput.errors import ExitCode
 from goodput.launch import beacon_folder, failover, launchers
 from goodput.launch.attempt import AttemptResult, run_attempt
 from goodput.launch.env import current_placement
 from goodput.launch.history import Evidence
 from goodput.launch.retry import Policy, StartAttempt, run_attempts
+from goodput.ranks import BEACON_DIR_VAR, EVICT_VAR, HEARTBEAT_VAR
 
 PROFILE_VAR = "GOODPUT_PROFILE"  # the profile when none is named
 DEFAULT_IDLE_TIMEOUT_S = 1800.0  # --auto-retry's: long enough for a checkpoint or an eval
@@ -101,9 +102,7 @@ def run(options: LaunchOptions, *, dry_run: bool = False) -> ExitCode:
     beacons = beacon_folder.launch_folder(placement.job_id)
     try:
         code = run_attempts(
-            _attempt_starter(
-                plan, options, {**os.environ, rundir.HEARTBEAT_VAR: str(heartbeat)}, beacons
-            ),
+            _attempt_starter(plan, options, {**os.environ, HEARTBEAT_VAR: str(heartbeat)}, beacons),
             _policy(plan, options),
             failover.Pool(list(plan.hosts), list(plan.spares)),
             attempts_log=run_dir / rundir.ATTEMPTS,
@@ -162,11 +161,11 @@ def _attempt_starter(
         attempt_plan = dataclasses.replace(plan, hosts=hosts, spares=spares)
         launchers.write_hostfile(attempt_plan)
         folder = beacon_folder.attempt_folder(beacons, next(numbers))
-        rank_env = {**env, beacon.BEACON_DIR_VAR: str(folder)}
-        rank_env.pop(stragglers_line.EVICT_VAR, None)  # the launcher's to give, never inherited
+        rank_env = {**env, BEACON_DIR_VAR: str(folder)}
+        rank_env.pop(EVICT_VAR, None)  # the launcher's to give, never inherited
         used.update(hosts)
         if options.evict_stragglers and not used.issuperset(plan.spares):
-            rank_env[stragglers_line.EVICT_VAR] = "1"
+            rank_env[EVICT_VAR] = "1"
         try:
             return run_attempt(
                 launchers.build_processes(attempt_plan, options.command, rank_env),

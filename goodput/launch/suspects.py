@@ -41,6 +41,7 @@ from goodput.launch import forensics, launchers
 from goodput.launch.attempt import AFTER_KILL_WAIT_S, ProcessSpec
 from goodput.launch.forensics import HostReport, RankReport
 from goodput.launch.history import Evidence, EvidenceSource
+from goodput.ranks import host_index
 
 MAX_SAID_CHARS = 600
 MAX_SUSPECTS = 16
@@ -230,7 +231,7 @@ def investigate(
         reports: dict[str, HostReport | None] = {plan.hosts[0]: forensics.collect_host(directory)}
     else:
         reports = collect_hosts(plan, directory, env)
-    rank_hosts = [plan.hosts[rank // plan.ppn] for rank in range(plan.nproc)]
+    rank_hosts = [plan.hosts[host_index(rank, plan.ppn)] for rank in range(plan.nproc)]
     findings = name_suspects(reports, rank_hosts)
     read = sum(len(report.ranks) for report in reports.values() if report is not None)
     notice(

@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from goodput.plan.layout import Layout, spans_hosts
-from goodput.plan.memory import COMPUTE_BYTES, GRADIENT_BYTES, Workload, stage_parameters
+from goodput.plan.memory import Workload, stage_parameters
 from goodput.train.config.model import ModelConfig
 from goodput.train.config.parallel import context_local_lengths, fsdp_shards
 from goodput.train.flops import flops_per_token
@@ -107,12 +107,12 @@ class Cost:
 def step_cost(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> Cost:
     """The estimated seconds of one step of ``work`` in ``layout`` (the module docstring)."""
     tokens = work.global_batch_samples * work.seq_len
-    compute = flops_per_token(model, work.seq_len) * tokens / layout.world / rates.flops
+    compute = flops_per_token(model, work.seq_len) * tokens / layout.product() / rates.flops
     recompute = 0.0
     if layout.activation_checkpointing:
         head = 6 * (model.vocab_size * model.dim + model.dim)  # the head and final norm, fwd+bwd
         blocks = flops_per_token(model, work.seq_len) - head
-        recompute = blocks / 3 * tokens / layout.world / rates.flops
+        recompute = blocks / 3 * tokens / layout.product() / rates.flops
     micro = work.accumulation(layout)
     bubble = (compute + recompute) * (layout.pp - 1) / micro
     return Cost(
@@ -145,7 +145,7 @@ def _tokens(layout: Layout, work: Workload) -> int:
 def _fsdp(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> float:
     if not fsdp_shards(layout.dp_replicate * layout.shard, work.precision):
         return 0.0
-    a, g = COMPUTE_BYTES[work.precision], GRADIENT_BYTES[work.precision]
+    a, g = work.policy.compute_bytes, work.policy.reduce_bytes
     micro = work.accumulation(layout)
     part = max(
         (stage_parameters(model, layout, s) for s in range(layout.pp)),
@@ -171,7 +171,7 @@ def _tp(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> flo
     per_block += TP_COLLECTIVES_RECOMPUTED if layout.activation_checkpointing else 0
     layers = max(layout.stage_layers(model.num_layers))
     collectives = layers * per_block + TP_COLLECTIVES_OUTER
-    size = _tokens(layout, work) * model.dim * COMPUTE_BYTES[work.precision]
+    size = _tokens(layout, work) * model.dim * work.policy.compute_bytes
     moved = collectives * _ring(layout.tp) * size * work.accumulation(layout)
     return moved / _bandwidth(layout, "tp", rates)
 
@@ -180,7 +180,7 @@ def _cp(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> flo
     if layout.cp == 1:
         return 0.0
     passes = 3 + (1 if layout.activation_checkpointing else 0)  # fwd; K, V and grads bwd
-    kv = 2 * model.kv_heads * model.head_dim / layout.tp * COMPUTE_BYTES[work.precision]
+    kv = 2 * model.kv_heads * model.head_dim / layout.tp * work.policy.compute_bytes
     per_layer = passes * (layout.cp - 1) * _tokens(layout, work) * kv
     layers = max(layout.stage_layers(model.num_layers))
     moved = per_layer * layers * work.accumulation(layout)
@@ -191,7 +191,7 @@ def _ep(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> flo
     if layout.ep == 1 or model.moe is None:
         return 0.0
     all_to_alls = 4 + (2 if layout.activation_checkpointing else 0)
-    buffer = model.moe.top_k * _tokens(layout, work) * model.dim * COMPUTE_BYTES[work.precision]
+    buffer = model.moe.top_k * _tokens(layout, work) * model.dim * work.policy.compute_bytes
     per_layer = all_to_alls * _ring(layout.ep) * buffer
     moved = per_layer * model.num_layers * work.accumulation(layout)
     return moved / _bandwidth(layout, "ep", rates)
@@ -200,5 +200,5 @@ def _ep(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> flo
 def _pp(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> float:
     if layout.pp == 1:
         return 0.0
-    size = _tokens(layout, work) * model.dim * COMPUTE_BYTES[work.precision] / layout.tp
+    size = _tokens(layout, work) * model.dim * work.policy.compute_bytes / layout.tp
     return 2 * size * work.accumulation(layout) / _bandwidth(layout, "pp", rates)

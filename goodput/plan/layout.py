@@ -1,8 +1,10 @@
 """A parallel layout (the six degrees of ``[parallel]``, activation checkpointing and the
 pipeline's layers per stage) and what goodput's trainer accepts of it.
 
-``Layout`` holds them as ``[parallel]`` names them. The world it needs is pp x dp_replicate x
-dp_shard x cp x tp; ``ep`` borrows its ranks from ``dp_shard`` and adds none.
+``Layout`` is the trainer's ``Degrees`` (``goodput.train.config.parallel``: the degrees as
+``[parallel]`` names them, ``dp``, ``expert_shard`` and the world they need, ``product()`` = pp
+x dp_replicate x dp_shard x cp x tp; ``ep`` borrows its ranks from ``dp_shard`` and adds none)
+with the two choices the planner weighs beside them.
 ``balanced_layer_split`` is the planner's split of layers that do not divide into the stages
 (the first and the last stage, which hold the embedding and the head, take fewer).
 ``problems`` says why the trainer would refuse a layout for a model: the trainer's own rules
@@ -15,54 +17,33 @@ Invariants: degrees are whole numbers >= 1. Does not: read configs or build a me
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from goodput.errors import GoodputError
 from goodput.train.config.model import ModelConfig
 from goodput.train.config.parallel import (
+    MESH_DIMS,
+    Degrees,
     ParallelConfig,
     check_tp_within_hosts,
     even_layer_split,
     resolve_degrees,
 )
 
-# In the order of the pasteable overrides; the mesh's own order is MESH_ORDER.
-DEGREES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
-MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Layout:
-    dp_replicate: int = 1
-    dp_shard: int = 1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1  # splits the routed experts over ranks of dp_shard
+class Layout(Degrees):
+    """The degrees (``Degrees``'s fields, 1 unless given), and how the blocks and layers are
+    placed."""
+
     activation_checkpointing: bool = False  # each block recomputed in backward
     pp_layers_per_stage: tuple[int, ...] | None = None  # None: the trainer's even split
-
-    @property
-    def world(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
-
-    @property
-    def dp(self) -> int:
-        """Data-parallel ranks: each reads its own share of the global batch."""
-        return self.dp_replicate * self.dp_shard
 
     @property
     def shard(self) -> int:
         """The ranks FSDP shards a stage's dense state over (context-parallel ranks hold the
         same weights, so FSDP shards over them too)."""
         return self.dp_shard * self.cp
-
-    @property
-    def expert_shard(self) -> int:
-        """The ranks holding the same experts, which FSDP shards them over."""
-        return self.dp_shard // self.ep
-
-    def degrees(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in DEGREES}
 
     def stage_layers(self, num_layers: int) -> list[int]:
         """Layers per pipeline stage, in stage order, as the trainer cuts them."""
@@ -73,7 +54,7 @@ class Layout:
     def overrides(self) -> str:
         """The layout as ``goodput train`` overrides, ready to paste: the six degrees, then
         activation checkpointing and the layers per stage when they are set."""
-        items = [f"parallel.{name}={value}" for name, value in self.degrees().items()]
+        items = [f"parallel.{name}={value}" for name, value in self.by_name().items()]
         if self.activation_checkpointing:
             items.append("parallel.activation_checkpointing=true")
         if self.pp_layers_per_stage is not None:
@@ -83,8 +64,9 @@ class Layout:
         return " ".join(items)
 
     def describe(self) -> str:
-        """The degrees above 1 in the mesh's order, e.g. ``dp_shard 24 x tp 4 + AC``."""
-        parts = [f"{name} {getattr(self, name)}" for name in MESH_ORDER if getattr(self, name) > 1]
+        """The degrees above 1 in the mesh's order, e.g. ``dp_shard 24 x tp 4 + AC``: shorter
+        than ``Degrees.describe``'s line of them all, for the planner's tables."""
+        parts = [f"{name} {getattr(self, name)}" for name in MESH_DIMS if getattr(self, name) > 1]
         line = " x ".join(parts) or "1 device"
         line += f" (ep {self.ep} within dp_shard)" if self.ep > 1 else ""
         return line + (" + AC" if self.activation_checkpointing else "")
@@ -111,18 +93,14 @@ def problems(model: ModelConfig, layout: Layout, seq_len: int) -> list[str]:
     checks, ``ParallelConfig`` and ``resolve_degrees``, and their reason); empty if it takes
     it."""
     try:
+        degrees: dict[str, Any] = layout.by_name()  # keyword arguments of the config
         cfg = ParallelConfig(
-            dp_replicate=layout.dp_replicate,
-            dp_shard=layout.dp_shard,
-            tp=layout.tp,
-            pp=layout.pp,
-            cp=layout.cp,
-            ep=layout.ep,
+            **degrees,
             activation_checkpointing=layout.activation_checkpointing,
             pp_layers_per_stage=layout.pp_layers_per_stage,
         )
         cfg.check_model(model, seq_len)
-        resolve_degrees(cfg, layout.world)
+        resolve_degrees(cfg, layout.product())
     except GoodputError as error:
         return [error.what]
     return []
@@ -149,6 +127,6 @@ def spans_hosts(layout: Layout, group: str, ppn: int) -> bool:
         "ep": layout.ep * layout.cp * layout.tp,
         "fsdp": layout.dp_shard * layout.cp * layout.tp,
         "dp_replicate": layout.dp_replicate * layout.dp_shard * layout.cp * layout.tp,
-        "pp": layout.world,
+        "pp": layout.product(),
     }[group]
     return inner > ppn or ppn % inner != 0

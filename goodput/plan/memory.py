@@ -1,11 +1,12 @@
 """The memory one device needs to train a model in a layout, estimated from the config alone.
 
 Bytes per device, for the worst pipeline stage (the largest stage's sum is the estimate).
-Notation: P are parameter counts (``flops.model_size``), B the state bytes per
-parameter of the precision policy (``flops.BYTES_PER_PARAMETER``: fp32-master 16 = fp32 weights
-4 + fp32 gradients 4 + AdamW moments 8; pure-bf16 8; fp32 16), a the bytes of the compute dtype
-(2 for bf16, 4 for fp32), g the bytes of a gradient as FSDP reduces it (fp32-master 4, pure-bf16
-2, fp32 4); d dim, h heads, kv = kv heads x head dim, e head dim, f ffn dim, V vocabulary.
+Notation: P are parameter counts (``flops.model_size``); from the precision policy's table
+(``goodput.train.config.precision``), B the state bytes per parameter (fp32-master 16 = fp32
+weights 4 + fp32 gradients 4 + AdamW moments 8; pure-bf16 8; fp32 16), a the bytes of the
+compute dtype (2 for bf16, 4 for fp32), g the bytes of a gradient as FSDP reduces it
+(fp32-master 4, pure-bf16 2, fp32 4); d dim, h heads, kv = kv heads x head dim, e head dim, f
+ffn dim, V vocabulary.
 
 Where the parameters go. TP splits each block's matmul weights and the embedding and output
 head (by vocabulary) by tp; the norms (and an MoE router) stay whole. PP gives each stage the
@@ -67,12 +68,10 @@ from dataclasses import dataclass, fields
 from goodput.plan.layout import Layout
 from goodput.train.config.model import ModelConfig
 from goodput.train.config.parallel import context_local_lengths, fsdp_shards
-from goodput.train.flops import BYTES_PER_PARAMETER, model_size
+from goodput.train.config.precision import PRECISIONS, PrecisionPolicy
+from goodput.train.flops import model_size
 
 GIB = 2**30
-PRECISIONS = ("fp32-master", "pure-bf16", "fp32")
-COMPUTE_BYTES = {"fp32-master": 2, "pure-bf16": 2, "fp32": 4}
-GRADIENT_BYTES = {"fp32-master": 4, "pure-bf16": 2, "fp32": 4}  # FSDP's reduce dtype
 GATHERED_BLOCKS = 2  # the block being computed and the one FSDP prefetches
 LOSS_BYTES = 4  # the fp32 log-softmax the loss keeps for each logit
 RUNTIME_FRACTION = 0.10
@@ -85,8 +84,12 @@ class Workload:
     seq_len: int
     micro_batch_size: int
     global_batch_samples: int  # sequences per optimizer step, all ranks together
-    precision: str = "fp32-master"
+    precision: str = "fp32-master"  # a name of PRECISIONS
     sync_every_micro_batch: bool = False
+
+    @property
+    def policy(self) -> PrecisionPolicy:
+        return PRECISIONS[self.precision]
 
     def accumulation(self, layout: Layout) -> int:
         """Micro-batches per data-parallel rank and step (at least 1)."""
@@ -242,11 +245,11 @@ def state_bytes_per_device(
 ) -> float:
     """The weights, gradients and optimizer state one device holds, in bytes: on pipeline
     stage ``stage``, or (None) on the stage holding the most. B x the device's FSDP shard of
-    its stage's parameters (B = ``flops.BYTES_PER_PARAMETER[precision]``); activations,
+    its stage's parameters (B: the policy's ``bytes_per_parameter``); activations,
     gathered weights and buffers are not state."""
     stages = range(layout.pp) if stage is None else [stage]
     sharded = max(stage_parameters(model, layout, s).sharded(layout) for s in stages)
-    return BYTES_PER_PARAMETER[precision] * sharded
+    return PRECISIONS[precision].bytes_per_parameter * sharded
 
 
 def estimate(model: ModelConfig, layout: Layout, work: Workload, device_bytes: float) -> Breakdown:
@@ -274,13 +277,13 @@ def _stage(
     model: ModelConfig, layout: Layout, work: Workload, device_bytes: float, stage: int
 ) -> Breakdown:
     part = stage_parameters(model, layout, stage)
-    a = COMPUTE_BYTES[work.precision]
+    a = work.policy.compute_bytes
     layers = layout.stage_layers(model.num_layers)[stage]
     tp, last = layout.tp, stage == layout.pp - 1
     dense, experts, sharded = part.dense, part.experts, part.sharded(layout)
     block_dense, block_experts, root = part.block_dense, part.block_experts, part.root
 
-    state = BYTES_PER_PARAMETER[work.precision] * sharded
+    state = work.policy.bytes_per_parameter * sharded
     gathered = held = 0.0
     accumulation = work.accumulation(layout)
     if fsdp_shards(layout.dp_replicate * layout.shard, work.precision):
@@ -291,7 +294,7 @@ def _stage(
         # A pipeline stage holds them through the step whatever sync_every_micro_batch says
         # (torch's PipelineStage defers the reduction to the last micro-batch's backward).
         if accumulation > 1 and (layout.pp > 1 or not work.sync_every_micro_batch):
-            held = GRADIENT_BYTES[work.precision] * (dense + experts - sharded)
+            held = work.policy.reduce_bytes * (dense + experts - sharded)
 
     tokens = work.micro_batch_size * max(context_local_lengths(work.seq_len, layout.cp))
     per_layer = layer_activation_bytes(model, a, tp)

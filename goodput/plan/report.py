@@ -88,7 +88,7 @@ def to_json(
     if chosen is not None and chosen.layout is not None and chosen.breakdown is not None:
         layout = chosen.layout
         record = {
-            "layout": layout.degrees(),
+            "layout": layout.by_name(),
             "activation_checkpointing": layout.activation_checkpointing,
             "pp_layers_per_stage": _layers(layout),
             "rung": chosen.rung,
@@ -113,7 +113,7 @@ def to_json(
             {
                 "samples": n.samples,
                 "tokens": n.samples * plan.work.seq_len,
-                "layout": n.layout.degrees(),
+                "layout": n.layout.by_name(),
                 "activation_checkpointing": n.layout.activation_checkpointing,
                 "total_s": round(n.total_s, 4),
             }
@@ -252,7 +252,7 @@ def _candidate(candidate: Candidate) -> dict[str, Any]:
     layout = candidate.layout
     return {
         "rung": candidate.rung,
-        "layout": layout.degrees() if layout is not None else None,
+        "layout": layout.by_name() if layout is not None else None,
         "activation_checkpointing": layout.activation_checkpointing if layout else None,
         "pp_layers_per_stage": _layers(layout) if layout else None,
         "memory_gib_per_device": (

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from goodput.errors import GoodputError
+from goodput.ranks import DEVICE_VAR
 
 BACKENDS = {"cuda": "nccl", "xpu": "xccl", "mps": "gloo", "cpu": "gloo"}
 
@@ -22,11 +23,11 @@ def detect_device_type(env: dict[str, str] | None = None) -> str:
     """``cuda`` | ``xpu`` | ``mps`` | ``cpu``: the override if set, else the first present."""
     import torch
 
-    override = (env if env is not None else os.environ).get("GOODPUT_DEVICE")
+    override = (env if env is not None else os.environ).get(DEVICE_VAR)
     if override:
         if override not in BACKENDS:
             raise GoodputError.usage(
-                "GOODPUT_DEVICE",
+                DEVICE_VAR,
                 f"unknown device type {override!r}",
                 f"use one of {', '.join(BACKENDS)}",
             )

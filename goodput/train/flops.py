@@ -1,4 +1,5 @@
-"""Parameters, FLOPs per token and memory per parameter, computed from a config alone.
+"""Parameters and FLOPs per token, computed from a config alone (the bytes each parameter takes
+are the precision policy's, ``goodput.train.config.precision``).
 
 Nothing is allocated, so a 405B-shaped config is as cheap to describe as a tiny one; a test
 checks the counts against real modules of small configs. FLOPs per token follow the PaLM
@@ -12,12 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from goodput.train.config.model import ModelConfig
-
-# Bytes held per parameter during training, by precision policy. fp32-master: fp32 weights,
-# fp32 gradients, fp32 Adam moments (bf16 working copies of the weights are transient);
-# pure-bf16: weights, gradients and moments all in bf16; fp32: as fp32-master, without the
-# bf16 copies.
-BYTES_PER_PARAMETER = {"fp32-master": 16, "pure-bf16": 8, "fp32": 16}
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from goodput.train.config.model import ModelConfig
-from goodput.train.flops import BYTES_PER_PARAMETER, flops_per_token, model_size
+from goodput.train.config.precision import PRECISIONS
+from goodput.train.flops import flops_per_token, model_size
 
 
 def describe(cfg: ModelConfig, seq_len: int) -> dict[str, object]:
@@ -13,7 +14,9 @@ def describe(cfg: ModelConfig, seq_len: int) -> dict[str, object]:
         "parameters_active": size.active,
         "flops_per_token": flops_per_token(cfg, seq_len),
         "seq_len": seq_len,
-        "training_bytes": {policy: size.total * per for policy, per in BYTES_PER_PARAMETER.items()},
+        "training_bytes": {
+            name: size.total * policy.bytes_per_parameter for name, policy in PRECISIONS.items()
+        },
     }
 
 
@@ -27,7 +30,7 @@ def format_description(name: str, info: dict) -> str:
         "  training memory for weights, gradients and AdamW moments (activations excluded):",
     ]
     for policy, total in info["training_bytes"].items():
-        per = BYTES_PER_PARAMETER[policy]
+        per = PRECISIONS[policy].bytes_per_parameter
         lines.append(f"    {policy:<12} {per:2d} bytes/parameter = {total / 2**30:12,.1f} GiB")
     return "\n".join(lines)
 

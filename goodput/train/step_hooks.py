@@ -43,9 +43,10 @@ from goodput.checkpoint.save import Checkpointer, Decision
 from goodput.checkpoint.schedule import snapshot_step
 from goodput.faults import FaultPlan
 from goodput.launch.env import current_placement
+from goodput.ranks import rank_host
 from goodput.train.build import Run
 from goodput.train.config.run import RunConfig
-from goodput.train.monitor.stragglers import BusyClock, StragglerWatch, rank_host
+from goodput.train.monitor.stragglers import BusyClock, StragglerWatch
 from goodput.train.profiling import Profiler, build_profiler
 from goodput.train.setup import Runtime
 from goodput.train.step_vote import Ballot, StepVote

@@ -16,8 +16,9 @@ import pytest
 
 from goodput.config import to_toml
 from goodput.errors import GoodputError
-from goodput.faults import launcher_host, load_plan
+from goodput.faults import load_plan
 from goodput.launch.failover import BAD_NODE_PATTERNS
+from goodput.ranks import launcher_host
 from goodput.rundir import LATEST, checkpoints_dir, list_checkpoints, step_dir
 from goodput.testing.ranks import start, start_ranks
 from goodput.testing.tiny import tiny_run_config

@@ -18,7 +18,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from goodput.beacon import (
-    BEACON_DIR_VAR,
     PHASES,
     SITES,
     SIZE,
@@ -28,6 +27,7 @@ from goodput.beacon import (
     read_beacon,
 )
 from goodput.errors import GoodputError
+from goodput.ranks import BEACON_DIR_VAR
 
 
 @functools.cache

@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 from goodput.errors import GoodputError
 from goodput.launch.broadcast import read_hosts
 from goodput.launch.env import (
-    HOSTNAME,
     MAX_HOSTS,
     expand_nodelist,
     parse_hostfile,
     read_hostfile,
     read_placement,
 )
+from goodput.ranks import HOSTNAME
 
 MAX_SECONDS = 2.0  # per input: the bound is checked by counting, never by building the list
 

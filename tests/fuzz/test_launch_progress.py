@@ -26,6 +26,7 @@ from goodput.launch.failover import (
     progress,
     read_heartbeat,
 )
+from goodput.ranks import HEARTBEAT_VAR
 from goodput.testing.fuzz import json_values, result_or_refusal
 
 POOL = ["nid001", "nid002", "localhost"]
@@ -67,7 +68,7 @@ paths = st.lists(st.text(min_size=1, max_size=300), max_size=4).map(
 @given(st.one_of(st.text(max_size=300), paths, st.just("/" + "a" * 5000 + "/heartbeat")))
 def test_the_heartbeat_variable_gives_files_or_one_line(value):
     with tempfile.TemporaryDirectory() as folder:
-        files = result_or_refusal(rundir.heartbeat_files, folder, {rundir.HEARTBEAT_VAR: value})
+        files = result_or_refusal(rundir.heartbeat_files, folder, {HEARTBEAT_VAR: value})
     assert files is None or files[0] == Path(folder) / rundir.HEARTBEAT
     assert files is None or all(path.name == rundir.HEARTBEAT for path in files)
 

@@ -34,8 +34,8 @@ from goodput.checkpoint.snapshot.format import (
     parse_manifest,
 )
 from goodput.errors import GoodputError
-from goodput.faults import HOSTNAME
 from goodput.io import NotOwnFile, open_own_file, write_bytes
+from goodput.ranks import HOSTNAME
 
 SLOTS = 2  # per kind: the newest committed snapshot and the one being written
 SNAPSHOT_FILE = re.compile(r"(?:rank|held)-[0-9]{5,8}\.slot-[0-9]\.(?:bin|json)")

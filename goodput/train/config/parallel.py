@@ -5,20 +5,22 @@ what cannot work: alone (``__post_init__``) and for a model and sequence length
 (``check_model``). ``resolve_degrees`` fills the unset data-parallel degree from the world size
 and checks the product; ``check_tp_within_hosts`` keeps tensor-parallel groups on one host;
 ``context_chunk_bounds`` is the context-parallel split of a sequence, ``even_layer_split`` the
-pipeline's default split of the layers, ``fsdp_shards`` when FSDP is applied. They are the trainer's
-rules (``mesh.py`` and ``parallelize.py`` apply them) and the planner's (``goodput.plan``, which
-runs on login nodes: nothing here imports torch).
+pipeline's default split of the layers, ``fsdp_shards`` when FSDP is applied (what each
+precision policy means is ``precision.py``'s). They are the trainer's rules (``mesh.py`` and
+``parallelize.py`` apply them) and the planner's (``goodput.plan``, which runs on login nodes:
+nothing here imports torch).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from goodput.config import limits
 from goodput.errors import GoodputError
 from goodput.train.config.model import ModelConfig
+from goodput.train.config.precision import PRECISIONS
 
 DEGREE = limits(at_least=1, at_most=2**20)
 PIPELINE_KEYS = ("pp_schedule", "pp_microbatches", "pp_stages_per_rank", "pp_layers_per_stage")
@@ -47,7 +49,7 @@ class ParallelConfig:
     pp_stages_per_rank: int | None = field(default=None, metadata=DEGREE)
     pp_layers_per_stage: tuple[int, ...] | None = field(default=None, metadata=DEGREE)
     reshard_after_forward: bool = True
-    precision: Literal["fp32-master", "pure-bf16", "fp32"] = "fp32-master"
+    precision: Literal["fp32-master", "pure-bf16", "fp32"] = "fp32-master"  # PRECISIONS' names
     activation_checkpointing: bool = False  # recompute each block in backward
     compile: bool = False  # torch.compile each block
     # FSDP: reduce-scatter gradients after every micro-batch, keeping only sharded gradients;
@@ -82,10 +84,10 @@ class ParallelConfig:
                 )
         # fp32-master's bf16 compute comes from FSDP's mixed-precision policy; a replicated model
         # has no such hook and would silently train in fp32.
-        if self.data_parallel == "replicate" and self.precision == "fp32-master":
+        if self.data_parallel == "replicate" and PRECISIONS[self.precision].mixed:
             raise GoodputError.usage(
                 "[parallel]",
-                "precision 'fp32-master' needs data_parallel = 'fsdp'",
+                f"precision '{self.precision}' needs data_parallel = 'fsdp'",
                 "use data_parallel = 'fsdp', or precision 'fp32' or 'pure-bf16' with 'replicate'",
             )
         if self.data_parallel == "replicate" and (self.dp_shard or 1) > 1:
@@ -236,17 +238,21 @@ class ParallelConfig:
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Degrees:
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-    pp: int
-    cp: int
-    ep: int
+    """A layout's six degrees, resolved (1: that dimension is not split); the planner's
+    ``plan.layout.Layout`` is one too."""
+
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1  # splits the routed experts over ranks of dp_shard
 
     @property
     def dp(self) -> int:
+        """Data-parallel ranks: each reads its own share of the global batch."""
         return self.dp_replicate * self.dp_shard
 
     @property
@@ -263,6 +269,10 @@ class Degrees:
     def product(self) -> int:
         """The number of ranks this layout needs (``ep`` borrows its ranks)."""
         return self.dp * self.tp * self.pp * self.cp
+
+    def by_name(self) -> dict[str, int]:
+        """The six degrees by their ``[parallel]`` names, in the order of the fields."""
+        return {degree.name: getattr(self, degree.name) for degree in fields(Degrees)}
 
 
 def resolve_degrees(cfg: ParallelConfig, world_size: int) -> Degrees:
@@ -350,8 +360,8 @@ def even_layer_split(num_layers: int, num_stages: int) -> list[int]:
 def fsdp_shards(num_ranks: int, precision: str) -> bool:
     """Whether goodput applies FSDP over ``num_ranks`` ranks (dp_replicate x dp_shard x cp):
     on one rank it shards nothing, yet its hooks cost ~12% of a CPU step (bench_train), so only
-    fp32-master, whose bf16 compute comes from FSDP's policy, takes it there."""
-    return num_ranks > 1 or precision == "fp32-master"
+    a mixed policy (fp32-master), whose bf16 compute comes from FSDP's policy, takes it there."""
+    return num_ranks > 1 or PRECISIONS[precision].mixed
 
 
 def pipeline_microbatches(cfg: ParallelConfig, local_batch_size: int, default: int) -> int:

@@ -43,11 +43,11 @@ import torch.distributed as dist
 from goodput import beacon, rundir
 from goodput.checkpoint.save import Decision
 from goodput.errors import ExitCode, GoodputError
-from goodput.faults import HOSTS_VAR, launcher_host
 from goodput.io import open_append
 from goodput.progress import print_line
+from goodput.ranks import EVICT_VAR, rank_host
 from goodput.runfiles import BusyLine, HostBusy, json_line
-from goodput.stragglers_line import EVICT_VAR, StragglerNotice
+from goodput.stragglers_line import StragglerNotice
 from goodput.train.config.run import WatchConfig
 
 
@@ -78,14 +78,9 @@ class BusyClock:
         return max(0.0, wall_s - waited_ns / 1e9)
 
 
-def rank_host(rank: int, environ: Mapping[str, str]) -> str:
-    """This rank's host as ``goodput launch`` named it (its emulated hosts too), else this
-    machine's name: the one spelling of a rank's host in beacons and straggler lines."""
-    return launcher_host(rank, environ.get(HOSTS_VAR, ""), environ.get("LOCAL_WORLD_SIZE", ""))
-
-
 def rank_hosts(rank: int, world_size: int, environ: Mapping[str, str]) -> list[str]:
-    """Every rank's host, by rank (collective: each rank says its own, whatever launched it)."""
+    """Every rank's host, by rank (``ranks.rank_host``; collective: each rank says its own,
+    whatever launched it)."""
     hosts: list[str] = [rank_host(rank, environ)] * world_size
     if world_size > 1:
         dist.all_gather_object(hosts, hosts[rank])

@@ -6,7 +6,8 @@ sees): tensor parallelism → expert parallelism → context parallelism → act
 (each block recomputed in backward) → ``torch.compile`` (each block, the checkpointing inside
 it) → FSDP2 ``fully_shard`` (each block, its split experts a unit of their own, then the root:
 embedding, final norm, output head — tied weights stay in one unit). The precision policy
-comes first of all: pure-bf16 casts the weights (the buffers stay fp32). Pipeline parallelism
+comes first of all: a policy whose weights are not fp32 (pure-bf16) casts them (the buffers stay
+fp32). Pipeline parallelism
 comes before all of them: ``goodput.train.parallel.pipeline`` cuts the model into stages and
 parallelizes each stage as a model of its own.
 
@@ -36,12 +37,9 @@ attention runs ring attention over the ``cp`` ranks (``goodput.train.ring_attent
 weights are the same on those ranks, so FSDP shards over ``dp_shard x cp`` and sums their
 gradients, as the step sums their losses and token counts.
 
-Precision policies:
-- ``fp32-master`` (default): fp32 weights and optimizer state, bf16 compute, fp32 gradient
-  reduction;
-- ``pure-bf16``: weights, gradients and optimizer state all bf16 — half the memory, and the
-  policy under which small updates can round to zero (the diagnostics need it to reproduce that);
-- ``fp32``: everything fp32 (CPU tests compare it with one process).
+Precision policies: ``goodput.train.config.precision``'s table says what each one holds and
+computes in; here its dtype names become torch's (``DTYPES``), and a mixed policy (fp32-master)
+becomes FSDP's mixed-precision policy.
 
 ``train_step`` already divides by the global token count, so FSDP must *sum* gradients, never
 average them: the divide factor is 1 and the reduction is forced to a plain SUM, which is also
@@ -67,6 +65,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from goodput.train.config.parallel import ParallelConfig, fsdp_shards
+from goodput.train.config.precision import PRECISIONS
 from goodput.train.experts import GroupedExperts, shard_experts
 from goodput.train.model import Attention, ContextParallel, Transformer
 from goodput.train.parallel.collectives import CountedAllGather, CountedReduceScatter
@@ -75,6 +74,9 @@ from goodput.train.ring_attention import ContextLayout
 
 if TYPE_CHECKING:
     from goodput.train.parallel.mesh import ParallelMesh
+
+# The precision table's dtype names, as torch's dtypes.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def parallelize(
@@ -90,12 +92,13 @@ def parallelize(
     group is a data-parallel shard. ``context``: how context parallelism splits the training
     sequences (``build.context_layout``; needed when ``cp`` > 1). ``tally``: FSDP's
     reduce-scatters add up the squares of each rank's own gradient there (``grad_tally``)."""
-    if cfg.precision == "pure-bf16":
+    weights = DTYPES[PRECISIONS[cfg.precision].weights]
+    if weights != torch.float32:
         # The weights only (``.data``: a tied weight stays one). The buffers stay fp32: the
         # rotary frequencies in bf16 put ~0.4 rad of error into the angle at position 4096,
         # and an MoE layer's token counts in bf16 stop counting past 256.
         for parameter in model.parameters():
-            parameter.data = parameter.data.to(torch.bfloat16)
+            parameter.data = parameter.data.to(weights)
     if mesh is not None and mesh.degrees.tp > 1:
         _tensor_parallel(model, mesh.tp_mesh, loss_parallel=cfg.loss_parallel)
     if mesh is not None and mesh.degrees.ep > 1:
@@ -169,9 +172,12 @@ def _fully_shard(
     num_ranks = mesh.fsdp_mesh.size() if mesh is not None else dist.get_world_size()
     if not fsdp_shards(num_ranks, cfg.precision):
         return
+    precision = PRECISIONS[cfg.precision]
     policy = (
-        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if cfg.precision == "fp32-master"
+        MixedPrecisionPolicy(
+            param_dtype=DTYPES[precision.compute], reduce_dtype=DTYPES[precision.reduce]
+        )
+        if precision.mixed
         else MixedPrecisionPolicy()
     )
     fsdp_mesh = mesh.fsdp_mesh if mesh is not None else None
@@ -204,4 +210,4 @@ def _fully_shard(
 
 def compute_dtype(cfg: ParallelConfig) -> torch.dtype:
     """The dtype the matmuls run in under ``cfg``'s precision policy."""
-    return torch.float32 if cfg.precision == "fp32" else torch.bfloat16
+    return DTYPES[PRECISIONS[cfg.precision].compute]

@@ -17,7 +17,6 @@ import pytest
 
 from goodput import beacon as beacon_module
 from goodput.beacon import (
-    BEACON_DIR_VAR,
     DUMP_SIGNAL,
     FR_POLL_S,
     STACK_HEADER,
@@ -29,13 +28,15 @@ from goodput.beacon import (
     stack_path,
 )
 from goodput.errors import GoodputError
+from goodput.ranks import BEACON_DIR_VAR
 
 SEQ_AT = 16  # the seqlock's offset, after magic, version, size and 4 reserved bytes
 
 # A rank in a child process: open its beacon, then obey one command a line on stdin.
 CHILD = """
 import sys, time
-from goodput.beacon import BEACON_DIR_VAR, current, open_beacon
+from goodput.beacon import current, open_beacon
+from goodput.ranks import BEACON_DIR_VAR
 beacon = open_beacon({BEACON_DIR_VAR: sys.argv[1]}, rank=1, world_size=4, local_rank=1, host="nid7")
 beacon.phase("data")
 print("open", flush=True)
@@ -228,7 +229,8 @@ def test_a_sigstopped_rank_keeps_a_readable_beacon(tmp_path):
 FLIGHT_CHILD = """
 import sys, tempfile
 import torch, torch.distributed as dist
-from goodput.beacon import BEACON_DIR_VAR, open_beacon
+from goodput.beacon import open_beacon
+from goodput.ranks import BEACON_DIR_VAR
 dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
 environ = {BEACON_DIR_VAR: sys.argv[1], "TORCH_FR_BUFFER_SIZE": "64"}
 beacon = open_beacon(environ, rank=0, world_size=1, local_rank=0, host="h")

@@ -3,7 +3,7 @@ from typing import Literal
 
 import pytest
 
-from goodput.config import NON_EMPTY, limits, load_config
+from goodput.config import NON_EMPTY, limits, load_config, read_present
 from goodput.errors import ExitCode, GoodputError
 
 
@@ -132,3 +132,15 @@ def test_hostile_files_are_one_line_usage_errors(tmp_path):
     assert exc.value.code == ExitCode.USAGE
     with pytest.raises(GoodputError, match="'steps' must be int"):
         load_config(RunConfig, write(tmp_path, 'name = "a"\n'), ["steps=" + "[" * 10_000])
+
+
+def test_read_present_checks_the_keys_there_and_adds_none():
+    # What `goodput plan` reads of [train] and [parallel]: no required key asked for, no default
+    # filled in, each value checked as from_table checks it.
+    assert read_present(RunConfig, {"steps": 5}, "run.toml") == {"steps": 5}
+    assert read_present(BoundedConfig, {"pair": [1, 2]}, "run.toml", "b.") == {"pair": (1.0, 2.0)}
+    assert read_present(RunConfig, {}, "run.toml") == {}
+    with pytest.raises(GoodputError, match=r"unknown key 'run.stepz'.*valid keys in \[run\]"):
+        read_present(RunConfig, {"stepz": 5}, "run.toml", "run.")
+    with pytest.raises(GoodputError, match=r"'b.count' = 9 is not in \[1, 8\]"):
+        read_present(BoundedConfig, {"count": 9}, "run.toml", "b.")

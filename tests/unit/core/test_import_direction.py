@@ -96,6 +96,7 @@ def test_plan_imports_no_torch():
         "goodput.train.config",
         "goodput.train.config.model",
         "goodput.train.config.parallel",
+        "goodput.train.config.precision",
     }
 
 

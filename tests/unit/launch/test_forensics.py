@@ -306,7 +306,8 @@ def test_a_report_too_big_drops_stacks_then_ranks():
 # or spins in a loop (rank 2, which the test SIGSTOPs).
 RANK = """
 import sys, time
-from goodput.beacon import BEACON_DIR_VAR, open_beacon
+from goodput.beacon import open_beacon
+from goodput.ranks import BEACON_DIR_VAR
 rank = int(sys.argv[2])
 beacon = open_beacon({BEACON_DIR_VAR: sys.argv[1]}, rank=rank, world_size=3, local_rank=rank,
                      host="localhost")

@@ -74,7 +74,8 @@ def test_only_what_goodput_wrote_is_deleted(tmp_path):
     folder = beacon_folder.attempt_folder(launch, 1)
     # A real rank that died without closing its beacon leaves both of its files.
     code = (
-        "import os, sys; from goodput.beacon import open_beacon, BEACON_DIR_VAR; "
+        "import os, sys; from goodput.beacon import open_beacon; "
+        "from goodput.ranks import BEACON_DIR_VAR; "
         "open_beacon({BEACON_DIR_VAR: sys.argv[1]}, rank=0, world_size=1, local_rank=0, "
         "host='h'); os._exit(0)"
     )

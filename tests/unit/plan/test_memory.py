@@ -13,9 +13,6 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 
 from goodput.plan.layout import Layout, balanced_layer_split
 from goodput.plan.memory import (
-    COMPUTE_BYTES,
-    GRADIENT_BYTES,
-    PRECISIONS,
     Parameters,
     Workload,
     _stage,
@@ -25,7 +22,8 @@ from goodput.plan.memory import (
 )
 from goodput.train.config.model import ModelConfig, MoEConfig
 from goodput.train.config.parallel import ParallelConfig, even_layer_split
-from goodput.train.flops import BYTES_PER_PARAMETER, model_size
+from goodput.train.config.precision import PRECISIONS
+from goodput.train.flops import model_size
 from goodput.train.model import Block, Transformer
 
 DENSE = ModelConfig(
@@ -56,10 +54,12 @@ def test_the_precisions_are_the_trainers():
 
     from goodput.commands import plan
 
-    assert BYTES_PER_PARAMETER == {"fp32-master": 16, "pure-bf16": 8, "fp32": 16}
+    bytes_per_parameter = {name: p.bytes_per_parameter for name, p in PRECISIONS.items()}
+    assert bytes_per_parameter == {"fp32-master": 16, "pure-bf16": 8, "fp32": 16}
+    dtype_bytes = {name: (p.compute_bytes, p.reduce_bytes) for name, p in PRECISIONS.items()}
+    assert dtype_bytes == {"fp32-master": (2, 4), "pure-bf16": (2, 2), "fp32": (4, 4)}
     trainer = typing.get_args(typing.get_type_hints(ParallelConfig)["precision"])
-    assert PRECISIONS == plan.PRECISIONS == trainer == tuple(BYTES_PER_PARAMETER)
-    assert tuple(COMPUTE_BYTES) == tuple(GRADIENT_BYTES) == PRECISIONS
+    assert tuple(PRECISIONS) == plan.PRECISIONS == trainer
 
 
 @pytest.mark.parametrize("model", [DENSE, MOE, replace(DENSE, tie_embeddings=True)])
@@ -175,9 +175,9 @@ def test_the_trainers_layer_split_is_even_with_the_first_stages_one_more():
 def test_compute_bytes_follow_the_trainers_compute_dtype():
     from goodput.train.parallel.parallelize import compute_dtype
 
-    for precision, size in COMPUTE_BYTES.items():
+    for precision, policy in PRECISIONS.items():
         dtype = compute_dtype(ParallelConfig(precision=precision))  # type: ignore[arg-type]
-        assert dtype.itemsize == size
+        assert dtype.itemsize == policy.compute_bytes
 
 
 def test_fsdp_shards_over_context_parallel_ranks_as_the_trainer_does():

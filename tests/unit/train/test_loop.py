@@ -110,11 +110,12 @@ def test_the_beacon_is_open_while_the_run_is_built_and_gone_however_the_run_ends
     startup, step 0); a run that fails there leaves no beacon file behind."""
     from goodput import beacon
     from goodput.errors import GoodputError
+    from goodput.ranks import BEACON_DIR_VAR
     from goodput.train import loop
 
     folder = tmp_path / "beacons"
     folder.mkdir(mode=0o700)
-    monkeypatch.setenv(beacon.BEACON_DIR_VAR, str(folder))
+    monkeypatch.setenv(BEACON_DIR_VAR, str(folder))
     seen = []
 
     def build_run_that_fails(cfg, runtime, faults=None):

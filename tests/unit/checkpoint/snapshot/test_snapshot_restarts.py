@@ -37,7 +37,7 @@ from goodput.checkpoint.snapshot.files import (
 from goodput.checkpoint.state import CheckpointContents
 from goodput.config import from_table, to_toml
 from goodput.errors import GoodputError
-from goodput.faults import launcher_host
+from goodput.ranks import launcher_host
 from goodput.report.run_files import read_run
 from goodput.testing.dist import run_distributed
 from goodput.testing.doc_commands import FENCE

@@ -19,9 +19,9 @@ import pytest
 
 from goodput import rundir
 from goodput.errors import ExitCode, GoodputError
-from goodput.faults import ENV_VAR
+from goodput.ranks import EVICT_VAR, FAULTS_VAR
 from goodput.runfiles import read_busy, read_steps
-from goodput.stragglers_line import EVICT_VAR, parse_notice
+from goodput.stragglers_line import parse_notice
 from goodput.testing.dist import run_distributed
 from goodput.testing.doc_commands import command_lines
 from goodput.testing.jobs import REPO, outside_any_job
@@ -56,7 +56,7 @@ def test_the_documented_command_names_the_slowed_rank_once(tmp_path):
     write_counting_corpus(tmp_path / "demo" / "counting")
     (tmp_path / "demo" / "file_list.txt").write_text("1.0 counting counting\n")
     env = outside_any_job(PATH=f"{Path(sys.executable).parent}:{outside_any_job()['PATH']}")
-    env[ENV_VAR] = str(slow_plan(tmp_path, 1.0))
+    env[FAULTS_VAR] = str(slow_plan(tmp_path, 1.0))
     result = subprocess.run(
         ["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110
     )
@@ -94,7 +94,7 @@ def train_until_stopped(rank, world_size, cfg):
 
 
 def test_a_named_straggler_stops_every_rank_after_the_next_save(run_config, tmp_path, monkeypatch):
-    monkeypatch.setenv(ENV_VAR, str(slow_plan(tmp_path, 0.5)))
+    monkeypatch.setenv(FAULTS_VAR, str(slow_plan(tmp_path, 0.5)))
     monkeypatch.setenv(EVICT_VAR, "1")
     cfg = replace(
         run_config,

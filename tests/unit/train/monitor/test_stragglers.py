@@ -10,8 +10,9 @@ import pytest
 from goodput import beacon, rundir
 from goodput.checkpoint.save import Decision
 from goodput.errors import ExitCode
+from goodput.ranks import EVICT_VAR
 from goodput.runfiles import HostBusy, read_busy
-from goodput.stragglers_line import EVICT_VAR, parse_notice
+from goodput.stragglers_line import parse_notice
 from goodput.train.config.run import WatchConfig
 from goodput.train.monitor.stragglers import BusyClock, StragglerWatch
 

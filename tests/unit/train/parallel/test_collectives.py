@@ -11,7 +11,8 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
     DefaultReduceScatter,
 )
 
-from goodput.beacon import BEACON_DIR_VAR, beacon_path, open_beacon, read_beacon
+from goodput.beacon import beacon_path, open_beacon, read_beacon
+from goodput.ranks import BEACON_DIR_VAR
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL, rank_micro_batches, uneven_global_batch
 from goodput.train.config.parallel import ParallelConfig
