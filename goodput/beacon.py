@@ -83,9 +83,10 @@ PHASES = (
 )
 # Every place a rank can wait on its peers. A new collective gets a new site here (append only:
 # the file stores a site as its index + 1, 0 meaning none yet). step.*: train/step.py (step.pp
-# also pipeline.py); fsdp.*: train/parallel/collectives.py; ckpt.*: checkpoint/save.py; eval.sums:
-# eval/heldout.py and the pipeline's eval; optim.reduce: the optimizers' own reductions (Muon,
-# Mano, SophiaG's shard sums) and QK-clip's.
+# also pipeline.py); fsdp.*: train/parallel/collectives.py; ckpt.*: checkpoint/save.py, but
+# ckpt.vote, the step's vote (train/step_vote.py); eval.sums: eval/heldout.py and the pipeline's
+# eval; optim.reduce: the optimizers' own reductions (Muon, Mano, SophiaG's shard sums) and
+# QK-clip's.
 SITES = (
     "step.tokens",
     "step.grads",

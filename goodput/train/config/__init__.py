@@ -4,6 +4,7 @@
 ``[watch]`` tables and the batch plan), ``model.py`` (``[model]``), ``parallel.py``
 (``[parallel]`` and the rules a layout must meet), ``optim.py`` (``[optim]``), ``schedule.py``
 (``[schedule]`` and the learning rate as a pure function of the step), ``metrics.py``
-(``[metrics]``), ``profile.py`` (``[profile]``, torch.profiler's table). No module here imports
-torch.
+(``[metrics]``), ``profile.py`` (``[profile]``, torch.profiler's table), ``precision.py`` (the
+precision policies: dtype names and bytes, for the trainer, the planner and the FLOP count). No
+module here imports torch.
 """
