@@ -18,7 +18,7 @@ fires on (never on another). Every kind takes these four keys; ``slow`` and ``st
 of their own too (``KIND_KEYS``), which they must have and no other kind may. At start the
 trainer refuses, naming it, a fault that could never fire (``check_reachable``): a rank not
 below the world size, a step after ``train.steps``, a save fault in a run without periodic
-saves, a memory-snapshot fault (``NEEDS_SNAPSHOTS``) in a run without memory snapshots
+saves, a snapshot fault (``NEEDS_SNAPSHOTS``) in a run without in-memory checkpoints
 (``checkpoint.memory_interval_steps = 0``). The kinds, and when each fires:
 
 - ``kill``: once step ``step`` has completed (its metrics line written, its checkpoint decision
@@ -33,7 +33,7 @@ saves, a memory-snapshot fault (``NEEDS_SNAPSHOTS``) in a run without memory sna
   while writing it: after its files of that checkpoint are written, before ``.complete`` can
   exist (in the background flush, or in the synchronous write when the save is synchronous).
 - ``save-fail``: in that same save, this rank's write raises ``OSError(ENOSPC)``.
-- ``snapshot-kill``: in the first memory snapshot of a step >= ``step`` on this rank, the rank
+- ``snapshot-kill``: in the first in-memory checkpoint of a step >= ``step`` on this rank, the rank
   SIGKILLs itself in the snapshot's background write (``on_snapshot_write``): after the payload
   is copied, before its manifest is written, so that snapshot is half-written and must never be
   loaded.
@@ -89,7 +89,7 @@ KINDS = (
 AFTER_STEP = ("kill", "hang", "bad-node", "host-loss")
 IN_SAVE = ("ckpt-kill", "save-fail")
 IN_SNAPSHOT = ("snapshot-kill",)
-NEEDS_SNAPSHOTS = ("snapshot-kill", "host-loss")  # refused in a run without memory snapshots
+NEEDS_SNAPSHOTS = ("snapshot-kill", "host-loss")  # refused in a run without snapshots
 DEVICE_LOST = ("bad-node", "host-loss")  # die with the device-error line the launcher evicts on
 STALL_WHERE = ("data", "collective")
 MAX_SLOW_S = 600.0
@@ -155,15 +155,15 @@ class FaultPlan:
             else:
                 self.by_step.setdefault((fault.step, fault.rank), []).append(fault)
         self.fired: set[int] = set()  # ids known to have fired: their record exists
-        # host-loss's first act: forget this host's memory snapshots (the trainer sets it to its
-        # snapshot store's forget_host; None: a run without snapshots has nothing to forget).
+        # host-loss's first act: forget this host's in-memory checkpoints (the trainer sets it to
+        # its snapshot store's forget_host; None: a run without snapshots has nothing to forget).
         self.host_loss_hook: Callable[[], None] | None = None
 
     def check_reachable(self, *, world_size: int, steps: int, saves: bool, snapshots: bool) -> None:
         """Refuse, naming its entry, a fault that could never fire in a run of ``steps`` steps
         on ``world_size`` ranks that saves checkpoints periodically or not (``saves``) and takes
-        memory snapshots or not (``snapshots``): a rank beyond the world, a step beyond the run,
-        a save fault in a run that never saves, a snapshot fault in a run without snapshots.
+        in-memory checkpoints or not (``snapshots``): a rank beyond the world, a step beyond the
+        run, a save fault in a run that never saves, a snapshot fault in a run without snapshots.
         Called at start, by every rank alike, before any work."""
         for index, fault in enumerate(self.faults):
             where = f"faults[{index}] (id {fault.id}, {fault.kind})"
@@ -228,7 +228,7 @@ class FaultPlan:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     def on_snapshot_write(self, step: int, rank: int) -> None:
-        """Called by the snapshot store's background write of the memory snapshot of ``step``,
+        """Called by the snapshot store's background write of the in-memory checkpoint of ``step``,
         once this rank's payload is copied and before its manifest is written: kill the rank if
         a ``snapshot-kill`` is due (the first snapshot of a step >= its ``step``)."""
         for fault in self.in_snapshot.get(rank, ()):

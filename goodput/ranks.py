@@ -25,7 +25,7 @@ by the launcher alone and stay in ``launch``.
 Where a rank runs (``host_index``): ranks fill the hosts in order, ``ranks_per_host`` to each,
 as srun's block distribution over ``--nodelist``, mpiexec over the host file and the local launch
 place them. The launcher's hang forensics, each rank's own host name (beacons, straggler lines,
-memory-snapshot partners, injected device errors) and ``goodput chaos`` all use that rule.
+snapshot partners, injected device errors) and ``goodput chaos`` all use that rule.
 
 Standard library only, importing nothing of goodput: the launcher, the trainer, the
 checkpoint's snapshots and the fault hooks all read it.

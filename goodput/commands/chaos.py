@@ -43,12 +43,12 @@ def register(groups: Subparsers) -> None:
         description="Run CONFIG twice under goodput launch: straight, and with NUM faults "
         "injected at seeded steps (SIGKILL of a rank, SIGKILL during a checkpoint flush, "
         "SIGSTOP of a rank, a rank dying like a bad node, a failing save, a NaN gradient; with "
-        "checkpoint.memory_interval_steps=K also SIGKILL during a memory snapshot and a host "
+        "checkpoint.memory_interval_steps=K also SIGKILL during an in-memory checkpoint and a host "
         "lost with its snapshots; on --kinds also a slow rank and a stalled one, which the "
         "launcher must name) and --auto-retry on. Report each fault's detection, steps lost, "
         "where the restart loaded from and recovery time, the attempts, goodput and where the "
         "rest of the time went, and compare losses, weights, optimizer and RNG state bit for "
-        "bit. Exit 0 only when they are equal (and, with memory snapshots, each fault lost at "
+        "bit. Exit 0 only when they are equal (and, with in-memory checkpoints, each fault lost at "
         "most K steps).",
         usage="goodput chaos CONFIG [KEY=VALUE ...] [options] [-- LAUNCH OPTIONS]",
     )

@@ -222,13 +222,13 @@ def _add_interval_options(reliability: argparse.ArgumentParser) -> None:
     reliability.add_argument(
         "--memory-interval-steps",
         type=argtypes.positive_int,
-        help="checkpoint.memory_interval_steps: memory snapshots every K steps, their lost work "
-        "and goodput against disk checkpoints alone (needs --step-s)",
+        help="checkpoint.memory_interval_steps: in-memory checkpoints every K steps, their lost "
+        "work and goodput against disk checkpoints alone (needs --step-s)",
     )
     reliability.add_argument(
         "--memory-stall-s",
         type=argtypes.positive_float,
-        help="seconds a memory snapshot holds training (default: --save-stall-s)",
+        help="seconds an in-memory checkpoint holds training (default: --save-stall-s)",
     )
     reliability.add_argument(
         "--walltime-h",

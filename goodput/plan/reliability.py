@@ -12,8 +12,8 @@ The model (independent node failures at a constant rate, exponential times betwe
 - Expected goodput at interval τ with restart time R (Daly's exponential model, in which a
   failure may strike during a save or a restart too): useful time / wall time =
   τ / (M · e^(R/M) · (e^((τ+δ)/M) − 1)).
-- Memory snapshots (``--memory-interval-steps K``): every τm = K steps each rank's state goes to
-  host memory, stalling δm, and a copy to a partner on the next host. A failed node's state
+- In-memory checkpoints (``--memory-interval-steps K``): every τm = K steps each rank's state goes
+  to host memory, stalling δm, and a copy to a partner on the next host. A failed node's state
   comes back from its partner's copy unless the partner fails too before the state is copied
   again, p = e^(−(R+τm)/node MTBF) (p = 0 with one node: nothing outlives the node); else from
   the disk checkpoint of interval τd (the configured one, else Daly's). Lost work per failure
@@ -59,7 +59,7 @@ class Budget:
     survival: float  # the probability that the spare pool lasts the walltime
     step_s: float | None = None
     interval_steps: int | None = None  # the configured checkpoint interval, with step_s
-    memory_interval_steps: int | None = None  # memory snapshots every K steps, with step_s
+    memory_interval_steps: int | None = None  # in-memory checkpoints every K steps, with step_s
     memory_stall_s: float | None = None  # δm: training held per snapshot (None: save_stall_s)
 
 
@@ -120,7 +120,7 @@ def _log_add(a: float, b: float) -> float:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryPlan:
-    """Memory snapshots every ``interval_s`` of compute against disk checkpoints alone."""
+    """In-memory checkpoints every ``interval_s`` of compute against disk checkpoints alone."""
 
     interval_s: float  # τm
     stall_s: float  # δm
@@ -145,7 +145,7 @@ class MemoryPlan:
 
 
 def plan_memory(budget: Budget, mtbf_s: float, disk_interval_s: float) -> MemoryPlan:
-    """Memory snapshots every ``budget.memory_interval_steps`` steps, disk checkpoints every
+    """In-memory checkpoints every ``budget.memory_interval_steps`` steps, disk checkpoints every
     ``disk_interval_s`` of compute (see the module docstring); a usage ``GoodputError`` when
     snapshots would be no newer than the disk checkpoint."""
     assert budget.memory_interval_steps is not None and budget.step_s is not None
