@@ -11,12 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import goodput
+from goodput.launch.run import PROFILE_VAR
+from goodput.launch.submit import CHAIN_JOB_VAR
 
 REPO = Path(goodput.__file__).resolve().parents[1]
 # Variables that would make a child read a placement, a profile or a chain position of the job
 # the tests themselves may run in.
 JOB_PREFIXES = ("SLURM_", "SBATCH_", "PBS_")
-JOB_VARS = ("GOODPUT_PROFILE", "GOODPUT_CHAIN_JOB")
+JOB_VARS = (PROFILE_VAR, CHAIN_JOB_VAR)
 
 
 def outside_any_job(**extra: str) -> dict[str, str]:
