@@ -222,10 +222,10 @@ def train(cfg: RunConfig) -> list[float]:
 
 
 def print_start(
-    cfg: RunConfig, run: Run, peak: float | None, peak_source: str, parts: list[Described | None]
+    cfg: RunConfig, run: Run, peak: float | None, peak_source: str, extras: list[Described | None]
 ) -> None:
     """Rank 0's banner: the batch, the layout, the peak that MFU is measured against, and what
-    the loop's ``parts`` say of themselves (the LR scaling, diagnostics, QK-clip), the evals and
+    the loop's ``extras`` say of themselves (the LR scaling, diagnostics, QK-clip), the evals and
     the snapshots."""
     plan = run.plan
     print(
@@ -242,8 +242,8 @@ def print_start(
         print(f"train: data-mix stages {', '.join(said)}", flush=True)
     peak_text = f"{peak / 1e12:.3f} TFLOP/s" if peak else "unknown"
     print(f"train: peak per device for MFU {peak_text} ({peak_source})", flush=True)
-    for part in [*parts, run.loop_eval, run.snapshots]:
-        if part is not None and (line := part.describe()):
+    for extra in [*extras, run.loop_eval, run.snapshots]:
+        if extra is not None and (line := extra.describe()):
             print(line, flush=True)
 
 
