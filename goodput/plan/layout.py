@@ -119,7 +119,7 @@ def tp_across_hosts(layout: Layout, nhosts: int, ppn: int) -> str | None:
 def spans_hosts(layout: Layout, group: str, ppn: int) -> bool:
     """Whether ``layout``'s ``group`` (``tp``, ``cp``, ``ep``, ``fsdp``: dp_shard x cp,
     ``dp_replicate``, ``pp``) has ranks on more than one host. Ranks go in the mesh's order, tp
-    fastest (``parallel_config.MESH_DIMS``), so a group spans the product of its own degree and
+    fastest (``config.parallel.MESH_DIMS``), so a group spans the product of its own degree and
     every degree inside it; it stays on a host when that block fits in one."""
     inner = {
         "tp": layout.tp,

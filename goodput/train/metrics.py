@@ -18,14 +18,15 @@ tokens the run has trained on through it (``tokens``: the loader's global sample
 sequence length, so it carries on across a resume, a job chain and a new layout).
 A mixture-of-experts model adds the step's expert load imbalance (the most loaded expert's
 tokens over the mean, worst layer) and the token-to-expert assignments its capacity dropped.
-The in-loop diagnostics add theirs (``watch.py``: ``gns``, ``loss_z``, ``frozen_fraction``,
-``max_attention_logit``, ``sophia_unclipped``), each where it is measured, and the straggler
-watch its busy times over ranks (``stragglers.py``: ``busy_s_*``, ``busy_slowest_rank`` and
-``busy_slowest_host``, the one text value, which TensorBoard and wandb leave out).
+The in-loop diagnostics add theirs (``monitor/diagnostics.py``: ``gns``, ``loss_z``,
+``frozen_fraction``, ``max_attention_logit``, ``sophia_unclipped``), each where it is measured,
+and the straggler watch its busy times over ranks (``monitor/stragglers.py``: ``busy_s_*``,
+``busy_slowest_rank`` and ``busy_slowest_host``, the one text value, which TensorBoard and
+wandb leave out).
 
 Every numeric value of a record but ``step`` and ``time`` (a null, not finite, left out) goes to
 TensorBoard as ``train/<key>`` at the record's step, and to Weights & Biases under the same names
-when ``[metrics] wandb`` is on (``metrics_config``: offline by default; one wandb run per
+when ``[metrics] wandb`` is on (``config/metrics.py``: offline by default; one wandb run per
 trainer process, finished by ``close``).
 """
 
@@ -142,7 +143,7 @@ class Metrics:
         tokens: int,
     ) -> dict[str, Any]:
         """The record of ``step``, written on rank 0; ``skipped_steps``: the run's so far;
-        ``diagnosed``: the in-loop diagnostics' values (``watch.Watch.after_step``); ``stage``:
+        ``diagnosed``: the in-loop diagnostics' values (``Diagnostics.after_step``); ``stage``:
         the data-mix stage of the step's samples; ``tokens``: the run's through this step."""
         tokens_per_s = self.tokens_per_step / step_time_s
         per_device = tokens_per_s / self.world_size

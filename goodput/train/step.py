@@ -89,7 +89,7 @@ class ExpertLoad:
 
 class UpdateObserver(Protocol):
     """Looks at the weights just before and just after the optimizer updates them (the bf16
-    freeze check, ``watch.py``)."""
+    freeze check, ``monitor/diagnostics.py``)."""
 
     def before_step(self) -> None: ...
 

@@ -1,4 +1,4 @@
-"""The ``[optim]`` table, torch-free (the optimizers it builds are ``optim.py``'s).
+"""The ``[optim]`` table, torch-free (the optimizers it builds are ``optim/optimizers.py``'s).
 
 One table for every kind: ``betas``, ``eps`` and ``weight_decay`` are AdamW's, and also LAMB's,
 SophiaG's (``betas`` = (momentum, Hessian EMA); not ``eps``) and those of the AdamW that Muon and

@@ -1,8 +1,8 @@
 """The run config: one TOML file, one table per component, and the batch plan derived from it.
 
 ``[model]`` ``[train]`` ``[data]`` ``[optim]`` ``[schedule]`` ``[parallel]`` ``[checkpoint]``
-``[diagnostics]`` ``[eval]`` (``goodput.eval.config``) ``[metrics]`` (``metrics_config``)
-``[watch]`` (the straggler watch, ``stragglers.py``) ``[profile]`` (``profiling.py``); each
+``[diagnostics]`` ``[eval]`` (``goodput.eval.config``) ``[metrics]`` (``metrics.py``)
+``[watch]`` (the straggler watch, ``monitor/stragglers.py``) ``[profile]`` (``profile.py``); each
 component is built from its own table only. What can be derived is derived, never configured
 twice: the global batch in samples is ``tokens_per_step / seq_len``, the
 data-parallel size comes from the mesh (``mesh.py``), and gradient accumulation is
@@ -153,7 +153,7 @@ class DataConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DiagnosticsConfig:
-    """The in-loop diagnostics (``watch.py``); each costs well under 1% of a step."""
+    """The in-loop diagnostics (``monitor/diagnostics.py``); each costs well under 1% of a step."""
 
     # steps between bf16 freeze checks (updates that round to zero); 0: off
     freeze_check_interval: int = field(default=100, metadata=limits(at_least=0))

@@ -1,5 +1,5 @@
 """``parallelize``: the one place that composes a model's layouts (``[parallel]`` itself, and
-the rules a layout must meet, are ``parallel_config.py``'s).
+the rules a layout must meet, are ``config/parallel.py``'s).
 
 ``parallelize(model, cfg, mesh)`` applies, in this order (each must wrap what the next one
 sees): tensor parallelism → expert parallelism → context parallelism → activation checkpointing
