@@ -22,7 +22,7 @@ import stat
 import sys
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, TextIO
 
 from goodput.errors import DEBUG_HINT, GoodputError, from_exception
@@ -104,6 +104,105 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     write_text(path, json_text(obj, where=path, indent=2, sort_keys=True) + "\n")
+
+
+def first_link(root: Path, relative: str) -> Path | None:
+    """The first of ``relative``'s parts below ``root`` (its last part included) that is a
+    symbolic link, as a path under ``root``; None when none is (a missing part ends the search:
+    what is not there is no link)."""
+    path = root
+    for part in PurePosixPath(relative).parts:
+        path = path / part
+        if path.is_symlink():
+            return path
+        if not path.exists():
+            return None
+    return None
+
+
+def link_in_the_way(link: Path, writes: str) -> GoodputError:
+    """The refusal of a write of ``writes`` that would go through ``link``: goodput never writes
+    through a link, so the fix is a real folder or file where the link is."""
+    target = os.path.realpath(link)
+    return GoodputError.usage(
+        link,
+        f"is a link (to {target}), and {writes} would be written through it",
+        f"replace the link with a copy of what it points to (rm {link} && cp -a {target} "
+        f"{link}), then run again",
+    )
+
+
+@contextlib.contextmanager
+def _folder_inside(root: Path, parts: tuple[str, ...]) -> Iterator[int]:
+    """A descriptor of the folder ``root``/``parts``, each part opened without following a link,
+    so that nothing done relative to it can land outside ``root``; a link or non-folder on the
+    way is ``link_in_the_way`` (the caller's own ``root`` is taken as it is)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for number, part in enumerate(parts):
+            assert part not in ("", ".", ".."), parts  # relative paths of a tree's own names
+            try:
+                inner = os.open(
+                    part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                )
+            except OSError as exc:
+                path = root.joinpath(*parts[: number + 1])
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and path.is_symlink():
+                    raise link_in_the_way(path, str(root.joinpath(*parts))) from None
+                raise from_exception(exc) from None
+            os.close(fd)
+            fd = inner
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def read_inside(root: Path, relative: str) -> tuple[bytes, int] | None:
+    """The bytes and permission bits of the regular file ``root/relative``, its folders and
+    itself opened without following a link (so what is read is the tree's own file); None when
+    one of them is a link or it is not a regular file. Unbounded: for a copy goodput just made."""
+    *folders, name = PurePosixPath(relative).parts
+    try:
+        with _folder_inside(root, tuple(folders)) as folder:
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            fd = os.open(name, flags, dir_fd=folder)
+    except GoodputError:
+        return None  # a link among the folders
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a link; a socket
+            return None
+        raise from_exception(exc) from None
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        return file.read(), stat.S_IMODE(info.st_mode)
+
+
+def write_inside(root: Path, relative: str, data: bytes, mode: int = FILE_MODE) -> None:
+    """Write ``data`` to ``root/relative`` as ``atomic_path`` does (a temp file beside it, fsync,
+    rename), with every folder on the way opened without following a link: a link at the name
+    itself is replaced, never written through; a link among the folders is a ``GoodputError``
+    naming it. For writes into a copy, which must land inside it."""
+    *folders, name = PurePosixPath(relative).parts
+    with _folder_inside(root, tuple(folders)) as folder:
+        tmp = f".{name}.{os.urandom(4).hex()}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(tmp, flags, 0o600, dir_fd=folder)
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fchmod(fd, mode)
+                os.fsync(fd)
+            os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+            os.fsync(folder)
+        except BaseException as exc:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=folder)
+            if isinstance(exc, OSError):
+                raise from_exception(exc) from None
+            raise
 
 
 def json_text(

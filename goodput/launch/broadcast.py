@@ -49,11 +49,17 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from goodput.errors import GoodputError
-from goodput.io import json_text, special_entries
+from goodput.io import first_link, json_text, link_in_the_way, special_entries, write_inside
 from goodput.launch.archive import ArchiveStats, require_zstd, write_archive
 from goodput.launch.env import MAX_HOSTS, check_host, read_hostfile
 from goodput.launch.layers import LAYERS_DIR, VenvLayers, plan_layers
-from goodput.launch.transports import ArchiveTransport, Transport, fix_venv_prefix, is_venv
+from goodput.launch.transports import (
+    ArchiveTransport,
+    Transport,
+    check_venv_links,
+    fix_venv_prefix,
+    is_venv,
+)
 from goodput.progress import Progress
 
 ORIGIN = "(origin)"  # not a valid host name, so it never collides with one
@@ -180,6 +186,10 @@ def _prepared_copy(
     """``source`` copied to ``prepared`` with its layers, replaced files and new prefix."""
     shutil.copytree(source, prepared, symlinks=True, ignore=special_entries)
     if staging is not None:
+        # The plan refused links where these writes land; the copy is checked again, since the
+        # source may have changed since (``write_inside`` never follows one either).
+        if staging.layers and (link := first_link(prepared, LAYERS_DIR)) is not None:
+            raise link_in_the_way(link, f"the staged {LAYERS_DIR}/")
         for layer in staging.layers:
             shutil.copytree(
                 layer.source,
@@ -188,8 +198,7 @@ def _prepared_copy(
                 ignore=special_entries,
             )
         for name, data in staging.replaced.items():
-            (prepared / name).unlink(missing_ok=True)  # a link must not steer the write
-            (prepared / name).write_bytes(data)
+            write_inside(prepared, name, data)  # a link there is replaced, not written through
     if prefix is not None:
         fix_venv_prefix(prepared, old=prefix[0], new=prefix[1])
     return prepared
@@ -211,6 +220,7 @@ def _staging(source: Path, progress: Callable[[str], None]) -> VenvLayers | None
     """A venv's layers (``layers.plan_layers``), its notes shown; None for another folder."""
     if not is_venv(source):
         return None
+    check_venv_links(source, str(source.absolute()))
     staging = plan_layers(source)
     for layer in staging.layers:
         progress(f"broadcast: staging {layer.source} ({layer.why}) in the copy")

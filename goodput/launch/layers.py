@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from goodput.errors import GoodputError
-from goodput.io import read_bytes
+from goodput.io import first_link, link_in_the_way, read_bytes
 
 LAYERS_DIR = "goodput-layers"
 # site.py processes a site folder's .pth files in sorted order; "~" sorts after every letter and
@@ -215,7 +215,21 @@ def plan_layers(venv: Path) -> VenvLayers:
                 "copied: they are read from there"
             )
     plan.finish()
+    _check_unlinked(venv, plan)
     return VenvLayers(tuple(plan.layers.values()), plan.replaced, tuple(plan.notes))
+
+
+def _check_unlinked(venv: Path, plan: _Planner) -> None:
+    """Refuse, naming the link, a plan whose writes into a copy would go through a link the copy
+    keeps (``lib`` a link to a folder elsewhere, ``goodput-layers`` a link): a copy holds links as
+    links, so the write would land outside it, in the link's target. A replaced file that is a
+    link itself is fine: the copy gets the staged file in its place."""
+    for name in plan.replaced:
+        link = first_link(venv, str(PurePosixPath(name).parent))
+        if link is not None:
+            raise link_in_the_way(link, f"the staged {name}")
+    if plan.layers and (link := first_link(venv, LAYERS_DIR)) is not None:
+        raise link_in_the_way(link, f"the staged {LAYERS_DIR}/")
 
 
 def _system_site_off(text: str) -> str:

@@ -37,7 +37,16 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from goodput.errors import GoodputError
-from goodput.io import DIR_MODE, special_entries
+from goodput.io import (
+    DIR_MODE,
+    SMALL_FILE_BYTES,
+    first_link,
+    link_in_the_way,
+    open_regular,
+    read_inside,
+    special_entries,
+    write_inside,
+)
 from goodput.launch.env import check_host
 
 COMMAND_TIMEOUT_S = 3600.0
@@ -140,8 +149,8 @@ class LocalTransport:
             shutil.copytree(src, tmp, symlinks=True, dirs_exist_ok=True, ignore=special_entries)
             os.chmod(tmp, DIR_MODE)
             fix_venv_prefix(tmp, old=str(src), new=str(dst))
-            (tmp / MARKER).unlink(missing_ok=True)  # a copy of a copy brings its source's
-            (tmp / MARKER).write_text(marker + "\n")
+            # A copy of a copy brings its source's marker, maybe a link: replaced, not followed.
+            write_inside(tmp, MARKER, f"{marker}\n".encode())
             _check_replaceable(dst)  # and again: something may have appeared meanwhile
             if os.path.lexists(dst):
                 shutil.rmtree(dst)
@@ -366,24 +375,40 @@ def is_venv(folder: Path) -> bool:
     return (folder / "pyvenv.cfg").is_file() and (folder / "bin" / "activate").is_file()
 
 
+def prefix_pattern(old: str) -> re.Pattern[bytes]:
+    """``old``, a venv's path, as a whole path only: /a/venv must not match inside /a/venv2."""
+    return re.compile(re.escape(old.encode()) + rb"(?![A-Za-z0-9._-])")
+
+
+def _names_prefix_throughout(relative_path: str) -> bool:
+    """``pyvenv.cfg`` and ``bin/activate*``: venv files that may name the venv anywhere."""
+    return relative_path == "pyvenv.cfg" or (
+        may_change(relative_path) and relative_path.rpartition("/")[2].startswith("activate")
+    )
+
+
+def _prefix_end(relative_path: str, data: bytes) -> int:
+    """How many of a venv file's first bytes may name the venv's path: all of those named
+    throughout, the first line (the shebang) of another ``bin/*`` script, none of any other
+    file."""
+    if _names_prefix_throughout(relative_path):
+        return len(data)
+    if may_change(relative_path) and data.startswith(b"#!"):
+        newline = data.find(b"\n")
+        return len(data) if newline < 0 else newline
+    return 0
+
+
 def venv_file_fixer(old: str, new: str) -> Callable[[str, bytes], bytes]:
     """``fix(relative_path, data)``: a venv file's bytes pointed from ``old`` to ``new``:
     ``pyvenv.cfg`` and ``bin/activate*`` throughout, the shebang line of another ``bin/*``
     script; any other file as it is. ``may_change`` says which paths to read for it."""
-    # A whole path only: /a/venv must not match inside /a/venv2.
-    pattern = re.compile(re.escape(old.encode()) + rb"(?![A-Za-z0-9._-])")
+    pattern = prefix_pattern(old)
     new_b = new.encode()
 
     def fix(relative_path: str, data: bytes) -> bytes:
-        name = relative_path.rpartition("/")[2]
-        if relative_path == "pyvenv.cfg" or (
-            may_change(relative_path) and name.startswith("activate")
-        ):
-            return pattern.sub(new_b, data)
-        if may_change(relative_path) and data.startswith(b"#!"):
-            first, sep, rest = data.partition(b"\n")
-            return pattern.sub(new_b, first) + sep + rest
-        return data
+        end = _prefix_end(relative_path, data)
+        return pattern.sub(new_b, data[:end]) + data[end:] if end else data
 
     return fix
 
@@ -394,23 +419,53 @@ def may_change(relative_path: str) -> bool:
     return relative_path == "pyvenv.cfg" or (len(parts) == 2 and parts[0] == "bin")
 
 
+# What is read of a script reached through a link to see whether its shebang names the venv.
+SHEBANG_HEAD_BYTES = 64 << 10
+
+
+def check_venv_links(venv: Path, old: str) -> None:
+    """Refuse, naming the link, a venv at ``old`` where a file that a copy's prefix rewrite
+    changes (``venv_file_fixer``: one that names ``old``) is a link or lies under one (``bin/``
+    a link to a folder elsewhere): rewriting it would write through the link, outside the copy
+    and into someone's files, and leaving it would leave the copy naming the source. Other links
+    (``bin/python`` to its interpreter, a link to data) are copied as links and never written
+    through. Reads the source only; ``fix_venv_prefix`` never follows a link in the copy."""
+    pattern = prefix_pattern(old)
+    bin_dir = venv / "bin"
+    names = ["pyvenv.cfg", *(f"bin/{path.name}" for path in sorted(bin_dir.iterdir()))]
+    for name in names:
+        link = first_link(venv, name)
+        if link is None or not (venv / name).is_file():
+            continue  # a file of the venv's own is rewritten in each copy; no file, no rewrite
+        with open_regular(venv / name) as file:
+            whole = _names_prefix_throughout(name)
+            data = file.read(SMALL_FILE_BYTES if whole else SHEBANG_HEAD_BYTES)
+        if pattern.search(data, 0, _prefix_end(name, data)):
+            raise link_in_the_way(link, f"each copy's own path, in {name},")
+
+
 def fix_venv_prefix(folder: Path, *, old: str, new: str) -> int:
     """Point a copied venv at its new home (``venv_file_fixer``, over its files in place).
 
-    Returns the number of files rewritten; a folder that is not a venv is left alone.
+    Only the copy's own files are read and rewritten (``io.read_inside``, ``io.write_inside``):
+    a link (``bin/python`` to its interpreter, a ``bin`` that is one) is left as it is, never
+    written through. Returns the number of files rewritten; a folder that is not a venv is left
+    alone.
     """
     if old == new or not is_venv(folder):
         return 0
     fix = venv_file_fixer(old, new)
+    names = ["pyvenv.cfg"]
+    if first_link(folder, "bin") is None:
+        names += [f"bin/{name}" for name in sorted(os.listdir(folder / "bin"))]
     num_rewritten = 0
-    for path in [folder / "pyvenv.cfg", *sorted((folder / "bin").iterdir())]:
-        if path.is_symlink() or not path.is_file():
+    for name in names:
+        found = read_inside(folder, name)
+        if found is None:
             continue
-        data = path.read_bytes()
-        fixed = fix(path.relative_to(folder).as_posix(), data)
+        data, mode = found
+        fixed = fix(name, data)
         if fixed != data:
-            mode = path.stat().st_mode
-            path.write_bytes(fixed)
-            os.chmod(path, mode)
+            write_inside(folder, name, fixed, mode)
             num_rewritten += 1
     return num_rewritten
