@@ -5,7 +5,9 @@ through a temp name in the same directory, fsync, then ``os.replace``; directori
 marker count only once the marker exists, and the marker is always written last.
 ``read_text`` and ``read_json`` are the one way to read a small text file from outside (configs,
 host files, manifests, checkpoint metadata): bounded in size, strict UTF-8, and every way it can
-be broken is a ``GoodputError`` naming the file.
+be broken is a ``GoodputError`` naming the file. ``write_inside`` and ``read_inside`` write and
+read a file of a tree (a copy goodput just made) without following a link on the way, so what
+they touch lies inside it.
 """
 
 from __future__ import annotations
@@ -122,13 +124,16 @@ def first_link(root: Path, relative: str) -> Path | None:
 
 def link_in_the_way(link: Path, writes: str) -> GoodputError:
     """The refusal of a write of ``writes`` that would go through ``link``: goodput never writes
-    through a link, so the fix is a real folder or file where the link is."""
+    through a link, so the fix is a real folder or file where the link is (none for a link that
+    leads nowhere: a write through it would create its target)."""
     target = os.path.realpath(link)
+    fix = f"replace the link with a copy of what it points to (rm {link} && cp -a {target} {link})"
+    if not os.path.exists(link):
+        fix = f"remove the link, which leads nowhere (rm {link})"
     return GoodputError.usage(
         link,
         f"is a link (to {target}), and {writes} would be written through it",
-        f"replace the link with a copy of what it points to (rm {link} && cp -a {target} "
-        f"{link}), then run again",
+        f"{fix}, then run again",
     )
 
 

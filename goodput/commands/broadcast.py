@@ -23,7 +23,8 @@ def register(groups: Subparsers) -> None:
         "instead (older step-N there are removed after), for [checkpoint] local_dir = DEST. "
         "With --compress, SOURCE is read once into one zstd archive that hops host to host. "
         "A venv is staged with the outside folders it imports from (system site-packages, "
-        ".pth folders). "
+        ".pth folders). Links are copied as links and never written through: a venv whose "
+        "files each copy rewrites (bin/activate) lie behind a link is refused. "
         "With --simulate, print the predicted makespan of the tree and of a star instead.",
         usage="goodput broadcast SOURCE (--hosts H,...|--hostfile FILE) --dest PATTERN [options]\n"
         "       goodput broadcast SOURCE --compress (--hosts H,...|--hostfile FILE) "

@@ -18,7 +18,10 @@ it carries that marker (a copy goodput made), anything else there is refused and
 is. So a transport deletes only its own partial copies and its own earlier copies (and, with
 ``compress``, the archive at its own path beside its copy). Local
 commands are argv lists and every remote argument is ``shlex.quote``d (ssh hands the remote
-shell one string). ``fix_venv_prefix`` points a copied virtual environment at its new path.
+shell one string). ``fix_venv_prefix`` points a copied virtual environment at its new path,
+reading and writing only the copy's own files (never through a link: ``io.read_inside``,
+``io.write_inside``); ``check_venv_links`` refuses, beforehand, a venv whose files to rewrite lie
+behind a link, which each copy would keep.
 Standard library only.
 """
 
