@@ -165,14 +165,15 @@ def _folder_inside(root: Path, parts: tuple[str, ...]) -> Iterator[int]:
 def read_inside(root: Path, relative: str) -> tuple[bytes, int] | None:
     """The bytes and permission bits of the regular file ``root/relative``, its folders and
     itself opened without following a link (so what is read is the tree's own file); None when
-    one of them is a link or it is not a regular file. Unbounded: for a copy goodput just made."""
+    one of them is a link, a folder cannot be opened or the file is not a regular file.
+    Unbounded: for a copy goodput just made."""
     *folders, name = PurePosixPath(relative).parts
     try:
         with _folder_inside(root, tuple(folders)) as folder:
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
             fd = os.open(name, flags, dir_fd=folder)
     except GoodputError:
-        return None  # a link among the folders
+        return None  # a link among the folders, or one that cannot be opened
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENXIO):  # a link; a socket
             return None
@@ -195,6 +196,9 @@ def write_inside(root: Path, relative: str, data: bytes, mode: int = FILE_MODE) 
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             fd = os.open(tmp, flags, 0o600, dir_fd=folder)
+        except OSError as exc:
+            raise from_exception(exc) from None
+        try:
             with os.fdopen(fd, "wb") as file:
                 file.write(data)
                 file.flush()

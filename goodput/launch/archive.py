@@ -11,7 +11,10 @@ folder under ``layers.LAYERS_DIR``. The bytes read from the source are counted b
 
 Invariants: entries are regular files, folders and symbolic links only (others skipped with a
 note, as ``goodput.io.special_entries`` does for copies); names are relative (``./...``), so an
-unpack lands inside its folder; the archive is complete only when zstd exited 0 (else a
+unpack lands inside its folder; a link goes in as a link and no entry lies under one (the walk
+does not follow links, a venv file is read for its rewrite with ``io.read_inside``, and
+``layers.plan_layers`` refuses a staged file behind a link), so the unpack writes through none;
+the archive is complete only when zstd exited 0 (else a
 ``RuntimeError`` with its message). Does not send or unpack anything (``transports`` does).
 Standard library only, and the ``zstd`` command.
 """
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import IO
 
 from goodput.errors import GoodputError
+from goodput.io import read_inside
 from goodput.launch.layers import LAYERS_DIR, VenvLayers
 from goodput.launch.transports import may_change, venv_file_fixer
 
@@ -94,7 +98,7 @@ def _add(
     tar: tarfile.TarFile,
     name: str,
     path: Path,
-    content: Callable[[str, Path], bytes | None],
+    content: Callable[[str], bytes | None],
     stats: ArchiveStats,
 ) -> None:
     """One entry: the file's bytes, or ``content``'s replacement for them."""
@@ -102,7 +106,7 @@ def _add(
     if info is None or not (info.isreg() or info.isdir() or info.issym() or info.islnk()):
         print(f"goodput: note: skipping {path}: not a regular file", file=sys.stderr)
         return
-    replaced = None if info.isdir() else content(name[2:], path)
+    replaced = None if info.isdir() else content(name[2:])
     if replaced is not None:  # a link replaced too: the copy gets the staged file, not the link
         info.type, info.linkname, info.size = tarfile.REGTYPE, "", len(replaced)
         tar.addfile(info, _BytesReader(replaced))
@@ -133,21 +137,28 @@ class _BytesReader:
 
 
 def _content(
-    staging: VenvLayers | None, prefix: tuple[str, str] | None, stats: ArchiveStats
-) -> Callable[[str, Path], bytes | None]:
-    """``content(name, path)``: the staged bytes of a file whose bytes change, else None."""
+    source: Path,
+    staging: VenvLayers | None,
+    prefix: tuple[str, str] | None,
+    stats: ArchiveStats,
+) -> Callable[[str], bytes | None]:
+    """``content(name)``: the staged bytes of the file at ``name`` (relative to ``source``) when
+    its bytes change, else None."""
     replaced = staging.replaced if staging is not None else {}
     fix = venv_file_fixer(*prefix) if prefix is not None else None
 
-    def content(name: str, path: Path) -> bytes | None:
+    def content(name: str) -> bytes | None:
         data = replaced.get(name)
-        regular = path.is_file() and not path.is_symlink()  # bin/python is a link: kept
-        if fix is not None and may_change(name) and (data is not None or regular):
-            if data is None:
-                data = path.read_bytes()
-                stats.source_bytes_read += len(data)
-            return fix(name, data)
-        return data
+        if fix is None or not may_change(name):
+            return data
+        if data is None:
+            # The source's own file, no link followed: a link (bin/python) goes in as it is.
+            found = read_inside(source, name)
+            if found is None:
+                return None
+            data = found[0]
+            stats.source_bytes_read += len(data)
+        return fix(name, data)
 
     return content
 
@@ -162,7 +173,7 @@ def write_archive(
     """Write ``source`` (staged by ``staging``, its venv prefix moved ``prefix`` = (old, new))
     to ``archive`` as tar + zstd, reading every source file once."""
     stats = ArchiveStats()
-    content = _content(staging, prefix, stats)
+    content = _content(source, staging, prefix, stats)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_broken_pipe_as_error())
         err = stack.enter_context(tempfile.TemporaryFile())

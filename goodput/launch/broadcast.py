@@ -11,18 +11,18 @@ broadcast fails only when fewer than ``min_success`` hosts got a copy. ``simulat
 makespan of the same policy and of a star.
 
 Transports (``transports``) carry out one copy: local, rsync or tar over ssh.
-Invariants: a copy lands under a temp sibling and is renamed onto its final path only when complete,
-so a half copy never looks like a copy; each finished copy carries the transport's marker file
-naming its source, and only a copy with that marker is ever replaced, so a ``--dest`` that names
-someone's folder is refused, never emptied; a destination may not lie inside the source or hold it.
-Host names and node-local paths are validated (letters, digits and a few punctuation marks; absolute
-and normalized) before they reach a command line; local commands are argv lists and every remote
-argument is ``shlex.quote``d (ssh hands the remote shell one string). A copy refused that way is not
-retried: the next try would find the same folder. Links are copied as links, and nothing written
-into a copy after it is made (the prefix, the staged files, the marker) goes through one
-(``io.write_inside``): a venv whose files a copy must rewrite lie behind a link (``bin/`` a link to
-a folder elsewhere) is refused before any copy, naming the link (``transports.check_venv_links``,
-``layers.plan_layers``).
+Invariants: a copy lands under a temp sibling and is renamed onto its final path only when
+complete, so a half copy never looks like a copy; each finished copy carries the transport's
+marker file naming its source, and only a copy with that marker is ever replaced, so a
+``--dest`` that names someone's folder is refused, never emptied; a destination may not lie
+inside the source or hold it. Host names and node-local paths are validated (letters, digits and
+a few punctuation marks; absolute and normalized) before they reach a command line; local
+commands are argv lists and every remote argument is ``shlex.quote``d (ssh hands the remote shell
+one string). A copy refused that way is not retried: the next try would find the same folder.
+Links are copied as links, and nothing written into a copy after it is made (the prefix, the
+staged files, the marker) goes through one (``io.write_inside``); a venv whose files a copy must
+rewrite lie behind a link (``bin/`` a link to a folder elsewhere) is refused before any copy,
+naming the link (``transports.check_venv_links``, ``layers.plan_layers``).
 A virtual environment names its own absolute path (in ``bin/activate*``, ``pyvenv.cfg`` and the
 shebang lines of ``bin/*``): the local transport rewrites each copy; for the remote ones, which
 copy bytes as they are, ``broadcast`` first makes one prepared copy (rewritten) on this machine

@@ -12,18 +12,19 @@ base's site folders are listed, in ``sys.path`` order, in ``LAYERS_PTH``, proces
 venv's own ``.pth`` files as Python processes system site folders after the venv's.
 
 Invariants: ``pyvenv.cfg`` and ``.pth`` files are parsed strictly and bounded (size, lines,
-characters), and a ``.pth`` ``import`` line is never run here; a base site folder's ``import`` lines
-are dropped with a note, since its files are then plain folders on ``sys.path`` (the venv's own
-``.pth`` files keep theirs, each named in a note: Python runs them at start-up, as it did before,
-and what they import is not staged). A folder that holds the venv (``/``, a project installed in
-editable mode around its venv) cannot be copied into it, and a base whose site folders cannot be
-found cannot be staged: both are refused with the fix. A base under ``/usr`` (the operating system's
-python) is on every node's own disk and is left as it is, with a note. A staged file or
-``goodput-layers/`` that a copy would reach through a link (``lib/`` a link to a folder elsewhere)
-is refused naming the link: a copy keeps links as links, so the write would land in the link's
-target. What this module does not do: copy the interpreter or its standard library (``home``; moved
-interpreters break on build-time paths, so they stay where they are and a note says where), or copy
-anything at all (``broadcast`` and ``archive`` do, from this plan).
+characters), and a ``.pth`` ``import`` line is never run here; a base site folder's ``import``
+lines are dropped with a note, since its files are then plain folders on ``sys.path`` (the venv's
+own ``.pth`` files keep theirs, each named in a note: Python runs them at start-up, as it did
+before, and what they import is not staged). A folder that
+holds the venv (``/``, a project installed in editable mode around its venv) cannot be copied
+into it, and a base whose site folders cannot be found cannot be staged: both are refused with
+the fix. A base under ``/usr`` (the operating system's python) is on every node's own disk and
+is left as it is, with a note. A staged file or ``goodput-layers/`` that a copy would reach
+through a link (``lib/`` a link to a folder elsewhere) is refused, naming the link: a copy keeps
+links as links, so the write would land in the link's target. What this module does not do:
+copy the interpreter or its standard library (``home``; moved interpreters break on build-time
+paths, so they stay where they are and a note says where), or copy anything at all
+(``broadcast`` and ``archive`` do, from this plan).
 Standard library only.
 """
 
