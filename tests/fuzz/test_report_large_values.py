@@ -10,9 +10,11 @@ tests/fuzz/test_report_files.py, test_busy_lines.py and test_run_file_lines.py.)
 
 import io
 import json
+import math
 import re
 import sys
 import tempfile
+from fractions import Fraction
 from pathlib import Path
 
 from hypothesis import given
@@ -21,7 +23,7 @@ from rich.console import Console
 
 from goodput import rundir
 from goodput.report.accounting import account
-from goodput.report.compare import compare_runs
+from goodput.report.compare import compare_runs, trailing_mean
 from goodput.report.compare_views import (
     comparison_json,
     comparison_summary,
@@ -30,6 +32,7 @@ from goodput.report.compare_views import (
 )
 from goodput.report.plots import PLOTS
 from goodput.report.run_files import read_run
+from goodput.report.sums import mean
 from goodput.report.terminal import summary
 from goodput.testing import fuzz
 
@@ -143,3 +146,31 @@ def test_two_runs_compared(first, second):
             assert not NOT_FINITE.search(reach_sentence(reach))
         assert not NOT_FINITE.search(shown(comparison_summary(comparison)))
         assert render_comparison_html(comparison).count("<figure") >= 1
+
+
+@st.composite
+def loss_points(draw: st.DrawFn) -> list[tuple[int, float]]:
+    """Up to 30 points of any finite value, tokens strictly rising."""
+    gaps = draw(st.lists(st.integers(1, 1000), min_size=1, max_size=30))
+    tokens = [sum(gaps[: i + 1]) for i in range(len(gaps))]
+    return [(t, draw(signed)) for t in tokens]
+
+
+@given(loss_points(), st.integers(1, 50_000))
+def test_the_trailing_mean_of_any_finite_values_is_finite_and_in_its_window(points, window):
+    smoothed = trailing_mean(points, window)
+    assert [t for t, _ in smoothed] == [t for t, _ in points]
+    # The running sum's rounding: of the largest value (sums.headroom scales it exactly).
+    slack = 1e-12 * max(abs(value) for _, value in points)
+    for tokens, average in smoothed:
+        inside = [value for t, value in points if tokens - window < t <= tokens]
+        assert math.isfinite(average) and min(inside) - slack <= average <= max(inside) + slack
+    assert trailing_mean(points, 1) == tuple(points)
+
+
+@given(st.lists(signed, min_size=1, max_size=50))
+def test_a_mean_of_any_finite_values_is_inside_them(values):
+    found = mean(values)
+    assert min(values) <= found <= max(values)
+    exact = sum(Fraction(value) for value in values) / len(values)  # no rounding at all
+    assert abs(Fraction(found) - exact) <= Fraction(max(map(abs, values))) * Fraction(1, 2**50)
