@@ -139,7 +139,9 @@ def _verdict(ratio: float | None) -> str:
 
 
 def tokens_text(tokens: int) -> str:
-    """``950``, ``1.2K``, ``3M``, ``7.77T``: three significant digits."""
+    """``950``, ``1.2K``, ``3M``, ``7.77T``, ``9.01e+15``: three significant digits."""
+    if tokens >= 1e15:  # up to 2**62 (runfiles.MAX_COUNT): "4.61e+18", not "4.61e+06T"
+        return f"{tokens:.3g}"
     for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
         if tokens >= scale:
             return f"{tokens / scale:.3g}{suffix}"

@@ -192,8 +192,8 @@ def test_the_views_hold_every_run_and_reach(tmp_path):
 
 
 def test_tokens_text():
-    assert [tokens_text(n) for n in (950, 1200, 3_000_000, 7_770_000_000_000)] == [
-        "950", "1.2K", "3M", "7.77T"
+    assert [tokens_text(n) for n in (950, 1200, 3_000_000, 7_770_000_000_000, 2**53, 2**62)] == [
+        "950", "1.2K", "3M", "7.77T", "9.01e+15", "4.61e+18"
     ]  # fmt: skip
 
 
