@@ -21,7 +21,8 @@ evaluation's lines in one synced write.
 
 ``busy.jsonl``: one object per window of ``[watch] straggler_steps`` steps (``BusyLine``),
 appended by rank 0 (``train/monitor/stragglers.py``): the window's last step, its length, and per
-host (in rank order) the mean, least and most of its ranks' mean busy time a step over the window.
+host (in rank order) the mean, least and most of its ranks' mean busy time a step over the window
+(the mean within the least and the most, to its rounding).
 
 Reading is strict and bounded (``io.read_json_lines``): a line past ``rundir.MAX_LINE_BYTES``,
 past ``MAX_LINES`` lines, not one JSON object, a known key whose value is not of its kind, or a
@@ -47,7 +48,9 @@ from goodput.io import json_text, read_json_lines
 
 FIX = "it is not what goodput wrote; restore it or move it out of the run directory"
 MAX_LINES = 10_000_000  # a run file past this is not one run's
-MAX_COUNT = 1 << 62  # a step, a count: far past any run's, and exact in a float
+# A step, a count: far past any run's. Counts are JSON integers, read as Python's: exact at any
+# size (a float is exact only to 2**53; ``StepLine.numbers`` is for plotting, not counting).
+MAX_COUNT = 1 << 62
 MAX_NAME_CHARS = 200  # an eval's task, metric and source
 KIND = "kind"  # the key of a StepRecord field's kind in its metadata
 
@@ -76,6 +79,8 @@ SECONDS = Kind("a finite number >= 0", lambda v: _finite(v) and v >= 0)
 AMOUNT = Kind("a finite number >= 0 or null", lambda v: v is None or (_finite(v) and v >= 0))
 VALUE = Kind("a finite number or null", lambda v: v is None or _finite(v))
 NUMBER = Kind("a number or null", lambda v: v is None or _is_number(v))
+FINITE = Kind("a finite number", _finite)
+POSITIVE = Kind("a finite number > 0", lambda v: _finite(v) and v > 0)
 FLAG = Kind("true or false", lambda v: type(v) is bool)
 NAME = Kind("a name", lambda v: isinstance(v, str) and 0 < len(v) <= MAX_NAME_CHARS)
 # Where a resumed process loaded its state from: its own in-memory checkpoint ("snapshot"), its
@@ -251,7 +256,7 @@ EVAL_KEYS = {
     "task": NAME,
     "metric": NAME,
     "value": VALUE,
-    "stderr": VALUE,
+    "stderr": AMOUNT,  # a standard error: never below 0
     "source": NAME,
     "time": SECONDS,
 }
@@ -287,6 +292,7 @@ def parse_eval(raw: Mapping[str, Any], where: str, *, fix: str = FIX) -> EvalLin
 # --- busy.jsonl -----------------------------------------------------------------------------
 
 MAX_HOSTS = 10_000  # hosts of one line: at ~60 bytes each, well inside rundir.MAX_LINE_BYTES
+MEAN_ROUNDING_ULPS = 2  # a host's mean may pass its min or max by this many ulps of its max
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,7 +349,13 @@ def _host_busy(row: Any, where: str, fix: str) -> HostBusy:
     ):
         what = "is not [host, mean_s, min_s, max_s] with finite seconds >= 0, min <= max"
         raise GoodputError(where, what, fix)
-    return HostBusy(row[0], float(row[1]), float(row[2]), float(row[3]))
+    busy = HostBusy(row[0], float(row[1]), float(row[2]), float(row[3]))
+    # The writer's mean (statistics.fmean) of equal values may round an ulp past them.
+    slack = MEAN_ROUNDING_ULPS * math.ulp(busy.max_s)
+    if not busy.min_s - slack <= busy.mean_s <= busy.max_s + slack:
+        what = f"mean_s {busy.mean_s:g} is not within min_s {busy.min_s:g} and max_s {busy.max_s:g}"
+        raise GoodputError(where, what, fix)
+    return busy
 
 
 BUSY_KEYS = {

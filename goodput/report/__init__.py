@@ -4,4 +4,5 @@
 and badput by cause (the one definition chaos and the benchmarks call too), and the views show it:
 ``terminal`` (``rich`` tables), ``html`` (one self-contained page) with ``plots`` (its figures).
 ``compare`` and ``compare_views``: runs side by side at matched tokens (``goodput report A B``).
+``sums``: sums and means over run-file values that no finite value makes overflow.
 """

@@ -27,6 +27,7 @@ It reads the runs and writes nothing; the views are ``compare_views``.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -35,12 +36,12 @@ from pathlib import Path
 from goodput import rundir, runfiles
 from goodput.errors import GoodputError
 from goodput.report.plots import heldout_losses, kept_and_lost
-from goodput.report.run_files import RunFiles, Step, read_run
+from goodput.report.run_files import TOKENS, RunFiles, Step, read_run
+from goodput.report.sums import headroom, mean_of
 
 MAX_RUNS = 10  # one colour each in the figures (matplotlib's tab10)
 SMOOTHING_FRACTION = 1 / 50  # of the shortest run's tokens: the training loss's window
 LOSS = "loss"
-TOKENS = "tokens"  # the step line's key: cumulative tokens through the step
 TOKENS_FIX = "it is not what goodput train wrote; restore the file or leave the run out"
 
 Point = tuple[int, float]  # (tokens seen, value)
@@ -55,6 +56,11 @@ class Series:
     points: tuple[Point, ...]
     higher_is_better: bool = False
     raw: tuple[Point, ...] | None = None
+
+    def __post_init__(self) -> None:
+        # Every verdict (a final value, where a run reaches it) is read off the points: the
+        # readers admit only finite values and the trailing mean stays finite.
+        assert all(math.isfinite(value) for _, value in self.points), self.name
 
     @property
     def final(self) -> Point:
@@ -113,43 +119,52 @@ def tokens_by_step(
 ) -> tuple[dict[int, int], bool]:
     """Each kept step's tokens seen (``steps`` by step, one each) and whether any was derived
     from ``tokens_per_step``; a ``GoodputError`` when tokens do not rise with the step, or a
-    line lacks them and there is no ``tokens_per_step``."""
+    line lacks them and there is no ``tokens_per_step``. Integers throughout: exact at any
+    count the lines admit (``runfiles.MAX_COUNT``), past 2**53 too."""
     placed: dict[int, int] = {}
     derived, last = False, (0, 0)  # (step, tokens) of the line before
     for step in steps:
-        tokens: float | None = step.values.get(TOKENS)
+        tokens = step.tokens_seen
         if tokens is None:
             if tokens_per_step is None:
                 raise _no_tokens_per_step(where)
-            tokens, derived = float(step.step * tokens_per_step), True
-        if tokens <= last[1] or not tokens.is_integer() or tokens >= runfiles.MAX_COUNT:
+            tokens, derived = step.step * tokens_per_step, True
+        if not last[1] < tokens < runfiles.MAX_COUNT:
             raise GoodputError(
                 f"{where}:{step.line}",
-                f"'tokens' is {tokens:g} at step {step.step}, not a whole number above the "
-                f"{last[1]:,} of step {last[0]}: tokens seen must rise with the step",
+                f"'tokens' is {tokens:,} at step {step.step}, not a whole number above the "
+                f"{last[1]:,} of step {last[0]} and below {runfiles.MAX_COUNT:,}: tokens seen "
+                "must rise with the step",
                 TOKENS_FIX,
             )
-        placed[step.step], last = int(tokens), (step.step, int(tokens))
+        placed[step.step], last = tokens, (step.step, tokens)
     return placed, derived
 
 
 def trailing_mean(points: Sequence[Point], window: int) -> tuple[Point, ...]:
     """Each point's value as the mean of the points in the ``window`` tokens up to it (its own
-    included): ``points`` have strictly rising tokens, ``window`` >= 1. A running sum (a run
-    may have millions of steps): exact for a window of one point, else within rounding of the
-    largest value since the window last held one point."""
+    included): ``points`` have strictly rising tokens and finite values, ``window`` >= 1. A
+    running sum (a run may have millions of steps), of the values scaled so that it cannot
+    overflow (``sums.headroom``: the values may be as large as float's largest): exact for a
+    window of one point, else within rounding of the largest value since the window last held
+    one point; finite."""
     assert window >= 1, window
+    if not points:
+        return ()
+    scale = headroom(max(abs(value) for _, value in points), len(points))
     smoothed: list[Point] = []
     total, start = 0.0, 0
     for tokens, value in points:
-        total += value
+        total += value * scale
         while points[start][0] <= tokens - window:
-            total -= points[start][1]
+            total -= points[start][1] * scale
             start += 1
         count = len(smoothed) + 1 - start
         if count == 1:
-            total = value  # the running sum's rounding, dropped whenever the window is one point
-        smoothed.append((tokens, total / count))
+            total = value * scale  # the running sum's rounding, dropped at a window of one point
+            smoothed.append((tokens, value))
+        else:
+            smoothed.append((tokens, mean_of(total, count, scale)))
     return tuple(smoothed)
 
 
@@ -220,7 +235,7 @@ def _load(run_dir: Path, label: str) -> ComparedRun:
     metrics = run_dir / rundir.METRICS
     evals = _eval_series(run)
     unplaced = {s for _, by_step, _ in evals for s in by_step} - {step.step for step in kept}
-    needs_config = bool(unplaced) or any(TOKENS not in step.values for step in kept)
+    needs_config = bool(unplaced) or any(step.tokens_seen is None for step in kept)
     tokens_per_step = _tokens_per_step(run_dir) if needs_config else None
     placed, derived = tokens_by_step(kept, tokens_per_step, metrics)
     loss = [(placed[s.step], s.values[LOSS]) for s in kept if LOSS in s.values]

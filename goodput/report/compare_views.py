@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from goodput import rundir
-from goodput.figures import png_bytes
+from goodput.figures import axis_scale, png_bytes
 from goodput.io import write_text
 from goodput.outputs import HTML_GENERATOR
 from goodput.report.compare import LOSS, ComparedRun, Comparison, Reach
@@ -139,7 +139,9 @@ def _verdict(ratio: float | None) -> str:
 
 
 def tokens_text(tokens: int) -> str:
-    """``950``, ``1.2K``, ``3M``, ``7.77T``: three significant digits."""
+    """``950``, ``1.2K``, ``3M``, ``7.77T``, ``9.01e+15``: three significant digits."""
+    if tokens >= 1e15:  # up to 2**62 (runfiles.MAX_COUNT): "4.61e+18", not "4.61e+06T"
+        return f"{tokens:.3g}"
     for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
         if tokens >= scale:
             return f"{tokens / scale:.3g}{suffix}"
@@ -214,19 +216,24 @@ def draw_series(comparison: Comparison, name: str) -> bytes:
 
 def series_figure(comparison: Comparison, name: str) -> Figure:
     """One series of every run that has it, overlaid over tokens seen, each run in the legend."""
+    having = [(index, run, run.series[name]) for index, run in enumerate(comparison.runs)
+              if name in run.series]  # fmt: skip
+    scale = axis_scale(
+        [value for _, _, series in having for _, value in (*series.points, *(series.raw or ()))]
+    )
     figure, axes = report_figure()
-    for index, run in enumerate(comparison.runs):
-        series = run.series.get(name)
-        if series is None:
-            continue
+    for index, run, series in having:
         colour = f"C{index}"
         for start in run.stage_starts:  # where a data-mix stage began
             axes.axvline(start, color=colour, linestyle=":", linewidth=1)
         if series.raw is not None and series.raw != series.points:
-            axes.plot(*zip(*series.raw, strict=True), color=colour, alpha=0.25, linewidth=0.8)
+            tokens, values = zip(*series.raw, strict=True)
+            axes.plot(tokens, scale.drawn(values), color=colour, alpha=0.25, linewidth=0.8)
         marker = None if name == LOSS else "o"  # evals are few points: each shown
+        tokens, values = zip(*series.points, strict=True)
         axes.plot(
-            *zip(*series.points, strict=True),
+            tokens,
+            scale.drawn(values),
             color=colour,
             marker=marker,
             markersize=3,
@@ -235,6 +242,6 @@ def series_figure(comparison: Comparison, name: str) -> Figure:
     longest = max(run.series[LOSS].final[0] for run in comparison.runs)
     axes.set_xlim(0, 1.02 * longest)  # one axis on every figure: the evals line up with the loss
     axes.set_xlabel("tokens seen")
-    axes.set_ylabel(plain_label(name))
+    axes.set_ylabel(scale.label(plain_label(name)))
     axes.legend(fontsize="small")
     return figure

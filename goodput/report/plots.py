@@ -10,8 +10,11 @@ start (``Accounting.start``).
 Figures come from ``goodput.figures.agg_figure`` (matplotlib's Agg canvas, imported only
 there) and are 8 x 3.5 in (the badput bar 8 x 2.2) at 100 dpi, so that a page of them stays
 light. Names from the run (corpora, tasks) are drawn as plain text: ``$`` is escaped, since
-matplotlib reads ``$...$`` as math and raises on math it cannot parse. Nothing here writes a
-file.
+matplotlib reads ``$...$`` as math and raises on math it cannot parse. Every number a run file
+admits is drawn: an axis of numbers past ``figures.MAX_DRAWN`` divides them by a power of ten
+its label names (``figures.axis_scale``), and the accuracy axis draws a value past
+``ACCURACY_BAND`` at its edge. Checkpoint ticks take their step's time from the account's
+timeline (a step it left out has none to trust). Nothing here writes a file.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from goodput.figures import agg_figure, png_bytes
+from goodput.figures import agg_figure, axis_scale, png_bytes
 from goodput.report.accounting import CAUSES, Accounting
 from goodput.report.run_files import RunFiles, Step
+from goodput.report.sums import mean
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -31,6 +35,9 @@ if TYPE_CHECKING:
 WIDTH_IN, HEIGHT_IN = 8.0, 3.5
 MAX_LABEL = 40  # characters of an outside name shown in a figure
 LOG_SPAN = 100.0  # a positive series spanning more than this factor is drawn on a log axis
+# An accuracy axis shows [0, 1]: a value (or its error bar, or a chance line) past this band is
+# drawn at its edge, off the axis as it would be anyway, so that matplotlib never sees 1e308.
+ACCURACY_BAND = (-1.0, 2.0)
 BUSY_HOSTS = 8  # the slowest hosts drawn one by one; the others are in the band
 STAGES_PER_ROW = 3  # panels of the data-mix stages figure
 STAGES_DRAWN = 12  # the first ones; the page's table lists every stage
@@ -88,23 +95,29 @@ def kept_and_lost(steps: list[Step]) -> tuple[list[Step], list[Step]]:
 def loss_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     """The training loss (kept runs; lost runs grey) and the held-out loss per corpus."""
     kept, lost = kept_and_lost(run.steps)
-    train = _series(kept, "loss")
+    train, recomputed = _series(kept, "loss"), _series(lost, "loss")
     heldout = heldout_losses(run)
     if not train[0] and not heldout:
         return None
+    scale = axis_scale(
+        [*train[1], *recomputed[1], *(loss for points in heldout.values() for _, loss in points)]
+    )
     figure, axes = report_figure()
     if train[0]:
-        axes.plot(*train, color="#333333", linewidth=1, label="training loss")
-    recomputed = _series(lost, "loss")
+        axes.plot(
+            train[0], scale.drawn(train[1]), color="#333333", linewidth=1, label="training loss"
+        )
     if recomputed[0]:
         axes.scatter(
-            *recomputed, s=4, color="gray", alpha=0.5, label="lost runs of recomputed steps"
-        )
+            recomputed[0], scale.drawn(recomputed[1]), s=4, color="gray", alpha=0.5,
+            label="lost runs of recomputed steps",
+        )  # fmt: skip
     for corpus, points in heldout.items():
         label = f"held-out: {plain_label(corpus)}"
-        axes.plot(*zip(*points, strict=True), marker="o", markersize=3, label=label)
+        steps, losses = zip(*points, strict=True)
+        axes.plot(steps, scale.drawn(losses), marker="o", markersize=3, label=label)
     axes.set_xlabel("step")
-    axes.set_ylabel("loss")
+    axes.set_ylabel(scale.label("loss"))
     axes.legend(fontsize="small")
     return png_bytes(figure)
 
@@ -140,12 +153,15 @@ def throughput_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     figure, axes = report_figure()
     axes.set_xlabel("step")
     if rate[0]:
-        axes.plot(*rate, color="tab:blue", linewidth=1)
-        axes.set_ylabel("tokens/s", color="tab:blue")
+        scale = axis_scale(rate[1])
+        axes.plot(rate[0], scale.drawn(rate[1]), color="tab:blue", linewidth=1)
+        axes.set_ylabel(scale.label("tokens/s"), color="tab:blue")
     if mfu[0]:
         right = axes.twinx() if rate[0] else axes
-        right.plot(mfu[0], [100 * value for value in mfu[1]], color="tab:red", linewidth=1)
-        right.set_ylabel("MFU (%)", color="tab:red")
+        scale = axis_scale(mfu[1])  # of the fractions: 100 x 1e308 would not be finite
+        percent = [100 * value for value in scale.drawn(mfu[1])]
+        right.plot(mfu[0], percent, color="tab:red", linewidth=1)
+        right.set_ylabel(scale.label("MFU (%)"), color="tab:red")
     return png_bytes(figure)
 
 
@@ -158,9 +174,10 @@ def accuracy_plot(run: RunFiles, acc: Accounting) -> bytes | None:
         if line.value is None:
             continue
         if line.metric == "acc":
-            scores.setdefault(line.task, {})[line.step] = (line.value, line.stderr or 0.0)
+            value, stderr = _in_band(line.value), min(line.stderr or 0.0, ACCURACY_BAND[1])
+            scores.setdefault(line.task, {})[line.step] = (value, stderr)
         elif line.metric == "chance":
-            chance[line.task] = line.value
+            chance[line.task] = _in_band(line.value)
     if not scores:
         return None
     figure, axes = report_figure()
@@ -241,15 +258,21 @@ def lr_find_curve_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     found = run.lr_find
     if found is None or len(found["lr"]) < 2:
         return None
+    suggested = found["suggested_lr"]  # > 0 or None (run_files)
+    lrs = found["lr"] + ([suggested] if suggested is not None else [])
+    lr_scale, loss_scale = axis_scale(lrs, log_span=1.0), axis_scale(found["loss"])
     figure, axes = report_figure()
-    axes.plot(found["lr"], found["loss"], color="tab:blue", linewidth=1.5, label="smoothed loss")
-    suggested = found["suggested_lr"]
-    if suggested is not None and suggested > 0:
+    axes.plot(
+        lr_scale.drawn(found["lr"]), loss_scale.drawn(found["loss"]), color="tab:blue",
+        linewidth=1.5, label="smoothed loss",
+    )  # fmt: skip
+    if suggested is not None:
         label = f"suggested lr {suggested:.3g}"
-        axes.axvline(suggested, color="black", linestyle="--", label=label)
-    axes.set_xscale("log")
-    axes.set_xlabel("learning rate")
-    axes.set_ylabel("loss")
+        axes.axvline(*lr_scale.drawn([suggested]), color="black", linestyle="--", label=label)
+    if lr_scale.log:  # the LRs of a range test span decades
+        axes.set_xscale("log")
+    axes.set_xlabel(lr_scale.label("learning rate"))
+    axes.set_ylabel(loss_scale.label("loss"))
     axes.legend(fontsize="small")
     return png_bytes(figure)
 
@@ -263,22 +286,25 @@ def busy_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     import numpy as np  # matplotlib's own dependency: there whenever a figure is drawn
 
     steps = [window.step for window in run.busy]
+    scale = axis_scale([row.mean_s for window in run.busy for row in window.hosts])
     by_host: dict[str, dict[int, float]] = {}
     for window in run.busy:
         for row in window.hosts:
             by_host.setdefault(row.host, {})[window.step] = row.mean_s
     # Per window: its hosts may differ (a host replaced between attempts).
-    quartiles = [np.percentile([h.mean_s for h in w.hosts], [25, 50, 75]) for w in run.busy]
+    quartiles = [
+        np.percentile(scale.drawn(h.mean_s for h in w.hosts), [25, 50, 75]) for w in run.busy
+    ]
     low, median, high = zip(*quartiles, strict=True)
     figure, axes = report_figure()
     axes.fill_between(steps, low, high, color="#c7c7c7", alpha=0.6, label="hosts' middle half")
     axes.plot(steps, median, color="#333333", linestyle="--", linewidth=1, label="median host")
-    slowest = sorted(by_host, key=lambda h: -sum(by_host[h].values()) / len(by_host[h]))
+    slowest = sorted(by_host, key=lambda h: -mean(list(by_host[h].values())))
     for name in slowest[:BUSY_HOSTS]:
-        points = sorted(by_host[name].items())
-        axes.plot(*zip(*points, strict=True), marker="o", markersize=3, label=plain_label(name))
+        windows, busy = zip(*sorted(by_host[name].items()), strict=True)
+        axes.plot(windows, scale.drawn(busy), marker="o", markersize=3, label=plain_label(name))
     axes.set_xlabel("step (end of each window)")
-    axes.set_ylabel("busy time a step (s)")
+    axes.set_ylabel(scale.label("busy time a step (s)"))
     axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return png_bytes(figure)
 
@@ -304,7 +330,7 @@ def timeline_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     if failures:
         axes.scatter(failures, [1.0] * len(failures), marker="x", s=60, color="black", zorder=3)
         axes.scatter([], [], marker="x", color="black", label="failure")
-    saved = checkpoint_times(run)
+    saved = checkpoint_times(run, acc)
     if saved:
         axes.scatter([hours(t) for t in saved], [0.0] * len(saved), marker="|", s=200)
         axes.scatter([], [], marker="|", color="tab:blue", label="checkpoint")
@@ -315,9 +341,11 @@ def timeline_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     return png_bytes(figure)
 
 
-def checkpoint_times(run: RunFiles) -> list[float]:
-    """When each complete checkpoint's step ended (its last run), for those the metrics hold."""
-    ended = {step.step: step.time for step in run.steps}  # the last run of each step
+def checkpoint_times(run: RunFiles, acc: Accounting) -> list[float]:
+    """When each complete checkpoint's step ended (its last run), for those the account placed
+    on its timeline (a step it left out has no time to trust)."""
+    placed = sorted((step for span in acc.timeline for step in span.steps), key=lambda s: s.line)
+    ended = {step.step: step.time for step in placed}  # the last run of each step
     return [ended[step] for step in run.checkpoint_steps if step in ended]
 
 
@@ -427,14 +455,19 @@ def _step_series_plot(run: RunFiles, key: str, label: str, colour: str) -> bytes
     steps, values = _series(kept, key)
     if not steps:
         return None
+    scale = axis_scale(values, log_span=LOG_SPAN)
     figure, axes = report_figure()
-    axes.plot(steps, values, color=colour, linewidth=1)
-    low, high = min(values), max(values)
-    if low > 0 and high / low > LOG_SPAN:
+    axes.plot(steps, scale.drawn(values), color=colour, linewidth=1)
+    if scale.log:
         axes.set_yscale("log")
     axes.set_xlabel("step")
-    axes.set_ylabel(label)
+    axes.set_ylabel(scale.label(label))
     return png_bytes(figure)
+
+
+def _in_band(value: float) -> float:
+    low, high = ACCURACY_BAND
+    return min(max(value, low), high)
 
 
 def plain_label(name: str) -> str:

@@ -20,7 +20,6 @@ the step time it lacks is 0.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ MAX_TOKENS = float(1 << 62)  # a step's tokens, capped (the accounting leaves su
 # The step record's fields the report reads, beside the series it plots (``Step.values``).
 STEP_TIMES = ("data_time_s", "checkpoint_stall_s", "snapshot_stall_s", "checkpoint_load_s",
               "startup_s", "eval_time_s")  # fmt: skip
+TOKENS = "tokens"  # the step line's key: the run's tokens through the step
 REQUIRED = ("step_time_s", "time")  # of every step line (its kinds: runfiles.STEP_KEYS)
 
 
@@ -49,6 +49,9 @@ class Step:
     time: float
     step_time_s: float
     tokens: int  # tokens per step (tokens_per_s x step_time_s, rounded)
+    # The run's tokens through this step, the line's ``tokens`` (None: an older trainer's line):
+    # an integer, exact past 2**53 where a float of it (``values``) is not.
+    tokens_seen: int | None = None
     data_time_s: float = 0.0
     checkpoint_stall_s: float = 0.0
     snapshot_stall_s: float = 0.0  # a snapshot's copy, and the wait for the one before
@@ -121,6 +124,7 @@ def _step(line: runfiles.StepLine) -> Step:
         time=line.number("time", 0.0),
         step_time_s=step_time,
         tokens=round(min(tokens_per_s * step_time, MAX_TOKENS)),  # inf: 1e300 x 1e300
+        tokens_seen=line.raw.get(TOKENS),  # its kind: runfiles.COUNT, an int
         data_time_s=parts["data_time_s"],
         checkpoint_stall_s=parts["checkpoint_stall_s"],
         snapshot_stall_s=parts["snapshot_stall_s"],
@@ -148,23 +152,31 @@ def _optional_json(path: Path) -> Any:
 
 def _mixture(record: Any) -> list[dict[str, Any]] | None:
     """The blend's report rows (target and achieved share per corpus), when the blend named by
-    ``run.json`` is still where it was built and checks out."""
+    ``run.json`` is still where it was built and checks out; a share outside [0, 1] is a
+    ``GoodputError`` naming the blend's file."""
+    from goodput.data.index_files import rebuild_fix
     from goodput.data.manifest import read_run_manifest
 
     data = record.get("data") if isinstance(record, dict) else None
     blend = data.get("blend") if isinstance(data, dict) else None
     if not isinstance(blend, str) or not (Path(blend) / "blend.json").is_file():
         return None
-    manifest = read_run_manifest(Path(blend) / "blend.json")
-    return [
-        {"corpus": row["corpus"], "target": row["target"], "achieved": row["achieved"]}
-        for row in manifest["report"]["corpora"]
-    ]
+    path = Path(blend) / "blend.json"
+    manifest = read_run_manifest(path)
+    rows = []
+    for row in manifest["report"]["corpora"]:
+        for key in ("target", "achieved"):
+            if not runfiles.SHARE.admits(row[key]):
+                what = f"report: corpus {row['corpus']!r}: {key} is {row[key]!r}, not a share"
+                raise GoodputError(path, what, rebuild_fix(path.parent))
+        rows.append({"corpus": row["corpus"], "target": row["target"], "achieved": row["achieved"]})
+    return rows
 
 
 def _lr_find(path: Path) -> dict[str, Any] | None:
     """``lr_find.json``'s curve as ``{"lr": [...], "loss": [...], "suggested_lr": x}`` (the
-    points whose LR and smoothed loss are finite)."""
+    points whose LR is a finite number > 0 and smoothed loss a finite number; the suggestion
+    when it is such an LR, else None)."""
     if not os.path.lexists(path):
         return None
     found = read_json(path)
@@ -175,12 +187,11 @@ def _lr_find(path: Path) -> dict[str, Any] | None:
     points = [
         (float(lr), float(loss))
         for lr, loss in points
-        if isinstance(lr, int | float) and isinstance(loss, int | float)
-        and math.isfinite(lr) and math.isfinite(loss) and lr > 0
-    ]  # fmt: skip
+        if runfiles.POSITIVE.admits(lr) and runfiles.FINITE.admits(loss)
+    ]
     suggested = found.get("suggested_lr")
     return {
-        "lr": [float(lr) for lr, _ in points],
-        "loss": [float(loss) for _, loss in points],
-        "suggested_lr": float(suggested) if type(suggested) in (int, float) else None,
+        "lr": [lr for lr, _ in points],
+        "loss": [loss for _, loss in points],
+        "suggested_lr": float(suggested) if runfiles.POSITIVE.admits(suggested) else None,
     }

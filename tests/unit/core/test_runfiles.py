@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -177,6 +178,7 @@ def test_unknown_keys_pass_a_torn_line_is_left_out_and_required_keys_are_asked(t
         ({"source": None}, "'source' is null, not a name"),
         ({"value": "1"}, "'value' is \"1\", not a finite number or null"),
         ({"stderr": True}, "'stderr' is true"),
+        ({"stderr": -0.1}, "'stderr' is -0.1, not a finite number >= 0 or null"),
         ({"step": -2}, "'step' is -2"),
         ({"time": -1.0}, "'time' is -1.0, not a finite number >= 0"),
     ],
@@ -188,6 +190,33 @@ def test_a_damaged_eval_line_is_one_error_naming_it(tmp_path, change, what):
     with pytest.raises(GoodputError) as error:
         list(runfiles.read_evals(path))
     assert error.value.render().startswith(f"{path}:2: ") and what in error.value.render()
+
+
+@pytest.mark.parametrize(
+    ("row", "what"),
+    [
+        (["nid1", 3.0, 1.0, 2.0], "mean_s 3 is not within min_s 1 and max_s 2"),
+        (["nid1", 0.5, 1.0, 2.0], "mean_s 0.5 is not within min_s 1 and max_s 2"),
+        (["nid1", 1e308, 0.0, 0.0], "mean_s 1e+308 is not within min_s 0 and max_s 0"),
+    ],
+)
+def test_a_busy_row_whose_mean_lies_outside_its_min_and_max_is_refused(tmp_path, row, what):
+    good = {"step": 10, "steps": 10, "hosts": [["nid0", 1.0, 1.0, 1.0]]}
+    path = tmp_path / rundir.BUSY
+    path.write_text(json.dumps(good) + "\n" + json.dumps(good | {"hosts": [row]}) + "\n")
+    with pytest.raises(GoodputError) as error:
+        list(runfiles.read_busy(path))
+    rendered = error.value.render()
+    assert rendered.startswith(f"{path}:2: hosts[0]: ") and what in rendered
+
+
+def test_a_busy_mean_rounded_past_equal_ranks_reads():
+    """The writer's mean (statistics.fmean) of equal values may round an ulp past them."""
+    ranks = [59.65185006951008] * 5
+    mean = statistics.fmean(ranks)
+    assert mean < min(ranks)  # the rounding the reader allows
+    line = runfiles.BusyLine(step=5, steps=5, hosts=(runfiles.HostBusy("nid0", mean, *ranks[:2]),))
+    assert runfiles.parse_busy(line.as_json(), "busy.jsonl:1") == line
 
 
 def test_no_module_but_runfiles_parses_a_run_file():

@@ -34,8 +34,9 @@ from goodput.testing.run_dirs import TOKENS_PER_STEP, Attempt, write_run
 T0 = 1_800_000_000.0
 
 
-def step(number, *, line=0, **values):
-    return Step(step=number, time=T0, step_time_s=1.0, tokens=0, values=values, line=line)
+def step(number, *, line=0, tokens=None):
+    """Step ``number``; ``tokens``: its line's (the run's tokens through it), None: not said."""
+    return Step(step=number, time=T0, step_time_s=1.0, tokens=0, tokens_seen=tokens, line=line)
 
 
 def synthetic_run(run_dir, steps, *, heldout=None, accuracy=None, config=True, attempts=None):
@@ -66,27 +67,46 @@ def with_tokens(run_dir, tokens_of):
 
 
 def test_tokens_come_from_the_line_or_from_the_step():
-    steps = [step(1, tokens=100.0), step(2), step(3, tokens=900.0)]
+    steps = [step(1, tokens=100), step(2), step(3, tokens=900)]
     placed, derived = tokens_by_step(steps, 300, "m")
     assert placed == {1: 100, 2: 600, 3: 900} and derived
-    placed, derived = tokens_by_step([step(1, tokens=5.0), step(2, tokens=7.0)], None, "m")
+    placed, derived = tokens_by_step([step(1, tokens=5), step(2, tokens=7)], None, "m")
     assert placed == {1: 5, 2: 7} and not derived
 
 
 @pytest.mark.parametrize(
     "steps, what",
     [
-        ([step(1, tokens=10.0), step(2, tokens=10.0, line=2)], "'tokens' is 10 at step 2"),
-        ([step(1, tokens=10.0), step(2, tokens=4.0, line=2)], "'tokens' is 4 at step 2"),
-        ([step(1, tokens=0.5, line=2)], "not a whole number"),
-        ([step(1, tokens=0.0, line=2)], "'tokens' is 0 at step 1"),
-        ([step(1, tokens=float(1 << 62), line=2)], "at step 1"),
+        ([step(1, tokens=10), step(2, tokens=10, line=2)], "'tokens' is 10 at step 2"),
+        ([step(1, tokens=10), step(2, tokens=4, line=2)], "'tokens' is 4 at step 2"),
+        ([step(1, tokens=0, line=2)], "'tokens' is 0 at step 1"),
+        ([step(1, tokens=1 << 62, line=2)], "at step 1"),
     ],
 )
 def test_tokens_that_do_not_rise_are_refused_naming_the_line(steps, what):
     with pytest.raises(GoodputError) as refused:
         tokens_by_step(steps, None, "run/metrics.jsonl")
     assert refused.value.where == "run/metrics.jsonl:2" and what in refused.value.what
+
+
+def test_derived_tokens_past_the_largest_count_are_refused_naming_the_line():
+    with pytest.raises(GoodputError) as refused:
+        tokens_by_step([step(1, tokens=5), step(1 << 40, line=2)], 1 << 30, "m")
+    assert refused.value.where == "m:2" and f"below {1 << 62:,}" in refused.value.what
+
+
+def test_tokens_past_2_to_the_53_are_exact_integers(tmp_path, capsys):
+    """A float of 2**53 + 1 is 2**53: the tokens axis compares the lines' integers."""
+    for name in ("a", "b"):
+        synthetic_run(tmp_path / name, 10)
+        with_tokens(tmp_path / name, lambda s: 2**53 + s)
+    comparison = compare_runs([tmp_path / "a", tmp_path / "b"])
+    assert [t for t, _ in comparison.runs[0].series[LOSS].points] == [
+        2**53 + s for s in range(1, 11)
+    ]
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["runs"][1]["series"][LOSS]["tokens"][-1] == 2**53 + 10
 
 
 def test_a_line_without_tokens_and_no_tokens_per_step_is_refused():
@@ -172,8 +192,8 @@ def test_the_views_hold_every_run_and_reach(tmp_path):
 
 
 def test_tokens_text():
-    assert [tokens_text(n) for n in (950, 1200, 3_000_000, 7_770_000_000_000)] == [
-        "950", "1.2K", "3M", "7.77T"
+    assert [tokens_text(n) for n in (950, 1200, 3_000_000, 7_770_000_000_000, 2**53, 2**62)] == [
+        "950", "1.2K", "3M", "7.77T", "9.01e+15", "4.61e+18"
     ]  # fmt: skip
 
 

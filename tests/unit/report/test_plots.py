@@ -4,6 +4,7 @@ when it does not; recomputed steps keep their last run; outside names draw as pl
 from __future__ import annotations
 
 import struct
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import get_args
@@ -87,9 +88,14 @@ def test_held_out_losses_come_from_step_records_and_eval_lines(full_run):
 
 
 def test_checkpoints_are_marked_when_their_step_last_ended(full_run):
-    run, _ = full_run
+    run, acc = full_run
     last_end = {s.step: s.time for s in run.steps}
-    assert plots.checkpoint_times(run) == [last_end[10], last_end[20]]
+    assert plots.checkpoint_times(run, acc) == [last_end[10], last_end[20]]
+    # A run the account leaves out (its time past the year 2514) marks no checkpoint.
+    beyond = replace(run.steps[-1], time=sys.float_info.max, line=len(run.steps) + 1)
+    far = replace(run, steps=[*run.steps, beyond])
+    assert plots.checkpoint_times(far, account(far)) == [last_end[10], last_end[20]]
+    assert plots.timeline_plot(far, account(far)) is not None
 
 
 def test_names_from_the_run_are_drawn_as_plain_text():
