@@ -17,7 +17,7 @@ import tempfile
 from fractions import Fraction
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
@@ -125,6 +125,12 @@ def shown(renderable: object) -> str:
     return console.file.getvalue()  # type: ignore[attr-defined]
 
 
+# Each example draws seven PNGs (about 0.15 s each): a quarter of the profile's examples keeps
+# CI's share under 20 s and still scales with a longer campaign.
+FIGURE_EXAMPLES = settings(max_examples=max(10, settings.default.max_examples // 4))
+
+
+@FIGURE_EXAMPLES
 @given(runs)
 def test_one_run_summary_json_and_figures(files):
     with tempfile.TemporaryDirectory() as scratch:
@@ -136,6 +142,7 @@ def test_one_run_summary_json_and_figures(files):
         assert drawn["loss"] and drawn["throughput"]  # every step has a loss and a rate
 
 
+@FIGURE_EXAMPLES
 @given(runs, runs)
 def test_two_runs_compared(first, second):
     with tempfile.TemporaryDirectory() as scratch:
