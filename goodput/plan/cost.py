@@ -47,10 +47,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from goodput.plan.layout import Layout, spans_hosts
-from goodput.plan.memory import Workload, stage_parameters
+from goodput.plan.layout import Layout, context_tokens, spans_hosts
+from goodput.plan.memory import Workload, stage_parameters, worst_stages
 from goodput.train.config.model import ModelConfig
-from goodput.train.config.parallel import context_local_lengths, fsdp_shards
+from goodput.train.config.parallel import fsdp_shards
 from goodput.train.flops import flops_per_token
 
 TP_COLLECTIVES_PER_BLOCK = 8  # all-gather and reduce-scatter before/after attention and MLP, x2
@@ -139,7 +139,7 @@ def _ring(ranks: int) -> float:
 
 def _tokens(layout: Layout, work: Workload) -> int:
     """Tokens of one micro-batch on one rank (the longest context-parallel share)."""
-    return work.micro_batch_size * max(context_local_lengths(work.seq_len, layout.cp))
+    return work.micro_batch_size * context_tokens(work.seq_len, layout.cp)
 
 
 def _fsdp(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> float:
@@ -148,7 +148,7 @@ def _fsdp(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> f
     a, g = work.policy.compute_bytes, work.policy.reduce_bytes
     micro = work.accumulation(layout)
     part = max(
-        (stage_parameters(model, layout, s) for s in range(layout.pp)),
+        (stage_parameters(model, layout, s) for s in worst_stages(model, layout)),
         key=lambda p: p.dense + p.experts,
     )
     if layout.pp > 1:
