@@ -111,16 +111,21 @@ def problems(model: ModelConfig, layout: Layout, seq_len: int) -> list[str]:
     """Why goodput's trainer would refuse ``layout`` for ``model`` at ``seq_len`` (its own
     checks, ``ParallelConfig`` and ``resolve_degrees``, and their reason); empty if it takes
     it."""
+    return list(_problems(model, layout, seq_len))
+
+
+@functools.lru_cache(maxsize=CACHED)
+def _problems(model: ModelConfig, layout: Layout, seq_len: int) -> tuple[str, ...]:
     # The config's own checks do not read the data-parallel degrees (the planner's layouts are
     # all data_parallel = 'fsdp'): asked once per shape; only resolve_degrees reads them.
     refused = _model_problem(model, replace(layout, dp_replicate=1, dp_shard=1), seq_len)
     if refused is not None:
-        return [refused]
+        return (refused,)
     try:
         resolve_degrees(_config(layout), layout.product())
     except GoodputError as error:
-        return [error.what]
-    return []
+        return (error.what,)
+    return ()
 
 
 @functools.lru_cache(maxsize=CACHED)

@@ -130,6 +130,11 @@ class Parameters:
         )
 
 
+@functools.lru_cache(maxsize=CACHED)
+def _parameters(model: ModelConfig) -> Parameters:
+    return Parameters.of(model)
+
+
 @dataclass(frozen=True, slots=True)
 class Breakdown:
     """One device's memory, in bytes, on its layout's worst stage."""
@@ -194,8 +199,19 @@ class StageParameters:
 
 def stage_parameters(model: ModelConfig, layout: Layout, stage: int) -> StageParameters:
     """Pipeline stage ``stage``'s parameters on one of its devices (the module docstring)."""
-    params = Parameters.of(model)
-    tp, layers = layout.tp, layout.stage_layers(model.num_layers)[stage]
+    split = layout.stage_layers(model.num_layers)
+    return _stage_parameters(model, layout.tp, layout.ep, split, stage)
+
+
+@functools.lru_cache(maxsize=CACHED)
+def _stage_parameters(
+    model: ModelConfig, tp: int, ep: int, split: tuple[int, ...], stage: int
+) -> StageParameters:
+    """``stage_parameters`` of a layout of ``tp``, ``ep`` and ``split`` (the layers of each
+    stage): all it reads of the layout, so one computation serves every data-parallel split."""
+    params = _parameters(model)
+    layout = Layout(tp=tp, ep=ep, pp=len(split), pp_layers_per_stage=split)
+    layers = split[stage]
     first, last = stage == 0, stage == layout.pp - 1
     block_dense = params.block_split / tp + params.block_whole
     block_experts = params.block_experts / layout.ep
