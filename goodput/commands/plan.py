@@ -39,7 +39,7 @@ DEFAULT_INTRA_GBPS = 300.0  # NVLink-class: H100 NVLink 4 is 450 GB/s a directio
 DEFAULT_INTER_GBPS = 25.0  # one 200 Gb/s NIC per device (Polaris, Perlmutter)
 # The step cost's rates: from a CPU core's GFLOP/s and a MB/s link to an EFLOP/s device and a
 # PB/s link. Within them every cost the model computes is a finite number of seconds (the
-# largest model's step at 1 GFLOP/s is ~1e27 s); a subnormal rate would make it infinite.
+# largest model's step of 2^40 tokens at 1 GFLOP/s is ~1e21 s); a subnormal rate made it infinite.
 MIN_RATE, MAX_RATE = 1e-3, 1e6
 rate = argtypes.number(MIN_RATE, MAX_RATE, low_open=False)
 MAX_SURVIVAL = 0.999999  # closer to 1 asks the spare pool for a certainty floats cannot tell
