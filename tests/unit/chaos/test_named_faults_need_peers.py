@@ -6,7 +6,6 @@ starts. ``goodput chaos`` runs as a real process, outside any job."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 
 from goodput.config import to_toml
 from goodput.errors import ExitCode
-from goodput.testing.jobs import JOB_PREFIXES, JOB_VARS, REPO
+from goodput.testing.jobs import REPO, outside_any_job
 from goodput.testing.tiny import tiny_run_config
 
 
@@ -23,14 +22,10 @@ def chaos(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str],
     config = tmp_path / "tiny.toml"
     config.write_text(to_toml(tiny_run_config(tmp_path)))
     out = tmp_path / "campaign"
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith(JOB_PREFIXES) and name not in JOB_VARS
-    }
-    env["PYTHONPATH"] = str(REPO)
     argv = [sys.executable, "-m", "goodput", "chaos", str(config), "--output", str(out), *args]
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        argv, cwd=REPO, capture_output=True, text=True, env=outside_any_job(), timeout=120
+    )
     return done, out
 
 
