@@ -28,6 +28,11 @@ When nothing splits the global batch, or what does costs more than ``BATCH_GAIN`
 cheapest layout that fits in memory, ``nearest_batches`` are the closest global batches, below
 and above, that a layout fitting in memory splits (each checked by planning it; with a layout
 chosen, only those cheaper per sample): the error's fix, or a warning.
+
+The work is bounded: at most ``MAX_CANDIDATES`` layouts are weighed (a machine whose counts list
+more is refused as they are listed, before any is weighed), cp stops at ``MAX_CP``, and what
+layouts of one shape share (the trainer's model check, a cp rank's tokens, the stages' split and
+parameters) is computed once (``layout.CACHED``).
 """
 
 from __future__ import annotations
