@@ -31,7 +31,9 @@ a larger job): without one they are left out of the default kinds and refused wh
 ``snapshot-kill`` and ``host-loss`` need in-memory checkpoints (``checkpoint.memory_interval_steps``
 k > 0, read from the config and overrides, the same for both runs), ``host-loss`` also a second host
 to hold the partner copies: without them they are left out of the default kinds and refused when
-asked for. With k > 0 the report also asks that each fault that ends an attempt
+asked for. ``slow`` and ``stall`` (asked for only) need a peer for the launcher to name their rank
+against: refused on one rank, and ``slow`` on two under a straggler ratio of 2 or more
+(``_check_named``). With k > 0 the report also asks that each fault that ends an attempt
 lose at most k steps, and that each host-loss restart load its partner's copy. A hang is caught
 by the idle watchdog: without the user's ``--timeout``, the faulted run gets
 ``IDLE_TIMEOUT_FACTOR`` times the straight run's longest quiet stretch it can see (its start-up
@@ -198,6 +200,7 @@ def _prepare(options: CampaignOptions) -> _Setup:
     )
     dealt = plan.deal_kinds(options.num_faults, kinds, options.seed)
     _check_kinds(dealt, launch_plan, snapshot_interval)
+    _check_named(dealt, launch_plan.nproc, cfg.watch.straggler_ratio)
     notes += _memory_notes(snapshot_interval)
     overrides = list(options.overrides)
     interval = plan.interval_needed(
@@ -403,6 +406,28 @@ def _check_kinds(
             f"host-loss needs two hosts or more: {ONE_HOST}",
             "launch on two hosts or more (-- --nhosts 2 of a job with a spare), or leave "
             "host-loss out of --kinds",
+        )
+
+
+def _check_named(dealt: list[str], nproc: int, straggler_ratio: float) -> None:
+    """Refuse the dealt slow and stall faults (``outcomes.NAMED``) whose rank the launcher
+    could not name, whatever the runs do: it names a rank against its peers."""
+    named = [kind for kind in outcomes.NAMED if kind in dealt]
+    if named and nproc < 2:
+        raise GoodputError.usage(
+            "--nproc",
+            f"{' and '.join(sorted(named))} fault(s) need two ranks or more: the launcher "
+            f"names a slow or stalled rank against its peers, and {nproc} rank has none",
+            f"give --nproc 2 or more, or leave {' and '.join(sorted(named))} out of --kinds",
+        )
+    if "slow" in dealt and nproc == 2 and straggler_ratio >= 2:
+        # Of two ranks the median is their mean, so a rank is never 2x the median.
+        raise GoodputError.usage(
+            "watch.straggler_ratio",
+            f"is {straggler_ratio:g}: of 2 ranks no rank is 2x the median (their mean), so "
+            "the straggler watch could never name a slow fault's rank",
+            "lower watch.straggler_ratio below 2, give --nproc 3 or more, or leave slow out "
+            "of --kinds",
         )
 
 

@@ -87,7 +87,8 @@ def add_campaign_options(parser: argparse.ArgumentParser) -> None:
         "snapshot-kill,host-loss (default: all but slow and stall; bad-node and host-loss only "
         "when the launch has spare hosts; snapshot-kill and host-loss only with "
         "checkpoint.memory_interval_steps=K, host-loss on two hosts or more). slow and stall "
-        "also check that the launcher names the faulted rank and host",
+        "also check that the launcher names the faulted rank and host, which it names against "
+        "its peers: they need two ranks or more",
     )
     parser.add_argument(
         "--nproc",

@@ -37,6 +37,11 @@ DEFAULT_SEQ_LEN = 8192  # Llama 3's pre-training length; capped at model.max_seq
 DEFAULT_TFLOPS = 400.0  # ~40% MFU of an H100's 989 dense bf16 TFLOP/s
 DEFAULT_INTRA_GBPS = 300.0  # NVLink-class: H100 NVLink 4 is 450 GB/s a direction
 DEFAULT_INTER_GBPS = 25.0  # one 200 Gb/s NIC per device (Polaris, Perlmutter)
+# The step cost's rates: from a CPU core's GFLOP/s and a MB/s link to an EFLOP/s device and a
+# PB/s link. Within them every cost the model computes is a finite number of seconds (the
+# largest model's step of 2^40 tokens at 1 GFLOP/s is ~1e21 s); a subnormal rate made it infinite.
+MIN_RATE, MAX_RATE = 1e-3, 1e6
+rate = argtypes.number(MIN_RATE, MAX_RATE, low_open=False)
 MAX_SURVIVAL = 0.999999  # closer to 1 asks the spare pool for a certainty floats cannot tell
 
 
@@ -70,7 +75,7 @@ def _add_layout(commands: Subparsers) -> None:
         "--nodes",  # the old spelling, deprecated
         type=argtypes.positive_int,
         required=True,
-        help="hosts of the machine",
+        help=f"hosts of the machine (at most {MAX_NODES})",
     )
     argtypes.add_renamed(
         layout,
@@ -78,7 +83,7 @@ def _add_layout(commands: Subparsers) -> None:
         "--gpus-per-node",  # the old spelling, deprecated
         type=argtypes.positive_int,
         required=True,
-        help="devices (ranks) per host",
+        help=f"devices (ranks) per host (at most {MAX_GPUS_PER_NODE})",
     )
     layout.add_argument(
         "--gpu-mem-gb",
@@ -126,24 +131,24 @@ def _add_rate_options(layout: argparse.ArgumentParser) -> None:
     """What a device computes and moves a second (``plan.cost.Rates``), for the step cost."""
     layout.add_argument(
         "--tflops",
-        type=argtypes.positive_float,
+        type=rate,
         default=DEFAULT_TFLOPS,
         help="TFLOP/s one device achieves in the compute dtype, for the step cost (default "
-        f"{DEFAULT_TFLOPS:g}: ~40%% of an H100's dense bf16 peak)",
+        f"{DEFAULT_TFLOPS:g}: ~40%% of an H100's dense bf16 peak; {MIN_RATE:g} to {MAX_RATE:g})",
     )
     layout.add_argument(
         "--intra-gbps",
-        type=argtypes.positive_float,
+        type=rate,
         default=DEFAULT_INTRA_GBPS,
         help="GB/s per device to the devices of its host, for the step cost (default "
-        f"{DEFAULT_INTRA_GBPS:g}: NVLink-class)",
+        f"{DEFAULT_INTRA_GBPS:g}: NVLink-class; {MIN_RATE:g} to {MAX_RATE:g})",
     )
     layout.add_argument(
         "--inter-gbps",
-        type=argtypes.positive_float,
+        type=rate,
         default=DEFAULT_INTER_GBPS,
         help="GB/s per device to other hosts, for the step cost (default "
-        f"{DEFAULT_INTER_GBPS:g}: one 200 Gb/s NIC per device)",
+        f"{DEFAULT_INTER_GBPS:g}: one 200 Gb/s NIC per device; {MIN_RATE:g} to {MAX_RATE:g})",
     )
 
 

@@ -45,17 +45,19 @@ Does not: model latency, overlap, matmul efficiency at small shapes, or interlea
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
-from goodput.plan.layout import Layout, spans_hosts
-from goodput.plan.memory import Workload, stage_parameters
+from goodput.plan.layout import CACHED, Layout, context_tokens, spans_hosts
+from goodput.plan.memory import Workload, stage_parameters, worst_stages
 from goodput.train.config.model import ModelConfig
-from goodput.train.config.parallel import context_local_lengths, fsdp_shards
+from goodput.train.config.parallel import fsdp_shards
 from goodput.train.flops import flops_per_token
 
 TP_COLLECTIVES_PER_BLOCK = 8  # all-gather and reduce-scatter before/after attention and MLP, x2
 TP_COLLECTIVES_RECOMPUTED = 4  # the forward's, again
 TP_COLLECTIVES_OUTER = 4  # the embedding's reduce-scatter and the head's all-gather, x2
+_flops_per_token = functools.lru_cache(maxsize=CACHED)(flops_per_token)  # asked of every layout
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,11 +109,11 @@ class Cost:
 def step_cost(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> Cost:
     """The estimated seconds of one step of ``work`` in ``layout`` (the module docstring)."""
     tokens = work.global_batch_samples * work.seq_len
-    compute = flops_per_token(model, work.seq_len) * tokens / layout.product() / rates.flops
+    compute = _flops_per_token(model, work.seq_len) * tokens / layout.product() / rates.flops
     recompute = 0.0
     if layout.activation_checkpointing:
         head = 6 * (model.vocab_size * model.dim + model.dim)  # the head and final norm, fwd+bwd
-        blocks = flops_per_token(model, work.seq_len) - head
+        blocks = _flops_per_token(model, work.seq_len) - head
         recompute = blocks / 3 * tokens / layout.product() / rates.flops
     micro = work.accumulation(layout)
     bubble = (compute + recompute) * (layout.pp - 1) / micro
@@ -139,7 +141,7 @@ def _ring(ranks: int) -> float:
 
 def _tokens(layout: Layout, work: Workload) -> int:
     """Tokens of one micro-batch on one rank (the longest context-parallel share)."""
-    return work.micro_batch_size * max(context_local_lengths(work.seq_len, layout.cp))
+    return work.micro_batch_size * context_tokens(work.seq_len, layout.cp)
 
 
 def _fsdp(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> float:
@@ -148,7 +150,7 @@ def _fsdp(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> f
     a, g = work.policy.compute_bytes, work.policy.reduce_bytes
     micro = work.accumulation(layout)
     part = max(
-        (stage_parameters(model, layout, s) for s in range(layout.pp)),
+        (stage_parameters(model, layout, s) for s in worst_stages(model, layout)),
         key=lambda p: p.dense + p.experts,
     )
     if layout.pp > 1:

@@ -15,7 +15,8 @@ Rungs, in order of pain (world = hosts x devices per host, g = devices per host)
 6. PP across hosts: pp dividing the hosts (at most num_layers), each valid tp within a host,
    FSDP over the rest; layers that do not divide are split by ``balanced_layer_split``.
 7. CP: cp dividing dp_shard of each layout without pp (goodput refuses cp inside pipeline
-   stages); its FSDP group keeps the same ranks (dp_shard x cp).
+   stages), up to ``MAX_CP`` and the first cp that cuts a sequence into more chunks than it has
+   tokens; its FSDP group keeps the same ranks (dp_shard x cp).
 Mixtures of experts skip TP, PP and CP: goodput's trainer refuses them with MoE today. A
 candidate's rung is the most painful one it uses (tp 2 + AC is TP).
 
@@ -27,6 +28,11 @@ When nothing splits the global batch, or what does costs more than ``BATCH_GAIN`
 cheapest layout that fits in memory, ``nearest_batches`` are the closest global batches, below
 and above, that a layout fitting in memory splits (each checked by planning it; with a layout
 chosen, only those cheaper per sample): the error's fix, or a warning.
+
+The work is bounded: at most ``MAX_CANDIDATES`` layouts are weighed (a machine whose counts list
+more is refused as they are listed, before any is weighed), cp stops at ``MAX_CP``, and what
+layouts of one shape share (the trainer's model check, a cp rank's tokens, the stages' split and
+parameters) is computed once (``layout.CACHED``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from goodput.errors import GoodputError
 from goodput.plan.batch import batch_problem, critical_batch_warning
 from goodput.plan.cost import Cost, Rates, step_cost
 from goodput.plan.layout import Layout, balanced_layer_split, problems, tp_across_hosts
@@ -48,6 +55,13 @@ TIE = 0.01  # costs this close to the cheapest are a tie: the least painful of t
 BATCH_GAIN = 0.1  # a batch forcing a layout this much costlier makes the planner look nearby
 NEAREST_TRIES = 4  # batches planned on each side, nearest first
 NEAREST_RANGE = 0.25  # how far from a batch that some layout runs the planner looks
+# The longest context-parallel ring the planner tries: 64 times Llama 3's (cp 16 at 131,072
+# tokens), and a bound on its work (the trainer's check of a cp walks its 2 cp chunks).
+MAX_CP = 1024
+# The most layouts one plan weighs (each has its memory and cost estimated, and again at up to
+# 2 x NEAREST_TRIES nearby batches): a power-of-two machine at the command's maxima, 131,072
+# hosts x 1,024 devices, lists about 14,000; counts with many divisors list far more.
+MAX_CANDIDATES = 20_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -355,12 +369,12 @@ class _Ladder:
                 if isinstance(layout, str):
                     yield Candidate(name, None, None, None, f"skipped: {layout}")
                     continue
-                bases.append(layout)
+                self._add(bases, layout)
         for name, layout in self._cp(list(bases)):
             if isinstance(layout, str):
                 yield Candidate(name, None, None, None, f"skipped: {layout}")
                 continue
-            bases.append(layout)
+            self._add(bases, layout)
         for base in bases:
             if problems(self.model, base, self.work.seq_len):  # once, with the trainer's reason
                 yield evaluate(self.model, self.machine, self.work, self.rates, base, rung_of(base))
@@ -370,6 +384,23 @@ class _Ladder:
                 yield evaluate(
                     self.model, self.machine, self.work, self.rates, layout, rung_of(layout)
                 )
+
+    def _add(self, bases: list[Layout], layout: Layout) -> None:
+        """``layout`` to weigh, unless the ladder has grown past ``MAX_CANDIDATES`` (counted
+        as the layouts are listed, before any is weighed, so the refusal takes a moment)."""
+        bases.append(layout)
+        if len(bases) * len(self.checkpointing) <= MAX_CANDIDATES:
+            return
+        machine = self.machine
+        fewer = 1 << (machine.nhosts.bit_length() - 1)
+        raise GoodputError.usage(
+            "--nhosts/--ppn",
+            f"{machine.nhosts} hosts x {machine.ppn} devices give more than "
+            f"{MAX_CANDIDATES:,} layouts to weigh: the divisors of both counts multiply the "
+            "FSDP, tensor, pipeline and context-parallel splits",
+            f"plan for a count of hosts with fewer divisors (the job leaves the rest spare), "
+            f"e.g. --nhosts {fewer}",
+        )
 
     def _dp(self) -> Iterator[tuple[str, Layout | str]]:
         yield "DP", Layout(dp_replicate=self.machine.world)
@@ -449,11 +480,16 @@ class _Ladder:
         if self.model.moe is not None:
             yield "CP", "goodput refuses cp > 1 with a mixture-of-experts model today"
             return
+        seq_len = self.work.seq_len
         for base in bases:
-            if base.pp > 1 or base.dp_shard == 1 or problems(self.model, base, self.work.seq_len):
+            if base.pp > 1 or base.dp_shard == 1 or problems(self.model, base, seq_len):
                 continue
             for cp in divisors(base.dp_shard)[1:]:
+                if cp > MAX_CP:
+                    break
                 yield "CP", replace(base, dp_shard=base.dp_shard // cp, cp=cp)
+                if 2 * cp > seq_len:
+                    break  # says why; a larger cp has even shorter chunks
 
     def _experts_share(self) -> float:
         """The routed experts' share of all parameters (0 for a dense model)."""

@@ -16,7 +16,8 @@ Invariants: degrees are whole numbers >= 1. Does not: read configs or build a me
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 from typing import Any
 
 from goodput.errors import GoodputError
@@ -26,9 +27,15 @@ from goodput.train.config.parallel import (
     Degrees,
     ParallelConfig,
     check_tp_within_hosts,
+    context_local_lengths,
     even_layer_split,
     resolve_degrees,
 )
+
+# The planner asks the same questions of thousands of layouts that share a shape: these caches
+# keep each answer that costs more than a few operations (a list of cp lengths, of pp stages)
+# to one computation per shape.
+CACHED = 1 << 16
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,11 +52,11 @@ class Layout(Degrees):
         same weights, so FSDP shards over them too)."""
         return self.dp_shard * self.cp
 
-    def stage_layers(self, num_layers: int) -> list[int]:
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
         """Layers per pipeline stage, in stage order, as the trainer cuts them."""
         if self.pp_layers_per_stage is not None:
-            return list(self.pp_layers_per_stage)
-        return even_layer_split(num_layers, self.pp)
+            return self.pp_layers_per_stage
+        return _even_split(num_layers, self.pp)
 
     def overrides(self) -> str:
         """The layout as ``goodput train`` overrides, ready to paste: the six degrees, then
@@ -88,22 +95,56 @@ def balanced_layer_split(num_layers: int, pp: int) -> tuple[int, ...] | None:
     return tuple(split)
 
 
+@functools.lru_cache(maxsize=CACHED)
+def _even_split(num_layers: int, pp: int) -> tuple[int, ...]:
+    return tuple(even_layer_split(num_layers, pp))
+
+
+@functools.lru_cache(maxsize=CACHED)
+def context_tokens(seq_len: int, cp: int) -> int:
+    """The most tokens a context-parallel rank holds of one sequence (the trainer's split,
+    ``context_local_lengths``)."""
+    return max(context_local_lengths(seq_len, cp))
+
+
 def problems(model: ModelConfig, layout: Layout, seq_len: int) -> list[str]:
     """Why goodput's trainer would refuse ``layout`` for ``model`` at ``seq_len`` (its own
     checks, ``ParallelConfig`` and ``resolve_degrees``, and their reason); empty if it takes
     it."""
+    return list(_problems(model, layout, seq_len))
+
+
+@functools.lru_cache(maxsize=CACHED)
+def _problems(model: ModelConfig, layout: Layout, seq_len: int) -> tuple[str, ...]:
+    # The config's own checks do not read the data-parallel degrees (the planner's layouts are
+    # all data_parallel = 'fsdp'): asked once per shape; only resolve_degrees reads them.
+    refused = _model_problem(model, replace(layout, dp_replicate=1, dp_shard=1), seq_len)
+    if refused is not None:
+        return (refused,)
     try:
-        degrees: dict[str, Any] = layout.by_name()  # keyword arguments of the config
-        cfg = ParallelConfig(
-            **degrees,
-            activation_checkpointing=layout.activation_checkpointing,
-            pp_layers_per_stage=layout.pp_layers_per_stage,
-        )
-        cfg.check_model(model, seq_len)
-        resolve_degrees(cfg, layout.product())
+        resolve_degrees(_config(layout), layout.product())
     except GoodputError as error:
-        return [error.what]
-    return []
+        return (error.what,)
+    return ()
+
+
+@functools.lru_cache(maxsize=CACHED)
+def _model_problem(model: ModelConfig, shape: Layout, seq_len: int) -> str | None:
+    try:
+        _config(shape).check_model(model, seq_len)
+    except GoodputError as error:
+        return error.what
+    return None
+
+
+def _config(layout: Layout) -> ParallelConfig:
+    """``layout`` as the trainer's ``[parallel]`` (which checks it alone when built)."""
+    degrees: dict[str, Any] = layout.by_name()  # keyword arguments of the config
+    return ParallelConfig(
+        **degrees,
+        activation_checkpointing=layout.activation_checkpointing,
+        pp_layers_per_stage=layout.pp_layers_per_stage,
+    )
 
 
 def tp_across_hosts(layout: Layout, nhosts: int, ppn: int) -> str | None:

@@ -62,12 +62,13 @@ processes, or the start-up of a fresh run (which builds the whole model on every
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 
-from goodput.plan.layout import Layout
+from goodput.plan.layout import CACHED, Layout, context_tokens
 from goodput.train.config.model import ModelConfig
-from goodput.train.config.parallel import context_local_lengths, fsdp_shards
+from goodput.train.config.parallel import fsdp_shards
 from goodput.train.config.precision import PRECISIONS, PrecisionPolicy
 from goodput.train.flops import model_size
 
@@ -127,6 +128,11 @@ class Parameters:
             final_norm=model.dim,
             tied=model.tie_embeddings,
         )
+
+
+@functools.lru_cache(maxsize=CACHED)
+def _parameters(model: ModelConfig) -> Parameters:
+    return Parameters.of(model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +199,19 @@ class StageParameters:
 
 def stage_parameters(model: ModelConfig, layout: Layout, stage: int) -> StageParameters:
     """Pipeline stage ``stage``'s parameters on one of its devices (the module docstring)."""
-    params = Parameters.of(model)
-    tp, layers = layout.tp, layout.stage_layers(model.num_layers)[stage]
+    split = layout.stage_layers(model.num_layers)
+    return _stage_parameters(model, layout.tp, layout.ep, split, stage)
+
+
+@functools.lru_cache(maxsize=CACHED)
+def _stage_parameters(
+    model: ModelConfig, tp: int, ep: int, split: tuple[int, ...], stage: int
+) -> StageParameters:
+    """``stage_parameters`` of a layout of ``tp``, ``ep`` and ``split`` (the layers of each
+    stage): all it reads of the layout, so one computation serves every data-parallel split."""
+    params = _parameters(model)
+    layout = Layout(tp=tp, ep=ep, pp=len(split), pp_layers_per_stage=split)
+    layers = split[stage]
     first, last = stage == 0, stage == layout.pp - 1
     block_dense = params.block_split / tp + params.block_whole
     block_experts = params.block_experts / layout.ep
@@ -247,7 +264,7 @@ def state_bytes_per_device(
     stage ``stage``, or (None) on the stage holding the most. B x the device's FSDP shard of
     its stage's parameters (B: the policy's ``bytes_per_parameter``); activations,
     gathered weights and buffers are not state."""
-    stages = range(layout.pp) if stage is None else [stage]
+    stages = worst_stages(model, layout) if stage is None else (stage,)
     sharded = max(stage_parameters(model, layout, s).sharded(layout) for s in stages)
     return PRECISIONS[precision].bytes_per_parameter * sharded
 
@@ -260,17 +277,22 @@ def estimate(model: ModelConfig, layout: Layout, work: Workload, device_bytes: f
     )
 
 
-def worst_stages(model: ModelConfig, layout: Layout) -> list[int]:
+def worst_stages(model: ModelConfig, layout: Layout) -> tuple[int, ...]:
     """The stages that can hold the most: the first (the embedding, the most micro-batches in
     flight), the last (the head and the logits) and the earliest of the others with the most
-    layers; any other stage has no more layers and fewer micro-batches in flight than that one
-    (1F1B keeps pp - s in flight on stage s)."""
-    layers = layout.stage_layers(model.num_layers)
-    middle = range(1, layout.pp - 1)
-    stages = {0, layout.pp - 1}
+    layers; any other stage has no more layers (so no more parameters) and fewer micro-batches
+    in flight than that one (1F1B keeps pp - s in flight on stage s)."""
+    return _worst_stages(layout.stage_layers(model.num_layers))
+
+
+@functools.lru_cache(maxsize=CACHED)
+def _worst_stages(layers: tuple[int, ...]) -> tuple[int, ...]:
+    pp = len(layers)
+    middle = range(1, pp - 1)
+    stages = {0, pp - 1}
     if middle:
         stages.add(max(middle, key=lambda s: (layers[s], -s)))
-    return sorted(stages)
+    return tuple(sorted(stages))
 
 
 def _stage(
@@ -296,7 +318,7 @@ def _stage(
         if accumulation > 1 and (layout.pp > 1 or not work.sync_every_micro_batch):
             held = work.policy.reduce_bytes * (dense + experts - sharded)
 
-    tokens = work.micro_batch_size * max(context_local_lengths(work.seq_len, layout.cp))
+    tokens = work.micro_batch_size * context_tokens(work.seq_len, layout.cp)
     per_layer = layer_activation_bytes(model, a, tp)
     in_flight = min(layout.pp - stage, accumulation)
     if layout.activation_checkpointing:

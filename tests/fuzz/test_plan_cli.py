@@ -4,7 +4,9 @@ cost's rates) and those of ``goodput plan reliability`` (hosts, MTBF, stall, res
 survival, step, interval).
 
 Property: exit 0 with a plan, or exit 1 (nothing fits) or 2 (bad input) with exactly one
-``goodput: error:`` line and no traceback, within a bound of time; never another exception.
+``goodput: error:`` line and no traceback, within a bound of time; never another exception, nor
+the internal error's line. Every layout option is also tried at the ends of its documented
+range, just past them and at the float extremes.
 The failure budget's ``--json`` is strict JSON (no ``NaN``/``Infinity``) with every probability
 in [0, 1], for any values the options admit, down to subnormal seconds.
 """
@@ -21,6 +23,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from goodput import argtypes, cli
+from goodput.commands import plan as plan_command
+from goodput.errors import DEBUG_HINT
 from goodput.testing.fuzz import strict_json
 from goodput.testing.jobs import REPO
 
@@ -72,6 +76,12 @@ def test_any_numbers_give_a_plan_or_one_line(
         argv.append(checkpointing)
     if from_config:
         argv.append("--layout-from-config")
+    _check_layout(argv)
+
+
+def _check_layout(argv: list[str]) -> None:
+    """Run ``goodput ARGV`` (a plan layout) in the repository: a plan within ``MAX_SECONDS`` (with
+    --json strict JSON), or exit 1 (nothing fits) or 2 (bad input) with one error line."""
     out, err = io.StringIO(), io.StringIO()
     began, here = time.monotonic(), os.getcwd()
     os.chdir(REPO)
@@ -84,12 +94,63 @@ def test_any_numbers_give_a_plan_or_one_line(
     finally:
         os.chdir(here)
     assert time.monotonic() - began < MAX_SECONDS, argv
-    if code == 0:
+    if "--json" in argv and out.getvalue():  # a plan, or the candidates beside the error
+        assert strict_json(out.getvalue())["layout"] is not None or code == 1, argv
+    elif code == 0:
         assert out.getvalue().splitlines()[-1].startswith(("overrides: ", "warning: "))
-    else:
+    if code:
         assert code in (1, 2), (argv, err.getvalue())
         assert err.getvalue().count("\n") == 1 and err.getvalue().startswith("goodput: error: ")
         assert "Traceback" not in err.getvalue()
+        assert DEBUG_HINT not in err.getvalue(), argv  # the internal error's line: not input's
+
+
+# Each option at the ends of its documented range, just past them, and at the float extremes
+# (a subnormal, the largest double): the machine's maxima, rates from the smallest to the
+# largest the model answers, memory from a subnormal to MAX_SECONDS GiB.
+COUNT = argtypes.MAX_COUNT
+rates = [5e-324, plan_command.MIN_RATE, plan_command.MAX_RATE, 2 * plan_command.MAX_RATE, 1.8e308]
+EXTREMES = {
+    "--nhosts": [1, 2, plan_command.MAX_NODES, plan_command.MAX_NODES + 1],
+    "--ppn": [1, 12, plan_command.MAX_GPUS_PER_NODE, plan_command.MAX_GPUS_PER_NODE + 1],
+    "--gpu-mem-gb": [5e-324, 1e-3, 80, argtypes.MAX_SECONDS, 1.8e308],
+    "--gbs-tokens": [128, 256 * 2**20, COUNT // 256 * 256, COUNT, COUNT + 1],
+    "--seq-len": [1, 2, 128, 256, 257, COUNT],
+    "--micro-batch-size": [1, COUNT, COUNT + 1],
+    "--tflops": rates,
+    "--intra-gbps": rates,
+    "--inter-gbps": rates,
+}
+
+
+# A machine and batch that plan; each example moves up to three options to their extremes.
+USUAL = {
+    "--nhosts": 2,
+    "--ppn": 4,
+    "--gpu-mem-gb": 80,
+    "--gbs-tokens": 8192,
+    "--seq-len": 128,
+    "--micro-batch-size": 1,
+}
+extremes = st.sampled_from(list(EXTREMES)).flatmap(
+    lambda option: st.tuples(st.just(option), st.sampled_from(EXTREMES[option]))
+)
+
+
+@given(
+    config=st.sampled_from(["configs/tiny-cpu.toml", "configs/moe-small.toml"]),
+    moved=st.lists(extremes, max_size=3),
+    checkpointing=st.sampled_from([None, "--activation-checkpointing"]),
+    as_json=st.booleans(),
+)
+def test_every_option_at_its_extremes_gives_a_plan_or_one_line_in_time(
+    config, moved, checkpointing, as_json
+):
+    values = {**USUAL, **dict(moved)}
+    argv = ["plan", "layout", config, *(f"{option}={value}" for option, value in values.items())]
+    argv += [checkpointing] if checkpointing else []
+    argv += ["--json"] if as_json else []
+    _check_layout(argv)
 
 
 RELIABILITY = {
@@ -164,3 +225,4 @@ def _check_failure_budget(values: dict[str, object]) -> None:
     else:
         assert code == 2, (argv, err.getvalue())
         assert err.getvalue().count("\n") == 1 and err.getvalue().startswith("goodput: error: ")
+        assert DEBUG_HINT not in err.getvalue(), argv

@@ -6,14 +6,24 @@ against the trainer's own checks."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
 
 from goodput.config import load_section
+from goodput.errors import ExitCode, GoodputError
 from goodput.plan.batch import critical_batch_tokens, critical_batch_warning
 from goodput.plan.cost import Rates
-from goodput.plan.ladder import RUNGS, TIE, Machine, evaluate, plan_layout, rung_of
+from goodput.plan.ladder import (
+    MAX_CANDIDATES,
+    RUNGS,
+    TIE,
+    Machine,
+    evaluate,
+    plan_layout,
+    rung_of,
+)
 from goodput.plan.layout import Layout, problems, tp_across_hosts
 from goodput.plan.memory import Workload
 from goodput.testing.jobs import REPO
@@ -345,3 +355,18 @@ def test_a_pipeline_with_fewer_micro_batches_than_stages_is_refused_as_the_train
     assert "pp_schedule '1f1b' with 1 micro-batches on pp = 4" in (candidate.reason or "")
     four_each = evaluate(model, machine, work(8192, 32), rates(8), one_each, "PP")
     assert "pp_schedule" not in (four_each.reason or "")
+
+
+def test_a_machine_listing_too_many_layouts_is_refused_before_any_is_weighed():
+    # 110,880 hosts (144 divisors) x 840 devices (32): the splits multiply past the bound; the
+    # refusal names the options and a power-of-two count of hosts, and comes at once.
+    model = replace(shipped("llama-20b"), num_heads=2520, num_kv_heads=2520, dim=720720)
+    model = replace(model, ffn_dim=720720, vocab_size=720720)
+    machine = Machine(nhosts=110880, ppn=840, gpu_mem_gib=80)
+    began = time.monotonic()
+    with pytest.raises(GoodputError) as refused:
+        plan_layout(model, machine, work(8192, 1440), rates(840))
+    assert time.monotonic() - began < 30  # generous: listing the layouts takes about a second
+    assert refused.value.where == "--nhosts/--ppn" and refused.value.code == ExitCode.USAGE
+    assert f"more than {MAX_CANDIDATES:,} layouts to weigh" in refused.value.what
+    assert refused.value.fix.endswith("e.g. --nhosts 65536")
