@@ -357,7 +357,13 @@ def read_json(path: str | os.PathLike[str], max_bytes: int = SMALL_FILE_BYTES) -
     except ValueError as exc:
         raise GoodputError(path, f"is not valid JSON ({exc})", "restore or rewrite it") from None
     except RecursionError:
-        raise GoodputError(path, "is JSON nested too deeply", "restore or rewrite it") from None
+        raise nested_too_deeply(path, "restore or rewrite it") from None
+
+
+def nested_too_deeply(where: object, fix: str) -> GoodputError:
+    """The error for JSON whose arrays or objects nest past what ``json`` can parse (it
+    recurses once per level): one phrase for every JSON reader."""
+    return GoodputError(where, "is JSON nested too deeply", fix)
 
 
 def read_lines(
@@ -434,8 +440,10 @@ def json_object(line: bytes, where: str, fix: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         reason = f"{exc.msg.removesuffix(' at')} at column {exc.colno}"
         raise GoodputError(where, f"is not a JSON line: not valid JSON ({reason})", fix) from None
-    except (ValueError, RecursionError):  # an integer of too many digits; nesting
+    except ValueError:  # an integer of too many digits
         raise GoodputError(where, "is not a JSON line: not valid JSON", fix) from None
+    except RecursionError:
+        raise nested_too_deeply(where, fix) from None
     if not isinstance(raw, dict):
         raise GoodputError(where, f"is {json_type_name(raw)}, not a JSON object", fix)
     return raw

@@ -32,7 +32,13 @@ import zstandard
 
 from goodput.data.paths import file_identity
 from goodput.errors import GoodputError
-from goodput.io import json_type_name, open_regular, regular_files, require_regular
+from goodput.io import (
+    json_type_name,
+    nested_too_deeply,
+    open_regular,
+    regular_files,
+    require_regular,
+)
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".txt")
 
@@ -224,7 +230,8 @@ def _jsonl_texts(
     for line_number, line in enumerate(_lines(chunks), start=1):
         try:
             text = loads(line.decode("utf-8"))[text_field]
-        except (ValueError, KeyError, TypeError):  # ValueError covers bad UTF-8 and bad JSON
+        # ValueError covers bad UTF-8 and bad JSON; RecursionError, arrays nested thousands deep.
+        except (ValueError, KeyError, TypeError, RecursionError):
             if not line or line.isspace():
                 continue
             raise _line_error(f"{path}:{line_number}", line, text_field) from None
@@ -248,6 +255,8 @@ def _line_error(where: str, line: bytes, text_field: str) -> GoodputError:
         # Some of json's messages end in " at" ("Unterminated string starting at").
         reason = f"{error.msg.removesuffix(' at')} at column {error.colno}"
         return GoodputError(where, f"malformed JSON: {reason}", "fix or remove the line")
+    except RecursionError:
+        return nested_too_deeply(where, "fix or remove the line")
     if not isinstance(record, dict):
         return GoodputError(
             where,
