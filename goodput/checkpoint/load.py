@@ -38,7 +38,7 @@ from goodput.checkpoint.metadata import MetadataReader, files_and_sizes, read_me
 from goodput.checkpoint.parts import load_into
 from goodput.checkpoint.state import CheckpointContents, set_rng_state
 from goodput.errors import GoodputError
-from goodput.io import is_complete, read_json, read_text
+from goodput.io import is_complete, is_folder, read_json, read_text
 from goodput.progress import BYTES, Progress
 from goodput.rundir import CONFIG, TRAIN_STATE, list_checkpoints, rng_file
 
@@ -145,6 +145,11 @@ def find_checkpoint(root: Path, resume: str, refused: Collection[Path] = ()) -> 
 
 def checkpoint_problem(directory: Path) -> str | None:
     """Why ``directory`` cannot be resumed from, or None. Cheap: metadata and file sizes."""
+    try:
+        if not is_folder(directory):
+            return "no such folder"
+    except GoodputError as exc:  # a loop of links, a folder we may not enter
+        return f"unreadable ({exc.what})"
     if not is_complete(directory):
         return "incomplete (no .complete marker: the save was interrupted or failed)"
     try:

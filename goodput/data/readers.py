@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -36,6 +37,7 @@ from goodput.io import (
     json_type_name,
     nested_too_deeply,
     open_regular,
+    path_status,
     regular_files,
     require_regular,
 )
@@ -82,8 +84,8 @@ def list_inputs(paths: Sequence[str | Path]) -> list[Path]:
     inputs: list[Path] = []
     for given in paths:
         path = Path(given)
-        _check_readable(path)
-        inputs.extend(_folder_inputs(path) if path.is_dir() else [_named_input(path)])
+        is_dir = _check_readable(path)
+        inputs.extend(_folder_inputs(path) if is_dir else [_named_input(path)])
     seen: dict[tuple[int, int], Path] = {}
     for path in inputs:
         first = seen.setdefault(file_identity(path), path)
@@ -92,12 +94,16 @@ def list_inputs(paths: Sequence[str | Path]) -> list[Path]:
     return list(seen.values())
 
 
-def _check_readable(path: Path) -> None:
-    if not path.exists():
+def _check_readable(path: Path) -> bool:
+    """Whether ``path`` is a folder, once it is something this user may read."""
+    status = path_status(path)  # a loop of links is named as one, not as missing
+    if status is None:
         raise GoodputError(path, "no such file or folder", "check the path")
-    needed = os.R_OK | os.X_OK if path.is_dir() else os.R_OK
+    is_dir = stat.S_ISDIR(status.st_mode)
+    needed = os.R_OK | os.X_OK if is_dir else os.R_OK
     if not os.access(path, needed):
         raise GoodputError(path, "permission denied", "make it readable or leave it out")
+    return is_dir
 
 
 def _named_input(path: Path) -> Path:

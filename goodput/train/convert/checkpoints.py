@@ -50,7 +50,9 @@ from goodput.io import (
     atomic_path,
     fsync_dir,
     is_complete,
+    is_folder,
     open_regular,
+    path_status,
     read_json,
     write_json,
     write_marker,
@@ -90,7 +92,7 @@ def read_model_config(directory: Path) -> ModelConfig:
 
 
 def require_complete(directory: Path) -> None:
-    if not directory.is_dir():
+    if not is_folder(directory):  # a loop of links is named as one
         raise GoodputError.usage(
             directory,
             "no such checkpoint directory",
@@ -252,7 +254,7 @@ def import_hf(hf_dir: Path, run_dir: Path) -> Path:
     tensors' names, shapes and values against the config."""
     check_output_dir(run_dir, RUN_DIR, "OUT_DIR", [hf_dir])
     config_path = hf_dir / HF_CONFIG
-    if not config_path.is_file():
+    if path_status(config_path) is None:  # a folder or a FIFO: read_json names it
         raise GoodputError.usage(
             config_path,
             "not found",
