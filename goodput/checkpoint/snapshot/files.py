@@ -34,7 +34,7 @@ from goodput.checkpoint.snapshot.format import (
     parse_manifest,
 )
 from goodput.errors import GoodputError
-from goodput.io import NotOwnFile, open_own_file, path_status, write_bytes
+from goodput.io import NotOwnFile, open_own_file, path_status, resolved, write_bytes
 from goodput.ranks import HOSTNAME
 
 SLOTS = 2  # per kind: the newest committed snapshot and the one being written
@@ -46,7 +46,7 @@ _PREFIX: dict[str, str] = {"own": "rank", "held": "held"}
 def run_key(checkpoint_root: Path) -> str:
     """16 hex of the SHA-256 of the checkpoint root's resolved absolute path: one run's
     snapshots, whatever the relative spelling of its root."""
-    return hashlib.sha256(str(Path(checkpoint_root).resolve()).encode()).hexdigest()[:16]
+    return hashlib.sha256(str(resolved(checkpoint_root)).encode()).hexdigest()[:16]
 
 
 def memory_root(memory_dir: str | None) -> Path:
