@@ -70,8 +70,9 @@ class CheckpointContents:
         is one line naming the file. Its optimizer groups are checked against this run's
         optimizers first; each part checks its own entries (the loader its position within
         this run's blend) before it takes them."""
-        if not train_state.get("model_only"):
-            check_param_groups(self.optimizers, train_state["optimizer_param_groups"], source)
+        groups = train_state.get("optimizer_param_groups")  # none in a model-only one
+        if groups is not None:
+            check_param_groups(self.optimizers, groups, source)
         for part in self.states.values():
             try:
                 part.load_state_dict(train_state)
