@@ -360,6 +360,42 @@ def require_regular(path: str | os.PathLike[str]) -> Path:
     return Path(path)
 
 
+def path_status(path: str | os.PathLike[str]) -> os.stat_result | None:
+    """What ``path`` reaches, links followed; None when nothing is there (no such entry, a
+    dangling link, a file where a folder of the path should be).
+
+    ``Path.exists`` and ``is_dir`` answer False for a loop of symbolic links, so an input given
+    as one would be named as missing, or reach code that assumed it exists: here a loop, a
+    folder of the path we may not enter or a name too long is a ``GoodputError`` naming the
+    path. Where an input is first looked at, look through here.
+    """
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise from_exception(exc) from None
+
+
+def is_folder(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` reaches a folder (``path_status``: a loop of links is an error)."""
+    status = path_status(path)
+    return status is not None and stat.S_ISDIR(status.st_mode)
+
+
+def resolved(path: str | os.PathLike[str]) -> Path:
+    """``path`` absolute with every link followed (``Path.resolve``), or a ``GoodputError``
+    naming it: Python 3.11 raises ``RuntimeError`` for a loop of symbolic links, later ones an
+    ``OSError``; either is the same line as ``path_status``'s."""
+    try:
+        return Path(path).resolve()
+    except RuntimeError:
+        loop = OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
+        raise from_exception(loop) from None
+    except OSError as exc:
+        raise from_exception(exc) from None
+
+
 def _check_regular(path: str | os.PathLike[str], mode: int) -> None:
     if not stat.S_ISREG(mode):
         what = "a folder" if stat.S_ISDIR(mode) else f"a {_special_kind(mode)}"
@@ -465,7 +501,13 @@ def read_json(path: str | os.PathLike[str], max_bytes: int = SMALL_FILE_BYTES) -
     except ValueError as exc:
         raise GoodputError(path, f"is not valid JSON ({exc})", "restore or rewrite it") from None
     except RecursionError:
-        raise GoodputError(path, "is JSON nested too deeply", "restore or rewrite it") from None
+        raise nested_too_deeply(path, "restore or rewrite it") from None
+
+
+def nested_too_deeply(where: object, fix: str) -> GoodputError:
+    """The error for JSON whose arrays or objects nest past what ``json`` can parse (it
+    recurses once per level): one phrase for every JSON reader."""
+    return GoodputError(where, "is JSON nested too deeply", fix)
 
 
 def read_lines(
@@ -542,8 +584,10 @@ def json_object(line: bytes, where: str, fix: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         reason = f"{exc.msg.removesuffix(' at')} at column {exc.colno}"
         raise GoodputError(where, f"is not a JSON line: not valid JSON ({reason})", fix) from None
-    except (ValueError, RecursionError):  # an integer of too many digits; nesting
+    except ValueError:  # an integer of too many digits
         raise GoodputError(where, "is not a JSON line: not valid JSON", fix) from None
+    except RecursionError:
+        raise nested_too_deeply(where, fix) from None
     if not isinstance(raw, dict):
         raise GoodputError(where, f"is {json_type_name(raw)}, not a JSON object", fix)
     return raw

@@ -198,8 +198,9 @@ def _check_writable_folder(folder: Path, given: Path, where: str) -> None:
     """``folder`` (``given`` or its parent) exists as a folder we may write into, or its nearest
     existing ancestor is one."""
     existing = next(p for p in (folder, *folder.parents) if p.exists() or p.is_symlink())
-    if not existing.is_dir():
-        what = "is a file" if existing == given else f"{existing} is a file"
+    if not _reaches_folder(existing):
+        kind = "a link to nothing" if existing.is_symlink() else "a file"
+        what = f"is {kind}" if existing == given else f"{existing} is {kind}"
         raise GoodputError.usage(where, f"{what} where a folder should be", "fix the path")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise GoodputError.usage(
@@ -207,6 +208,15 @@ def _check_writable_folder(folder: Path, given: Path, where: str) -> None:
             f"permission denied: cannot write into {existing}",
             "choose a folder you can write into, or fix its permissions",
         )
+
+
+def _reaches_folder(path: Path) -> bool:
+    """Whether ``path`` leads to a folder; a loop of links is the ``OSError`` that
+    ``_as_usage`` names (``is_dir`` would say False, and the loop be called a file)."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except FileNotFoundError:  # a link to nothing
+        return False
 
 
 def _check_not_in_run(given: Path, target: Path, kind: Kind, where: str) -> None:
@@ -237,7 +247,10 @@ def _run_holds(found: tuple[str, Path], place: Path, kind: Kind) -> bool:
 def _check_not_an_input(target: Path, inputs: Iterable[Path], where: str) -> None:
     identity = _identity(target)
     for given in inputs:
-        source = given.resolve()
+        try:
+            source = given.resolve()
+        except (OSError, RuntimeError):  # no file, so not the output: its own reader names it
+            continue
         if identity is not None and identity == _identity(source):
             what = f"is {given}"
         elif source.is_dir() and target.is_relative_to(source):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from goodput.errors import GoodputError
-from goodput.io import read_text
+from goodput.io import is_folder, read_text
 from goodput.rundir import LATEST, checkpoints_dir, list_checkpoints
 
 
@@ -17,7 +17,7 @@ def describe_checkpoints(run_dir: Path, now: float | None = None) -> dict[str, A
     """``{"root", "latest", "checkpoints": [{step, path, complete, size_bytes, age_s,
     latest}]}``, oldest first."""
     root = checkpoints_dir(run_dir)
-    if not root.is_dir():
+    if not is_folder(root):  # a loop of links is named as one
         raise GoodputError.usage(
             run_dir,
             f"has no {root.name}/ folder",

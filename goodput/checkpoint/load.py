@@ -34,13 +34,18 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.tensor import DTensor
 
+from goodput.argtypes import MAX_COUNT
 from goodput.checkpoint.metadata import MetadataReader, files_and_sizes, read_metadata
 from goodput.checkpoint.parts import load_into
 from goodput.checkpoint.state import CheckpointContents, set_rng_state
+from goodput.data import schema
 from goodput.errors import GoodputError
-from goodput.io import is_complete, read_json, read_text
+from goodput.io import is_complete, is_folder, json_type_name, read_json, read_text
 from goodput.progress import BYTES, Progress
 from goodput.rundir import CONFIG, TRAIN_STATE, list_checkpoints, rng_file
+
+MAX_STEP = 2**40  # far past any run's steps (and its skipped ones)
+MAX_WORLD = 1 << 24  # ranks of one job
 
 
 class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
@@ -145,6 +150,11 @@ def find_checkpoint(root: Path, resume: str, refused: Collection[Path] = ()) -> 
 
 def checkpoint_problem(directory: Path) -> str | None:
     """Why ``directory`` cannot be resumed from, or None. Cheap: metadata and file sizes."""
+    try:
+        if not is_folder(directory):
+            return "no such folder"
+    except GoodputError as exc:  # a loop of links, a folder we may not enter
+        return f"unreadable ({exc.what})"
     if not is_complete(directory):
         return "incomplete (no .complete marker: the save was interrupted or failed)"
     try:
@@ -205,50 +215,95 @@ def read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def check_train_state(state: Any, path: Path) -> dict[str, Any]:
-    """``state`` if it has the shape goodput writes: a step, and unless model-only the world
-    size, the loader position, the skipped-step count and the optimizer's hyper-parameters as
-    JSON scalars."""
-    if not isinstance(state, dict) or not _is_count(state.get("step")):
-        raise _damaged(path, "no step count")
-    if state.get("model_only") is True:
+    """``state`` if it is, whole, the train state goodput writes (``train_state.json``, a memory
+    snapshot's manifest: the one checker of both); else one line naming ``path`` and the key.
+
+    Every key the checkpointer writes, of its type and in its range: the step, and unless
+    model-only the world size, the loader's position (``schema.check_loader_state``), the
+    skipped-step counts, the optimizer's hyper-parameters (each group's parameter names, and
+    finite non-negative numbers: no optimizer takes a negative one) and the LR reference. The
+    registered parts' own entries (diagnostics, the eval gate) and what depends on the run (the
+    loader position within its blend, the groups against its optimizers) are checked by
+    ``CheckpointContents.load_train_state`` before anything is loaded into the run. Keys it
+    does not know are passed over, as the data manifests' are: a newer writer may add some.
+    """
+    if not isinstance(state, dict):
+        raise _damaged(path, f"is {json_type_name(state)}, not a JSON object")
+    _check_count(state, "step", path, MAX_STEP)
+    model_only = state.get("model_only", False)
+    if type(model_only) is not bool:
+        raise _damaged(path, f"model_only = {brief(model_only)} is not true or false")
+    if model_only:
         return state
-    loader = state.get("loader")
-    if not (
-        isinstance(loader, dict)
-        and _is_count(loader.get("consumed_samples"))
-        and isinstance(loader.get("fingerprint"), str)
-    ):
-        raise _damaged(path, "no loader position (consumed_samples, fingerprint)")
-    if not _is_count(state.get("world_size")) or state["world_size"] < 1:
-        raise _damaged(path, "no world_size")
-    # The non-finite guard's count (train.step.SkippedSteps); absent before it existed.
-    skips = [state.get(key, 0) for key in ("skipped_steps", "skipped_in_a_row")]
-    if not all(_is_count(count) for count in skips) or skips[1] > skips[0]:
-        raise _damaged(path, "skipped_steps and skipped_in_a_row are not two counts, in order")
+    _check_count(state, "world_size", path, MAX_WORLD, low=1)
+    try:
+        schema.check_loader_state(path, state.get("loader"))
+    except GoodputError as error:  # the data schema's wording, a checkpoint's fix
+        raise _damaged(path, error.what) from None
+    # The non-finite guard's counts (train.step.SkippedSteps); absent before it existed.
+    total = _check_count(state, "skipped_steps", path, MAX_STEP, default=0)
+    in_a_row = _check_count(state, "skipped_in_a_row", path, MAX_STEP, default=0)
+    if in_a_row > total:
+        raise _damaged(path, f"skipped_in_a_row = {in_a_row} is more than skipped_steps = {total}")
     groups = state.get("optimizer_param_groups")
-    if not isinstance(groups, list) or not all(_is_param_group(g) for g in groups):
-        raise _damaged(path, "optimizer_param_groups is not a list of hyper-parameter tables")
-    # The loop's LR reference (train.watch; its diagnostics' states are checked there); absent
-    # before it existed.
-    reference = state.get("lr_reference_tokens", 1)
-    if not _is_count(reference) or reference < 1:
-        raise _damaged(path, "lr_reference_tokens is not a positive count of tokens")
+    if not isinstance(groups, list):
+        raise _damaged(path, f"optimizer_param_groups = {brief(groups)} is not a list")
+    for index, group in enumerate(groups):
+        _check_param_group(group, f"optimizer_param_groups[{index}]", path)
+    # The loop's LR reference (train.optim.lr_scale); absent before it existed.
+    _check_count(state, "lr_reference_tokens", path, MAX_COUNT, low=1, default=1)
     return state
 
 
-def _is_count(value: Any) -> bool:
-    return type(value) is int and value >= 0
+def _check_count(
+    state: dict[str, Any], key: str, path: Path, high: int, *, low: int = 0, default: Any = None
+) -> int:
+    """``state[key]``, a whole number in [``low``, ``high``]; ``default`` when it is absent
+    (None: it must be there)."""
+    if key not in state and default is not None:
+        return int(default)
+    if key not in state:
+        raise _damaged(path, f"{key} is missing")
+    value = state[key]
+    if type(value) is not int or not low <= value <= high:
+        raise _damaged(path, f"{key} = {brief(value)} is not a whole number in [{low}, {high:,}]")
+    return value
 
 
-def _is_param_group(group: Any) -> bool:
-    def scalar(value: Any) -> bool:
-        if isinstance(value, float):
-            return math.isfinite(value)
-        return value is None or isinstance(value, bool | int | str)
+def _check_param_group(group: Any, key: str, path: Path) -> None:
+    """One saved optimizer parameter group: its parameters' names, and hyper-parameters that
+    are true/false, a name, null, or finite numbers >= 0 (alone or in a list, as betas)."""
+    if not isinstance(group, dict):
+        raise _damaged(path, f"{key} = {brief(group)} is not an object")
+    names = group.get("params")
+    if not (
+        isinstance(names, list)
+        and all(isinstance(name, str) for name in names)
+        and len(set(names)) == len(names)
+    ):
+        raise _damaged(path, f"{key}.params = {brief(names)} is not a list of distinct names")
+    for name, value in group.items():
+        if name != "params" and not (
+            _is_hyper_parameter(value)
+            or (isinstance(value, list) and all(_is_hyper_parameter(v) for v in value))
+        ):
+            raise _damaged(
+                path,
+                f"{key}.{name} = {brief(value)} is not a hyper-parameter (a finite number >= 0, "
+                "true/false, a name or null)",
+            )
 
-    return isinstance(group, dict) and all(
-        scalar(v) or (isinstance(v, list) and all(scalar(x) for x in v)) for v in group.values()
-    )
+
+def _is_hyper_parameter(value: Any) -> bool:
+    if type(value) in (int, float):
+        return math.isfinite(value) and value >= 0
+    return value is None or isinstance(value, bool | str)
+
+
+def brief(value: Any) -> str:
+    """``value``'s repr, cut to about 80 characters for a message."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}...{text[-12:]}"
 
 
 def _damaged(path: Path, what: str) -> GoodputError:

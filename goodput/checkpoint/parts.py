@@ -77,6 +77,48 @@ def gather(
     return model, optim, groups
 
 
+def check_param_groups(
+    optimizers: list[torch.optim.Optimizer], saved_groups: list[dict[str, Any]], source: Path
+) -> None:
+    """Refuse, naming ``source`` and the key, saved hyper-parameters (``train_state.json``'s
+    ``optimizer_param_groups``, checked as data) that this run's optimizers cannot take: as many
+    groups as each has, and every hyper-parameter of theirs that the file holds of the same
+    kind (a number, true/false, a name, null, a list as long). A value of another kind would
+    fail inside the optimizer's step, after the tensors were loaded. One the file lacks (saved
+    by an older torch) keeps this run's value (``load_into``); keys only the file has are left
+    to the optimizer, as torch's ``load_state_dict`` leaves them."""
+    fix = "resume with the [optim] config the checkpoint was saved with, or another checkpoint"
+    for optimizer in optimizers:
+        own_groups = optimizer.param_groups
+        if len(own_groups) != len(saved_groups):
+            raise GoodputError(
+                source,
+                f"holds {len(saved_groups)} optimizer parameter groups, this run has "
+                f"{len(own_groups)}",
+                fix,
+            )
+        for index, (own, saved) in enumerate(zip(own_groups, saved_groups, strict=True)):
+            for key, value in own.items():
+                if key != "params" and key in saved and _kind(saved[key]) != _kind(value):
+                    raise GoodputError(
+                        source,
+                        f"optimizer_param_groups[{index}].{key} is {_kind(saved[key])}, this "
+                        f"run's optimizer holds {_kind(value)}",
+                        fix,
+                    )
+
+
+def _kind(value: Any) -> str:
+    """What a hyper-parameter is, in words: ints and floats are both numbers."""
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, list | tuple):
+        return f"a list of {len(value)}: {', '.join(_kind(item) for item in value)}"
+    return "a name" if isinstance(value, str) else "null" if value is None else type(value).__name__
+
+
 def load_into(
     parts: list[nn.Module],
     optimizers: list[torch.optim.Optimizer] | None,
@@ -107,18 +149,11 @@ def load_into(
             set_model_state_dict(part, model_state)
             continue
         optimizer = optimizers[index]
-        own_groups = optimizer_state["param_groups"]
-        if len(own_groups) != len(saved_groups):
-            raise GoodputError(
-                source,
-                f"holds {len(saved_groups)} optimizer parameter groups, this run has "
-                f"{len(own_groups)}",
-                "resume with the [optim] config the checkpoint was saved with",
-            )
+        own_groups = optimizer_state["param_groups"]  # as many as saved: check_param_groups
         optimizer_state = {
             "state": {k: request["optim"][renames.get(k, k)] for k in optimizer_state["state"]},
             "param_groups": [
-                {**saved, "params": own["params"]}
+                {**own, **saved, "params": own["params"]}
                 for saved, own in zip(saved_groups, own_groups, strict=True)
             ],
         }

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from goodput.checkpoint.parts import check_param_groups
 from goodput.errors import GoodputError
 
 
@@ -64,8 +65,14 @@ class CheckpointContents:
         return merged
 
     def load_train_state(self, train_state: Mapping[str, Any], source: Path) -> None:
-        """Hand ``train_state`` (read from ``source``) to every part; a damaged entry is one
-        line naming the file."""
+        """Hand ``train_state`` (read from ``source``, checked as data by
+        ``load.check_train_state``) to every part, before any tensor is read; a damaged entry
+        is one line naming the file. Its optimizer groups are checked against this run's
+        optimizers first; each part checks its own entries (the loader its position within
+        this run's blend) before it takes them."""
+        groups = train_state.get("optimizer_param_groups")  # none in a model-only one
+        if groups is not None:
+            check_param_groups(self.optimizers, groups, source)
         for part in self.states.values():
             try:
                 part.load_state_dict(train_state)

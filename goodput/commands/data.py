@@ -249,7 +249,9 @@ def _tokenize(args: argparse.Namespace) -> ExitCode:
 
 
 def _stem(path: Path) -> str:
-    name = path.resolve().name
+    from goodput.io import resolved
+
+    name = resolved(path).name
     for suffix in (".gz", ".zst", ".jsonl", ".parquet", ".txt"):
         name = name.removesuffix(suffix)
     return name

@@ -87,15 +87,20 @@ def _parse_line(path: Path, number: int, text: str) -> FileListEntry:
     for suffix in (".bin", ".idx"):
         if prefix.name.endswith(suffix):
             prefix = prefix.with_name(prefix.name[: -len(suffix)])
-    if not prefix.is_absolute():
-        prefix = (Path(path).parent / prefix).resolve()
-    for file in (bin_path(prefix), idx_path(prefix)):
-        if not file.is_file():
-            raise GoodputError(
-                where,
-                f"'{file}' does not exist",
-                "fix the path prefix (without .bin/.idx) or tokenize it first",
-            )
+    try:  # a loop of links on the way is named as one, never as a missing file
+        if not prefix.is_absolute():
+            prefix = io.resolved(Path(path).parent / prefix)
+        for file in (bin_path(prefix), idx_path(prefix)):
+            if io.path_status(file) is None:
+                raise GoodputError(
+                    where,
+                    f"'{file}' does not exist",
+                    "fix the path prefix (without .bin/.idx) or tokenize it first",
+                )
+    except GoodputError as error:
+        if error.where == where:
+            raise
+        raise GoodputError(where, f"'{error.where}': {error.what}", error.fix) from None
     return FileListEntry(weight, prefix, corpus, number)
 
 

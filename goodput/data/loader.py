@@ -213,24 +213,31 @@ class DataLoader:
             "stage_starts": list(self.samples.stage_starts),
         }
 
-    def load_state_dict(self, state: dict[str, Any], *, allow_data_change: bool = False) -> None:
+    def load_state_dict(
+        self, state: dict[str, Any], *, allow_data_change: bool = False, steps_left: int = 0
+    ) -> None:
         """Resume at a global sample count; refuse different data unless explicitly allowed,
         or unless this blend differs from the checkpoint's only in its length and in stages not
-        yet started (same first samples)."""
-        schema.check(CHECKPOINT_STATE, state, schema.LOADER_STATE)
+        yet started (same first samples). The position must leave the ``steps_left`` batches
+        the run still takes within the blend (a ``ValueError`` naming it otherwise: past the
+        end of the blend it was saved with, it is damage). Checked whole before any change."""
+        schema.check_loader_state(CHECKPOINT_STATE, state)
         prefix = state.get("prefix")  # absent from checkpoints of older goodput versions
-        if prefix is not None:
-            schema.check(CHECKPOINT_STATE, prefix, schema.PREFIX_RECORD, "prefix")
-        if "stage_starts" in state:  # absent from checkpoints of goodput before stages
-            schema.check(CHECKPOINT_STATE, state["stage_starts"], [schema.COUNT], "stage_starts")
         consumed = int(state["consumed_samples"])
+        same_data = state["fingerprint"] == self.samples.manifest["fingerprint"]
+        if not same_data and not allow_data_change:
+            self._check_unstarted_change(state, prefix)
+        needed = consumed + steps_left * self.global_batch_size
+        if needed > len(self.samples):
+            raise ValueError(
+                f"loader.consumed_samples = {consumed:,} leaves the {steps_left:,} step(s) left "
+                f"{needed - len(self.samples):,} samples past the end of the blend "
+                f"({len(self.samples):,} samples, {self.global_batch_size:,} a step)"
+            )
         # Hashed afresh unless carried on: after an allowed change it describes this blend.
         self._prefix = PrefixDigest(self.samples.identities)
-        if state["fingerprint"] == self.samples.manifest["fingerprint"]:
-            if prefix is not None:
-                self._prefix.resume(consumed, prefix["chain"])
-        elif not allow_data_change:
-            self._check_unstarted_change(state, prefix)
+        if same_data and prefix is not None:
+            self._prefix.resume(consumed, prefix["chain"])
         self.consumed_samples = consumed
 
     def _check_unstarted_change(self, state: dict[str, Any], prefix: dict[str, str] | None) -> None:

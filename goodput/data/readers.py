@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -32,7 +33,14 @@ import zstandard
 
 from goodput.data.paths import file_identity
 from goodput.errors import GoodputError
-from goodput.io import json_type_name, open_regular, regular_files, require_regular
+from goodput.io import (
+    json_type_name,
+    nested_too_deeply,
+    open_regular,
+    path_status,
+    regular_files,
+    require_regular,
+)
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".txt")
 
@@ -76,8 +84,8 @@ def list_inputs(paths: Sequence[str | Path]) -> list[Path]:
     inputs: list[Path] = []
     for given in paths:
         path = Path(given)
-        _check_readable(path)
-        inputs.extend(_folder_inputs(path) if path.is_dir() else [_named_input(path)])
+        is_dir = _check_readable(path)
+        inputs.extend(_folder_inputs(path) if is_dir else [_named_input(path)])
     seen: dict[tuple[int, int], Path] = {}
     for path in inputs:
         first = seen.setdefault(file_identity(path), path)
@@ -86,12 +94,16 @@ def list_inputs(paths: Sequence[str | Path]) -> list[Path]:
     return list(seen.values())
 
 
-def _check_readable(path: Path) -> None:
-    if not path.exists():
+def _check_readable(path: Path) -> bool:
+    """Whether ``path`` is a folder, once it is something this user may read."""
+    status = path_status(path)  # a loop of links is named as one, not as missing
+    if status is None:
         raise GoodputError(path, "no such file or folder", "check the path")
-    needed = os.R_OK | os.X_OK if path.is_dir() else os.R_OK
+    is_dir = stat.S_ISDIR(status.st_mode)
+    needed = os.R_OK | os.X_OK if is_dir else os.R_OK
     if not os.access(path, needed):
         raise GoodputError(path, "permission denied", "make it readable or leave it out")
+    return is_dir
 
 
 def _named_input(path: Path) -> Path:
@@ -224,7 +236,8 @@ def _jsonl_texts(
     for line_number, line in enumerate(_lines(chunks), start=1):
         try:
             text = loads(line.decode("utf-8"))[text_field]
-        except (ValueError, KeyError, TypeError):  # ValueError covers bad UTF-8 and bad JSON
+        # ValueError covers bad UTF-8 and bad JSON; RecursionError, arrays nested thousands deep.
+        except (ValueError, KeyError, TypeError, RecursionError):
             if not line or line.isspace():
                 continue
             raise _line_error(f"{path}:{line_number}", line, text_field) from None
@@ -248,6 +261,8 @@ def _line_error(where: str, line: bytes, text_field: str) -> GoodputError:
         # Some of json's messages end in " at" ("Unterminated string starting at").
         reason = f"{error.msg.removesuffix(' at')} at column {error.colno}"
         return GoodputError(where, f"malformed JSON: {reason}", "fix or remove the line")
+    except RecursionError:
+        return nested_too_deeply(where, "fix or remove the line")
     if not isinstance(record, dict):
         return GoodputError(
             where,

@@ -135,7 +135,12 @@ STAGE = {
     "weights": [pair(TEXT, SHARE)],
     "report": {"batch_size": POSITIVE, "corpora": [STAGE_ROW]},
 }
-LOADER_STATE = {"consumed_samples": COUNT, "fingerprint": TEXT, "components": {}}
+# The fingerprint's components, each a digest by name (``manifest.changed_components``).
+COMPONENTS: Rule = (
+    "an object of names to digests",
+    lambda v: isinstance(v, dict) and all(isinstance(item, str) for item in v.values()),
+)
+LOADER_STATE = {"consumed_samples": COUNT, "fingerprint": TEXT, "components": COMPONENTS}
 # The loader state's "prefix" (``goodput.data.prefix``); older checkpoints have none.
 PREFIX_RECORD = {"chain": SHA256, "sha256": SHA256}
 RUN_MANIFEST = {
@@ -152,6 +157,18 @@ RUN_MANIFEST = {
     "report": {"batch_size": POSITIVE, "corpora": [REPORT_ROW]},
     "index_sha256": {},
 }
+
+
+def check_loader_state(where: object, state: Any, field: str = "loader") -> None:
+    """``state`` if it is the loader state a checkpoint holds under ``field`` (its position,
+    fingerprint, and the prefix digest and stage starts that older checkpoints lack); else a
+    ``GoodputError`` naming ``where`` and the field. Whether the position lies within a blend
+    is the loader's to judge (``DataLoader.load_state_dict``)."""
+    check(where, state, LOADER_STATE, field)
+    if state.get("prefix") is not None:
+        check(where, state["prefix"], PREFIX_RECORD, f"{field}.prefix")
+    if "stage_starts" in state:
+        check(where, state["stage_starts"], [COUNT], f"{field}.stage_starts")
 
 
 def check(where: object, value: Any, spec: Spec, field: str = "") -> None:

@@ -58,7 +58,7 @@ def train_state(step: int, world_size: int) -> dict[str, Any]:
     """A train state ``load.check_train_state`` accepts, as a checkpoint writes it."""
     return {
         "step": step,
-        "loader": {"consumed_samples": 64 * step, "fingerprint": "f" * 16},
+        "loader": {"consumed_samples": 64 * step, "fingerprint": "f" * 16, "components": {}},
         "world_size": world_size,
         "optimizer_param_groups": [{"lr": 0.001, "betas": [0.9, 0.95], "params": ["w"]}],
     }

@@ -85,7 +85,9 @@ def train(cfg: RunConfig) -> list[float]:
             parts=run.parts,
             optimizers=optimizer.optimizers,
             states={
-                "loader": LoaderState(run.loader, cfg.checkpoint.allow_data_change),
+                "loader": LoaderState(
+                    run.loader, cfg.checkpoint.allow_data_change, cfg.train.steps
+                ),
                 "skips": skips,
                 "lr_scale": lr_scale,
                 "diagnostics": diagnostics.running,

@@ -56,10 +56,12 @@ from goodput.train.setup import decided_by_rank_zero
 @dataclass(frozen=True, slots=True)
 class LoaderState:
     """The loader's position as the train state's ``loader`` entry (absent from a model-only
-    checkpoint: the run starts at the first sample)."""
+    checkpoint: the run starts at the first sample). A position must leave the steps the run
+    has left to ``steps`` within the blend."""
 
     loader: DataLoader
     allow_data_change: bool  # checkpoint.allow_data_change
+    steps: int  # train.steps
 
     def state_dict(self) -> dict[str, Any]:
         return {"loader": self.loader.state_dict()}
@@ -67,7 +69,9 @@ class LoaderState:
     def load_state_dict(self, train_state: Mapping[str, Any]) -> None:
         if "loader" in train_state:
             self.loader.load_state_dict(
-                train_state["loader"], allow_data_change=self.allow_data_change
+                train_state["loader"],
+                allow_data_change=self.allow_data_change,
+                steps_left=max(self.steps - train_state["step"], 0),
             )
 
 

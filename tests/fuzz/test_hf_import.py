@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import save
@@ -120,3 +121,28 @@ def test_the_valid_file_imports(tmp_path, valid_weights):
     """The control: unmutated, the same folder imports."""
     folder = hf_folder(tmp_path, valid_weights)
     assert checkpoints.import_hf(folder, tmp_path / "out").is_dir()
+
+
+HF_SHAPES = {
+    name: list(tensor.shape)
+    for name, tensor in hf.to_hf(Transformer(TINY_MODEL).state_dict(), TINY_MODEL).items()
+}
+
+
+@given(
+    name=st.sampled_from(sorted(HF_SHAPES)),
+    shape=st.lists(st.integers(1, 130), min_size=1, max_size=3),
+)
+def test_a_tensor_of_any_shape(tmp_path, name, shape):
+    """The right names, one tensor of any shape: imported only at its config's shape, else
+    refused naming the file and the tensor (its header is read before any tensor)."""
+    tensors = {n: torch.zeros(s) for n, s in {**HF_SHAPES, name: shape}.items()}
+    folder = hf_folder(tmp_path, save(tensors))
+    out = Path(tempfile.mkdtemp(dir=tmp_path)) / "out"
+    try:
+        checkpoints.import_hf(folder, out)
+    except GoodputError as error:
+        assert shape != HF_SHAPES[name] and not out.exists()
+        assert error.where == str(folder / "model.safetensors") and repr(name) in error.what
+    else:
+        assert shape == HF_SHAPES[name]

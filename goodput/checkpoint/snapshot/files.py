@@ -34,7 +34,7 @@ from goodput.checkpoint.snapshot.format import (
     parse_manifest,
 )
 from goodput.errors import GoodputError
-from goodput.io import NotOwnFile, open_own_file, write_bytes
+from goodput.io import NotOwnFile, open_own_file, path_status, resolved, write_bytes
 from goodput.ranks import HOSTNAME
 
 SLOTS = 2  # per kind: the newest committed snapshot and the one being written
@@ -46,13 +46,28 @@ _PREFIX: dict[str, str] = {"own": "rank", "held": "held"}
 def run_key(checkpoint_root: Path) -> str:
     """16 hex of the SHA-256 of the checkpoint root's resolved absolute path: one run's
     snapshots, whatever the relative spelling of its root."""
-    return hashlib.sha256(str(Path(checkpoint_root).resolve()).encode()).hexdigest()[:16]
+    return hashlib.sha256(str(resolved(checkpoint_root)).encode()).hexdigest()[:16]
 
 
 def memory_root(memory_dir: str | None) -> Path:
-    """``memory_dir`` when set; else ``/dev/shm`` when it is a writable folder (tmpfs: pages
-    outlive the process, not the host), else the temp folder."""
+    """``memory_dir`` when set, if it is a folder (a usage error naming the key and the path
+    otherwise: a file there would be named only as the folder below it that cannot be made);
+    else ``/dev/shm`` when it is a writable folder (tmpfs: pages outlive the process, not the
+    host), else the temp folder."""
     if memory_dir is not None:
+        status = path_status(memory_dir)  # a loop of links is named as one
+        where = f"checkpoint.memory_dir {memory_dir}"
+        if status is None:
+            raise GoodputError.usage(
+                where, "does not exist", "create the folder, or leave memory_dir out (/dev/shm)"
+            )
+        if not stat.S_ISDIR(status.st_mode):
+            raise GoodputError.usage(
+                where,
+                "is a file, not a folder",
+                "set memory_dir to a folder (the snapshots go in a private folder inside it), "
+                "or leave it out (/dev/shm)",
+            )
         return Path(memory_dir)
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):

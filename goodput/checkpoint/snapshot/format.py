@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from goodput.checkpoint.load import check_train_state
+from goodput.checkpoint.load import MAX_STEP, MAX_WORLD, brief, check_train_state
 from goodput.errors import GoodputError
 from goodput.io import json_text, json_type_name, sha256_json
 
@@ -42,8 +42,6 @@ CHUNK_BYTES = 64 * 2**20
 ALIGN = 64
 MAX_MANIFEST_BYTES = 64 * 2**20
 MAX_TENSORS = 1_000_000
-MAX_STEP = 2**40
-MAX_WORLD = 1 << 24
 MAX_PAYLOAD_BYTES = 2**50
 MAX_NDIM = 64
 MAX_KEY_CHARS = 4096
@@ -411,12 +409,6 @@ def _tensor_spec(item: Any, where: str) -> tuple[str, str, tuple[int, ...]]:
     ):
         raise _bad(where, f"tensor entry {brief(item)} is not [key, dtype, shape, offset, nbytes]")
     return item[0], item[1], tuple(item[2])
-
-
-def brief(value: Any) -> str:
-    """``value``'s repr, cut to about 80 characters for a message."""
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:60]}...{text[-12:]}"
 
 
 def _bad(where: str, what: str) -> GoodputError:

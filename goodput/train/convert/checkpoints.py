@@ -50,7 +50,9 @@ from goodput.io import (
     atomic_path,
     fsync_dir,
     is_complete,
+    is_folder,
     open_regular,
+    path_status,
     read_json,
     write_json,
     write_marker,
@@ -90,7 +92,7 @@ def read_model_config(directory: Path) -> ModelConfig:
 
 
 def require_complete(directory: Path) -> None:
-    if not directory.is_dir():
+    if not is_folder(directory):  # a loop of links is named as one
         raise GoodputError.usage(
             directory,
             "no such checkpoint directory",
@@ -252,7 +254,7 @@ def import_hf(hf_dir: Path, run_dir: Path) -> Path:
     tensors' names, shapes and values against the config."""
     check_output_dir(run_dir, RUN_DIR, "OUT_DIR", [hf_dir])
     config_path = hf_dir / HF_CONFIG
-    if not config_path.is_file():
+    if path_status(config_path) is None:  # a folder or a FIFO: read_json names it
         raise GoodputError.usage(
             config_path,
             "not found",
@@ -260,7 +262,7 @@ def import_hf(hf_dir: Path, run_dir: Path) -> Path:
         )
     cfg = hf.model_config(read_json(config_path), str(config_path))
     print(f"reading {hf_dir}", flush=True)
-    tensors = _read_safetensors(hf_dir)
+    tensors = _read_safetensors(hf_dir, cfg)
     # Upcast to the fp32 the trainer keeps its weights in (exact for bf16/fp16 inputs).
     state = hf.from_hf(tensors, cfg, str(hf_dir))
     state = {name: t.float() if t.is_floating_point() else t for name, t in state.items()}
@@ -394,14 +396,16 @@ def _is_weight(value: object) -> bool:
     )
 
 
-def _read_safetensors(hf_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's safetensors files; all headers are checked first."""
+def _read_safetensors(hf_dir: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's safetensors files; all headers are checked first, and
+    every tensor's name and shape against ``cfg``."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     files = _safetensors_files(hf_dir)
+    expected = {name: shape for name, (shape, _dtype) in model_shapes(cfg).items()}
     for path in files:
-        _check_safetensors_header(path)
+        hf.check_hf_shapes(_check_safetensors_header(path), expected, str(path))
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
         print(f"reading {path}", flush=True)
@@ -449,12 +453,13 @@ def _is_file_name(name: str) -> bool:
     return name not in ("", ".", "..") and "/" not in name and "\\" not in name
 
 
-def _check_safetensors_header(path: Path) -> None:
+def _check_safetensors_header(path: Path) -> dict[str, list[int]]:
+    """The tensor shapes of ``path``'s header, once the header is checked."""
     try:
         with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             length = hf.safetensors_header_length(f.read(8), size, str(path))
-            hf.check_safetensors_header(f.read(length), size - 8 - length, str(path))
+            return hf.check_safetensors_header(f.read(length), size - 8 - length, str(path))
     except OSError as exc:
         raise from_exception(exc) from None
 

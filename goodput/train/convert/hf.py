@@ -145,20 +145,24 @@ def from_hf(
     for name, tensor in tensors.items():
         if _HF_IGNORED.fullmatch(name):
             continue
-        try:
-            ours = goodput_name(name)
-        except KeyError:
-            raise GoodputError.usage(
-                where,
-                f"tensor {_quote(name)} has no counterpart in goodput's Llama",
-                "import only LlamaForCausalLM checkpoints without biases or extra modules",
-            ) from None
+        ours = _goodput_name_or_refuse(name, where)
         heads = _rope_heads(cfg, ours)
         state[ours] = halves_to_interleaved(tensor, heads) if heads else tensor
     if cfg.tie_embeddings and "embedding.weight" in state:
         # A tied HF folder may or may not also store lm_head; either way it is the embedding.
         state["output.weight"] = state["embedding.weight"]
     return state
+
+
+def _goodput_name_or_refuse(name: str, where: str) -> str:
+    try:
+        return goodput_name(name)
+    except KeyError:
+        raise GoodputError.usage(
+            where,
+            f"tensor {_quote(name)} has no counterpart in goodput's Llama",
+            "import only LlamaForCausalLM checkpoints without biases or extra modules",
+        ) from None
 
 
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
@@ -304,10 +308,11 @@ def safetensors_header_length(prefix: bytes, file_size: int, where: str) -> int:
     return length
 
 
-def check_safetensors_header(header: bytes, data_size: int, where: str) -> None:
-    """Refuse a safetensors header that is not what the format promises: a JSON object of
-    tensors with an imported dtype, a shape whose byte count is their span, and spans laid end
-    to end over exactly the ``data_size`` bytes after it."""
+def check_safetensors_header(header: bytes, data_size: int, where: str) -> dict[str, list[int]]:
+    """The shape of each tensor a safetensors header describes, by name; refuse a header that
+    is not what the format promises: a JSON object of tensors with an imported dtype, a shape
+    whose byte count is their span, and spans laid end to end over exactly the ``data_size``
+    bytes after it."""
     try:
         entries = json.loads(header.decode("utf-8"))
     except UnicodeDecodeError:
@@ -327,6 +332,28 @@ def check_safetensors_header(header: bytes, data_size: int, where: str) -> None:
         position = end
     if position != data_size:
         raise _bad_safetensors(where, f"has {data_size - position} bytes after its last tensor")
+    return {name: entry["shape"] for name, entry in entries.items()}
+
+
+def check_hf_shapes(
+    shapes: dict[str, list[int]], expected: dict[str, tuple[int, ...]], where: str
+) -> None:
+    """Refuse, naming the file ``where`` and the tensor, an HF tensor with no goodput
+    counterpart or whose shape (``shapes``, from its header) is not the one ``expected`` (the
+    config's, by goodput name): checked before any tensor is read, since converting one of
+    another shape (the RoPE permutation's view) would fail inside torch."""
+    fix = "pass the weights this config.json describes"
+    for name, shape in shapes.items():
+        if _HF_IGNORED.fullmatch(name):
+            continue
+        ours = _goodput_name_or_refuse(name, where)
+        if ours in expected and tuple(shape) != expected[ours]:
+            raise GoodputError.usage(
+                where,
+                f"tensor {_quote(name)} has shape {_quote(shape)}, config.json needs "
+                f"{list(expected[ours])}",
+                fix,
+            )
 
 
 def _span(name: str, entry: Any, data_size: int, where: str) -> tuple[int, int, str]:

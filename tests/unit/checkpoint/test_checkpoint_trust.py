@@ -188,8 +188,8 @@ def test_verification_can_be_switched_off(run, capsys):
 @pytest.mark.parametrize(
     ("name", "content", "phrase"),
     [
-        (TRAIN_STATE, "[1, 2]", "no step count"),
-        (TRAIN_STATE, '{"step": 8, "world_size": 1}', "no loader position"),
+        (TRAIN_STATE, "[1, 2]", "is an array, not a JSON object"),
+        (TRAIN_STATE, '{"step": 8, "world_size": 1}', "field loader must be an object"),
         (TRAIN_STATE, "[" * 100_000, "is JSON nested too deeply"),
         (TRAIN_STATE, b"\xff\xfe", "is not valid UTF-8"),
         ("checksums.json", '{"algorithm": "sha256", "files": {"../x": "00"}}', "names '../x'"),
@@ -233,11 +233,51 @@ def test_a_broken_diagnostics_state_is_one_line_naming_it(run, capsys, key, valu
     assert str(target) in err and phrase in err
 
 
+def edited(state: dict, path: tuple, value: object) -> dict:
+    parent = state
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    return state
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "phrase"),
+    [
+        # Each reached the internal-error line once the tensors were loaded, or was accepted.
+        (("optimizer_param_groups", 0, "betas"), "ab", "optimizer_param_groups[0].betas is a name"),
+        (("optimizer_param_groups", 0, "betas"), [0.9], "betas is a list of 1: a number, this"),
+        (("optimizer_param_groups", 1, "weight_decay"), None, "[1].weight_decay is null, this"),
+        (("optimizer_param_groups", 0, "lr"), "x", "optimizer_param_groups[0].lr is a name"),
+        (("optimizer_param_groups", 0, "params"), 3, "[0].params = 3 is not a list of distinct"),
+        (("optimizer_param_groups", 0, "eps"), -1.0, "[0].eps = -1.0 is not a hyper-parameter"),
+        (("loader", "consumed_samples"), 10**9, "1,000,000,000 leaves the 4 step(s) left"),
+        (("loader", "consumed_samples"), 63, "= 63 leaves the 4 step(s) left 31 samples past"),
+        (("loader", "components"), {"seed": 1}, "loader.components must be an object of names"),
+        (("step",), 10**30, "step = 1000000000000000000000000000000 is not a whole number"),
+        (("world_size",), 10**30, "world_size = 1000000000000000000000000000000 is not"),
+        (("model_only",), "yes", "model_only = 'yes' is not true or false"),
+    ],
+)
+def test_a_train_state_is_checked_whole_before_anything_is_loaded(run, capsys, path, value, phrase):
+    target = step(run, 4) / TRAIN_STATE
+    target.write_text(json.dumps(edited(json.loads(target.read_text()), path, value)))
+    argv = ["train", run, "checkpoint.verify_checksums=false", "--resume", step(run, 4)]
+    assert main([str(a) for a in argv]) == 1
+    out, err = capsys.readouterr()
+    (line,) = [line for line in err.splitlines() if line.startswith("goodput: error: ")]
+    assert str(target) in line and phrase in line and "Traceback" not in err
+    assert "resume: from" not in out  # the line a finished load prints
+
+
 def test_auto_passes_over_a_checkpoint_with_a_broken_train_state(run, capsys):
     (step(run, 8) / TRAIN_STATE).write_text(json.dumps({"step": -1}))
     assert main(["train", str(run)]) == 0
     out = capsys.readouterr().out
-    damaged = f"damaged ({step(run, 8) / TRAIN_STATE}: no step count)"
+    damaged = (
+        f"damaged ({step(run, 8) / TRAIN_STATE}: step = -1 is not a whole number in "
+        "[0, 1,099,511,627,776])"
+    )
     assert f"skipping checkpoint {step(run, 8)}: {damaged}" in out
     assert f"resume: from {step(run, 4)} (step 4)" in out
 

@@ -79,14 +79,14 @@ class RecordedLoader:
     def state_dict(self):
         return self.state
 
-    def load_state_dict(self, state, *, allow_data_change):
+    def load_state_dict(self, state, *, allow_data_change, steps_left):
         self.state = state
 
 
 def test_the_registered_parts_read_an_old_train_state_and_write_it_back(tmp_path):
     cfg = tiny_run_config(tmp_path)
     states = {
-        "loader": LoaderState(RecordedLoader(), allow_data_change=False),
+        "loader": LoaderState(RecordedLoader(), allow_data_change=False, steps=cfg.train.steps),
         "skips": SkippedSteps(cfg.train.max_skipped_steps),
         "lr_scale": LrScale(cfg),
         "diagnostics": RunningDiagnostics(cfg.diagnostics),

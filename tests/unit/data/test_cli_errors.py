@@ -51,6 +51,18 @@ def test_tokenize(capsys, places, tokenizer):
     assert f"{folder}: cannot read the tokenizer: is a folder, not a regular file" in err
 
 
+@pytest.mark.parametrize("command", ["tokenize", "train-tokenizer"])
+def test_a_corpus_line_nested_too_deeply_is_one_line(capsys, tokenizer, tmp_path, command):
+    model, _ = tokenizer
+    corpus = tmp_path / "deep.jsonl"
+    corpus.write_text('{"text": "a document"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    options = {"tokenize": ["--tokenizer", model], "train-tokenizer": ["--vocab-size", 280]}
+    _, err = one_line_error(
+        capsys, "data", command, corpus, *options[command], "--output", tmp_path / "out.model"
+    )
+    assert err == f"goodput: error: {corpus}:2: is JSON nested too deeply; fix or remove the line"
+
+
 def test_blend(capsys, places, tmp_path):
     file, folder = places
     blend = ["--seq-len", 4, "--num-samples", 4, "--seed", 1, "--cache"]

@@ -38,6 +38,18 @@ def test_bad_weights_name_file_and_line(three_corpora, weight, message):
     assert message in error_of(parse_file_list, file_list)
 
 
+@pytest.mark.parametrize("loop", ["sub", "looped.bin"])
+def test_a_loop_of_links_in_a_prefix_names_the_line_and_the_loop(three_corpora, loop):
+    file_list, _ = three_corpora
+    link = file_list.parent / loop
+    link.symlink_to(link.name)
+    prefix = "sub/x" if loop == "sub" else "looped"
+    file_list.write_text(f"1 code code\n1 {prefix} loop\n")
+    message = error_of(parse_file_list, file_list)
+    assert message.startswith(f"{file_list}:2: '") and str(link) in message
+    assert "Too many levels of symbolic links" in message
+
+
 def test_weights_that_overflow_or_vanish_together_name_the_line(three_corpora):
     file_list, _ = three_corpora
     file_list.write_text("1e308 code code\n1e308 math math\n")

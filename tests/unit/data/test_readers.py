@@ -131,6 +131,13 @@ def test_malformed_json_names_file_and_line(tmp_path):
     assert "fix or remove the line" in message
 
 
+@pytest.mark.parametrize("nested", [b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 100_000 + b"1"])
+def test_json_nested_too_deeply_names_file_and_line(tmp_path, nested):
+    path = write_lines(tmp_path, b'{"text": "ok"}', nested)
+    message = error_of(iter_texts, path)
+    assert f"{path}:2: is JSON nested too deeply; fix or remove the line" in message
+
+
 def test_missing_field_lists_keys_and_suggests_text_field(tmp_path):
     path = write_lines(tmp_path, b'{"text": "ok"}', b'{"content": "x", "id": 7}')
     message = error_of(iter_texts, path)

@@ -19,7 +19,7 @@ PATH = Path("step-00000008/train_state.json")
 VALID = {
     "step": 8,
     "world_size": 2,
-    "loader": {"consumed_samples": 64, "fingerprint": "abc"},
+    "loader": {"consumed_samples": 64, "fingerprint": "abc", "components": {}},
     "optimizer_param_groups": [{"lr": 0.1, "params": ["w"]}],
     "lr_reference_tokens": 128,
     "noise_scale": {"steps": 8, "gradient_sq": 0.5, "trace": 120.0},

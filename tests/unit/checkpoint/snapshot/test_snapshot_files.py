@@ -23,8 +23,11 @@ from goodput.checkpoint.snapshot.files import (
     write_manifest,
 )
 from goodput.checkpoint.snapshot.format import MAX_MANIFEST_BYTES
+from goodput.cli import main
+from goodput.config import to_toml
 from goodput.errors import GoodputError
 from goodput.testing.snapshots import sample_manifest
+from goodput.testing.tiny import tiny_run_config
 
 OTHER_UID = 4242
 
@@ -125,3 +128,24 @@ def test_ensure_private_dir_names_a_memory_dir_that_does_not_exist(tmp_path):
         error.value
     )
     assert not missing.exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda path: path.write_text("x"), "is a file, not a folder; set memory_dir to a folder"),
+        (lambda path: None, "does not exist; create the folder, or leave memory_dir out"),
+    ],
+    ids=["a-file", "missing"],
+)
+def test_goodput_train_names_a_memory_dir_that_is_no_folder(tmp_path, capsys, make, says):
+    """Named itself, not as the snapshot folder below it that cannot be made."""
+    config = tmp_path / "run.toml"
+    config.write_text(to_toml(tiny_run_config(tmp_path)))
+    memory = tmp_path / "memory"
+    make(memory)
+    overrides = ["checkpoint.memory_interval_steps=2", f"checkpoint.memory_dir={memory}"]
+    assert main(["train", str(config), *overrides]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith(f"goodput: error: checkpoint.memory_dir {memory}: {says}"), line
+    assert not (tmp_path / "memory" / f"goodput-{os.getuid()}").exists()

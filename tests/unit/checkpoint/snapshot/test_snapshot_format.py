@@ -159,7 +159,10 @@ def _set(key: str, value: Any):
         (lambda raw: raw["tensors"].pop(0), "not at 0"),  # offsets no longer packed
         (_set("layout", "a" * 64), "layout is not the digest"),
         (lambda raw: raw["train_state"].update(step=11), "not the full state of step 12"),
-        (lambda raw: raw["train_state"].pop("loader"), "no loader position"),
+        (
+            lambda raw: raw["train_state"].pop("loader"),
+            "train_state: field loader must be an object",
+        ),
         (_set("rng", []), "rng is not"),
     ],
 )

@@ -58,7 +58,9 @@ class Loader:
         self.consumed = 0
 
     def state_dict(self) -> dict:
-        return {"loader": {"consumed_samples": self.consumed, "fingerprint": "test"}}
+        return {
+            "loader": {"consumed_samples": self.consumed, "fingerprint": "test", "components": {}}
+        }
 
     def load_state_dict(self, state) -> None:
         self.consumed = state["loader"]["consumed_samples"]

@@ -467,11 +467,40 @@ def test_import_refuses_weights_that_do_not_fit_or_are_not_finite(hf_folder, tmp
     tensors = load_file(weights)
     tensors["model.norm.weight"] = torch.ones(33)
     save_file(tensors, weights)
-    import_fails(capsys, hf_folder, tmp_path / "out", 2, "'norm.weight' has shape [33]", "[32]")
+    import_fails(
+        capsys, hf_folder, tmp_path / "out", 2, "'model.norm.weight' has shape [33]", "[32]"
+    )
 
     tensors["model.norm.weight"] = torch.full((32,), 1e300, dtype=torch.float64)  # inf in fp32
     save_file(tensors, weights)
     import_fails(capsys, hf_folder, tmp_path / "out", 1, "'norm.weight' holds NaN or infinite")
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        ("model.layers.0.self_attn.q_proj.weight", (7, 3)),  # the RoPE permutation's view failed
+        ("model.layers.1.self_attn.k_proj.weight", (16, 33)),
+        ("model.embed_tokens.weight", (122, 32)),
+        ("model.layers.0.mlp.down_proj.weight", (64, 32)),  # transposed
+        ("model.norm.weight", (32, 1)),
+    ],
+)
+def test_import_names_the_file_tensor_and_shapes_of_a_misshapen_tensor(
+    hf_folder, tmp_path, capsys, name, shape
+):
+    weights = hf_folder / "model.safetensors"
+    tensors = load_file(weights)
+    expected = list(tensors[name].shape)
+    tensors[name] = torch.zeros(shape)
+    save_file(tensors, weights)
+    code, out, err = run_cli(capsys, "ckpt", "import-hf", hf_folder, tmp_path / "out")
+    assert code == 2 and f"reading {weights}" not in out  # refused before any tensor is read
+    assert err == (
+        f"goodput: error: {weights}: tensor '{name}' has shape {list(shape)}, config.json needs "
+        f"{expected}; pass the weights this config.json describes\n"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_import_reads_only_files_in_the_folder_its_index_names(hf_folder, tmp_path, capsys):
