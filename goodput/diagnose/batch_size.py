@@ -31,6 +31,7 @@ from typing import Any
 from goodput import rundir, runfiles
 from goodput.config import MAX_NUMBER
 from goodput.errors import ExitCode, GoodputError
+from goodput.io import is_folder
 
 NUM_WINDOWS = 8
 # A usable B_simple, in tokens: 2**53 is the largest global batch a config admits; a larger
@@ -171,7 +172,7 @@ class BatchSizeReport:
 
 def report(run_dir: Path) -> BatchSizeReport:
     """Read ``run_dir``'s config and metrics; the report, or a one-line ``GoodputError``."""
-    if not run_dir.is_dir():
+    if not is_folder(run_dir):  # a loop of links is named as one
         raise GoodputError.usage(run_dir, "is not a folder", "pass a run directory (train.run_dir)")
     global_batch = runfiles.read_tokens_per_step(run_dir / rundir.CONFIG)
     metrics = run_dir / rundir.METRICS

@@ -60,6 +60,7 @@ from goodput.checkpoint.verify import PendingVerification
 from goodput.config import from_table, read_toml
 from goodput.data.tokenizer import Tokenizer, load_tokenizer
 from goodput.errors import GoodputError
+from goodput.io import is_folder
 from goodput.launch.env import current_placement
 from goodput.rundir import CONFIG, STEP_DIR, checkpoints_dir
 from goodput.train.config.model import ModelConfig
@@ -129,14 +130,14 @@ def load_for_inference(path: Path, tokenizer_path: Path | None, runtime: Runtime
 
 def resolve_checkpoint(path: Path) -> Path:
     """A checkpoint directory as it is; a run directory's newest complete, undamaged one."""
-    if not path.is_dir():
+    if not is_folder(path):  # a loop of links is named as one, not as missing
         raise GoodputError.usage(
             path,
             "no such checkpoint or run directory",
             "pass RUN/checkpoints/step-N or a run directory",
         )
     root = checkpoints_dir(path)
-    if root.is_dir():
+    if is_folder(root):
         directory = find_checkpoint(root, "auto")
         if directory is None:
             raise GoodputError.usage(

@@ -55,7 +55,7 @@ from goodput import rundir
 from goodput.errors import GoodputError
 from goodput.eval.records import EvalRecord, append_evals
 from goodput.eval.task_data import naming_task_data
-from goodput.io import read_json, regular_files, require_regular
+from goodput.io import is_folder, read_json, regular_files, require_regular
 
 OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
 TASK_FILE_SUFFIXES = (".yaml", ".yml")
@@ -97,7 +97,7 @@ def resolve_tasks(entries: Sequence[str], include_paths: Sequence[Path] = ()) ->
 
     folders = []
     for folder in include_paths:
-        if not folder.is_dir():
+        if not is_folder(folder):  # a loop of links is named as one
             raise GoodputError.usage(
                 folder, "no such folder", "pass --include-path a folder of lm-eval task files"
             )

@@ -27,7 +27,7 @@ from typing import Any
 
 from goodput import rundir, runfiles
 from goodput.errors import GoodputError
-from goodput.io import read_json
+from goodput.io import is_folder, read_json
 from goodput.launch.history import AttemptRecord, read_attempts
 from goodput.runfiles import BusyLine, EvalLine, StageMixture, read_stage_mixtures
 
@@ -81,7 +81,7 @@ class RunFiles:
 
 
 def read_run(run_dir: Path) -> RunFiles:
-    if not run_dir.is_dir():
+    if not is_folder(run_dir):  # a loop of links is named as one, not as missing
         raise GoodputError.usage(run_dir, "no such run directory", "pass a train.run_dir")
     metrics = run_dir / rundir.METRICS
     attempts = run_dir / rundir.ATTEMPTS

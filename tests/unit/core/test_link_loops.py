@@ -129,3 +129,20 @@ def test_a_dangling_link_where_a_folder_should_be_is_named_as_one(capsys, tmp_pa
         f"goodput: error: --output {dangling}: is a link to nothing where a folder should be; "
         "fix the path\n"
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["report", "{loop}"],
+        ["report", "{loop}", "--html", "{tmp}/page.html"],
+        ["diagnose", "batch-size", "{loop}"],
+        ["generate", "{loop}", "--prompt", "hi"],
+        ["eval", "{loop}", "--tasks", "x"],
+        ["eval", "{tmp}", "--tasks", "x", "--include-path", "{loop}"],
+    ],
+)
+def test_a_run_or_checkpoint_folder_read_by_report_diagnose_generate_eval(
+    capsys, loop, tmp_path, argv
+):
+    loop_line(capsys, loop, *(a.format(loop=loop, tmp=tmp_path) for a in argv))
