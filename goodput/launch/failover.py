@@ -39,25 +39,22 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
 import dataclasses
 import ipaddress
 import math
-import os
 import re
 import signal
 import socket
-import subprocess
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from goodput import stragglers_line
 from goodput.errors import ExitCode, GoodputError
 from goodput.io import read_json
-from goodput.launch.attempt import AttemptResult, ProcessSpec, start_process
+from goodput.launch.attempt import AttemptResult
 from goodput.launch.history import AttemptClass, Evidence
+from goodput.launch.launchers import LaunchPlan
 
 # HOST evidence on any machine; a profile's ``bad_node_patterns`` add the site's (their name
 # says what they are for: a site lists what its nodes print when they fail).
@@ -92,6 +89,8 @@ WINDOW_LINES = 3  # a pattern may span this many consecutive lines (Hydra's bloc
 SCAN_BYTES = 4096
 RESOLVE_TIMEOUT_S = 5.0
 HEARTBEAT_BYTES = 1 << 16  # the trainer writes a line of JSON
+# Of a probe's output, the last bytes are kept: its verdict is its last line.
+PROBE_ANSWER_BYTES = 1 << 16
 MAX_STEP = 2**53
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # The trainer warns once per rank and lag; hostile output could name any number of ranks.
@@ -207,26 +206,36 @@ def resolve_address(addr: str) -> list[str]:
     return [name, *aliases]
 
 
-def probe_hosts(probes: dict[str, ProcessSpec], timeout_s: float) -> dict[str, Evidence]:
-    """Run every host's probe at once; the hosts that failed, each with what its probe said."""
-    started = {
-        host: start_process(spec, "fix health_check in the machine profile")
-        for host, spec in probes.items()
-    }
-    deadline = time.monotonic() + timeout_s
+def probe_hosts(
+    plan: LaunchPlan, hosts: Sequence[str], env: Mapping[str, str]
+) -> dict[str, Evidence]:
+    """Run the profile's health probe on every one of ``hosts`` at once (``fanout.reach``:
+    one step of the job's launcher, within the profile's ``health_timeout_s``); the hosts that
+    failed, each with the last line its probe printed."""
+    # Imported here, not with the module: ``python -m goodput.launch.fanout`` (each node's task)
+    # would otherwise find its module imported already by ``goodput.launch``.
+    from goodput.launch import fanout
+
+    timeout_s = plan.profile.health_timeout_s
+    answers = fanout.reach(
+        plan,
+        hosts,
+        plan.profile.health_command(),
+        env,
+        timeout_s=timeout_s,
+        max_bytes=PROBE_ANSWER_BYTES,
+        fix="fix health_check in the machine profile",
+        tail=True,
+        stderr=True,
+    )
     failed = {}
-    for host, process in started.items():
-        try:
-            output, _ = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
-            lines = output.decode(errors="replace").strip().splitlines()
-            said = f"exit {process.returncode}: {lines[-1] if lines else 'no output'}"
-            said = _printable(said)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
+    for host, answer in answers.items():
+        if answer.code is None:
             said = f"no answer within {timeout_s:g} s"
-        if process.returncode != 0:
+        else:
+            lines = answer.output.decode(errors="replace").strip().splitlines()
+            said = _printable(f"exit {answer.code}: {lines[-1] if lines else 'no output'}")
+        if answer.code != 0:
             failed[host] = Evidence(host, f"health probe {said}", "probe")
     return failed
 

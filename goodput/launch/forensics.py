@@ -2,7 +2,8 @@
 when the idle watchdog fires and before the ranks are stopped (``suspects`` compares them).
 
 ``collect_host`` (in the launcher's process for a local launch, else ``python -m
-goodput.launch.forensics collect --dir D`` on each host through the job's own srun or mpiexec):
+goodput.launch.forensics collect --dir D`` on each host, all in one step of the job's own srun
+or mpiexec, ``fanout``):
   1. every beacon in the attempt's folder is read (``beacon.read_beacon``: strict, bounded);
   2. each beacon's pid is proven ours (its ``/proc/PID/stat`` start time equals the beacon's
      ``start_ticks``, and this user owns it) and its state read: T stopped, D stuck in the

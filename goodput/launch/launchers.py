@@ -22,6 +22,7 @@ a process.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -364,46 +365,53 @@ def _rank_env(plan: LaunchPlan) -> dict[str, str]:
     }
 
 
-def build_probe(plan: LaunchPlan, host: str, env: Mapping[str, str]) -> ProcessSpec:
-    """The profile's health check, run once on ``host`` alone, by the job's own launcher."""
-    check_host(host, "health probe")
-    spec = build_host_command(plan, host, plan.profile.health_command(), env)
-    return ProcessSpec(spec.argv, spec.env, f"probe {host}")
-
-
 def build_host_command(
     plan: LaunchPlan,
-    host: str,
+    hosts: tuple[str, ...],
     argv: Sequence[str],
     env: Mapping[str, str],
     *,
     overlap: bool = False,
 ) -> ProcessSpec:
-    """``argv`` run once on ``host`` alone, by the job's own launcher (a local plan runs it
-    here), told its host in ``PROBE_HOST_VAR``. ``overlap``: while the attempt's own step still
-    holds the node (hang forensics): under Slurm ``srun --overlap`` with a small memory request
-    and without the profile's srun extras (they ask for GPUs and CPUs the hung step holds);
-    verified under the single-node Slurm of CI, where a plain ``srun`` waits for the step."""
-    check_host(host, "host command")
-    host_env = {**env, **plan.profile.env_vars(), PROBE_HOST_VAR: host}
+    """``argv`` run once on each of ``hosts``, one task a host, as one step of the job's own
+    launcher (a local plan runs it here, for its one host). One host is named on the command
+    line and told its name in ``PROBE_HOST_VAR``; several by their host file, which the caller
+    writes first (``write_hostfile(plan, hosts)``): thousands of names are past what one
+    argument may hold. ``overlap``: while the attempt's own step still holds the nodes (hang
+    forensics): under Slurm ``srun --overlap`` with a small memory request and without the
+    profile's srun extras (they ask for GPUs and CPUs the hung step holds); verified under the
+    single-node Slurm of CI, where a plain ``srun`` waits for the step."""
+    for host in hosts:
+        check_host(host, "host command")
+    one = hosts[0] if len(hosts) == 1 else None
+    host_env = {**env, **plan.profile.env_vars()}
+    if one is not None:
+        host_env[PROBE_HOST_VAR] = one
+    named = one or str(dataclasses.replace(plan, hosts=hosts).hostfile)
+    count = str(len(hosts))
     if plan.scheduler == "slurm":
-        one = ["--nodes", "1", "--ntasks", "1", "--nodelist", host]
+        tasks = ["--nodes", count, "--ntasks", count]
+        tasks += ["--nodelist", named] if one else ["--ntasks-per-node", "1", "--nodelist", named]
         if overlap:
-            command = ["srun", "--overlap", *one, "--mem", OVERLAP_MEM, *argv]
+            command = ["srun", "--overlap", *tasks, "--mem", OVERLAP_MEM, *argv]
         else:
-            command = ["srun", *one, *plan.profile.srun_args, *argv]
+            command = ["srun", *tasks, *plan.profile.srun_args, *argv]
     elif plan.scheduler == "pbs":
         hydra = plan.profile.mpiexec == "hydra"
-        command = ["mpiexec", "-n" if hydra else "--np", "1"]
-        command += ["-hosts" if hydra else "--hosts", host]
-        if hydra:
-            command += ["-genv", PROBE_HOST_VAR, host]
+        command = ["mpiexec", "-n" if hydra else "--np", count]
+        if one is not None:
+            command += ["-hosts" if hydra else "--hosts", one]
+            if hydra:
+                command += ["-genv", PROBE_HOST_VAR, one]
+            else:
+                command += ["--env", f"{PROBE_HOST_VAR}={one}"]
         else:
-            command += ["--env", f"{PROBE_HOST_VAR}={host}"]
+            command += ["-ppn" if hydra else "--ppn", "1"]
+            command += ["-hostfile" if hydra else "--hostfile", named]
         command += [*plan.profile.mpiexec_args, *argv]
     else:
         command = list(argv)
-    return ProcessSpec(command, host_env, host)
+    return ProcessSpec(command, host_env, one or f"{count} hosts")
 
 
 BUILDERS: dict[str, Callable[[LaunchPlan, list[str], dict[str, str]], list[ProcessSpec]]] = {
@@ -423,12 +431,14 @@ def describe_plan(plan: LaunchPlan) -> str:
     )
 
 
-def write_hostfile(plan: LaunchPlan) -> Path | None:
-    """Write the PBS host file (atomically: an mpiexec never reads half of one)."""
-    if plan.scheduler != "pbs":
+def write_hostfile(plan: LaunchPlan, hosts: tuple[str, ...] | None = None) -> Path | None:
+    """Write the PBS host file of the plan's hosts, or of ``hosts`` for a step over them under
+    any scheduler (``build_host_command``); atomically: a launcher never reads half of one."""
+    if hosts is None and plan.scheduler != "pbs":
         return None
-    write_text(plan.hostfile, "".join(f"{host}\n" for host in plan.hosts))
-    return plan.hostfile
+    named = plan if hosts is None else dataclasses.replace(plan, hosts=hosts)
+    write_text(named.hostfile, "".join(f"{host}\n" for host in named.hosts))
+    return named.hostfile
 
 
 def prepare_outputs(run_dir: Path, log: Path | None) -> None:

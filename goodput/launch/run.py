@@ -120,8 +120,7 @@ def _policy(plan: launchers.LaunchPlan, options: LaunchOptions) -> Policy:
         return Policy(max_attempts=max_attempts or 1, backoff_s=options.backoff_s)
 
     def probe(hosts: tuple[str, ...]) -> dict[str, Evidence]:
-        probes = {host: launchers.build_probe(plan, host, os.environ) for host in hosts}
-        return failover.probe_hosts(probes, plan.profile.health_timeout_s)
+        return failover.probe_hosts(plan, hosts, os.environ)
 
     return Policy(
         max_attempts=max_attempts,

@@ -2,10 +2,10 @@
 
 ``investigate`` runs when the idle watchdog fires, before the ranks are stopped: it collects on
 every host (``forensics.collect_host`` in this process for a local launch, else ``python -m
-goodput.launch.forensics collect`` through the job's own srun or mpiexec, at once on every host,
-each within the profile's ``health_timeout_s``; a host silent past it, or answering garbage,
-did not answer) and hands the reports to ``name_suspects``. That is a pure function; the first
-rule that applies wins:
+goodput.launch.forensics collect`` on every host at once through one step of the job's own srun
+or mpiexec, ``fanout.reach``, within the profile's ``health_timeout_s``; a host silent past it,
+or answering garbage, did not answer) and hands the reports to ``name_suspects``. That is a pure
+function; the first rule that applies wins:
   1. no answer: a rank stopped, stuck in D, gone, on a host that did not answer, with no beacon
      while its peers have one, or alive without a stack while a peer wrote its own;
   2. out of the collective its peers wait in: ranks outside any collective, at a step no later
@@ -24,12 +24,7 @@ result; ``retry`` records them first in the attempt's evidence. Standard library
 from __future__ import annotations
 
 import collections
-import contextlib
-import os
-import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,8 +32,7 @@ from pathlib import Path
 
 from goodput import beacon
 from goodput.errors import GoodputError, one_line, printable
-from goodput.launch import forensics, launchers
-from goodput.launch.attempt import AFTER_KILL_WAIT_S, ProcessSpec
+from goodput.launch import fanout, forensics, launchers
 from goodput.launch.forensics import HostReport, RankReport
 from goodput.launch.history import Evidence, EvidenceSource
 from goodput.ranks import host_index
@@ -244,76 +238,29 @@ def investigate(
 def collect_hosts(
     plan: launchers.LaunchPlan, directory: Path, env: Mapping[str, str]
 ) -> dict[str, HostReport | None]:
-    """Every host's ``collect`` answer, run at once through the job's launcher; None for a host
-    that did not answer within the profile's ``health_timeout_s`` or answered garbage."""
+    """Every host's ``collect`` answer, all at once through the job's launcher
+    (``fanout.reach``: one step beside the hung one); None for a host that did not answer
+    within the profile's ``health_timeout_s``, failed, or answered more than a report or
+    garbage."""
     argv = [sys.executable, "-m", "goodput.launch.forensics", "collect", "--dir", str(directory)]
-    specs = {
-        host: launchers.build_host_command(plan, host, argv, env, overlap=True)
-        for host in plan.hosts
-    }
-    answers: dict[str, bytes | None] = {}
-    threads = [
-        threading.Thread(
-            target=lambda host, spec: answers.__setitem__(
-                host, run_bounded(spec, plan.profile.health_timeout_s)
-            ),
-            args=(host, spec),
-            daemon=True,
-        )
-        for host, spec in specs.items()
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    answers = fanout.reach(
+        plan,
+        plan.hosts,
+        argv,
+        env,
+        timeout_s=plan.profile.health_timeout_s,
+        max_bytes=forensics.MAX_REPORT_BYTES,
+        fix="check that the job's launcher runs on the launch node",
+        overlap=True,
+    )
     reports: dict[str, HostReport | None] = {}
-    for host in plan.hosts:
-        answer = answers.get(host)
+    for host, answer in answers.items():
         try:
-            reports[host] = None if answer is None else forensics.read_report(answer)
+            reports[host] = (
+                forensics.read_report(answer.output)
+                if answer.code == 0 and not answer.cut
+                else None
+            )
         except GoodputError:
             reports[host] = None
     return reports
-
-
-def run_bounded(spec: ProcessSpec, timeout_s: float) -> bytes | None:
-    """The standard output of ``spec`` (a byte past the report's bound at most) if it exits 0
-    within ``timeout_s``, else None; its group is killed when the time is up."""
-    try:
-        process = subprocess.Popen(
-            spec.argv,
-            env=spec.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    except OSError:
-        return None
-    chunks: list[bytes] = []
-
-    def read() -> None:
-        assert process.stdout is not None
-        fd, total = process.stdout.fileno(), 0
-        while total <= forensics.MAX_REPORT_BYTES and (chunk := os.read(fd, 1 << 16)):
-            chunks.append(chunk)
-            total += len(chunk)
-
-    deadline = time.monotonic() + timeout_s
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    flooded = sum(map(len, chunks)) > forensics.MAX_REPORT_BYTES  # no answer: stop it now
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(0 if flooded else max(0.0, deadline - time.monotonic()))
-    # Whatever it left running (srun's helpers, a hung python) goes with its group.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(AFTER_KILL_WAIT_S)
-    reader.join(AFTER_KILL_WAIT_S)
-    if reader.is_alive():  # a process outside the group holds the pipe: leave the reader be
-        return None
-    assert process.stdout is not None
-    process.stdout.close()
-    return b"".join(chunks) if process.returncode == 0 and not flooded else None

@@ -1,16 +1,24 @@
 """The environment for a child process that must not think it runs inside a job, the node of
-this machine's Slurm that the Slurm tests run on, and the pids of the ranks a launcher runs."""
+this machine's Slurm that the Slurm tests run on, the pids of the ranks a launcher runs, and a
+stand-in scheduler (``srun`` and ``mpiexec`` answering for thousands of hosts at once)."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import goodput
+from goodput.launch import fanout
+from goodput.launch.env import expand_nodelist, read_hostfile
 from goodput.launch.run import PROFILE_VAR
 from goodput.launch.submit import CHAIN_JOB_VAR
 
@@ -81,3 +89,134 @@ def launched_rank_pids(launcher_pid: int) -> dict[int, int]:
             if ranks:
                 found[int(ranks[0])] = int(pid)
     return found
+
+
+# --- a stand-in scheduler -----------------------------------------------------------------------
+
+STAND_IN_ANSWERS_VAR = "GOODPUT_STAND_IN_ANSWERS"
+STAND_IN_LOG_VAR = "GOODPUT_STAND_IN_LOG"
+STAND_IN = """#!{python}
+import sys
+from goodput.testing.jobs import stand_in_main
+sys.exit(stand_in_main({name!r}, sys.argv[1:]))
+"""
+# What each says when a host of the step is down, as the real ones do.
+STAND_IN_REFUSALS = {
+    "srun": "srun: error: Unable to create step for job 1: Requested node configuration is not "
+    "available ({host} is down)",
+    "mpiexec": "ssh: connect to host {host} port 22: No route to host",
+}
+# The options of srun and of both mpiexec dialects that goodput passes, with how many values
+# each takes: the command is what follows them.
+STAND_IN_OPTIONS = {
+    "srun": {"--nodes": 1, "--ntasks": 1, "--ntasks-per-node": 1, "--nodelist": 1, "--mem": 1},
+    "mpiexec": {
+        **dict.fromkeys(("-n", "-ppn", "-hosts", "-hostfile", "-launcher", "-bind-to"), 1),
+        **dict.fromkeys(("--np", "--ppn", "--hosts", "--hostfile", "--cpu-bind", "--env"), 1),
+        **dict.fromkeys(("-genvlist", "--envlist"), 1),
+        "-genv": 2,
+    },
+}
+
+
+def stand_in_scheduler(bin_dir: Path, answers: dict[str, Any], log: Path) -> dict[str, str]:
+    """Stand-in ``srun`` and ``mpiexec`` in ``bin_dir``: the environment that puts them first
+    on PATH. Each answers for every host it is given (``--nodelist``, ``-hosts``, a host file)
+    as the real one running goodput's fan-out task there (``python -m goodput.launch.fanout``)
+    does, with the task's variable set as the real one sets it, at once, from ``answers``:
+    ``{"default": ANSWER, "hosts": {HOST: ANSWER}, "refuse": [HOST, ...]}``, where ANSWER is
+    ``{"code": 0, "output": "text with {host}"}`` and the hostile ways a host may answer:
+    ``"output_hex"`` (bytes, any), ``"repeat": N`` (the output N times), ``"silent": true``
+    (no answer), ``"tag": OTHER`` (its answer tagged as another task's), ``"raw_hex": [LINE]``
+    (lines printed as they are), ``"timeout": true`` (its command ran out of time),
+    ``"hang": true`` (the step never ends). A step naming a host of ``refuse`` is refused as
+    Slurm refuses one naming a down node. Each run appends ``start PID`` and ``end PID`` to
+    ``log`` (``peak_children`` reads it)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in STAND_IN_OPTIONS:
+        script = bin_dir / name
+        script.write_text(STAND_IN.format(python=sys.executable, name=name))
+        script.chmod(0o755)
+    (bin_dir / "answers.json").write_text(json.dumps(answers))
+    return {
+        "PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]]),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        STAND_IN_ANSWERS_VAR: str(bin_dir / "answers.json"),
+        STAND_IN_LOG_VAR: str(log),
+    }
+
+
+def peak_children(log: Path) -> int:
+    """The most stand-in runs alive at once, by the order of their start and end lines."""
+    alive = peak = 0
+    for line in log.read_text().splitlines():
+        alive += 1 if line.startswith("start ") else -1
+        peak = max(peak, alive)
+    return peak
+
+
+def _stand_in_log(event: str) -> None:
+    fd = os.open(os.environ[STAND_IN_LOG_VAR], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{event} {os.getpid()}\n".encode())  # one append: lines never mix
+    finally:
+        os.close(fd)
+
+
+def _stand_in_hosts(options: dict[str, list[str]]) -> list[str]:
+    for name in ("--nodelist", "-hosts", "--hosts"):
+        if name in options:
+            value = options[name][0]
+            return read_hostfile(value) if "/" in value else expand_nodelist(value, name)
+    return read_hostfile(next(options[name][0] for name in ("-hostfile", "--hostfile")))
+
+
+def _stand_in_answer(host: str, spec: dict[str, Any], task: argparse.Namespace) -> fanout.Answer:
+    """``spec``'s answer as the task's ``run_bounded`` would have made it."""
+    output = bytes.fromhex(spec["output_hex"]) if "output_hex" in spec else None
+    if output is None:
+        output = spec.get("output", "").replace("{host}", host).encode()
+    output *= spec.get("repeat", 1)
+    code = None if spec.get("timeout") else spec.get("code", 0)
+    if len(output) <= task.bytes:
+        return fanout.Answer(code, output)
+    if task.tail:
+        return fanout.Answer(code, output[-task.bytes :], cut=True)
+    return fanout.Answer(-signal.SIGKILL, output[: task.bytes], cut=True)
+
+
+def stand_in_main(name: str, argv: list[str]) -> int:
+    """One run of the stand-in ``name`` (``stand_in_scheduler``)."""
+    _stand_in_log("start")
+    try:
+        options: dict[str, list[str]] = {}
+        while argv and argv[0].startswith("-"):
+            option, *_ = argv[0].split("=", 1)
+            takes = 0 if "=" in argv[0] else STAND_IN_OPTIONS[name].get(option, 0)
+            options[option] = argv[1 : 1 + takes]
+            argv = argv[1 + takes :]
+        hosts = _stand_in_hosts(options)
+        answers = json.loads(Path(os.environ[STAND_IN_ANSWERS_VAR]).read_text())
+        refused = sorted(set(hosts) & set(answers.get("refuse", ())))
+        if refused:
+            print(STAND_IN_REFUSALS[name].format(host=refused[0]), file=sys.stderr)
+            return 1
+        assert argv[1:3] == ["-m", fanout.__name__], f"{name} stand-in runs fan-out tasks: {argv}"
+        task = fanout.task_parser().parse_args(argv[3:])
+        hang = False
+        out = sys.stdout.buffer
+        for index, host in enumerate(hosts):
+            spec = {**answers.get("default", {}), **answers.get("hosts", {}).get(host, {})}
+            hang = hang or spec.get("hang", False)
+            for line in spec.get("raw_hex", ()):
+                out.write(bytes.fromhex(line) + b"\n")
+            if spec.get("silent") or spec.get("hang"):
+                continue
+            tag = spec.get("tag", host if task.host_var else str(index))
+            out.writelines(fanout.frame_lines(tag, _stand_in_answer(host, spec, task)))
+        out.flush()
+        if hang:
+            time.sleep(3600)
+        return 0
+    finally:
+        _stand_in_log("end")

@@ -20,13 +20,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from goodput import cli
 from goodput.errors import GoodputError
-from goodput.launch.attempt import AttemptResult, ProcessSpec
+from goodput.launch.attempt import AttemptResult
 from goodput.launch.env import read_placement
 from goodput.launch.failover import (
     BAD_NODE_PATTERNS,
@@ -42,7 +43,7 @@ from goodput.launch.failover import (
     read_heartbeat,
 )
 from goodput.launch.history import Evidence, read_attempts
-from goodput.launch.launchers import ProfileConfig, build_probe, load_profile, plan_launch
+from goodput.launch.launchers import ProfileConfig, load_profile, plan_launch
 from goodput.launch.retry import Policy, run_attempts
 from goodput.launch.run import MAX_STEPLESS_ATTEMPTS
 from goodput.testing.jobs import outside_any_job
@@ -441,12 +442,17 @@ def test_the_last_beat_says_done_counts_only_its_steps_and_makes_the_attempt_a_s
 
 
 def test_probes_run_at_once_and_a_silent_one_times_out(tmp_path):
-    profile = ProfileConfig(name="t", health_check=(sys.executable, "-m", "goodput.launch.health"))
+    # The default probe on "good"; on "quiet" it never answers.
+    code = (
+        "import os, runpy, time\n"
+        "if os.environ['GOODPUT_PROBE_HOST'] == 'quiet':\n    time.sleep(30)\n"
+        "runpy.run_module('goodput.launch.health', run_name='__main__')"
+    )
+    profile = ProfileConfig(name="t", health_check=(sys.executable, "-c", code), health_timeout_s=3)
     plan = plan_launch(read_placement({}), profile, run_dir=tmp_path)
-    healthy = build_probe(plan, "localhost", os.environ)
-    silent = ProcessSpec([sys.executable, "-c", "import time; time.sleep(30)"], healthy.env, "p")
+    plan = replace(plan, hosts=("good", "quiet"))
     started = time.monotonic()
-    failed = probe_hosts({"good": healthy, "quiet": silent}, timeout_s=3)
+    failed = probe_hosts(plan, plan.hosts, os.environ)
     assert time.monotonic() - started < 15
     assert list(failed) == ["quiet"] and "no answer within 3 s" in failed["quiet"].said
 
@@ -472,10 +478,11 @@ def test_bad_patterns_in_a_profile_are_refused(tmp_path):
         load_profile(str(path))
 
 
-def test_a_probe_that_cannot_start_is_a_clear_error():
-    spec = ProcessSpec(["/nonexistent/node-check"], dict(os.environ), "probe a")
+def test_a_probe_that_cannot_start_is_a_clear_error(tmp_path):
+    profile = ProfileConfig(name="t", health_check=("/nonexistent/node-check",), health_timeout_s=1)
+    plan = plan_launch(read_placement({}), profile, run_dir=tmp_path)
     with pytest.raises(GoodputError, match="fix health_check in the machine profile"):
-        probe_hosts({"a": spec}, timeout_s=1)
+        probe_hosts(plan, plan.hosts, os.environ)
 
 
 def test_the_backoff_doubles_without_progress_and_is_short_after_it(tmp_path):

@@ -24,18 +24,17 @@ import pytest
 from goodput import beacon, rundir
 from goodput.config import to_toml
 from goodput.errors import GoodputError
-from goodput.launch import beacon_folder
+from goodput.launch import beacon_folder, forensics
 from goodput.launch.attempt import AttemptResult, ProcessSpec, run_attempt
 from goodput.launch.env import read_placement
+from goodput.launch.fanout import run_bounded
 from goodput.launch.history import Evidence, read_attempts
 from goodput.launch.launchers import (
     build_host_command,
-    build_probe,
     load_profile,
     plan_launch,
     profile_names,
 )
-from goodput.launch.suspects import run_bounded
 from goodput.testing.jobs import launched_rank_pids, outside_any_job
 from goodput.testing.tiny import tiny_run_config
 
@@ -103,7 +102,7 @@ def _plan(env, hostfile=None, profile="generic"):
 
 def test_slurm_forensics_overlap_the_hung_step_without_the_profiles_extras():
     plan = _plan({"SLURM_JOB_ID": "812", "SLURM_JOB_NODELIST": "nid[001-002]"}, None, "perlmutter")
-    spec = build_host_command(plan, "nid002", ARGV, {"A": "1"}, overlap=True)
+    spec = build_host_command(plan, ("nid002",), ARGV, {"A": "1"}, overlap=True)
     assert spec.argv == [
         "srun",
         "--overlap",
@@ -118,9 +117,9 @@ def test_slurm_forensics_overlap_the_hung_step_without_the_profiles_extras():
         *ARGV,
     ]
     assert spec.env["A"] == "1" and spec.env["GOODPUT_PROBE_HOST"] == "nid002"
-    probe = build_probe(plan, "nid002", {})
+    probe = build_host_command(plan, ("nid002",), plan.profile.health_command(), {})
     assert probe.argv[:7] == ["srun", "--nodes", "1", "--ntasks", "1", "--nodelist", "nid002"]
-    assert "--gpus-per-node=4" in probe.argv and probe.label == "probe nid002"
+    assert "--gpus-per-node=4" in probe.argv and probe.label == "nid002"
 
 
 @pytest.mark.parametrize(
@@ -132,14 +131,14 @@ def test_slurm_forensics_overlap_the_hung_step_without_the_profiles_extras():
 )
 def test_pbs_forensics_run_through_mpiexec_on_one_host(profile, head):
     plan = _plan({"PBS_JOBID": "42.pbs"}, "n1\nn2\n", profile)
-    assert build_host_command(plan, "n2", ARGV, {}, overlap=True).argv == [*head, *ARGV]
+    assert build_host_command(plan, ("n2",), ARGV, {}, overlap=True).argv == [*head, *ARGV]
 
 
 def test_local_forensics_run_here_and_hosts_are_checked():
     plan = _plan({})
-    assert build_host_command(plan, "localhost", ARGV, {}).argv == ARGV
+    assert build_host_command(plan, ("localhost",), ARGV, {}).argv == ARGV
     with pytest.raises(GoodputError, match="is not a valid host name"):
-        build_host_command(plan, "-oProxyCommand=x", ARGV, {})
+        build_host_command(plan, ("-oProxyCommand=x",), ARGV, {})
 
 
 # --- the site profiles' device probes -----------------------------------------------------------
@@ -279,8 +278,10 @@ def test_a_reused_attempt_folder_starts_without_stale_beacons(tmp_path):
 
 def test_a_host_command_that_hangs_floods_or_fails_gives_no_answer(tmp_path):
     def answer(code: str, timeout_s: float = 5.0) -> bytes | None:
-        spec = ProcessSpec([sys.executable, "-c", code], dict(os.environ), "h")
-        return run_bounded(spec, timeout_s)
+        """What forensics takes of a host's answer: a whole output of a command that exited 0."""
+        argv = [sys.executable, "-c", code]
+        said = run_bounded(argv, dict(os.environ), timeout_s, forensics.MAX_REPORT_BYTES)
+        return said.output if said.code == 0 and not said.cut else None
 
     assert answer("print('{}')") == b"{}\n"
     assert answer("import sys; print('{}'); sys.exit(1)") is None
