@@ -138,6 +138,8 @@ def _parse(line: bytes, most_parts: int) -> _Line | None:
     """One tagged line (anything before the magic word is a launcher's label), or None."""
     start = line.find(MAGIC + b" ")
     fields = line[start:].split() if start >= 0 and len(line) <= LINE_BYTES else []
+    if len(fields) == 5:  # no output: its piece is empty
+        fields.append(b"")
     if len(fields) != 6:
         return None
     _, tag, code, cut, part, data = fields

@@ -95,10 +95,20 @@ def launched_rank_pids(launcher_pid: int) -> dict[int, int]:
 
 STAND_IN_ANSWERS_VAR = "GOODPUT_STAND_IN_ANSWERS"
 STAND_IN_LOG_VAR = "GOODPUT_STAND_IN_LOG"
+# Its start and end are logged around all of it, Python's imports too: the run is alive between.
 STAND_IN = """#!{python}
-import sys
-from goodput.testing.jobs import stand_in_main
-sys.exit(stand_in_main({name!r}, sys.argv[1:]))
+import os, sys
+def log(event):
+    fd = os.open(os.environ[{log_var!r}], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.write(fd, f"{{event}} {{os.getpid()}}\\n".encode())  # one append: lines never mix
+    os.close(fd)
+log("start")
+try:
+    from goodput.testing.jobs import stand_in_main
+    code = stand_in_main({name!r}, sys.argv[1:])
+finally:
+    log("end")
+sys.exit(code)
 """
 # What each says when a host of the step is down, as the real ones do.
 STAND_IN_REFUSALS = {
@@ -121,21 +131,24 @@ STAND_IN_OPTIONS = {
 
 def stand_in_scheduler(bin_dir: Path, answers: dict[str, Any], log: Path) -> dict[str, str]:
     """Stand-in ``srun`` and ``mpiexec`` in ``bin_dir``: the environment that puts them first
-    on PATH. Each answers for every host it is given (``--nodelist``, ``-hosts``, a host file)
-    as the real one running goodput's fan-out task there (``python -m goodput.launch.fanout``)
-    does, with the task's variable set as the real one sets it, at once, from ``answers``:
-    ``{"default": ANSWER, "hosts": {HOST: ANSWER}, "refuse": [HOST, ...]}``, where ANSWER is
-    ``{"code": 0, "output": "text with {host}"}`` and the hostile ways a host may answer:
-    ``"output_hex"`` (bytes, any), ``"repeat": N`` (the output N times), ``"silent": true``
-    (no answer), ``"tag": OTHER`` (its answer tagged as another task's), ``"raw_hex": [LINE]``
-    (lines printed as they are), ``"timeout": true`` (its command ran out of time),
-    ``"hang": true`` (the step never ends). A step naming a host of ``refuse`` is refused as
-    Slurm refuses one naming a down node. Each run appends ``start PID`` and ``end PID`` to
-    ``log`` (``peak_children`` reads it)."""
+        on PATH. Each answers for every host it is given (``--nodelist``, ``-hosts``, a host file)
+        as the real one running goodput's fan-out task there (``python -m goodput.launch.fanout``)
+        does, with the task's variable set as the real one sets it, at once, from ``answers``:
+        ``{"default": ANSWER, "hosts": {HOST: ANSWER}, "refuse": [HOST, ...]}``, where ANSWER is
+        ``{"code": 0, "output": "text with {host}"}`` and the hostile ways a host may answer:
+        ``"output_hex"`` (bytes, any), ``"repeat": N`` (the output N times), ``"silent": true``
+        (no answer), ``"claims": OTHER`` (its task tagged as OTHER's: its name, or its place in the
+    step, one past the last when OTHER is not in it), ``"raw_hex": [LINE]``
+        (lines printed as they are), ``"timeout": true`` (its command ran out of time),
+        ``"hang": true`` (the step never ends). A step naming a host of ``refuse`` is refused as
+        Slurm refuses one naming a down node. Each run appends ``start PID`` and ``end PID`` to
+        ``log`` (``peak_children`` reads it)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name in STAND_IN_OPTIONS:
         script = bin_dir / name
-        script.write_text(STAND_IN.format(python=sys.executable, name=name))
+        script.write_text(
+            STAND_IN.format(python=sys.executable, name=name, log_var=STAND_IN_LOG_VAR)
+        )
         script.chmod(0o755)
     (bin_dir / "answers.json").write_text(json.dumps(answers))
     return {
@@ -153,14 +166,6 @@ def peak_children(log: Path) -> int:
         alive += 1 if line.startswith("start ") else -1
         peak = max(peak, alive)
     return peak
-
-
-def _stand_in_log(event: str) -> None:
-    fd = os.open(os.environ[STAND_IN_LOG_VAR], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, f"{event} {os.getpid()}\n".encode())  # one append: lines never mix
-    finally:
-        os.close(fd)
 
 
 def _stand_in_hosts(options: dict[str, list[str]]) -> list[str]:
@@ -187,36 +192,35 @@ def _stand_in_answer(host: str, spec: dict[str, Any], task: argparse.Namespace) 
 
 def stand_in_main(name: str, argv: list[str]) -> int:
     """One run of the stand-in ``name`` (``stand_in_scheduler``)."""
-    _stand_in_log("start")
-    try:
-        options: dict[str, list[str]] = {}
-        while argv and argv[0].startswith("-"):
-            option, *_ = argv[0].split("=", 1)
-            takes = 0 if "=" in argv[0] else STAND_IN_OPTIONS[name].get(option, 0)
-            options[option] = argv[1 : 1 + takes]
-            argv = argv[1 + takes :]
-        hosts = _stand_in_hosts(options)
-        answers = json.loads(Path(os.environ[STAND_IN_ANSWERS_VAR]).read_text())
-        refused = sorted(set(hosts) & set(answers.get("refuse", ())))
-        if refused:
-            print(STAND_IN_REFUSALS[name].format(host=refused[0]), file=sys.stderr)
-            return 1
-        assert argv[1:3] == ["-m", fanout.__name__], f"{name} stand-in runs fan-out tasks: {argv}"
-        task = fanout.task_parser().parse_args(argv[3:])
-        hang = False
-        out = sys.stdout.buffer
-        for index, host in enumerate(hosts):
-            spec = {**answers.get("default", {}), **answers.get("hosts", {}).get(host, {})}
-            hang = hang or spec.get("hang", False)
-            for line in spec.get("raw_hex", ()):
-                out.write(bytes.fromhex(line) + b"\n")
-            if spec.get("silent") or spec.get("hang"):
-                continue
-            tag = spec.get("tag", host if task.host_var else str(index))
-            out.writelines(fanout.frame_lines(tag, _stand_in_answer(host, spec, task)))
-        out.flush()
-        if hang:
-            time.sleep(3600)
-        return 0
-    finally:
-        _stand_in_log("end")
+    options: dict[str, list[str]] = {}
+    while argv and argv[0].startswith("-"):
+        option, *_ = argv[0].split("=", 1)
+        takes = 0 if "=" in argv[0] else STAND_IN_OPTIONS[name].get(option, 0)
+        options[option] = argv[1 : 1 + takes]
+        argv = argv[1 + takes :]
+    hosts = _stand_in_hosts(options)
+    answers = json.loads(Path(os.environ[STAND_IN_ANSWERS_VAR]).read_text())
+    refused = sorted(set(hosts) & set(answers.get("refuse", ())))
+    if refused:
+        print(STAND_IN_REFUSALS[name].format(host=refused[0]), file=sys.stderr)
+        return 1
+    assert argv[1:3] == ["-m", fanout.__name__], f"{name} stand-in runs fan-out tasks: {argv}"
+    task = fanout.task_parser().parse_args(argv[3:])
+    hang = False
+    out = sys.stdout.buffer
+    for host in hosts:
+        spec = {**answers.get("default", {}), **answers.get("hosts", {}).get(host, {})}
+        hang = hang or spec.get("hang", False)
+        for line in spec.get("raw_hex", ()):
+            out.write(bytes.fromhex(line) + b"\n")
+        if spec.get("silent") or spec.get("hang"):
+            continue
+        claimed = spec.get("claims", host)
+        tag = claimed
+        if task.rank_var:
+            tag = str(hosts.index(claimed) if claimed in hosts else len(hosts))
+        out.writelines(fanout.frame_lines(tag, _stand_in_answer(host, spec, task)))
+    out.flush()
+    if hang:
+        time.sleep(3600)
+    return 0
