@@ -22,7 +22,8 @@ is left, down to single hosts: k bad hosts among N cost about 2k·log2(N/k) step
 host's answer is its own — a one-host step's failure (the last line and exit status of its srun
 or mpiexec) is that host's answer, as a command per host gave it. A step that exits 0 with no
 answer from anyone failed the same way everywhere (its tasks could not tag their answers) and
-is not split.
+is not split, nor is any once ``MAX_STEPS`` have started (a failure alike in every step): its
+hosts take the step's failure as their answer.
 
 Bounds: at most ``MAX_CHILDREN`` children (steps or commands) at once on the launch node; each
 host's answer at most ``max_bytes`` of output (its head; or with ``tail`` its last bytes, read to
@@ -71,6 +72,10 @@ from goodput.ranks import HOSTNAME, PROBE_HOST_VAR
 
 # Children of the launcher at once: steps (slurm, pbs) or commands (local).
 MAX_CHILDREN = 64
+# Steps one ``reach`` starts at most. Finding 16 down hosts among 10,624 takes about 300; a
+# failure alike in every step (a bad option, a launcher refusing any step) would otherwise be
+# split down to a step per host, and is that host's answer anyway.
+MAX_STEPS = 512
 MAGIC = b"goodput-fanout"
 CHUNK_BYTES = 384  # of a command's output per line: 512 characters of base64
 LINE_BYTES = 1024  # a line this long is no answer line (a tag is at most 253 characters)
@@ -385,11 +390,12 @@ def reach(
     )
     answers: dict[str, Answer] = {}
     failed: GoodputError | None = None
-    running = 0
+    running = started = 0
     while todo or running:
         while todo and running < MAX_CHILDREN and failed is None:
             threading.Thread(target=work, args=(todo.popleft(),), daemon=True).start()
             running += 1
+            started += 1
         if not running:
             break
         done = results.get()
@@ -397,9 +403,10 @@ def reach(
         failed = failed or done.error
         answers.update(done.answers)
         silent = tuple(host for host in done.hosts if host not in done.answers)
-        # Split while the halves' tasks still get time, unless the step ran and no one could
-        # answer: then a smaller one would fail the same way.
+        # Split while the halves' tasks still get time and steps are left, unless the step ran
+        # and no one could answer: then a smaller one would fail the same way.
         split = len(silent) > 1 and deadline - time.monotonic() > margin
+        split = split and started + len(todo) + 2 <= MAX_STEPS
         if split and (done.answers or done.code not in (0, None)):
             half = len(silent) // 2
             todo.extend((silent[:half], silent[half:]))

@@ -173,7 +173,10 @@ def _stand_in_hosts(options: dict[str, list[str]]) -> list[str]:
         if name in options:
             value = options[name][0]
             return read_hostfile(value) if "/" in value else expand_nodelist(value, name)
-    return read_hostfile(next(options[name][0] for name in ("-hostfile", "--hostfile")))
+    (named,) = (
+        values[0] for name, values in options.items() if name in ("-hostfile", "--hostfile")
+    )
+    return read_hostfile(named)
 
 
 def _stand_in_answer(host: str, spec: dict[str, Any], task: argparse.Namespace) -> fanout.Answer:

@@ -28,7 +28,7 @@ from goodput.launch.fanout import Answer, Frames, frame_lines, run_bounded
 from goodput.launch.forensics import HostReport, RankReport
 from goodput.launch.history import Evidence
 from goodput.launch.launchers import LaunchPlan, ProfileConfig, load_profile, plan_launch
-from goodput.testing.jobs import peak_children, stand_in_scheduler
+from goodput.testing.jobs import STAND_IN_REFUSALS, peak_children, stand_in_scheduler
 
 NUM_HOSTS = 2048
 HOSTS = tuple(f"n{index:04d}" for index in range(1, NUM_HOSTS + 1))
@@ -76,7 +76,10 @@ def _per_host(plan: LaunchPlan, hosts: tuple[str, ...], env: dict[str, str]) -> 
 # --- 2,048 hosts ---------------------------------------------------------------------------------
 
 
-def test_a_probe_of_2048_hosts_is_one_step_and_a_down_host_is_found_by_halves(tmp_path, scheduler):
+@pytest.mark.parametrize("kind", ["slurm", "pbs"])
+def test_a_probe_of_2048_hosts_is_one_step_and_a_down_host_is_found_by_halves(
+    tmp_path, scheduler, kind
+):
     flood = "noise " * 40_000 + "\nhealth: n0100: unhealthy: /dev/shm: read back differs\n"
     answers = {
         "default": HEALTHY,
@@ -88,7 +91,7 @@ def test_a_probe_of_2048_hosts_is_one_step_and_a_down_host_is_found_by_halves(tm
         "refuse": ["n1500"],  # a step naming it is refused, as Slurm refuses a down node's
     }
     env, log = scheduler(answers)
-    plan = _plan(tmp_path)
+    plan = _plan(tmp_path, kind)
     started = time.monotonic()
     failed = probe_hosts(plan, plan.hosts, env)
     assert time.monotonic() - started < plan.profile.health_timeout_s
@@ -98,7 +101,8 @@ def test_a_probe_of_2048_hosts_is_one_step_and_a_down_host_is_found_by_halves(tm
         "exit 1: health: n0100: unhealthy: /dev/shm: read back differs"
     )
     assert failed["n0200"].said == "health probe exit 1: health: \ufffd"
-    assert failed["n1500"].said == f"health probe exit 1: {DOWN} (n1500 is down)"
+    down = {"slurm": f"{DOWN} (n1500 is down)", "pbs": STAND_IN_REFUSALS["mpiexec"]}[kind]
+    assert failed["n1500"].said == f"health probe exit 1: {down.format(host='n1500')}"
     runs = log.read_text().count("start ")
     assert runs <= 2 * 11 + 1  # one step, then two halves a level down to the down host
     assert 1 <= peak_children(log) <= fanout.MAX_CHILDREN
@@ -169,6 +173,20 @@ def test_with_many_hosts_down_no_more_steps_run_at_once_than_the_bound(
     assert 1 < peak_children(log) <= 3
 
 
+def test_a_failure_of_every_step_is_not_split_down_to_a_step_per_host(
+    tmp_path, scheduler, monkeypatch
+):
+    # Every step refused (say, an option this srun does not know): halving stops at the step
+    # budget, made 8 here, and every host has the failure for its answer.
+    monkeypatch.setattr(fanout, "MAX_STEPS", 8)
+    env, log = scheduler({"default": HEALTHY, "refuse": list(HOSTS[:64])})
+    plan = _plan(tmp_path, hosts=64)
+    failed = probe_hosts(plan, plan.hosts, env)
+    assert sorted(failed) == list(plan.hosts)
+    assert all(item.said.startswith(f"health probe exit 1: {DOWN}") for item in failed.values())
+    assert log.read_text().count("start ") <= 8
+
+
 def test_local_commands_run_at_most_64_at_once(tmp_path):
     log = tmp_path / "runs.log"
     script = 'echo "start $$" >>"$0"; sleep 0.05; echo "health: $GOODPUT_PROBE_HOST: healthy"'
@@ -206,9 +224,13 @@ def test_hostile_answers_are_bounded_and_attributed_to_their_own_host(tmp_path, 
             "n0008": {"code": 2, "output": ""},
         },
     }  # fmt: skip
-    env, _ = scheduler(answers)
+    env, log = scheduler(answers)
     plan = _plan(tmp_path, kind, 8, health_timeout_s=20.0)
     failed = probe_hosts(plan, plan.hosts, env)
+    # One step, then halves of the hosts it left unanswered (n0002 claimed twice, n0003 and
+    # n0004 silent): [n0002], where it answers for itself, and [n0003, n0004], which ran and
+    # had no answer from anyone, so is not split further.
+    assert log.read_text().count("start ") == 3
     assert sorted(failed) == ["n0001", "n0003", "n0004", "n0007", "n0008"]
     assert failed["n0008"].said == "health probe exit 2: no output"
     assert failed["n0001"].said.startswith("health probe exit 1: yyyy")
