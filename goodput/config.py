@@ -32,6 +32,7 @@ file's value under the other (the command line wins).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -122,7 +123,7 @@ def _command_line_wins(cls: type, raw: dict[str, Any], item: str) -> str:
         if isinstance(table, list):  # an array of tables: cls is its entries' class
             table = table[int(part)] if part.isdigit() and int(part) < len(table) else None
             continue
-        hint = typing.get_type_hints(cls).get(part) if dataclasses.is_dataclass(cls) else None
+        hint = type_hints(cls).get(part) if dataclasses.is_dataclass(cls) else None
         hint = _entry_class(hint) or hint
         if not (isinstance(hint, type) and dataclasses.is_dataclass(hint)):
             return item  # not a config table: apply_override or from_table names the error
@@ -272,10 +273,17 @@ def _child(node: dict[str, Any] | list[Any], part: str, key: str) -> Any:
     return node[int(part)]
 
 
+@functools.cache
+def type_hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints`` of a config class, once: it compiles every annotation anew,
+    which was two thirds of reading the launcher's 10,624 forensics reports. Read-only."""
+    return typing.get_type_hints(cls)
+
+
 def from_table(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") -> T:
     """Build config ``cls`` from a nested dict, rejecting unknown keys and wrong types."""
     raw = read_renamed(cls, raw, where, prefix)
-    hints = typing.get_type_hints(cls)
+    hints = type_hints(typing.cast(type, cls))  # mypy does not see type[T] as hashable
     fields = _known_fields(cls, raw, where, prefix)
     raw = _refuse_missing(fields, hints, raw, where, prefix)
     _refuse_both(fields, raw, where, prefix)
@@ -299,7 +307,7 @@ def read_present(cls: type, raw: dict[str, Any], where: str, prefix: str = "") -
     required key is asked for and no cross-field check runs."""
     raw = read_renamed(cls, raw, where, prefix)
     fields = _known_fields(cls, raw, where, prefix)
-    return _coerce_table(typing.get_type_hints(cls), fields, raw, where, prefix)
+    return _coerce_table(type_hints(cls), fields, raw, where, prefix)
 
 
 def _known_fields(
@@ -423,7 +431,7 @@ def coerce_field(cls: type, name: str, value: Any, where: str, key: str) -> Any:
     """``value`` checked as field ``name`` of config ``cls`` would be, with ``key`` named in the
     error: for readers of other formats (an HF ``config.json``) that fill a config class."""
     field = next(f for f in dataclasses.fields(cls) if f.name == name)
-    return _coerce(typing.get_type_hints(cls)[name], value, where, key, field.metadata)
+    return _coerce(type_hints(cls)[name], value, where, key, field.metadata)
 
 
 def _coerce(hint: Any, value: Any, where: str, key: str, metadata: Mapping[str, Any]) -> Any:
