@@ -28,8 +28,9 @@ hosts take the step's failure as their answer.
 Bounds: at most ``MAX_CHILDREN`` children (steps or commands) at once on the launch node; each
 host's answer at most ``max_bytes`` of output (its head; or with ``tail`` its last bytes, read to
 the end: a probe's verdict is its last line); all of it within ``timeout_s``. On each node the
-command is stopped ``margin_s`` before the deadline, so that its "no answer" still comes back;
-at the deadline the launcher kills whatever is left, with its process group.
+command is stopped a margin before the deadline (a quarter of the time, at most
+``MAX_MARGIN_S``), so that its "no answer" still comes back; at the deadline the launcher
+kills whatever is left, with its process group.
 
 Tagged lines (``frame_lines``, read back by ``Frames``): ``goodput-fanout TAG CODE CUT
 PART/PARTS DATA``. TAG is what the task's own launcher told it it is (``TASK_VARS``: Slurm's
@@ -108,10 +109,6 @@ class Answer:
 NO_ANSWER = Answer(None)
 
 
-def margin_s(timeout_s: float) -> float:
-    return min(MAX_MARGIN_S, MARGIN_SHARE * timeout_s)
-
-
 # --- the tagged lines ---------------------------------------------------------------------------
 
 
@@ -125,10 +122,6 @@ def frame_lines(tag: str, answer: Answer) -> list[bytes]:
         b"%s%d/%d %s\n" % (head, index, len(parts), base64.b64encode(part))
         for index, part in enumerate(parts)
     ]
-
-
-def max_parts(max_bytes: int) -> int:
-    return max(1, -(-max_bytes // CHUNK_BYTES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +167,7 @@ class Frames:
     def __init__(self, tags: Mapping[str, str], max_bytes: int) -> None:
         self.tags = dict(tags)
         self.max_bytes = max_bytes
-        self.most_parts = max_parts(max_bytes)
+        self.most_parts = max(1, -(-max_bytes // CHUNK_BYTES))
         self.heads: dict[str, tuple[int | None, bool, int]] = {}
         self.parts: dict[str, dict[int, bytes]] = {}
         self.conflicted: set[str] = set()
@@ -350,7 +343,7 @@ def reach(
     own step (``launchers.build_host_command``). A child that cannot start is a usage error
     saying ``fix``."""
     deadline = time.monotonic() + timeout_s
-    margin = margin_s(timeout_s)
+    margin = min(MAX_MARGIN_S, MARGIN_SHARE * timeout_s)
     results: queue.Queue[_Done] = queue.Queue()
 
     def local(host: str) -> _Done:
