@@ -107,7 +107,7 @@ def test_a_torn_last_line_is_skipped(tmp_path):
         ('{"step": true, "gns": 1.0}', "'step' is true"),
         ('{"gns": 1.0}', "'step' is missing"),
         ('{"step": -1, "gns": 1.0}', "'step' is -1"),
-        ("[" * 100_000 + "]" * 100_000, "not valid JSON"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
         ('{"step": 1' + "0" * 5000 + "}", "not valid JSON"),
         ('{"step": 3, "pad": "' + "x" * rundir.MAX_LINE_BYTES + '"}', "longer than"),
     ],
