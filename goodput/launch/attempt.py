@@ -316,11 +316,16 @@ def start_process(spec: ProcessSpec, fix: str) -> subprocess.Popen[bytes]:
             start_new_session=True,
         )
     except OSError as error:
-        raise GoodputError.usage(
-            " ".join(spec.argv[:1]) or f"process {spec.label}",
-            f"cannot start: {error.strerror or error}",
-            fix,
-        ) from None
+        raise cannot_start(spec, error, fix) from None
+
+
+def cannot_start(spec: ProcessSpec, error: OSError, fix: str) -> GoodputError:
+    """The line for ``spec`` that could not start (``error``), saying ``fix``."""
+    return GoodputError.usage(
+        " ".join(spec.argv[:1]) or f"process {spec.label}",
+        f"cannot start: {error.strerror or error}",
+        fix,
+    )
 
 
 @contextlib.contextmanager

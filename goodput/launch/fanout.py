@@ -67,7 +67,13 @@ from typing import NoReturn
 
 from goodput.errors import GoodputError, one_line
 from goodput.launch import launchers
-from goodput.launch.attempt import AFTER_KILL_WAIT_S, READ_BYTES, ProcessSpec
+from goodput.launch.attempt import (
+    AFTER_KILL_WAIT_S,
+    READ_BYTES,
+    ProcessSpec,
+    cannot_start,
+    start_process,
+)
 from goodput.launch.env import read_hostfile
 from goodput.ranks import HOSTNAME, PROBE_HOST_VAR
 
@@ -275,11 +281,12 @@ def run_bounded(
     return Answer(process.returncode if flooded else code, bytes(output), cut)
 
 
-def _run_step(spec: ProcessSpec, frames: Frames, deadline: float) -> int | None:
+def _run_step(spec: ProcessSpec, frames: Frames, deadline: float, fix: str) -> int | None:
     """Run one step, feeding its output lines (at most ``LINE_BYTES``; longer ones are dropped)
     to ``frames``, and no more than its tasks' answers can take; its exit status, None when it
-    was still running at ``deadline``."""
-    process = _start(spec.argv, spec.env, subprocess.STDOUT)
+    was still running at ``deadline``. A step that cannot start is a usage error saying
+    ``fix``."""
+    process = start_process(spec, fix)
     most = (len(frames.tags) * (frames.most_parts + 1) + OTHER_LINES) * LINE_BYTES
     pending, skipping, total = b"", False, 0
     for chunk in _chunks(process, deadline):
@@ -352,7 +359,7 @@ def reach(
         try:
             answer = run_bounded(spec.argv, spec.env, left, max_bytes, tail=tail, stderr=stderr)
         except OSError as error:
-            raise _cannot_start(spec, error, fix) from None
+            raise cannot_start(spec, error, fix) from None
         return _Done((host,), {host: answer})
 
     def step(group: tuple[str, ...]) -> _Done:
@@ -365,10 +372,7 @@ def reach(
         command = [*wrapper, "--", *argv]
         spec = launchers.build_host_command(plan, group, command, env, overlap=overlap)
         frames = Frames(tags, max_bytes)
-        try:
-            code = _run_step(spec, frames, deadline)
-        except OSError as error:
-            raise _cannot_start(spec, error, fix) from None
+        code = _run_step(spec, frames, deadline, fix)
         return _Done(group, frames.answers(), code, b"\n".join(frames.other))
 
     def work(job: tuple[str, ...]) -> None:
@@ -409,10 +413,6 @@ def reach(
     if failed is not None:
         raise failed
     return {host: answers.get(host, NO_ANSWER) for host in hosts}
-
-
-def _cannot_start(spec: ProcessSpec, error: OSError, fix: str) -> GoodputError:
-    return GoodputError.usage(spec.argv[0], f"cannot start: {error.strerror or error}", fix)
 
 
 # --- the task on each node ----------------------------------------------------------------------
