@@ -84,7 +84,8 @@ PHASES = (
 # Every place a rank can wait on its peers. A new collective gets a new site here (append only:
 # the file stores a site as its index + 1, 0 meaning none yet). step.*: train/step.py (step.pp
 # also pipeline.py); fsdp.*: train/parallel/collectives.py; ckpt.*: checkpoint/save.py, but
-# ckpt.vote, the step's vote (train/step_vote.py); eval.sums: eval/heldout.py and the pipeline's
+# ckpt.vote, the step's vote (train/step_vote.py); busy.window: the straggler watch's window
+# (train/monitor/stragglers.py); eval.sums: eval/heldout.py and the pipeline's
 # eval; optim.reduce: the optimizers' own reductions (Muon, Mano, SophiaG's shard sums) and
 # QK-clip's.
 SITES = (
@@ -102,6 +103,7 @@ SITES = (
     "ckpt.flush",
     "eval.sums",
     "optim.reduce",
+    "busy.window",
 )
 STACK_HEADER = b"# goodput stacks\n"
 FR_SIZE_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")

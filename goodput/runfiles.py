@@ -295,27 +295,32 @@ MAX_HOSTS = 10_000  # hosts of one line: at ~60 bytes each, well inside rundir.M
 MEAN_ROUNDING_ULPS = 2  # a host's mean may pass its min or max by this many ulps of its max
 
 
-@dataclass(frozen=True, slots=True)
-class HostBusy:
-    """A host's ranks' mean busy time a step over a window: their mean, least and most."""
+SLOWEST = 8  # TEMP until task D lands
 
+
+@dataclass(frozen=True, slots=True)
+class RankBusy:
+    rank: int
     host: str
     mean_s: float
-    min_s: float
-    max_s: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BusyLine:
-    """The window of ``steps`` steps that ended at ``step``, per host in rank order."""
-
     step: int
     steps: int
-    hosts: tuple[HostBusy, ...]
+    ranks: int
+    quantiles: tuple[float, ...]
+    slowest: tuple[RankBusy, ...]
 
     def as_json(self) -> dict[str, Any]:
-        rows = [[h.host, h.mean_s, h.min_s, h.max_s] for h in self.hosts]
-        return {"step": self.step, "steps": self.steps, "hosts": rows}
+        return {
+            "step": self.step,
+            "steps": self.steps,
+            "ranks": self.ranks,
+            "quantiles": list(self.quantiles),
+            "slowest": [[r.rank, r.host, r.mean_s] for r in self.slowest],
+        }
 
 
 def read_busy(path: Path, *, fix: str = FIX, max_lines: int = MAX_LINES) -> Iterator[BusyLine]:
@@ -325,37 +330,14 @@ def read_busy(path: Path, *, fix: str = FIX, max_lines: int = MAX_LINES) -> Iter
 
 
 def parse_busy(raw: Mapping[str, Any], where: str, *, fix: str = FIX) -> BusyLine:
-    """The window of one ``busy.jsonl`` object, or a ``GoodputError`` naming ``where``."""
-    _check(raw, BUSY_KEYS, BUSY_KEYS, where, fix)
-    if len(raw) != len(BUSY_KEYS):
-        raise GoodputError(where, f"has keys other than {', '.join(BUSY_KEYS)}", fix)
-    rows = raw["hosts"]
-    if not isinstance(rows, list) or not 0 < len(rows) <= MAX_HOSTS:
-        raise GoodputError(where, f"'hosts' is not a list of 1 to {MAX_HOSTS} hosts", fix)
+    """TEMP until task D lands."""
     return BusyLine(
         step=raw["step"],
         steps=raw["steps"],
-        hosts=tuple(_host_busy(row, f"{where}: hosts[{i}]", fix) for i, row in enumerate(rows)),
+        ranks=raw["ranks"],
+        quantiles=tuple(raw["quantiles"]),
+        slowest=tuple(RankBusy(*row) for row in raw["slowest"]),
     )
-
-
-def _host_busy(row: Any, where: str, fix: str) -> HostBusy:
-    if not (
-        isinstance(row, list)
-        and len(row) == 4
-        and NAME.admits(row[0])
-        and all(SECONDS.admits(value) for value in row[1:])
-        and row[2] <= row[3]
-    ):
-        what = "is not [host, mean_s, min_s, max_s] with finite seconds >= 0, min <= max"
-        raise GoodputError(where, what, fix)
-    busy = HostBusy(row[0], float(row[1]), float(row[2]), float(row[3]))
-    # The writer's mean (statistics.fmean) of equal values may round an ulp past them.
-    slack = MEAN_ROUNDING_ULPS * math.ulp(busy.max_s)
-    if not busy.min_s - slack <= busy.mean_s <= busy.max_s + slack:
-        what = f"mean_s {busy.mean_s:g} is not within min_s {busy.min_s:g} and max_s {busy.max_s:g}"
-        raise GoodputError(where, what, fix)
-    return busy
 
 
 BUSY_KEYS = {

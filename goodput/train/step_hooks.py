@@ -9,9 +9,10 @@ step runs, so ``loop.train`` stays a list of what happens.
   step and the loop's phases (``data``, ``eval``, ``metrics``, ``done``; ``train_step`` and the
   checkpointer set theirs; ``forward`` from just before ``train_step``, where a ``slow`` fault
   sleeps).
-- The step's vote (``step_vote.StepVote``, one all-reduce): ``decide`` hands every rank each
-  rank's SIGTERM, checkpoint clock, in-memory checkpoint outcome and busy time; the checkpoint's
-  decision (``Checkpointer.decide``) is taken from what it voted.
+- The step's vote (``step_vote.cast``: a SUM and a MAX of a fixed size, on the training's own
+  group): ``decide`` hands every rank each rank's SIGTERM, checkpoint clock and in-memory
+  checkpoint outcome, and the spread of busy times; the checkpoint's decision
+  (``Checkpointer.decide``) is taken from what it voted.
 - Busy time (``stragglers.BusyClock``) from the data phase to the vote, the eval apart; shared
   by the vote and judged by the straggler watch (``stragglers.StragglerWatch``).
 - Injected faults (``goodput.faults``, under ``goodput chaos``): ``before_data`` in the data
@@ -49,7 +50,7 @@ from goodput.train.config.run import RunConfig
 from goodput.train.monitor.stragglers import BusyClock, StragglerWatch
 from goodput.train.profiling import Profiler, build_profiler
 from goodput.train.setup import Runtime
-from goodput.train.step_vote import Ballot, StepVote
+from goodput.train.step_vote import Ballot, ProcessWire, cast
 
 Measured = dict[str, float | int | str | None]
 
@@ -68,11 +69,9 @@ class StepHooks:
             faults.host_loss_hook = self.snapshots.forget_host
         self.beacon = beacon.current()
         self.beacon.set_schedule(schedule_id(run))
-        self.vote = StepVote()
+        self.wire = ProcessWire(runtime.device)
         self.busy = BusyClock()
-        self.stragglers = StragglerWatch(
-            cfg.watch, run.hosts, rank=runtime.rank, run_dir=run.run_dir
-        )
+        self.stragglers = StragglerWatch(cfg.watch, run.hosts, self.wire, run_dir=run.run_dir)
         self.profiler: Profiler | None = build_profiler(
             cfg.profile,
             run.run_dir,
@@ -95,7 +94,6 @@ class StepHooks:
             self.profiler.close()
         if self.snapshots is not None:  # finished: no exception, so every step has run
             self.snapshots.close(finished=kind is None)
-        self.vote.close()
 
     def start(self, step: int) -> None:
         """The top of step ``step``."""
@@ -127,7 +125,7 @@ class StepHooks:
         self, checkpointer: Checkpointer, step: int, *, last_step: int, sigterm: bool
     ) -> tuple[Decision, Measured]:
         """The step's vote (this rank's SIGTERM, checkpoint clock, snapshot outcome and busy
-        time to every rank) and the checkpoint's decision taken from it; the straggler watch's
+        time) and the checkpoint's decision taken from it; the straggler watch's
         fields of the step, and the snapshot stall held since the last step record."""
         busy_s = self.busy.seconds()  # the settling below is no busy time
         self.beacon.phase("vote")  # a partner that never answers shows here, not in a step
@@ -142,13 +140,13 @@ class StepHooks:
             snapshot_ok=snapshot_ok,
             busy_s=busy_s,
         )
-        tally = self.vote.cast(ballot)
+        tally = cast(self.wire, ballot)
         decision = checkpointer.decide(
             step, last_step=last_step, sigterm=tally.sigterm, minutes_due=tally.minutes_due
         )
         if self.snapshots is not None:
             self.snapshots.commit(tally.snapshots_ok)
-        measured |= self.stragglers.observe(step, tally.busy_s)
+        measured |= self.stragglers.observe(step, busy_s, tally.busy)
         self.beacon.phase("metrics")
         return decision, measured
 

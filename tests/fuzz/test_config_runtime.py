@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 from goodput.config import load_config
 from goodput.data.interleave import MAX_SAMPLES
 from goodput.errors import GoodputError
+from goodput.testing.wire import in_lockstep
 from goodput.train.config.run import RunConfig, plan_batches
 from goodput.train.config.schedule import learning_rate
 from goodput.train.model import Transformer
@@ -32,6 +34,7 @@ from goodput.train.monitor.loss_spikes import LossSpikes
 from goodput.train.monitor.noise_scale import NoiseScale
 from goodput.train.monitor.stragglers import StragglerWatch
 from goodput.train.optim.optimizers import Optimizers
+from goodput.train.step_vote import Ballot, cast
 
 TINY = Path(__file__).parents[2] / "configs" / "tiny-cpu.toml"
 STEP_BUDGET_S = 5.0  # one optimizer step on two 8x8 matrices, whatever the config
@@ -104,10 +107,18 @@ def passes_run_time_checks(cfg: RunConfig) -> None:
     assert time.perf_counter() - started < STEP_BUDGET_S
     for step in (0, train.steps - 1):
         assert math.isfinite(learning_rate(cfg.schedule, step, train.steps))
-    # Rank 1's watch: it judges as rank 0 does, and writes nothing.
-    stragglers = StragglerWatch(cfg.watch, ["a", "b"], rank=1, run_dir=Path("unwritten"))
-    for step in range(1, cfg.watch.straggler_steps + 1):  # a whole window, judged
-        stragglers.observe(step, [0.0, 1.0])
+    # Two ranks' watches over a whole window (judged), rank 1 at 1 s a step, rank 0 at 0.
+    with tempfile.TemporaryDirectory() as run_dir:
+
+        def watch(wire):
+            stragglers = StragglerWatch(cfg.watch, ["a", "b"], wire, run_dir=Path(run_dir))
+            for step in range(0, cfg.watch.straggler_steps + 1):  # step 0: warm-up
+                ballot = Ballot(
+                    sigterm=False, minutes_due=False, snapshot_ok=True, busy_s=float(wire.rank)
+                )
+                stragglers.observe(step, ballot.busy_s, cast(wire, ballot).busy)
+
+        in_lockstep(watch, 2)
 
 
 @pytest.mark.parametrize("key", NUMERIC_KEYS)

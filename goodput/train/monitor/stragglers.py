@@ -8,22 +8,26 @@ blocks until the last peer arrives) this names the slow one: sleeps, data reads 
 count as busy. On CUDA it is the host's view (kernels launched, not finished); NCCL timing is
 left for a GPU check. Rank 0's logging is not in it: the vote comes before ``metrics.step``.
 
-Every rank's busy time reaches every rank with the step's vote (``train.step_vote``, the
-``busy_s`` of each ``Ballot`` and of the ``Tally``): no collective of its own.
-``StragglerWatch`` then runs the same on every rank from the same numbers, so every rank holds
-the same straggler state (what eviction needs):
+What reaches every rank is fixed-size whatever the world size (``spread``): each step the
+vote's ``Spread`` of busy times (``train.step_vote``: a histogram SUM and the extremes' MAX), and
+each window one SUM and at most ``runfiles.SLOWEST`` MAX rounds (``Window``) that name the
+slowest ranks. A rank's own numbers stay with it until it is named. ``StragglerWatch`` then
+holds the same state on every rank (what eviction needs):
 
 - each step: the least, median and most busy time over ranks and the slowest rank (and host),
   into the step's metrics (``runfiles.MEASURED``: ``busy_s_*``, ``busy_slowest_*``);
 - each window of ``[watch] straggler_steps`` steps (counted from this process's second step:
   the first is warm-up, allocations and the data loader's start, and uneven across ranks):
-  each rank's mean busy time over the mean of the steps' medians; a rank past
-  ``straggler_ratio`` gets one ``warning: straggler:`` line (``stragglers_line``) from rank 0,
-  once per lag (named again only after a window back at or under the ratio), and the window's
-  step records ``straggler_rank``/``straggler_ratio`` (the worst, when several); rank 0 appends
-  the window's busy time per host to ``busy.jsonl`` (``runfiles.BusyLine``).
+  each rank judges its own mean busy time against the mean of the steps' medians (the same
+  number on every rank); a rank past ``straggler_ratio`` gets one ``warning: straggler:`` line
+  (``stragglers_line``) from rank 0, once per lag (named again only after a window back at or
+  under the ratio), the ``SLOWEST`` slowest of them when more lag at once (a count of the
+  rest follows), and the window's step records ``straggler_rank``/``straggler_ratio`` (the
+  worst); rank 0 appends the window's spread over ranks (quantiles) and its ``SLOWEST``
+  slowest ranks to ``busy.jsonl`` (``runfiles.BusyLine``).
 
-A window holds running sums (one float per rank), never the steps themselves. A single rank
+A window holds running sums (this rank's busy time and the steps' medians), never the steps
+themselves. A single rank
 has no median to lag: its busy time is recorded, no window is judged. With
 ``GOODPUT_EVICT_STRAGGLERS=1`` (``goodput launch --evict-stragglers``) and a straggler named,
 ``evicts`` says the loop's next periodic save is the last: blocking, then ``evicted``'s error
@@ -32,7 +36,6 @@ has no median to lag: its busy time is recorded, no window is judged. With
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -46,9 +49,21 @@ from goodput.errors import ExitCode, GoodputError
 from goodput.io import open_append
 from goodput.progress import print_line
 from goodput.ranks import EVICT_VAR, rank_host
-from goodput.runfiles import BusyLine, HostBusy, json_line
+from goodput.runfiles import SLOWEST, BusyLine, RankBusy, json_line
 from goodput.stragglers_line import StragglerNotice
 from goodput.train.config.run import WatchConfig
+from goodput.train.monitor.spread import (
+    MAX_US,
+    NOBODY,
+    Spread,
+    extremes,
+    histogram,
+    micros,
+    pack,
+    quantile,
+    unpack,
+)
+from goodput.train.step_vote import Wire
 
 
 class BusyClock:
@@ -87,41 +102,65 @@ def rank_hosts(rank: int, world_size: int, environ: Mapping[str, str]) -> list[s
     return hosts
 
 
+class Window:
+    """Collective: a window's slowest ranks and its least, in at most ``SLOWEST`` MAX rounds
+    over the ranks (each round's winners sit the next ones out): ``slowest`` (microseconds,
+    rank), slowest first; ``newly`` the same of the ``num_new`` ranks newly past the ratio
+    (the first ``SLOWEST``); ``least_us`` the least mean."""
+
+    def __init__(self, wire: Wire, mean_us: int, newly: bool, *, num_new: int) -> None:
+        self.num_new = num_new
+        self.slowest: list[tuple[int, int]] = []
+        self.newly: list[tuple[int, int]] = []
+        self.least_us = 0
+        rank = wire.rank
+        for turn in range(min(SLOWEST, wire.world_size)):
+            mine = pack(mean_us, rank)
+            parts = [
+                NOBODY if (mean_us, rank) in self.slowest else mine,
+                mine if newly and (mean_us, rank) not in self.newly else NOBODY,
+                *([extremes(mean_us, rank)[1]] if turn == 0 else []),
+            ]
+            got = wire.reduce(parts, "max", "busy.window")
+            self.slowest.append(unpack(got[0]))
+            if len(self.newly) < num_new:
+                self.newly.append(unpack(got[1]))
+            if turn == 0:
+                self.least_us = MAX_US - unpack(got[2])[0]
+
+
 class StragglerWatch:
     """The straggler state of the run, the same on every rank; rank 0 prints and writes."""
 
-    def __init__(self, cfg: WatchConfig, hosts: Sequence[str], *, rank: int, run_dir: Path):
-        self.cfg, self.hosts, self.rank = cfg, list(hosts), rank
+    def __init__(self, cfg: WatchConfig, hosts: Sequence[str], wire: Wire, *, run_dir: Path):
+        self.cfg, self.hosts, self.wire = cfg, hosts, wire
         self.busy_file = run_dir / rundir.BUSY
-        self.warned: set[int] = set()  # ranks lagging since they were named: once per lag
+        self.lagging = False  # this rank lagged in the last window: named once per lag
         self.named: StragglerNotice | None = None  # the first straggler named
         self.warmed_up = False  # this process's first step is never judged
         self._clear()
 
     def _clear(self) -> None:
-        self.sums = [0.0] * len(self.hosts)
-        self.median_sum, self.num_steps, self.first_step = 0.0, 0, 0
+        self.own_us = 0  # this rank's busy time over the window, whole microseconds
+        self.median_sum_us, self.num_steps, self.first_step = 0.0, 0, 0
 
-    def observe(self, step: int, shares: Sequence[float]) -> dict[str, float | int | str]:
-        """Step ``step``'s busy times (``shares``, by rank): its metrics fields, and a window's
-        judgement when the window is full."""
-        assert len(shares) == len(self.hosts), (len(shares), len(self.hosts))
-        median = statistics.median(shares)
-        slowest = max(range(len(shares)), key=shares.__getitem__)
+    def observe(self, step: int, busy_s: float, busy: Spread) -> dict[str, float | int | str]:
+        """Step ``step``'s busy time here (``busy_s``) and over the ranks (``busy``, the
+        vote's): its metrics fields, and a window's judgement when the window is full."""
         fields: dict[str, float | int | str] = {
-            "busy_s_min": min(shares),
-            "busy_s_median": median,
-            "busy_s_max": shares[slowest],
-            "busy_slowest_rank": slowest,
-            "busy_slowest_host": self.hosts[slowest],
+            "busy_s_min": busy.min_s,
+            "busy_s_median": busy.median_s,
+            "busy_s_max": busy.max_s,
+            "busy_slowest_rank": busy.slowest_rank,
+            "busy_slowest_host": self.hosts[busy.slowest_rank],
         }
-        if len(shares) == 1 or not self.warmed_up:
+        if self.wire.world_size == 1 or not self.warmed_up:
             self.warmed_up = True
             return fields
         if self.num_steps == 0:
             self.first_step = step
-        self.sums = [total + share for total, share in zip(self.sums, shares, strict=True)]
-        self.median_sum += median
+        self.own_us += micros(busy_s)
+        self.median_sum_us += busy.median_s * 1e6
         self.num_steps += 1
         if self.num_steps == self.cfg.straggler_steps:
             fields |= self._judge(step)
@@ -129,47 +168,56 @@ class StragglerWatch:
         return fields
 
     def _judge(self, step: int) -> dict[str, float | int]:
-        means = [total / self.num_steps for total in self.sums]
-        median = self.median_sum / self.num_steps
-        if self.rank == 0:
-            self._write_busy(step, means)
-        if median <= 0:
+        """Collective: the window's spread of mean busy times, its slowest ranks and the ranks
+        newly past the ratio, in a SUM and at most ``SLOWEST`` MAX rounds (see the module
+        docstring); rank 0 prints the notices and writes the window to ``busy.jsonl``."""
+        mean_us = round(self.own_us / self.num_steps)
+        median_us = self.median_sum_us / self.num_steps
+        lagging = median_us > 0 and mean_us / median_us > self.cfg.straggler_ratio
+        newly = lagging and not self.lagging  # a rank back at pace for a window is named again
+        self.lagging = lagging
+        summed = self.wire.reduce(histogram(mean_us) + [int(newly)], "sum", "busy.window")
+        window = Window(self.wire, mean_us, newly, num_new=summed[-1])
+        if self.wire.rank == 0:
+            self._write_busy(step, summed[:-1], window)
+        if median_us <= 0:
             return {}
         notices = [
             StragglerNotice(
                 rank=rank,
                 host=self.hosts[rank],
-                ratio=mean / median,
+                ratio=us / median_us,
                 first_step=self.first_step,
                 last_step=step,
-                busy_s=mean,
-                median_s=median,
+                busy_s=us / 1e6,
+                median_s=median_us / 1e6,
             )
-            for rank, mean in sorted(enumerate(means), key=lambda item: -item[1])
-            if mean / median > self.cfg.straggler_ratio and rank not in self.warned
+            for us, rank in window.newly
         ]
-        # A rank a whole window back at or under the ratio is named again when it next lags: a
-        # transient straggler (a throttled node; goodput chaos's slow faults) each time.
-        ratio = self.cfg.straggler_ratio
-        self.warned = {rank for rank, mean in enumerate(means) if mean / median > ratio}
-        for notice in notices:
-            if self.rank == 0:
+        if self.wire.rank == 0:
+            for notice in notices:
                 print_line(notice.line())
+            if window.num_new > len(notices):
+                print_line(
+                    f"warning: {window.num_new - len(notices)} more ranks past "
+                    f"{self.cfg.straggler_ratio:g}x the median busy time over steps "
+                    f"{self.first_step}-{step} ({rundir.BUSY} has their spread)"
+                )
         if not notices:
             return {}
         self.named = self.named or notices[0]
         return {"straggler_rank": notices[0].rank, "straggler_ratio": notices[0].ratio}
 
-    def _write_busy(self, step: int, means: list[float]) -> None:
-        by_host: dict[str, list[float]] = {}
-        for host, mean in zip(self.hosts, means, strict=True):
-            by_host.setdefault(host, []).append(mean)
+    def _write_busy(self, step: int, bins: list[int], window: Window) -> None:
+        least, most = window.least_us, window.slowest[0][0]
+        middle = [min(most, max(least, quantile(bins, q))) for q in (0.25, 0.5, 0.75)]
         line = BusyLine(
             step=step,
             steps=self.num_steps,
-            hosts=tuple(
-                HostBusy(host, statistics.fmean(values), min(values), max(values))
-                for host, values in by_host.items()
+            ranks=self.wire.world_size,
+            quantiles=(least / 1e6, *(us / 1e6 for us in middle), most / 1e6),
+            slowest=tuple(
+                RankBusy(rank, self.hosts[rank], us / 1e6) for us, rank in window.slowest
             ),
         )
         with open_append(self.busy_file) as file:

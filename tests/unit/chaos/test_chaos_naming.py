@@ -18,8 +18,10 @@ from goodput.faults import Fault
 from goodput.launch.failover import EvidenceScanner
 from goodput.launch.history import Evidence
 from goodput.testing.run_dirs import Attempt, write_run
+from goodput.testing.wire import in_lockstep
 from goodput.train.config.run import WatchConfig
 from goodput.train.monitor.stragglers import StragglerWatch
+from goodput.train.step_vote import Ballot, cast
 
 T0 = 1_800_000_000.0
 HOST = "nid0007"
@@ -122,10 +124,16 @@ def test_a_rank_that_lags_twice_is_named_twice_and_the_launcher_keeps_both(tmp_p
     """What naming every slow fault rests on: the watch names a rank once per lag (again after a
     whole window at its peers' pace), and the launcher's scanner keeps each of those lines."""
     cfg = WatchConfig(straggler_ratio=1.2, straggler_steps=5)
-    watch = StragglerWatch(cfg, [HOST, HOST], rank=0, run_dir=tmp_path)
     slow = set(range(1, 11)) | set(range(16, 21))  # two lags, a window at pace between them
-    for step in range(0, 26):  # step 0: the process's first, warm-up, never judged
-        watch.observe(step, [0.1, 0.4 if step in slow else 0.1])
+
+    def rank_watch(wire):
+        watch = StragglerWatch(cfg, [HOST, HOST], wire, run_dir=tmp_path)
+        for step in range(0, 26):  # step 0: the process's first, warm-up, never judged
+            busy_s = 0.4 if wire.rank == 1 and step in slow else 0.1
+            ballot = Ballot(sigterm=False, minutes_due=False, snapshot_ok=True, busy_s=busy_s)
+            watch.observe(step, busy_s, cast(wire, ballot).busy)
+
+    in_lockstep(rank_watch, 2)
     lines = [line for line in capsys.readouterr().out.splitlines() if "straggler:" in line]
     assert len(lines) == 2 and "steps 1-5" in lines[0] and "steps 16-20" in lines[1]
     scanner = EvidenceScanner([], [HOST])

@@ -1,6 +1,7 @@
 """The step's vote (``train.step_vote``) on real gloo ranks: every rank takes the same checkpoint
-decision from it, whichever rank saw SIGTERM or a late clock; it hands every rank every rank's
-busy time exactly, and a snapshot that failed on one rank to every rank."""
+decision from it, whichever rank saw SIGTERM or a late clock; it hands every rank the spread of
+busy times (least, median, most and the slowest rank), and a snapshot that failed on one rank to
+every rank."""
 
 import time
 
@@ -11,20 +12,18 @@ from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.save import Checkpointer, Decision
 from goodput.checkpoint.state import CheckpointContents
 from goodput.testing.dist import run_distributed
-from goodput.train.step_vote import Ballot, StepVote
+from goodput.train.step_vote import Ballot, ProcessWire, cast
 
-# Each rank's busy time: 1e17 + 1.0 rounds the 1.0 away, so only slots each rank writes alone
-# hand it back exactly.
-SHARES = [1e17, 1.0]
+SHARES = [1.5, 0.25]  # each rank's busy time
 
 
 def decisions(rank, world_size, tmp_path, cfg, sigterm_rank, late_rank):
     """Each step's decision of 8, with SIGTERM on ``sigterm_rank`` only at step 6 and the last
     save minutes ago on ``late_rank`` only (no save happens, so it stays minutes ago); every
-    vote hands every rank every rank's busy time, exactly."""
+    vote hands every rank the spread of busy times, exactly."""
     nothing = CheckpointContents(parts=[], optimizers=[])
     checkpointer = Checkpointer(CheckpointConfig(**cfg), tmp_path, torch.device("cpu"), nothing)
-    vote = StepVote()
+    wire = ProcessWire(torch.device("cpu"))
     if rank == late_rank:
         checkpointer.last_save = time.monotonic() - 120
     try:
@@ -37,16 +36,17 @@ def decisions(rank, world_size, tmp_path, cfg, sigterm_rank, late_rank):
                 snapshot_ok=True,
                 busy_s=SHARES[rank],
             )
-            tally = vote.cast(ballot)
+            tally = cast(wire, ballot)
             decided.append(
                 checkpointer.decide(
                     step, last_step=8, sigterm=tally.sigterm, minutes_due=tally.minutes_due
                 )
             )
-            assert list(tally.busy_s) == SHARES
+            spread = tally.busy
+            assert (spread.min_s, spread.median_s, spread.max_s) == (0.25, 0.875, 1.5)
+            assert spread.slowest_rank == 0
         return decided
     finally:
-        vote.close()
         checkpointer.close()
 
 
@@ -73,16 +73,13 @@ def test_every_rank_takes_the_same_decision(tmp_path, cfg, sigterm_rank, late_ra
 def snapshot_failures(rank: int, world_size: int) -> list[bool]:
     """Whether a snapshot failed anywhere, as every rank sees it: failed on rank 1 only, at the
     first vote."""
-    vote = StepVote()
-    try:
-        seen = []
-        for step in (1, 2):
-            failed = rank == 1 and step == 1
-            ballot = Ballot(sigterm=False, minutes_due=False, snapshot_ok=not failed, busy_s=0.0)
-            seen.append(not vote.cast(ballot).snapshots_ok)
-        return seen
-    finally:
-        vote.close()
+    wire = ProcessWire(torch.device("cpu"))
+    seen = []
+    for step in (1, 2):
+        failed = rank == 1 and step == 1
+        ballot = Ballot(sigterm=False, minutes_due=False, snapshot_ok=not failed, busy_s=0.0)
+        seen.append(not cast(wire, ballot).snapshots_ok)
+    return seen
 
 
 def test_the_vote_carries_a_failed_snapshot_to_every_rank():
