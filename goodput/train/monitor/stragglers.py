@@ -10,7 +10,7 @@ left for a GPU check. Rank 0's logging is not in it: the vote comes before ``met
 
 What reaches every rank is fixed-size whatever the world size (``spread``): each step the
 vote's ``Spread`` of busy times (``train.step_vote``: a histogram SUM and the extremes' MAX), and
-each window one SUM and at most ``runfiles.SLOWEST`` MAX rounds (``Window``) that name the
+each window one SUM and ``runfiles.SLOWEST`` MAX rounds (``Window``) that name the
 slowest ranks. A rank's own numbers stay with it until it is named. ``StragglerWatch`` then
 holds the same state on every rank (what eviction needs):
 
@@ -103,7 +103,7 @@ def rank_hosts(rank: int, world_size: int, environ: Mapping[str, str]) -> list[s
 
 
 class Window:
-    """Collective: a window's slowest ranks and its least, in at most ``SLOWEST`` MAX rounds
+    """Collective: a window's slowest ranks and its least, in ``SLOWEST`` MAX rounds
     over the ranks (each round's winners sit the next ones out): ``slowest`` (microseconds,
     rank), slowest first; ``newly`` the same of the ``num_new`` ranks newly past the ratio
     (the first ``SLOWEST``); ``least_us`` the least mean."""
@@ -114,15 +114,18 @@ class Window:
         self.newly: list[tuple[int, int]] = []
         self.least_us = 0
         rank = wire.rank
-        for turn in range(min(SLOWEST, wire.world_size)):
+        # SLOWEST rounds at any world size (past its ranks they find nobody): the bytes a
+        # rank sends are the same at 2 ranks and at 127,488.
+        for turn in range(SLOWEST):
             mine = pack(mean_us, rank)
             parts = [
                 NOBODY if (mean_us, rank) in self.slowest else mine,
                 mine if newly and (mean_us, rank) not in self.newly else NOBODY,
-                *([extremes(mean_us, rank)[1]] if turn == 0 else []),
+                extremes(mean_us, rank)[1] if turn == 0 else NOBODY,
             ]
             got = wire.reduce(parts, "max", "busy.window")
-            self.slowest.append(unpack(got[0]))
+            if turn < wire.world_size:
+                self.slowest.append(unpack(got[0]))
             if len(self.newly) < num_new:
                 self.newly.append(unpack(got[1]))
             if turn == 0:
@@ -169,7 +172,7 @@ class StragglerWatch:
 
     def _judge(self, step: int) -> dict[str, float | int]:
         """Collective: the window's spread of mean busy times, its slowest ranks and the ranks
-        newly past the ratio, in a SUM and at most ``SLOWEST`` MAX rounds (see the module
+        newly past the ratio, in a SUM and ``SLOWEST`` MAX rounds (see the module
         docstring); rank 0 prints the notices and writes the window to ``busy.jsonl``."""
         mean_us = round(self.own_us / self.num_steps)
         median_us = self.median_sum_us / self.num_steps

@@ -79,10 +79,10 @@ def test_the_documented_command_names_the_slowed_rank_once(tmp_path):
     named = {step for step, line in steps.items() if "straggler_rank" in line.raw}
     assert named == {notice.last_step} and steps[notice.last_step].raw["straggler_rank"] == 1
     windows = list(read_busy(run_dir / rundir.BUSY))
-    assert [(w.step, w.steps, [h.host for h in w.hosts]) for w in windows] == [
-        (3, 2, [notice.host])
-    ]
-    assert windows[0].hosts[0].max_s == pytest.approx(notice.busy_s, abs=1e-3)
+    assert [(w.step, w.steps, w.ranks) for w in windows] == [(3, 2, 2)]
+    slowest = windows[0].slowest
+    assert [(row.rank, row.host) for row in slowest] == [(1, notice.host), (0, notice.host)]
+    assert slowest[0].mean_s == pytest.approx(notice.busy_s, abs=1e-3)
 
 
 def train_until_stopped(rank, world_size, cfg):

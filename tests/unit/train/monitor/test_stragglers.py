@@ -15,6 +15,7 @@ from goodput.runfiles import SLOWEST, RankBusy, read_busy
 from goodput.stragglers_line import parse_notice
 from goodput.testing.wire import in_lockstep
 from goodput.train.config.run import WatchConfig
+from goodput.train.monitor.spread import BINS
 from goodput.train.monitor.stragglers import BusyClock, StragglerWatch
 from goodput.train.step_vote import Ballot, cast
 
@@ -157,12 +158,13 @@ def test_a_world_past_the_slowest_names_the_worst_and_counts_the_rest(tmp_path, 
 
 
 def test_the_vote_sends_the_same_integers_at_any_world_size(tmp_path):
-    """What each rank sends a step and a window, counted: equal at 2, 4 and 64 ranks."""
+    """What each rank sends over 4 steps and a window, counted: equal at 2, 4 and 64 ranks."""
 
     def sent(world):
         def body(wire):
-            watched = StragglerWatch(WatchConfig(), ["h"] * world, wire, run_dir=tmp_path)
-            for step in range(3):
+            cfg = WatchConfig(straggler_steps=2)  # step 0 warm-up, a window of steps 1-2
+            watched = StragglerWatch(cfg, ["h"] * world, wire, run_dir=tmp_path)
+            for step in range(4):
                 ballot = Ballot(sigterm=False, minutes_due=False, snapshot_ok=True, busy_s=0.1)
                 watched.observe(step, 0.1, cast(wire, ballot).busy)
 
@@ -170,7 +172,9 @@ def test_the_vote_sends_the_same_integers_at_any_world_size(tmp_path):
         return sorted((op, size) for rank, op, size in reduces if rank == 0)
 
     assert sent(2) == sent(4) == sent(64)
-    assert sum(size for _, size in sent(2)) == 3 * (3 + 2 * 289 + 2)  # 3 steps, no window
+    per_step = [("max", 2), ("sum", 3 + 2 * BINS)]
+    window = [("max", 3)] * SLOWEST + [("sum", 2 * BINS + 1)]
+    assert sent(2) == sorted(per_step * 4 + window)
 
 
 def test_eviction_needs_the_variable_a_straggler_and_a_periodic_save(tmp_path):
