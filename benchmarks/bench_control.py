@@ -12,6 +12,18 @@ every millisecond), against the profile's ``health_timeout_s``. Three cases at e
 host healthy; one host down (every step naming it is refused, as Slurm refuses a down node's, so
 the fan-out splits round it); forensics with a report of 12 ranks from every host (Aurora's 12
 tiles a node). Slurm under the generic profile, PBS with Cray PALS under Aurora's.
+
+The step's vote (``step_vote``). What each rank sends a step and a straggler window, counted
+on rank 0 of the fake process group at W = 2 ... 127,488 running the real vote and straggler
+watch (``train.step_vote``, ``train.monitor.stragglers``) with every ``all_reduce`` counted;
+the time of one vote measured on real gloo ranks at W = 2, 4, 8 (median of 300, this machine's
+2 cores: past 2 ranks they are shared, so the growth is an upper bound), beside the vote it
+replaced (one SUM of W + 3 float64); and the control time a step modelled at 1,488, 8,192 and
+127,488 ranks (12 a node, as Aurora): NCCL's own latency model of a small all-reduce on its
+tree with the LL protocol (NVIDIA/nccl, ``src/graph/tuning.cc``: base 4.4 µs + 2 x ((ranks a
+node - 1) x 0.52 µs x 1.8 + floor(log2 nodes) x 5.0 µs)), the window's reductions spread over
+``straggler_steps`` (20) steps; and the replaced vote as a ring of 2(W-1) hops (gloo's, and
+NCCL's ring for a small message) at the per-hop latency measured here at 2 ranks.
 """
 
 from __future__ import annotations
@@ -138,7 +150,133 @@ def launcher_fanout() -> dict[str, Any]:
     return figures
 
 
-SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {"launcher fan-out": launcher_fanout}
+VOTE_WORLDS = (2, 4, 16, 1_488, 8_192, 127_488)
+MEASURED_WORLDS = (2, 4, 8)
+MODELLED_WORLDS = (1_488, 8_192, 127_488)
+RANKS_PER_NODE = 12
+VOTE_REPEATS = 300
+
+# Rank 0 of a fake world of W ranks: the real vote and straggler watch over one window and a
+# step, every all_reduce counted (the fake group reduces nothing: rank 0's own values return).
+COUNTER = """
+import json, sys
+from pathlib import Path
+import torch, torch.distributed as dist
+from goodput.plan.verify import fake_store
+from goodput.train.config.run import WatchConfig
+from goodput.train.monitor.stragglers import StragglerWatch
+from goodput.train.step_vote import Ballot, ProcessWire, cast
+
+world, run_dir = int(sys.argv[1]), Path(sys.argv[2])
+dist.init_process_group("fake", store=fake_store(), rank=0, world_size=world)
+sent = []
+reduce = dist.all_reduce
+def counted(tensor, *args, **kwargs):
+    sent.append(tensor.numel() * tensor.element_size())
+    return reduce(tensor, *args, **kwargs)
+dist.all_reduce = counted
+cfg = WatchConfig()
+wire = ProcessWire(torch.device("cpu"))
+watch = StragglerWatch(cfg, ["h"] * world, wire, run_dir=run_dir)
+per_step = []
+for step in range(cfg.straggler_steps + 2):
+    before = len(sent)
+    ballot = Ballot(sigterm=False, minutes_due=False, snapshot_ok=True, busy_s=0.1)
+    watch.observe(step, 0.1, cast(wire, ballot).busy)
+    per_step.append(sent[before:])
+window = max(per_step, key=len)
+print(json.dumps({"step": [len(per_step[1]), sum(per_step[1])],
+                  "window": [len(window), sum(window)]}))
+"""
+
+
+def _vote_time(rank: int, world_size: int, repeats: int) -> dict[str, float]:
+    """Median seconds of one vote (``cast``) and of the replaced one, on real gloo ranks."""
+    import statistics
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from goodput.train.step_vote import Ballot, ProcessWire, cast
+
+    wire = ProcessWire(torch.device("cpu"))
+    ballot = Ballot(sigterm=False, minutes_due=False, snapshot_ok=True, busy_s=0.1)
+    times: dict[str, list[float]] = {"vote": [], "replaced": []}
+    for _ in range(repeats):
+        dist.barrier()
+        started = time.perf_counter()
+        cast(wire, ballot)
+        times["vote"].append(time.perf_counter() - started)
+        dist.barrier()
+        started = time.perf_counter()
+        dist.all_reduce(torch.zeros(world_size + 3, dtype=torch.float64))
+        times["replaced"].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def nccl_tree_ll_us(ranks: int, ranks_per_node: int = RANKS_PER_NODE) -> float:
+    """NCCL's modelled latency of a small all-reduce on its tree, LL protocol (module
+    docstring): the constants of ``src/graph/tuning.cc``, NVLink within a node."""
+    nodes = max(1, ranks // ranks_per_node)
+    within = (min(ranks, ranks_per_node) - 1) * 0.52 * (1.8 if nodes > 1 else 1.0)
+    return 4.4 + 2 * (within + (nodes.bit_length() - 1) * 5.0)
+
+
+def step_vote() -> dict[str, Any]:
+    """The vote's traffic counted, timed and modelled (the module docstring)."""
+    from goodput.testing.dist import run_distributed
+    from goodput.train.config.run import WatchConfig
+
+    figures: dict[str, Any] = {"counted": {}, "measured": {}, "modelled": {}}
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-vote-") as tmp:
+        for world in VOTE_WORLDS:
+            result = subprocess.run(
+                [sys.executable, "-c", COUNTER, str(world), tmp],
+                capture_output=True, text=True, timeout=600, check=True,
+            )  # fmt: skip
+            counted = json.loads(result.stdout.splitlines()[-1])
+            figures["counted"][world] = counted
+            print(
+                f"step vote, W = {world:,} (fake group, rank 0): a step {counted['step'][0]} "
+                f"all-reduce(s) of {counted['step'][1]:,} bytes; a window's step "
+                f"{counted['window'][0]} of {counted['window'][1]:,} bytes"
+            )
+    for world in MEASURED_WORLDS:
+        timed = run_distributed(_vote_time, world, VOTE_REPEATS, timeout_s=600)[0]
+        figures["measured"][world] = timed
+        print(
+            f"step vote, W = {world} (gloo, this machine): {timed['vote'] * 1e6:.0f} µs a vote; "
+            f"the replaced W + 3 float64 all-reduce {timed['replaced'] * 1e6:.0f} µs"
+        )
+    per_hop_s = figures["measured"][2]["replaced"] / 2  # a 2-rank ring all-reduce: 2 hops
+    window_steps = WatchConfig().straggler_steps
+    step_calls, window_calls = (
+        figures["counted"][VOTE_WORLDS[-1]][k][0] for k in ("step", "window")
+    )
+    per_step_calls = step_calls + (window_calls - step_calls) / window_steps
+    for world in MODELLED_WORLDS:
+        tree_us = nccl_tree_ll_us(world)
+        modelled = {
+            "all_reduces_a_step": per_step_calls,
+            "nccl_tree_ll_us": tree_us,
+            "control_us_a_step": per_step_calls * tree_us,
+            "replaced_gloo_ring_s": 2 * (world - 1) * per_hop_s,
+        }
+        figures["modelled"][world] = modelled
+        print(
+            f"step vote, W = {world:,} (modelled, {RANKS_PER_NODE} ranks a node): "
+            f"{per_step_calls:.2f} all-reduces a step x {tree_us:.0f} µs (NCCL tree, LL) = "
+            f"{modelled['control_us_a_step']:.0f} µs a step; the replaced vote on a gloo ring "
+            f"{modelled['replaced_gloo_ring_s']:.2f} s a step"
+        )
+    return figures
+
+
+SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
+    "launcher fan-out": launcher_fanout,
+    "step vote": step_vote,
+}
 
 
 def main() -> dict[str, Any]:

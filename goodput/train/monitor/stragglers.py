@@ -124,9 +124,9 @@ class Window:
                 extremes(mean_us, rank)[1] if turn == 0 else NOBODY,
             ]
             got = wire.reduce(parts, "max", "busy.window")
-            if turn < wire.world_size:
+            if got[0] != NOBODY:
                 self.slowest.append(unpack(got[0]))
-            if len(self.newly) < num_new:
+            if got[1] != NOBODY:
                 self.newly.append(unpack(got[1]))
             if turn == 0:
                 self.least_us = MAX_US - unpack(got[2])[0]
