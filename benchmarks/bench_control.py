@@ -165,7 +165,8 @@ import torch, torch.distributed as dist
 from goodput.plan.verify import fake_store
 from goodput.train.config.run import WatchConfig
 from goodput.train.monitor.stragglers import StragglerWatch
-from goodput.train.step_vote import Ballot, ProcessWire, cast
+from goodput.train.monitor.wire import ProcessWire
+from goodput.train.step_vote import Ballot, cast
 
 world, run_dir = int(sys.argv[1]), Path(sys.argv[2])
 dist.init_process_group("fake", store=fake_store(), rank=0, world_size=world)
@@ -198,7 +199,8 @@ def _vote_time(rank: int, world_size: int, repeats: int) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
-    from goodput.train.step_vote import Ballot, ProcessWire, cast
+    from goodput.train.monitor.wire import ProcessWire
+    from goodput.train.step_vote import Ballot, cast
 
     wire = ProcessWire(torch.device("cpu"))
     ballot = Ballot(sigterm=False, minutes_due=False, snapshot_ok=True, busy_s=0.1)

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from goodput.train.step_vote import Op
+from goodput.train.monitor.wire import Op
 
 T = TypeVar("T")
 TIMEOUT_S = 60.0  # a body that skips a reduce on one rank fails the test instead of hanging it

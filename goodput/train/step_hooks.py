@@ -48,9 +48,10 @@ from goodput.ranks import rank_host
 from goodput.train.build import Run
 from goodput.train.config.run import RunConfig
 from goodput.train.monitor.stragglers import BusyClock, StragglerWatch
+from goodput.train.monitor.wire import ProcessWire
 from goodput.train.profiling import Profiler, build_profiler
 from goodput.train.setup import Runtime
-from goodput.train.step_vote import Ballot, ProcessWire, cast
+from goodput.train.step_vote import Ballot, cast
 
 Measured = dict[str, float | int | str | None]
 

@@ -63,7 +63,7 @@ from goodput.train.monitor.spread import (
     quantile,
     unpack,
 )
-from goodput.train.step_vote import Wire
+from goodput.train.monitor.wire import Wire
 
 
 class BusyClock:

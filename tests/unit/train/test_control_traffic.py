@@ -102,6 +102,6 @@ def test_goodput_sends_the_same_bytes_each_step_at_2_and_4_ranks(run_config):
     for step in steady:
         assert two[step] == four[step], step
     sites = {at for step in steady for (_, at, _, _) in two[step]}
-    assert "step_vote.py:reduce" in sites  # the vote is among what was recorded
+    assert "wire.py:reduce" in sites  # the vote is among what was recorded
     total = [sum(sent * n for (_, _, sent, _), n in two[step].items()) for step in steady]
     assert max(total) < 64 * 1024  # a few kilobytes a step, whatever W

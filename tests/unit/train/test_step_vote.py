@@ -12,7 +12,8 @@ from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.save import Checkpointer, Decision
 from goodput.checkpoint.state import CheckpointContents
 from goodput.testing.dist import run_distributed
-from goodput.train.step_vote import Ballot, ProcessWire, cast
+from goodput.train.monitor.wire import ProcessWire
+from goodput.train.step_vote import Ballot, cast
 
 SHARES = [1.5, 0.25]  # each rank's busy time
 
