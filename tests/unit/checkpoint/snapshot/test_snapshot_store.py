@@ -56,7 +56,9 @@ def contents_of(seed: int) -> CheckpointContents:
     torch.manual_seed(seed)
     model = nn.Linear(4, 3)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    return CheckpointContents(parts=[model], optimizers=[optimizer], states={"loader": LoaderPosition()})
+    return CheckpointContents(
+        parts=[model], optimizers=[optimizer], states={"loader": LoaderPosition()}
+    )
 
 
 def train(contents: CheckpointContents, steps: int) -> None:
