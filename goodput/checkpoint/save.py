@@ -24,9 +24,9 @@ flight cannot interleave with training collectives. Its pairs connect on first u
 rank 0 — DCP's coordinator, which gathers every rank's plan and scatters the plans back, and
 the digests' gatherer — is connected to every rank; every other rank to rank 0, its ring
 neighbours (the outcomes' ``all_gather_object``), its barrier peers and its broadcast tree's:
-about 3 log2 W sockets. Ranks write in waves of at most
-``max_concurrent_writers`` (a barrier between waves), so thousands of ranks do not open their
-files on a parallel filesystem in the same second.
+at most 2 ceil(log2 W) + 2 sockets (36 at 127,488 ranks; ``benchmarks/bench_control.py``).
+Ranks write in waves of at most ``max_concurrent_writers`` (a barrier between waves), so
+thousands of ranks do not open their files on a parallel filesystem in the same second.
 
 Atomicity: every rank writes its RNG file (fsync'd) before the flush; DCP writes each rank's
 data (fsync'd), each rank hashes the files it wrote (``checksums``) and hands the digests to rank
