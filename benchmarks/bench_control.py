@@ -24,6 +24,23 @@ tree with the LL protocol (NVIDIA/nccl, ``src/graph/tuning.cc``: base 4.4 µs + 
 node - 1) x 0.52 µs x 1.8 + floor(log2 nodes) x 5.0 µs)), the window's reductions spread over
 ``straggler_steps`` (20) steps; and the replaced vote as a ring of 2(W-1) hops (gloo's, and
 NCCL's ring for a small message) at the per-hop latency measured here at 2 ranks.
+
+goodput's own process groups (``groups``). Measured on real gloo ranks at W = 2, 4, 8, 16
+(``testing.sockets.group_sockets``: the real checkpointer and snapshot store, a synchronous save
+and one snapshot; hosts of 2 ranks): a rank's TCP sockets with the default group alone, once
+goodput's groups are made, and once each was used. "Before" is as goodput made them until
+issue 41 — three whole-world groups (the checkpointer's, the snapshot store's, the step vote's),
+every pair connected when made; "after" is the two of ``checkpoint.groups.lazy_gloo_group``,
+each pair connected on first use (the step vote runs on the default group). Rank 0 (DCP's
+coordinator) and the most any other rank holds, each against the model below. Then, under
+torch's fake process group at 1,488 / 8,192 / 127,488 ranks on one CPU: the training mesh's
+groups (``build_mesh`` with the llama-80b recipe's tp and pp at 1,488 and at all of Aurora's
+127,488 ranks, 12 a host; llama-405b's at 8,192, 8 a host; data parallelism fills the rest) —
+the ``new_group`` calls every rank makes, the groups rank 0 is a member of and their sizes — and
+goodput's two lazy gloo groups really made at that size (time, sockets, memory). The fake
+process group's store is a ``HashStore``: gloo writes this rank's entry there when a group is
+made, which the fake store does not implement. Last, the model of the sockets a rank holds for
+goodput's own groups at those sizes (``modelled_sockets``).
 """
 
 from __future__ import annotations
@@ -33,12 +50,26 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+from goodput.checkpoint.groups import lazy_gloo_group
+from goodput.checkpoint.snapshot.pairing import Pairing
+from goodput.config import read_toml
 from goodput.launch.forensics import HostReport, RankReport
+from goodput.plan.verify import fake_store, run_in_child
+from goodput.testing.dist import run_distributed
 from goodput.testing.jobs import peak_children, stand_in_scheduler
+from goodput.testing.sockets import GroupSockets, group_sockets, hosts_of, open_sockets
+from goodput.train.config.parallel import ParallelConfig
+from goodput.train.parallel.mesh import build_mesh
 
 HOST_COUNTS = (2048, 10_624)
 RANKS_PER_HOST = 12
@@ -151,7 +182,7 @@ def launcher_fanout() -> dict[str, Any]:
 
 
 VOTE_WORLDS = (2, 4, 16, 1_488, 8_192, 127_488)
-MEASURED_WORLDS = (2, 4, 8)
+TIMED_WORLDS = (2, 4, 8)
 MODELLED_WORLDS = (1_488, 8_192, 127_488)
 RANKS_PER_NODE = 12
 VOTE_REPEATS = 300
@@ -244,7 +275,7 @@ def step_vote() -> dict[str, Any]:
                 f"all-reduce(s) of {counted['step'][1]:,} bytes; a window's step "
                 f"{counted['window'][0]} of {counted['window'][1]:,} bytes"
             )
-    for world in MEASURED_WORLDS:
+    for world in TIMED_WORLDS:
         timed = run_distributed(_vote_time, world, VOTE_REPEATS, timeout_s=600)[0]
         figures["measured"][world] = timed
         print(
@@ -275,9 +306,170 @@ def step_vote() -> dict[str, Any]:
     return figures
 
 
+MEASURED_WORLDS = (2, 4, 8, 16)
+# world -> (the recipe whose tp and pp it runs, ranks a host)
+FAKE_WORLDS = {1_488: ("llama-80b", 12), 8_192: ("llama-405b", 8), 127_488: ("llama-80b", 12)}
+RECIPES = Path(__file__).resolve().parent.parent / "configs"
+
+
+def ceil_log2(n: int) -> int:
+    return max(0, (n - 1).bit_length())
+
+
+def _tree_peers(rank: int, world: int) -> set[int]:
+    """A rank's parent and children in a binomial tree rooted at 0 (gloo's broadcast)."""
+    peers = {rank - (1 << (rank.bit_length() - 1))} if rank else set()
+    step = 1 << rank.bit_length() if rank else 1
+    while rank + step < world:
+        peers.add(rank + step)
+        step <<= 1
+    return peers
+
+
+def _checkpoint_peers(rank: int, world: int) -> set[int]:
+    """The peers a rank of the checkpointer's lazy group connects to in its first save: every
+    rank for rank 0 (DCP's coordinator gathers and scatters); else the ring neighbours
+    (all-gathers), the dissemination barrier's ranks at 1, 2, 4, ... either way, rank 0, and its
+    broadcast tree's."""
+    if rank == 0:
+        return set(range(1, world))
+    distances = [1 << k for k in range(ceil_log2(world))]
+    barrier = {(rank + sign * d) % world for d in distances for sign in (1, -1)}
+    return (barrier | {0} | _tree_peers(rank, world)) - {rank}
+
+
+def _snapshot_peers(rank: int, hosts: list[str]) -> set[int]:
+    """The peers a rank of the snapshot store's lazy group connects to in its first snapshot:
+    its ring neighbours (the store's all-gathers) and its partner holder and source."""
+    world = len(hosts)
+    pairing = Pairing.from_hosts(hosts, rank)
+    partners = {p for p in (pairing.holder, pairing.source) if p is not None}
+    return ({(rank + 1) % world, (rank - 1) % world} | partners) - {rank}
+
+
+def modelled_sockets(world: int, hosts: list[str], ranks: Iterable[int]) -> dict[str, int]:
+    """Sockets a rank holds for goodput's own groups (a listening one each, one a connected
+    peer): before (three groups, every pair connected: 3 W), after (made: listeners and the
+    store's ring neighbours; used: rank 0, and the most of the other ``ranks``)."""
+
+    def used(rank: int) -> int:
+        return 2 + len(_checkpoint_peers(rank, world)) + len(_snapshot_peers(rank, hosts))
+
+    return {
+        "before": 3 * world,
+        "made": 2 + min(2, world - 1),
+        "used, rank 0": used(0),
+        "used, other ranks (most)": max(used(rank) for rank in ranks if rank != 0),
+    }
+
+
+def _measured(world: int, eager: bool) -> list[GroupSockets]:
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-groups-") as tmp:
+        return run_distributed(group_sockets, world, tmp, eager, timeout_s=600)
+
+
+def _fake_start_up(world: int, recipe: str, ranks_per_host: int) -> dict[str, Any]:
+    """In a spawned child: rank 0 of a fake world of ``world`` ranks builds the training mesh
+    (counted), then goodput's two lazy gloo groups (timed, sockets and memory)."""
+    layout = read_toml(RECIPES / f"{recipe}.toml")["parallel"]
+    parallel = ParallelConfig(tp=layout.get("tp", 1), pp=layout.get("pp", 1))
+    fake_store()  # registers the fake backend
+    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=world)
+    calls = 0
+    made = dist.new_group
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return made(*args, **kwargs)
+
+    started = time.perf_counter()
+    with mock.patch("torch.distributed.device_mesh.new_group", counted):
+        mesh = build_mesh(parallel, torch.device("cpu"), ranks_per_host)
+    mesh_s = time.perf_counter() - started
+    groups = {
+        group.group_desc: len(ranks)
+        for group, ranks in distributed_c10d._world.pg_group_ranks.items()
+        if isinstance(group, dist.ProcessGroup) and group is not dist.group.WORLD
+    }
+    sockets, resident = open_sockets(), _resident_bytes()
+    started = time.perf_counter()
+    own = [lazy_gloo_group(), lazy_gloo_group()]  # the checkpointer's, the snapshot store's
+    own_s = time.perf_counter() - started
+    figures = {
+        "layout": f"tp {mesh.degrees.tp} x pp {mesh.degrees.pp} x dp_shard {mesh.degrees.dp}",
+        "new_group calls": calls,
+        "mesh groups": groups,
+        "mesh s": mesh_s,
+        "own groups": len(own),
+        "own groups s": own_s,
+        "own groups sockets": open_sockets() - sockets,
+        "own groups MiB": (_resident_bytes() - resident) / 2**20,
+    }
+    dist.destroy_process_group()
+    return figures
+
+
+def _resident_bytes() -> int:
+    status = Path("/proc/self/status").read_text()
+    return 1024 * next(int(line.split()[1]) for line in status.splitlines() if line[:6] == "VmRSS:")
+
+
+def groups(
+    measured_worlds: Sequence[int] = MEASURED_WORLDS,
+    fake_worlds: Sequence[int] = tuple(FAKE_WORLDS),
+) -> dict[str, Any]:
+    """goodput's own process groups, measured and counted (the module docstring)."""
+    figures: dict[str, Any] = {}
+    print("goodput's groups, TCP sockets a rank holds (rank 0 / most of any other; model):")
+    print("| W | when | before: measured | after: measured | after: modelled |")
+    print("|---|---|---|---|---|")
+    for world in measured_worlds:
+        before, after = _measured(world, eager=True), _measured(world, eager=False)
+        hosts = hosts_of(world)
+        model = modelled_sockets(world, hosts, range(world))
+        figures[f"measured {world}"] = {"before": before, "after": after, "model": model}
+        for when in ("default", "made", "used"):
+            cells = []
+            for found in (before, after):
+                counts = [getattr(rank, when) for rank in found]
+                cells.append(f"{counts[0]} / {max(counts[1:])}")
+            modelled = {
+                "default": f"{world} / {world}",
+                "made": f"{world + model['made']} / {world + model['made']}",
+                "used": f"{world + model['used, rank 0']} / "
+                f"{world + model['used, other ranks (most)']}",
+            }[when]
+            print(f"| {world} | {when} | {cells[0]} | {cells[1]} | {modelled} |")
+        works = all(rank.saved and rank.snapshot_ok for rank in (*before, *after))
+        print(f"W = {world}: every save complete and every snapshot exchanged: {works}")
+    for world in fake_worlds:
+        recipe, per_host = FAKE_WORLDS[world]
+        where = f"fake world of {world}"
+        one = run_in_child(_fake_start_up, (world, recipe, per_host), where, 600)
+        hosts = [f"x{rank // per_host:05d}" for rank in range(world)]
+        # The most any rank holds is on a rank with the largest tree and barrier: a sample of
+        # ranks (the first and last hosts' and every power of two) stands for all.
+        sample = {0, *range(1, per_host * 2), *range(world - per_host, world)}
+        sample |= {(1 << k) - 1 for k in range(1, ceil_log2(world) + 1) if (1 << k) - 1 < world}
+        one["model"] = modelled_sockets(world, hosts, sorted(sample))
+        figures[f"fake {world}"] = one
+        sizes = ", ".join(f"{name} {size:,}" for name, size in one["mesh groups"].items())
+        print(
+            f"fake world {world:,} ({recipe}'s tp and pp, {per_host} a host: {one['layout']}): "
+            f"build_mesh {one['mesh s']:.1f} s, {one['new_group calls']:,} new_group calls a "
+            f"rank; rank 0's mesh groups: {sizes}. goodput's {one['own groups']} lazy gloo "
+            f"groups of {world:,}: {one['own groups s']:.2f} s, {one['own groups sockets']} "
+            f"sockets, {one['own groups MiB']:.0f} MiB. Model, goodput's groups a rank: "
+            f"{one['model']}"
+        )
+    return figures
+
+
 SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "launcher fan-out": launcher_fanout,
     "step vote": step_vote,
+    "groups": groups,
 }
 
 

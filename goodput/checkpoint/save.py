@@ -19,9 +19,14 @@ state dict staged there is ``Checkpointer.staged`` until the next save, the sour
 step's in-memory checkpoint (copied from host memory in the background, not from the device
 again).
 Checkpoint collectives run on their own gloo group, never the training one, so a flush in
-flight cannot interleave with training collectives. Ranks write in waves of at most
-``max_concurrent_writers`` (a barrier between waves), so thousands of ranks do not open their
-files on a parallel filesystem in the same second.
+flight cannot interleave with training collectives. Its pairs connect on first use
+(``groups.lazy_gloo_group``): made, it holds one listening socket a rank. After the first save,
+rank 0 — DCP's coordinator, which gathers every rank's plan and scatters the plans back, and
+the digests' gatherer — is connected to every rank; every other rank to rank 0, its ring
+neighbours (the outcomes' ``all_gather_object``), its barrier peers and its broadcast tree's:
+at most 2 ceil(log2 W) + 2 sockets (36 at 127,488 ranks; ``benchmarks/bench_control.py``).
+Ranks write in waves of at most ``max_concurrent_writers`` (a barrier between waves), so
+thousands of ranks do not open their files on a parallel filesystem in the same second.
 
 Atomicity: every rank writes its RNG file (fsync'd) before the flush; DCP writes each rank's
 data (fsync'd), each rank hashes the files it wrote (``checksums``) and hands the digests to rank
@@ -74,6 +79,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from goodput import beacon
 from goodput.checkpoint.checksums import file_digests, write_checksums
 from goodput.checkpoint.config import CheckpointConfig
+from goodput.checkpoint.groups import lazy_gloo_group
 from goodput.checkpoint.parts import gather
 from goodput.checkpoint.schedule import periodic_save
 from goodput.checkpoint.state import CheckpointContents, rng_state
@@ -265,7 +271,7 @@ class Checkpointer:
         self.contents = contents  # what every save writes
         self.faults = faults
         # Collective: every rank, same moment. The flush's group, the checkpoint's alone.
-        self.group = dist.new_group(backend="gloo")
+        self.group = lazy_gloo_group()
         self.rank = dist.get_rank()
         self.in_flight: threading.Event | None = None
         self.last_save = time.monotonic()

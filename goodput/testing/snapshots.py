@@ -25,6 +25,21 @@ RUN_KEY = "fedcba9876543210"
 CONFIG_DIGEST = "c" * 64
 
 
+class LoaderPosition:
+    """The loader's position: the train state's one required part."""
+
+    def __init__(self) -> None:
+        self.consumed = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "loader": {"consumed_samples": self.consumed, "fingerprint": "test", "components": {}}
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.consumed = state["loader"]["consumed_samples"]
+
+
 def sample_state(seed: int = 0) -> dict[str, Any]:
     """``{"model": ..., "optim": ...}`` as ``parts.gather`` merges it: odd sizes (so padding
     shows), a 0-dim step, an empty tensor, one tensor of every dtype of ``DTYPES``."""

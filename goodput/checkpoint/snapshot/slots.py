@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from goodput.checkpoint.groups import lazy_gloo_group
 from goodput.checkpoint.snapshot import wire
 from goodput.checkpoint.snapshot.files import (
     SLOTS,
@@ -84,7 +85,11 @@ class Slots:
         self.pairing = Pairing.from_hosts(self.hosts, rank)
         self.shape = hosts_shape(self.hosts)
         self.run_key = run_key(Path(root))
-        self.group = dist.new_group(backend="gloo", timeout=EXCHANGE_TIMEOUT)  # collective
+        # Collective. Connected on first use (``groups.lazy_gloo_group``): the pair exchange
+        # reaches this rank's holder and source, the store's collectives (all-gathers) its ring
+        # neighbours — at most 4 peers at any W. Pair groups would hold no fewer sockets, and
+        # making them takes every rank through one ``new_group`` a pair.
+        self.group = lazy_gloo_group(EXCHANGE_TIMEOUT)
         ranks_here = self.hosts.count(self.hosts[rank])
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
         self.workers = max(1, min(MAX_DIGEST_WORKERS, cpus // ranks_here))

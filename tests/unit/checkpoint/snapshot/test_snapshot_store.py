@@ -36,6 +36,7 @@ from goodput.checkpoint.snapshot.wire import TAG_SNAPSHOT
 from goodput.checkpoint.state import CheckpointContents
 from goodput.errors import GoodputError
 from goodput.testing.dist import run_distributed
+from goodput.testing.snapshots import LoaderPosition
 
 RUN_ID = "0123456789abcdef"
 OTHER_RUN = "fedcba9876543210"
@@ -51,26 +52,13 @@ class FailingWrite:
         raise OSError(28, "No space left on device")
 
 
-class Loader:
-    """The loader's position: the train state's one required part."""
-
-    def __init__(self) -> None:
-        self.consumed = 0
-
-    def state_dict(self) -> dict:
-        return {
-            "loader": {"consumed_samples": self.consumed, "fingerprint": "test", "components": {}}
-        }
-
-    def load_state_dict(self, state) -> None:
-        self.consumed = state["loader"]["consumed_samples"]
-
-
 def contents_of(seed: int) -> CheckpointContents:
     torch.manual_seed(seed)
     model = nn.Linear(4, 3)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    return CheckpointContents(parts=[model], optimizers=[optimizer], states={"loader": Loader()})
+    return CheckpointContents(
+        parts=[model], optimizers=[optimizer], states={"loader": LoaderPosition()}
+    )
 
 
 def train(contents: CheckpointContents, steps: int) -> None:
@@ -412,7 +400,7 @@ def test_four_ranks_on_two_hosts_come_back_after_a_host_is_replaced(tmp_path):
         assert restored.source == ("partner" if rank >= 2 else "snapshot")
 
 
-class RefusingLoader(Loader):
+class RefusingLoader(LoaderPosition):
     """A loader whose data changed since the snapshot: it refuses the saved position."""
 
     def load_state_dict(self, state) -> None:
