@@ -4,7 +4,11 @@ Reads the placement (``goodput.launch.env``), picks device and backend
 (``goodput.train.device``), makes the local device current *before* the process group exists
 (an FSDP2 first all-gather deadlocks otherwise on some stacks), seeds every RNG with the same
 seed on every rank (identical model init; data order comes from the blend, not from RNG), and
-initialises the default process group with a timeout. A single process gets a world-size-1 group
+initialises the default process group with a timeout. Before that it raises the soft limit of
+open files to the hard one (``open_files_to_hard_limit``): rank 0 serves the rendezvous store
+to every rank and, as DCP's coordinator, ends connected to every rank on the checkpoint's group
+(``checkpoint.groups``): 2 W sockets, past the usual soft limit of 1,024 from about 500 ranks,
+where sites set the hard limit high. A single process gets a world-size-1 group
 on an in-memory store: no port, no network. It returns the ``Runtime``: rank, world size and
 device, derived here once (how the ranks split into parallel dimensions is ``mesh.py``'s).
 ``decided_by_rank_zero``: a check or choice made once, on rank 0, that every rank then shares.
@@ -13,6 +17,7 @@ device, derived here once (how the ranks split into parallel dimensions is ``mes
 from __future__ import annotations
 
 import random
+import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -37,8 +42,22 @@ class Runtime:
     ranks_per_host: int  # the placement's; where the mesh keeps tensor-parallel groups
 
 
+def open_files_to_hard_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit (as far as the kernel
+    allows: an unlimited hard limit is not a number of files); the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # a kernel cap below the hard limit: keep the soft one
+            return soft
+        return hard
+    return soft
+
+
 def setup_torch(seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> Runtime:
     """Initialise this rank for training."""
+    open_files_to_hard_limit()
     placement = current_placement()
     device_type = detect_device_type()
     device = local_device(device_type, placement.local_rank)

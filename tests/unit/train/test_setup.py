@@ -1,6 +1,7 @@
 """setup_torch under a faked MPI launcher: two real processes, a real gloo process group."""
 
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -83,3 +84,23 @@ def test_device_override_and_backends():
     ]
     with pytest.raises(GoodputError, match="unknown device type 'tpu'"):
         detect_device_type({"GOODPUT_DEVICE": "tpu"})
+
+
+def test_the_soft_limit_of_open_files_rises_to_the_hard_limit():
+    """Rank 0 holds a socket for every rank twice over (the store, DCP's coordinator): a child
+    started with a soft limit of 256 under a hard one of 4,096 runs with 4,096."""
+    script = (
+        "import resource\n"
+        "from goodput.train.setup import open_files_to_hard_limit\n"
+        "print(open_files_to_hard_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    hard = min(4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+
+    def lowered():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, preexec_fn=lowered
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(hard), str(hard)]
