@@ -325,9 +325,10 @@ def test_pbs_ranks_really_run_under_hydra(tmp_path):
     (tmp_path / "nodefile").write_text(f"{socket.gethostname()}\n")
     (tmp_path / "site.toml").write_text('pass_env = ["SITE_DATA"]\nenv = ["GREETING=hi there"]\n')
     code = (
-        "import os; e = os.environ; "
+        "import os; from goodput.ranks import every_rank_host; e = os.environ; "
         "open(f\"rank{e['PMI_RANK']}\", 'w').write(' '.join("
-        "[e['GREETING'], e['SITE_DATA'], e['MASTER_ADDR'], e['MASTER_PORT']]))"
+        "[e['GREETING'], e['SITE_DATA'], e['MASTER_ADDR'], e['MASTER_PORT'], "
+        "*every_rank_host(2, e)]))"
     )
     env = {**outside_any_job(), "PBS_JOBID": "7.pbs", "PBS_NODEFILE": str(tmp_path / "nodefile")}
     result = subprocess.run(
@@ -343,7 +344,8 @@ def test_pbs_ranks_really_run_under_hydra(tmp_path):
     port = read_placement(env, "x\n").master_port
     for rank in (0, 1):
         said = (tmp_path / f"rank{rank}").read_text()
-        assert said == f"hi there /data {socket.gethostname()} {port}"
+        host = socket.gethostname()  # every rank's, from the launcher's host file
+        assert said == f"hi there /data {host} {port} {host.split('.')[0]} {host.split('.')[0]}"
     assert [p.name for p in (tmp_path / "launch-7.pbs").glob("hostfile-*")]
 
 
