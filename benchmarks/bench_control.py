@@ -41,12 +41,25 @@ goodput's two lazy gloo groups really made at that size (time, sockets, memory).
 process group's store is a ``HashStore``: gloo writes this rank's entry there when a group is
 made, which the fake store does not implement. Last, the model of the sockets a rank holds for
 goodput's own groups at those sizes (``modelled_sockets``).
+
+Every rank's host at start (``rank_hosts_at_start``), at W = 8, 1,488, 8,192 and 127,488 ranks,
+12 a host (Aurora's names, ``x1000c0s0b0n0``, 13 characters). Before: the launcher passed the
+names comma-joined (srun's ``--nodelist``, every rank's ``GOODPUT_LAUNCH_HOSTS``), measured here
+by exec'ing a command with that argument (E2BIG past 128 KiB), and every rank gathered every
+rank's name (``all_gather_object``: W pickles, padded to the largest, to each of W ranks;
+modelled from the measured pickle). After: one host file, its path in ``GOODPUT_HOSTFILE``; each
+rank opens and reads it once (bytes measured) and expands it with no collective: the first
+``every_rank_host`` of a fresh process timed, and what it keeps (the expanded tuple and the
+host file's names and short names, shared) measured with ``sys.getsizeof``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -64,7 +77,9 @@ from goodput.checkpoint.groups import lazy_gloo_group
 from goodput.checkpoint.snapshot.pairing import Pairing
 from goodput.config import read_toml
 from goodput.launch.forensics import HostReport, RankReport
+from goodput.launch.launchers import write_hosts
 from goodput.plan.verify import fake_store, run_in_child
+from goodput.ranks import HOSTFILE_VAR
 from goodput.testing.dist import run_distributed
 from goodput.testing.jobs import peak_children, stand_in_scheduler
 from goodput.testing.sockets import GroupSockets, group_sockets, hosts_of, open_sockets
@@ -466,10 +481,84 @@ def groups(
     return figures
 
 
+WORLD_SIZES = (8, 1488, 8192, 127_488)
+MAX_ARG_STRLEN = 32 * os.sysconf("SC_PAGE_SIZE")  # Linux: one argument, or one NAME=VALUE
+# One rank's start in a process of its own: its first every_rank_host, timed, and what it keeps.
+RANK_AT_START = """
+import json, os, sys, time
+from goodput.ranks import every_rank_host, launch_hosts
+world = int(sys.argv[1])
+started = time.perf_counter()
+every = every_rank_host(world, os.environ)
+took = time.perf_counter() - started
+names = launch_hosts(os.environ)
+kept = {id(s): sys.getsizeof(s) for s in (*names, *every)}
+kept_bytes = sys.getsizeof(every) + sys.getsizeof(names) * 2 + sum(kept.values())
+print(json.dumps({"read_expand_ms": took * 1e3, "kept_bytes": kept_bytes,
+                  "distinct_strings": len({id(s) for s in every})}))
+"""
+
+
+def _aurora_names(count: int) -> list[str]:
+    return [f"x{1000 + i // 64}c{i // 8 % 8}s{i % 8}b0n0" for i in range(count)]
+
+
+def _exec_with(argument: str) -> str:
+    try:
+        subprocess.run(["true", argument], check=True)
+    except OSError as error:
+        return errno.errorcode.get(error.errno or 0, str(error))
+    return "ok"
+
+
+def rank_hosts_at_start(world_sizes: tuple[int, ...] = WORLD_SIZES) -> dict[str, Any]:
+    """Every rank's host at start, before and after (the module docstring)."""
+    figures: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-control-") as tmp:
+        for world in world_sizes:
+            names = _aurora_names(math.ceil(world / RANKS_PER_HOST))
+            joined = f"GOODPUT_LAUNCH_HOSTS={','.join(names)}"
+            pickled = max(len(pickle.dumps(name)) for name in names[-1:])
+            path = write_hosts(Path(tmp), names)
+            env = {**os.environ, HOSTFILE_VAR: str(path), "LOCAL_WORLD_SIZE": str(RANKS_PER_HOST)}
+            rank = subprocess.run(
+                [sys.executable, "-c", RANK_AT_START, str(world)],
+                env=env, capture_output=True, text=True, timeout=600, check=True,
+            )  # fmt: skip
+            after = json.loads(rank.stdout)
+            one = {
+                "hosts": len(names),
+                "before_longest_argument_bytes": len(joined),
+                "before_exec": _exec_with(joined),
+                "before_gathered_bytes_per_rank": world * pickled,
+                "before_gathered_bytes_in_all": world * world * pickled,
+                "after_longest_argument_bytes": len(f"{HOSTFILE_VAR}={path}"),
+                "after_exec": _exec_with(f"{HOSTFILE_VAR}={path}"),
+                "after_files_opened_per_rank": 1,
+                "after_bytes_read_per_rank": path.stat().st_size,
+                "after_bytes_read_in_all": world * path.stat().st_size,
+                **after,
+            }
+            figures[f"W={world}"] = one
+            print(
+                f"rank hosts at start, W = {world:,} ({len(names):,} hosts): before: argument "
+                f"{len(joined):,} B (exec {one['before_exec']}), gathered "
+                f"{one['before_gathered_bytes_per_rank'] / 1e6:.2f} MB a rank, "
+                f"{one['before_gathered_bytes_in_all'] / 1e9:.3g} GB in all; after: argument "
+                f"{one['after_longest_argument_bytes']} B (exec {one['after_exec']}), 1 file of "
+                f"{one['after_bytes_read_per_rank']:,} B a rank "
+                f"({one['after_bytes_read_in_all'] / 1e9:.3g} GB in all), read and expanded in "
+                f"{after['read_expand_ms']:.1f} ms, {after['kept_bytes'] / 1e6:.2f} MB kept, "
+                f"{after['distinct_strings']:,} strings"
+            )
+    return figures
+
+
 SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "launcher fan-out": launcher_fanout,
     "step vote": step_vote,
     "groups": groups,
+    "rank hosts at start": rank_hosts_at_start,
 }
 
 

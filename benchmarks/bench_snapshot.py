@@ -4,7 +4,7 @@ disk save, and what snapshots every step or every 5 cost a run against a run wit
 Model: ``bench_checkpoint``'s 105.8M-parameter ``Transformer`` (fp32, AdamW: 1.27 GB of state,
 0.63 GB a rank), trained by the real ``python -m goodput train`` on 2 ranks started by hand as
 ``goodput launch`` would start them on two hosts (``goodput.testing.ranks``: one rank per
-emulated host, ``GOODPUT_LAUNCH_HOSTS=n1,n2``), so every snapshot also goes to the partner on
+emulated host, ``launched_on(..., ["n1", "n2"])``), so every snapshot also goes to the partner on
 the other "host" (gloo over loopback TCP here). Snapshots live in ``/dev/shm``. ``STEPS`` steps
 of 4 samples x 16 tokens (~1 s a step on this machine, almost all of it the optimizer), so that
 the state, not compute, dominates what is measured.
@@ -39,12 +39,12 @@ from goodput import rundir
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.config import to_toml
 from goodput.testing.jobs import outside_any_job
-from goodput.testing.ranks import start_ranks
+from goodput.testing.ranks import launched_on, start_ranks
 from goodput.testing.tiny import tiny_run_config
 from goodput.train.flops import model_size
 
 NUM_RANKS = 2
-HOSTS = "n1,n2"
+HOSTS = ("n1", "n2")
 SEQ_LEN = 16
 BATCH = 4  # samples a step: 2 a rank
 STEPS = 16
@@ -74,7 +74,7 @@ def _run(root: Path, name: str, repeat: int) -> list[dict[str, Any]]:
     )
     config = root / f"{name}-{repeat}.toml"
     config.write_text(to_toml(cfg))
-    ranks = start_ranks(config, outside_any_job() | {"GOODPUT_LAUNCH_HOSTS": HOSTS})
+    ranks = start_ranks(config, outside_any_job() | launched_on(folder, HOSTS))
     outputs = [process.communicate(timeout=TIMEOUT_S) for process in ranks]
     if any(process.returncode != 0 for process in ranks):
         raise SystemExit(f"bench_snapshot: {name} failed:\n" + "\n".join(map(str, outputs)))

@@ -27,8 +27,8 @@ saves, a snapshot fault (``NEEDS_SNAPSHOTS``) in a run without in-memory checkpo
 - ``bad-node``: the same moment, it prints ``goodput: error: rank R on HOST: CUDA error: device
   lost (injected by goodput chaos)`` to stderr — the device-error evidence the launcher looks
   for — and exits 1. HOST is the launcher's name for this rank's host (``ranks.rank_host``:
-  ``GOODPUT_LAUNCH_HOSTS`` at index rank // ``LOCAL_WORLD_SIZE``, when both are set and valid;
-  else this machine's host name), cut at the first dot.
+  line rank // ``LOCAL_WORLD_SIZE`` of the launcher's host file, ``GOODPUT_HOSTFILE``, when it
+  is set; else this machine's host name), cut at the first dot.
 - ``ckpt-kill``: in the first checkpoint save of a step >= ``step``, the rank SIGKILLs itself
   while writing it: after its files of that checkpoint are written, before ``.complete`` can
   exist (in the background flush, or in the synchronous write when the save is synchronous).

@@ -15,7 +15,7 @@ which never imports torch, spells the names from here too.
       tensorboard/           the same scalars as event files
       attempts.jsonl         one line per launch attempt (goodput launch --run-dir)
       chain.sbatch|chain.pbs the job script of a goodput submit chain (and its jobs' logs)
-      hostfile-<hash>        an mpiexec host file of goodput launch
+      hostfile-<hash>        an attempt's hosts, one a line: srun, mpiexec and its ranks read it
       done                   empty, written last after the final step: a job chain stops here
       run-id                 16 hex digits naming this life of the run (rank 0, after a resume):
                              in-memory checkpoints of another life are never loaded

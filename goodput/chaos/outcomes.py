@@ -100,7 +100,7 @@ def _named(outcome: FaultOutcome, timeline: Sequence[Span], ranks_per_host: int)
     if fired_in is None:
         return outcome
     records = [span.record for span in timeline if span.record is not None]
-    host = launcher_host(fault.rank, ",".join(fired_in.hosts), str(ranks_per_host))
+    host = launcher_host(fault.rank, fired_in.hosts, ranks_per_host)
     named: Evidence | None = None
     if fault.kind == "stall":
         named = next((e for e in fired_in.evidence if e.source == "hang-suspect"), None)

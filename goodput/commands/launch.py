@@ -97,7 +97,7 @@ def register(groups: Subparsers) -> None:
     launch.add_argument(
         "--run-dir",
         type=Path,
-        help="where attempts.jsonl and the PBS host file go (default: the --log file's "
+        help="where attempts.jsonl and the host files go (default: the --log file's "
         "folder, else ./launch-JOBID)",
     )
     launch.add_argument(

@@ -23,15 +23,11 @@ from dataclasses import dataclass
 
 from goodput.errors import GoodputError
 from goodput.io import read_text
-from goodput.ranks import HOSTNAME
+from goodput.ranks import HOSTNAME, MAX_HOST_CHARS, MAX_HOSTS
 
-MAX_HOST_CHARS = 253
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\[\]-]{0,127}")  # Slurm 123, PBS 123[4].server
 DEFAULT_PORT = 29500
 PORT_SPREAD = 2000  # jobs sharing a node get different ports, derived from the job id
-# Ten times the largest machine (Aurora: 10,624 nodes). Above it a node list or host file is a
-# mistake or an attack; it is refused after counting, before a list of that size exists.
-MAX_HOSTS = 100_000
 MAX_RANKS = 100 * MAX_HOSTS
 MAX_HOSTFILE_LINES = 10 * MAX_HOSTS  # a PBS node file names each host once per rank
 MAX_HOSTFILE_BYTES = 64 * MAX_HOSTFILE_LINES

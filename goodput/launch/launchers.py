@@ -4,13 +4,15 @@ A ``LaunchPlan`` says which hosts of the allocation run ranks (the first ``nhost
 spares for later attempts), how many ranks per host and in all, and which machine profile
 applies. ``build_processes`` turns a plan and a command into ``ProcessSpec``s for
 ``attempt.run_attempt``, through a builder keyed by scheduler (``BUILDERS``):
-  - slurm: one ``srun`` naming the exact host set (``--nodelist``), its task counts and
-    ``--kill-on-bad-exit=1``;
-  - pbs: one ``mpiexec`` reading a host file of the active hosts only, in the flag dialect of the
-    profile (MPICH Hydra or Cray PALS);
+  - slurm: one ``srun`` reading the exact host set from the attempt's host file
+    (``--nodelist``), its task counts and ``--kill-on-bad-exit=1``;
+  - pbs: one ``mpiexec`` reading the same host file (the active hosts only), in the flag dialect
+    of the profile (MPICH Hydra or Cray PALS);
   - local: one process per rank on this machine, with torchrun's variables and a free port.
+Every rank gets the host file's path (``ranks.HOSTFILE_VAR``), never the names: at 10,624 hosts
+they are past what one argument or variable may hold (128 KiB), and exec fails (E2BIG).
 Invariants: argv lists, never shell strings; every host name is validated before it reaches a
-command line; a different host set always gives a different command (the PBS host file is named
+command line; a different host set always gives a different command (the host file is named
 by its contents, so an attempt's file never changes under it). Machine specifics (ranks per
 node, CPU binding, environment) are data: ``profiles/NAME.toml``, parsed strictly (unknown keys,
 wrong types, values out of range and patterns that do not compile are one line naming the
@@ -42,7 +44,7 @@ from goodput.launch import device_tools
 from goodput.launch.attempt import ProcessSpec
 from goodput.launch.env import Placement, check_host
 from goodput.outputs import LAUNCH_DIR, LAUNCH_LOG, check_output_dir, check_output_file
-from goodput.ranks import HOSTS_VAR, PROBE_HOST_VAR
+from goodput.ranks import HOSTFILE_VAR, LOCAL_WORLD_SIZE_VAR, PROBE_HOST_VAR
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 DEFAULT_PROFILE = "generic"
@@ -169,13 +171,29 @@ class LaunchPlan:
     nproc: int
     profile: ProfileConfig
     master_port: int  # the job's rendezvous port (local ranks pick a free one per attempt)
-    run_dir: Path  # where the launcher writes its files (the PBS host file)
+    run_dir: Path  # where the launcher writes its files (the host file)
 
     @property
     def hostfile(self) -> Path:
-        """The PBS host file of exactly these hosts, named by its contents."""
-        digest = hashlib.sha256("\n".join(self.hosts).encode()).hexdigest()[:12]
-        return self.run_dir / f"{rundir.HOSTFILE_PREFIX}{digest}"
+        """The host file of exactly these hosts (``hostfile_path``)."""
+        return hostfile_path(self.run_dir, self.hosts)
+
+
+def hostfile_path(run_dir: Path, hosts: Sequence[str]) -> Path:
+    """The host file of exactly ``hosts`` in ``run_dir``, named by its contents; absolute, as the
+    ranks read it wherever they run, and as srun's ``--nodelist`` takes a value with a '/' for a
+    file."""
+    digest = hashlib.sha256("\n".join(hosts).encode()).hexdigest()[:12]
+    return run_dir.absolute() / f"{rundir.HOSTFILE_PREFIX}{digest}"
+
+
+def write_hosts(run_dir: Path, hosts: Sequence[str]) -> Path:
+    """Write the host file of ``hosts`` in ``run_dir`` (``hostfile_path``), one a line, as srun,
+    mpiexec and ``ranks.launch_hosts`` read it; atomically: a launcher or a rank never reads half
+    of one."""
+    path = hostfile_path(run_dir, hosts)
+    write_text(path, "".join(f"{host}\n" for host in hosts))
+    return path
 
 
 def profile_names() -> list[str]:
@@ -296,7 +314,7 @@ def _srun(plan: LaunchPlan, command: list[str], env: dict[str, str]) -> list[Pro
         "--ntasks-per-node",
         str(plan.ppn),
         "--nodelist",
-        ",".join(plan.hosts),
+        str(plan.hostfile),  # a file: the names of 10,624 hosts are past one argument's limit
         # One failed task ends the step at once instead of leaving the others in a collective.
         "--kill-on-bad-exit=1",
         *cpu_bind,
@@ -346,7 +364,7 @@ def _local(plan: LaunchPlan, command: list[str], env: dict[str, str]) -> list[Pr
             "MASTER_ADDR": LOCAL_ADDR,
             "MASTER_PORT": port,
             "OMP_NUM_THREADS": threads,
-            HOSTS_VAR: ",".join(plan.hosts),
+            HOSTFILE_VAR: str(plan.hostfile),
         }
         merged = {**env, **plan.profile.env_vars(), **rank_env}
         specs.append(ProcessSpec(command, merged, f"rank{rank}"))
@@ -357,11 +375,14 @@ def _rank_env(plan: LaunchPlan) -> dict[str, str]:
     # Named outright: ranks read the whole allocation's host list, whose first host need not
     # run rank 0 once spares replace hosts. Slurm places rank 0 on the first host in its own
     # (sorted) order; the plan keeps that order because it takes a prefix of the allocation.
+    # LOCAL_WORLD_SIZE: the ranks a host, which neither srun nor mpiexec sets under that name,
+    # for ranks.rank_host's rule (a torchrun under the launcher sets its own).
     return {
         **plan.profile.env_vars(),
         "MASTER_ADDR": plan.hosts[0],
         "MASTER_PORT": str(plan.master_port),
-        HOSTS_VAR: ",".join(plan.hosts),
+        HOSTFILE_VAR: str(plan.hostfile),
+        LOCAL_WORLD_SIZE_VAR: str(plan.ppn),
     }
 
 
@@ -424,21 +445,16 @@ BUILDERS: dict[str, Callable[[LaunchPlan, list[str], dict[str, str]], list[Proce
 def describe_plan(plan: LaunchPlan) -> str:
     """One line: where, how many, which profile."""
     spares = f", {len(plan.spares)} spare ({','.join(plan.spares)})" if plan.spares else ""
-    hostfile = f", host file {plan.hostfile}" if plan.scheduler == "pbs" else ""
     return (
         f"{plan.scheduler}: {len(plan.hosts)} host(s) x {plan.ppn} = {plan.nproc} rank(s) on "
-        f"{','.join(plan.hosts)}{spares}; profile {plan.profile.name}{hostfile}"
+        f"{','.join(plan.hosts)}{spares}; profile {plan.profile.name}, host file {plan.hostfile}"
     )
 
 
-def write_hostfile(plan: LaunchPlan, hosts: tuple[str, ...] | None = None) -> Path | None:
-    """Write the PBS host file of the plan's hosts, or of ``hosts`` for a step over them under
-    any scheduler (``build_host_command``); atomically: a launcher never reads half of one."""
-    if hosts is None and plan.scheduler != "pbs":
-        return None
-    named = plan if hosts is None else dataclasses.replace(plan, hosts=hosts)
-    write_text(named.hostfile, "".join(f"{host}\n" for host in named.hosts))
-    return named.hostfile
+def write_hostfile(plan: LaunchPlan, hosts: tuple[str, ...] | None = None) -> Path:
+    """Write the host file of the plan's hosts (the attempt's: srun, mpiexec and every rank read
+    it), or of ``hosts`` for a step over them (``build_host_command``): ``write_hosts``."""
+    return write_hosts(plan.run_dir, plan.hosts if hosts is None else hosts)
 
 
 def prepare_outputs(run_dir: Path, log: Path | None) -> None:

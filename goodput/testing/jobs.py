@@ -141,7 +141,9 @@ def stand_in_scheduler(bin_dir: Path, answers: dict[str, Any], log: Path) -> dic
     step, one past the last when OTHER is not in it), ``"raw_hex": [LINE]``
         (lines printed as they are), ``"timeout": true`` (its command ran out of time),
         ``"hang": true`` (the step never ends). A step naming a host of ``refuse`` is refused as
-        Slurm refuses one naming a down node. Each run appends ``start PID`` and ``end PID`` to
+        Slurm refuses one naming a down node. A job step (a command that is no fan-out task)
+        runs its command once, here, as its first task would, with mpiexec's ``-genv``/``--env``
+        variables. Each run appends ``start PID`` and ``end PID`` to
         ``log`` (``peak_children`` reads it)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name in STAND_IN_OPTIONS:
@@ -196,10 +198,16 @@ def _stand_in_answer(host: str, spec: dict[str, Any], task: argparse.Namespace) 
 def stand_in_main(name: str, argv: list[str]) -> int:
     """One run of the stand-in ``name`` (``stand_in_scheduler``)."""
     options: dict[str, list[str]] = {}
+    step_env: dict[str, str] = {}  # what mpiexec is told to set for its tasks
     while argv and argv[0].startswith("-"):
         option, *_ = argv[0].split("=", 1)
         takes = 0 if "=" in argv[0] else STAND_IN_OPTIONS[name].get(option, 0)
         options[option] = argv[1 : 1 + takes]
+        if option == "-genv":
+            step_env[argv[1]] = argv[2]
+        elif option == "--env" and takes:
+            variable, _, value = argv[1].partition("=")
+            step_env[variable] = value
         argv = argv[1 + takes :]
     hosts = _stand_in_hosts(options)
     answers = json.loads(Path(os.environ[STAND_IN_ANSWERS_VAR]).read_text())
@@ -207,7 +215,9 @@ def stand_in_main(name: str, argv: list[str]) -> int:
     if refused:
         print(STAND_IN_REFUSALS[name].format(host=refused[0]), file=sys.stderr)
         return 1
-    assert argv[1:3] == ["-m", fanout.__name__], f"{name} stand-in runs fan-out tasks: {argv}"
+    if argv[1:3] != ["-m", fanout.__name__]:
+        # A job step (an attempt's own): its command once, here, as its first task runs it.
+        return subprocess.run(argv, env={**os.environ, **step_env}, check=False).returncode
     task = fanout.task_parser().parse_args(argv[3:])
     hang = False
     out = sys.stdout.buffer

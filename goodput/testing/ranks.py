@@ -1,18 +1,19 @@
 """Real ``python -m goodput train`` processes for tests: one run on one rank, or the ranks of
 one run started by hand, each with the environment a launcher would give it and one rank per
-(emulated) host (``LOCAL_WORLD_SIZE=1``: rank R on host R, named by ``GOODPUT_LAUNCH_HOSTS``
-when the caller's ``env`` sets it). Started through ``subprocess.Popen`` looked up at each call,
-so a test's fixture that records every process it started sees these too."""
+(emulated) host (``LOCAL_WORLD_SIZE=1``: rank R on host R, named by the host file of
+``launched_on`` when the caller's ``env`` has it). Started through ``subprocess.Popen`` looked
+up at each call, so a test's fixture that records every process it started sees these too."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from goodput.launch.launchers import free_port
+from goodput.launch.launchers import free_port, write_hosts
+from goodput.ranks import HOSTFILE_VAR
 
 
 def start(
@@ -54,3 +55,10 @@ def start_ranks(
         start(config, env, *overrides, rank=r, world_size=world_size, port=port)
         for r in range(world_size)
     ]
+
+
+def launched_on(folder: Path, hosts: Sequence[str]) -> dict[str, str]:
+    """The variable ``goodput launch`` gives its ranks for an attempt on ``hosts``, its host file
+    written in ``folder`` as the launcher writes it: ranks started with it name their hosts as
+    launched ranks do (with ``LOCAL_WORLD_SIZE``, which ``start`` sets for a rank)."""
+    return {HOSTFILE_VAR: str(write_hosts(folder, hosts))}

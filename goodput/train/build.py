@@ -7,9 +7,9 @@ reaches every rank, so no rank waits out the collective timeout. The checkpoint 
 is chosen before the model is built (``resume.CheckpointChoice``); with ``[checkpoint]
 memory_interval_steps`` the store of in-memory checkpoints (``checkpoint.snapshot``) is built
 before that choice, which asks it first: rank 0 reads this life's run id from the run directory
-(a new one unless ``resume = "auto"``; the loop writes it once the resume succeeded). Every rank
-says its host once, first (``Run.hosts``): the snapshots' partner ranks and the straggler
-watch's host names come from it.
+(a new one unless ``resume = "auto"``; the loop writes it once the resume succeeded). Every
+rank's host (``Run.hosts``, ``rank_hosts``), first: the snapshots' partner ranks and the
+straggler watch's host names come from it.
 
 The model is built on the meta device, laid out by ``parallelize`` (or cut into pipeline
 stages) and only then allocated: each rank allocates and initialises its own shards
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from goodput import __version__, rundir
@@ -44,6 +45,7 @@ from goodput.eval.heldout import LoopEval
 from goodput.faults import FaultPlan
 from goodput.io import write_json, write_text
 from goodput.outputs import RUN_DIR, check_output_dir
+from goodput.ranks import every_rank_host, rank_host
 from goodput.runfiles import stage_mixtures
 from goodput.train.config.parallel import pipeline_microbatches
 from goodput.train.config.run import BatchPlan, RunConfig, plan_batches
@@ -52,7 +54,6 @@ from goodput.train.init import initialize_model
 from goodput.train.metrics import Metrics
 from goodput.train.model import Transformer
 from goodput.train.monitor.diagnostics import measures_noise
-from goodput.train.monitor.stragglers import rank_hosts
 from goodput.train.optim.optimizers import Optimizers, replica_group
 from goodput.train.optim.sophia import label_generator
 from goodput.train.parallel.grad_tally import GradientTally
@@ -73,7 +74,7 @@ class Run:
     ``build_run``."""
 
     runtime: Runtime
-    hosts: tuple[str, ...]  # every rank's host, by rank (rank_hosts: gathered once, here)
+    hosts: tuple[str, ...]  # every rank's host, by rank (rank_hosts: once, here)
     seed: int  # train.seed
     mesh: ParallelMesh
     plan: BatchPlan
@@ -115,7 +116,7 @@ def build_run(
     is built (so its checksums are hashed meanwhile). ``trains`` False (lr-find): no metrics
     sinks, in-loop eval, gradient noise measurement or in-memory checkpoints, and a fresh model at
     the config's LR. ``faults``: goodput chaos's, for the snapshot store's fault hook."""
-    hosts = tuple(rank_hosts(runtime.rank, runtime.world_size, os.environ))  # collective
+    hosts = rank_hosts(runtime)  # a collective only when goodput did not launch the ranks
     mesh = build_mesh(cfg.parallel, runtime.device, runtime.ranks_per_host)
     plan = plan_batches(cfg.train, dp_size=mesh.dp_size)
     if mesh.degrees.pp > 1:  # refused before the blend is built, not when the model is
@@ -172,6 +173,20 @@ def build_run(
         step_settings=settings,
         context=context,
     )
+
+
+def rank_hosts(runtime: Runtime) -> tuple[str, ...]:
+    """Every rank's host, by rank (``ranks.rank_host`` of each). Read from the attempt's host
+    file when goodput launched the ranks, with no collective (gathering W names to each of W
+    ranks is 4 MB a rank at 127,488); gathered, each rank saying its own, when something else
+    started them (torchrun alone, a test harness)."""
+    hosts = every_rank_host(runtime.world_size, os.environ)
+    if hosts is not None:
+        return hosts
+    gathered = [rank_host(runtime.rank, os.environ)] * runtime.world_size
+    if runtime.world_size > 1:
+        dist.all_gather_object(gathered, gathered[runtime.rank])
+    return tuple(gathered)
 
 
 def build_snapshots(

@@ -20,7 +20,7 @@ from goodput.faults import load_plan
 from goodput.launch.failover import BAD_NODE_PATTERNS
 from goodput.ranks import launcher_host
 from goodput.rundir import LATEST, checkpoints_dir, list_checkpoints, step_dir
-from goodput.testing.ranks import start, start_ranks
+from goodput.testing.ranks import launched_on, start, start_ranks
 from goodput.testing.tiny import tiny_run_config
 
 TIMEOUT_S = 240
@@ -122,7 +122,7 @@ def test_ckpt_kill_dies_inside_the_flush_and_that_checkpoint_is_never_used(tmp_p
 
 def test_bad_node_prints_the_evidence_line_the_launcher_reads_and_exits_1(tmp_path):
     config, _, env = write_run(tmp_path, [(3, "bad-node", 2, 1)], interval_steps=0)
-    env["GOODPUT_LAUNCH_HOSTS"] = "node-a.cluster.example,node-b.cluster.example"
+    env |= launched_on(tmp_path, ["node-a.cluster.example", "node-b.cluster.example"])
     rank0, rank1 = start_ranks(config, env)
     _, err = rank1.communicate(timeout=TIMEOUT_S)
     assert rank1.returncode == 1
@@ -245,8 +245,8 @@ def test_no_plan_costs_nothing_and_a_bad_plan_is_one_line_naming_it(tmp_path):
 
 
 def test_the_bad_node_host_is_the_launchers_name_for_the_rank():
-    assert launcher_host(5, "n0,n1.x.org,n2", "2") == "n2"
-    assert launcher_host(3, "n0,n1.x.org,n2", "2") == "n1"
+    assert launcher_host(5, ("n0", "n1.x.org", "n2"), 2) == "n2"
+    assert launcher_host(3, ("n0", "n1.x.org", "n2"), 2) == "n1"
     local = os.uname().nodename.split(".")[0]
-    for hosts, per_host in (("n0", "x"), ("n0", "0"), ("n0", ""), ("", "1"), ("a b", "1")):
-        assert launcher_host(1 if hosts == "n0" else 0, hosts, per_host) == local
+    for hosts, per_host in ((("n0",), 0), (("n0",), 1), ((), 1)):
+        assert launcher_host(1 if hosts else 0, hosts, per_host) == local

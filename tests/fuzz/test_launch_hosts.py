@@ -1,5 +1,6 @@
 """Fuzz the readers of host lists: Slurm node lists (``SLURM_JOB_NODELIST``), PBS node files and
-``--hostfile`` files, ``--hosts`` lists, and the scheduler's numbers in the environment.
+``--hostfile`` files, ``--hosts`` lists, the scheduler's numbers in the environment, and the
+attempt's host file a launched rank reads (``GOODPUT_HOSTFILE``, ``goodput.ranks``).
 
 Property: a valid result (every host a whole valid name, at most ``MAX_HOSTS`` of them) or a
 one-line ``GoodputError``; never another exception, a hang or a list beyond the bound. Node lists
@@ -10,6 +11,7 @@ backward and huge ranges), and any text at all.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from goodput.launch.env import (
     read_hostfile,
     read_placement,
 )
-from goodput.ranks import HOSTNAME
+from goodput.ranks import HOSTFILE_VAR, HOSTNAME, every_rank_host, rank_host
 
 MAX_SECONDS = 2.0  # per input: the bound is checked by counting, never by building the list
 
@@ -160,3 +162,30 @@ def test_the_environment_gives_a_placement_or_is_refused(env):
     assert 0 <= placement.rank < placement.world_size
     assert 1 <= placement.master_port <= 65535
     assert 1 <= len(placement.hosts) <= MAX_HOSTS
+
+
+@given(
+    st.binary(max_size=200)
+    | host_lines.map(lambda lines: "".join(f"{line}\n" for line in lines).encode())
+    | st.lists(st.from_regex(HOSTNAME, fullmatch=True), min_size=1, max_size=6, unique=True).map(
+        lambda names: "".join(f"{name}\n" for name in names).encode()
+    ),
+    st.sampled_from(["1", "2", "3"]) | st.sampled_from(["0", "", "x", "-3", "12", "9" * 10]),
+    st.integers(1, 12),
+)
+def test_a_launched_ranks_host_file_gives_every_ranks_host_or_is_refused(
+    tmp_path_factory, data, per_host, world_size
+):
+    # Named by its contents, as the launcher names it: a rank reads one path once.
+    path = tmp_path_factory.getbasetemp() / f"hostfile-{hashlib.sha256(data).hexdigest()}"
+    path.write_bytes(data)
+    env = {HOSTFILE_VAR: str(path), "LOCAL_WORLD_SIZE": per_host}
+    try:
+        every = every_rank_host(world_size, env)
+    except GoodputError as error:
+        assert "\n" not in error.render()
+        return
+    lines = data.decode().splitlines()
+    assert every is not None and len(every) == world_size
+    assert every == tuple(lines[rank // int(per_host)].split(".")[0] for rank in range(world_size))
+    assert every[-1] == rank_host(world_size - 1, env)

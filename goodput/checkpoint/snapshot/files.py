@@ -88,7 +88,7 @@ def host_folder(memory_dir: Path, run_key: str, host: str) -> Path:
         raise GoodputError(
             "memory snapshots",
             f"host name {brief(host)} is not a host name",
-            "check GOODPUT_LAUNCH_HOSTS or the launcher's host list",
+            "check the launcher's host file (GOODPUT_HOSTFILE)",
         )
     return user_folder(memory_dir) / run_key / host
 

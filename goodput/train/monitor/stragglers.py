@@ -41,14 +41,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch.distributed as dist
-
 from goodput import beacon, rundir
 from goodput.checkpoint.save import Decision
 from goodput.errors import ExitCode, GoodputError
 from goodput.io import open_append
 from goodput.progress import print_line
-from goodput.ranks import EVICT_VAR, rank_host
+from goodput.ranks import EVICT_VAR
 from goodput.runfiles import SLOWEST, BusyLine, RankBusy, json_line
 from goodput.stragglers_line import StragglerNotice
 from goodput.train.config.run import WatchConfig
@@ -91,15 +89,6 @@ class BusyClock:
         wall_s = time.perf_counter() - self.started_s - self.apart_s
         waited_ns = beacon.current().waited_ns - self.waited_ns - self.apart_waited_ns
         return max(0.0, wall_s - waited_ns / 1e9)
-
-
-def rank_hosts(rank: int, world_size: int, environ: Mapping[str, str]) -> list[str]:
-    """Every rank's host, by rank (``ranks.rank_host``; collective: each rank says its own,
-    whatever launched it)."""
-    hosts: list[str] = [rank_host(rank, environ)] * world_size
-    if world_size > 1:
-        dist.all_gather_object(hosts, hosts[rank])
-    return hosts
 
 
 class Window:

@@ -26,6 +26,7 @@ from goodput.config import to_toml
 from goodput.errors import ExitCode, GoodputError
 from goodput.faults import KINDS, NEEDS_SNAPSHOTS, Fault, load_plan
 from goodput.testing.jobs import JOB_PREFIXES, JOB_VARS
+from goodput.testing.ranks import launched_on
 from goodput.testing.run_dirs import Attempt, write_run
 from goodput.testing.tiny import tiny_run_config
 
@@ -123,8 +124,8 @@ def test_a_host_loss_forgets_the_hosts_snapshots_then_dies_as_a_bad_node(tmp_pat
     folder = tmp_path / "shm" / "n2"
     folder.mkdir(parents=True)
     (folder / "rank-00001.slot-0.json").write_text("{}")
-    env = {**os.environ, "GOODPUT_FAULTS": str(path), "GOODPUT_LAUNCH_HOSTS": "n1,n2.cluster",
-           "LOCAL_WORLD_SIZE": "1"}  # fmt: skip
+    env = {**os.environ, "GOODPUT_FAULTS": str(path), "LOCAL_WORLD_SIZE": "1",
+           **launched_on(tmp_path, ["n1", "n2.cluster"])}  # fmt: skip
     argv = [sys.executable, "-c", HOST_LOSS, "hooked" if hooked else "bare", str(folder)]
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1

@@ -50,14 +50,16 @@ from goodput.testing.jobs import outside_any_job
 
 HOSTS = ["n1", "n2", "n3", "n4"]
 
-# A rank: its host is GOODPUT_LAUNCH_HOSTS[rank] (ppn 1). On a host listed in bad-hosts, or on
-# the TARGET host, it does what BEHAVIOUR says; elsewhere it trains for 3 steps, or blocks as a
-# peer in a collective would once the bad rank stops answering.
+# A rank: its host is line rank of the launcher's host file (ppn 1). On a host listed in
+# bad-hosts, or on the TARGET host, it does what BEHAVIOUR says; elsewhere it trains for 3
+# steps, or blocks as a peer in a collective would once the bad rank stops answering.
 WORKER = """
 import os, pathlib, signal, sys, time
+from goodput.ranks import launch_hosts
 state = pathlib.Path(os.environ["TEST_STATE"])
 rank = int(os.environ["PMI_RANK"])
-host = os.environ["GOODPUT_LAUNCH_HOSTS"].split(",")[rank]
+hosts = launch_hosts(os.environ)
+host = hosts[rank]
 bad = (state / "bad-hosts").read_text().split()
 behaviour = os.environ["BEHAVIOUR"]
 with open(state / "runs", "a") as runs:
@@ -84,7 +86,7 @@ for step in range(1, 4):
         if behaviour == "die":
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)  # "hang": silent, alive by kill -0
-    if host not in bad and any(h in bad for h in os.environ["GOODPUT_LAUNCH_HOSTS"].split(",")):
+    if host not in bad and any(h in bad for h in hosts):
         if step == 2 and behaviour == "hang":
             time.sleep(60)  # waits on the hung peer
     if rank == 0:

@@ -61,7 +61,7 @@ def local_env(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
 
 
-def test_srun_names_the_exact_host_set_and_counts():
+def test_srun_reads_the_exact_host_set_from_the_host_file_and_counts():
     plan = _plan(SLURM, nhosts=2, ppn=4)
     spec = _one(plan, {"PATH": "/bin"})
     assert spec.argv == [
@@ -73,7 +73,7 @@ def test_srun_names_the_exact_host_set_and_counts():
         "--ntasks-per-node",
         "4",
         "--nodelist",
-        "nid001,nid002",
+        "/runs/a/" + plan.hostfile.name,  # a '/': srun reads the names from the file
         "--kill-on-bad-exit=1",
         *COMMAND,
     ]
@@ -84,12 +84,14 @@ def test_srun_names_the_exact_host_set_and_counts():
         "PATH": "/bin",
         "MASTER_ADDR": "nid001",
         "MASTER_PORT": str(port),
-        "GOODPUT_LAUNCH_HOSTS": "nid001,nid002",
+        "GOODPUT_HOSTFILE": str(plan.hostfile),
+        "LOCAL_WORLD_SIZE": "4",
     }
 
 
 def test_srun_with_the_perlmutter_profile():
-    spec = _one(_plan(SLURM, profile="perlmutter", nhosts=1))
+    plan = _plan(SLURM, profile="perlmutter", nhosts=1)
+    spec = _one(plan)
     assert spec.argv == [
         "srun",
         "--nodes",
@@ -99,7 +101,7 @@ def test_srun_with_the_perlmutter_profile():
         "--ntasks-per-node",
         "4",
         "--nodelist",
-        "nid001",
+        str(plan.hostfile),
         "--kill-on-bad-exit=1",
         "--cpu-bind=cores",
         "--gpus-per-node=4",
@@ -129,8 +131,11 @@ def test_mpiexec_hydra_reads_a_host_file_of_the_active_hosts(tmp_path):
         "MASTER_PORT",
         str(port),
         "-genv",
-        "GOODPUT_LAUNCH_HOSTS",
-        "x4102c0s0b0n0,x4102c0s1b0n0",
+        "GOODPUT_HOSTFILE",
+        str(plan.hostfile),
+        "-genv",
+        "LOCAL_WORLD_SIZE",
+        "2",
         *COMMAND,
     ]
     assert plan.hostfile.parent == tmp_path and not plan.hostfile.exists()
@@ -154,7 +159,7 @@ def test_mpiexec_pals_with_the_aurora_profile(tmp_path):
     ]
     env_flags = [f"--env={item}" for item in plan.profile.env]
     env_flags += ["--env=MASTER_ADDR=x4102c0s0b0n0", f"--env=MASTER_PORT={plan.master_port}"]
-    env_flags += [f"--env=GOODPUT_LAUNCH_HOSTS={','.join(plan.hosts)}"]
+    env_flags += [f"--env=GOODPUT_HOSTFILE={plan.hostfile}", "--env=LOCAL_WORLD_SIZE=12"]
     pairs = zip(argv[9:-4:2], argv[10:-4:2], strict=True)
     assert [f"{flag}={value}" for flag, value in pairs] == env_flags
     assert argv[-4:] == COMMAND
@@ -259,7 +264,8 @@ def test_local_dry_run_lists_one_line_per_rank(local_env, capsys):
         words = shlex.split(line)
         assignments = dict(word.split("=", 1) for word in words[:8])
         assert words[8:] == ["python", "-c", "print('hi there')"]
-        assert assignments["GOODPUT_LAUNCH_HOSTS"] == "localhost"
+        hostfile = Path(assignments["GOODPUT_HOSTFILE"])  # named, not written: a dry run
+        assert hostfile.parent == Path.cwd() / "launch-local" and hostfile.is_absolute()
         assert int(assignments["OMP_NUM_THREADS"]) >= 1  # each rank its share of the cores
         assert assignments["WORLD_SIZE"] == assignments["LOCAL_WORLD_SIZE"] == "3"
         assert assignments["MASTER_ADDR"] == "127.0.0.1"
@@ -274,9 +280,9 @@ def test_format_shows_only_what_the_launcher_adds():
         build_processes(plan, ["echo", "a b"], {"HOME": "/h"}), {"HOME": "/h"}
     )
     assert line == (
-        f"MASTER_ADDR=nid001 MASTER_PORT={plan.master_port} GOODPUT_LAUNCH_HOSTS=nid001 "
-        "srun --nodes 1 --ntasks 1 "
-        "--ntasks-per-node 1 --nodelist nid001 --kill-on-bad-exit=1 echo 'a b'"
+        f"MASTER_ADDR=nid001 MASTER_PORT={plan.master_port} GOODPUT_HOSTFILE={plan.hostfile} "
+        "LOCAL_WORLD_SIZE=1 srun --nodes 1 --ntasks 1 "
+        f"--ntasks-per-node 1 --nodelist {plan.hostfile} --kill-on-bad-exit=1 echo 'a b'"
     )
 
 
@@ -319,9 +325,10 @@ def test_pbs_ranks_really_run_under_hydra(tmp_path):
     (tmp_path / "nodefile").write_text(f"{socket.gethostname()}\n")
     (tmp_path / "site.toml").write_text('pass_env = ["SITE_DATA"]\nenv = ["GREETING=hi there"]\n')
     code = (
-        "import os; e = os.environ; "
+        "import os; from goodput.ranks import every_rank_host; e = os.environ; "
         "open(f\"rank{e['PMI_RANK']}\", 'w').write(' '.join("
-        "[e['GREETING'], e['SITE_DATA'], e['MASTER_ADDR'], e['MASTER_PORT']]))"
+        "[e['GREETING'], e['SITE_DATA'], e['MASTER_ADDR'], e['MASTER_PORT'], "
+        "*every_rank_host(2, e)]))"
     )
     env = {**outside_any_job(), "PBS_JOBID": "7.pbs", "PBS_NODEFILE": str(tmp_path / "nodefile")}
     result = subprocess.run(
@@ -337,7 +344,8 @@ def test_pbs_ranks_really_run_under_hydra(tmp_path):
     port = read_placement(env, "x\n").master_port
     for rank in (0, 1):
         said = (tmp_path / f"rank{rank}").read_text()
-        assert said == f"hi there /data {socket.gethostname()} {port}"
+        host = socket.gethostname()  # every rank's, from the launcher's host file
+        assert said == f"hi there /data {host} {port} {host.split('.')[0]} {host.split('.')[0]}"
     assert [p.name for p in (tmp_path / "launch-7.pbs").glob("hostfile-*")]
 
 

@@ -46,7 +46,12 @@ def _salloc(ntasks: int, launch_args: list[str], cwd: Path) -> subprocess.Comple
 
 
 def test_ranks_really_run_under_srun(tmp_path):
-    code = "import os; print('rank', os.environ['SLURM_PROCID'], 'of', os.environ['SLURM_NTASKS'])"
+    # Each rank names every rank's host from the launcher's host file, srun's --nodelist too.
+    code = (
+        "import os; from goodput.ranks import every_rank_host; "
+        "print('rank', os.environ['SLURM_PROCID'], 'of', os.environ['SLURM_NTASKS'], "
+        "'on', *every_rank_host(2, os.environ))"
+    )
     run_dir = tmp_path / "run"
     result = _salloc(
         2,
@@ -55,7 +60,10 @@ def test_ranks_really_run_under_srun(tmp_path):
         tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert sorted(result.stdout.splitlines()) == ["[srun] rank 0 of 2", "[srun] rank 1 of 2"]
+    node = slurm_node()
+    assert sorted(result.stdout.splitlines()) == [
+        f"[srun] rank {rank} of 2 on {node} {node}" for rank in (0, 1)
+    ]
     assert "launch: slurm: 1 host(s) x 2 = 2 rank(s)" in result.stderr
     (record,) = read_attempts(run_dir / "attempts.jsonl")
     assert record.exit_code == 0
@@ -68,9 +76,15 @@ def test_dry_run_names_this_host_from_the_allocation(tmp_path):
     argv = shlex.split(line)
     srun = argv[argv.index("srun") :]
     node = slurm_node()
-    assert srun[srun.index("--nodelist") + 1] == node == socket.gethostname().split(".")[0]
+    assert node == socket.gethostname().split(".")[0]
+    assert f" rank(s) on {node}; " in result.stderr  # the plan's line
+    # The hosts go in the attempt's host file (a '/': srun reads the names from it), named in
+    # the job's launch folder; a real launch writes it, a dry run nothing.
+    hostfile = Path(srun[srun.index("--nodelist") + 1])
+    assert hostfile.parent.name.startswith("launch-") and hostfile.is_absolute()
     assert srun[-1] == "true" and "--kill-on-bad-exit=1" in srun
     assert f"MASTER_ADDR={node}" in argv[: argv.index("srun")]
+    assert f"GOODPUT_HOSTFILE={hostfile}" in argv[: argv.index("srun")]
     assert not list(tmp_path.iterdir())  # a dry run writes nothing
 
 

@@ -4,8 +4,8 @@ its partner's copy on the other (emulated) host when its own is damaged or its h
 replaced — and ends bitwise where a straight run without snapshots ends (losses, weights,
 optimizer, RNG and train state); a snapshot set some rank has no intact copy of is refused in
 one line and the run resumes from its disk checkpoint; ``resume = "never"`` refuses every
-snapshot of the earlier life. Hosts are emulated as ``goodput launch`` names them
-(``GOODPUT_LAUNCH_HOSTS``, one rank per host); a host's snapshot folder is keyed by its name, so
+snapshot of the earlier life. Hosts are emulated as ``goodput launch`` names them (their host
+file, ``launched_on``, one rank per host); a host's snapshot folder is keyed by its name, so
 restarting rank 1 as ``n3`` is a host whose memory is gone. The config keys' refusals are at the
 end."""
 
@@ -37,12 +37,12 @@ from goodput.checkpoint.snapshot.files import (
 from goodput.checkpoint.state import CheckpointContents
 from goodput.config import from_table, to_toml
 from goodput.errors import GoodputError
-from goodput.ranks import launcher_host
+from goodput.ranks import this_host
 from goodput.report.run_files import read_run
 from goodput.testing.dist import run_distributed
 from goodput.testing.doc_commands import FENCE
 from goodput.testing.jobs import REPO
-from goodput.testing.ranks import start_ranks
+from goodput.testing.ranks import launched_on, start_ranks
 from goodput.testing.tiny import tiny_run_config
 
 TIMEOUT_S = 240
@@ -146,7 +146,7 @@ def test_a_rank_reads_its_partners_copy_when_its_own_is_damaged_or_its_host_repl
     # hosts) and after step 5 (step 4's, copied from the async save's host copy).
     faults = [(1, "kill", 3, 0), (2, "kill", 5, 0)]
     config, run_dir, memory, env = write_run(tmp_path / "run", faults, memory_interval_steps=2)
-    hosts = {"GOODPUT_LAUNCH_HOSTS": "n1,n2"}
+    hosts = launched_on(tmp_path, ["n1", "n2"])
     out, _ = run_attempt(config, env | hosts, killed=True)
     assert "memory snapshots: every 2 steps in " in out and "partner copy on the next host" in out
 
@@ -160,7 +160,7 @@ def test_a_rank_reads_its_partners_copy_when_its_own_is_damaged_or_its_host_repl
     assert "resume: from memory snapshot of step 2 (1 rank(s) from a partner's copy)" in out
 
     # Rank 1's host replaced by n3, whose memory holds nothing: its partner copy again.
-    out, _ = run_attempt(config, env | {"GOODPUT_LAUNCH_HOSTS": "n1,n3"})
+    out, _ = run_attempt(config, env | launched_on(tmp_path, ["n1", "n3"]))
     assert "resume: from memory snapshot of step 4 (1 rank(s) from a partner's copy)" in out
     assert first_records(run_dir) == [("partner", 2), ("partner", 4)]
     assert_bitwise(straight, run_dir)
@@ -195,7 +195,7 @@ def test_resume_never_refuses_the_earlier_life_and_a_damaged_set_falls_back_to_d
     assert rundir.RUN_ID_TEXT.fullmatch(second_life.strip()) and second_life != first_life
 
     # Rank 0's only copy of step 4 damaged: the set is refused, the disk checkpoint loaded.
-    damage(rank_folder(run_dir, memory, launcher_host(0, "", "1")), "own", 0, 4)
+    damage(rank_folder(run_dir, memory, this_host()), "own", 0, 4)
     out, _ = run_attempt(config, env)
     checkpoint = rundir.step_dir(rundir.checkpoints_dir(run_dir), 4)
     assert (

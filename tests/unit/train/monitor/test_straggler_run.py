@@ -68,6 +68,7 @@ def test_the_documented_command_names_the_slowed_rank_once(tmp_path):
     assert len(found) == 1, output
     (notice,) = found
     assert notice.rank == 1 and (notice.first_step, notice.last_step) == (2, 3)
+    assert notice.host == "localhost"  # the launcher's name, from its host file, not uname's
     assert notice.ratio > 1.2 and notice.busy_s >= 1.0 > notice.median_s / 2  # sleep is busy
     run_dir = tmp_path / "demo" / "run"
     steps = {line.step: line for line in read_steps(run_dir / rundir.METRICS)}
