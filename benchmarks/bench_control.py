@@ -12,6 +12,12 @@ every millisecond), against the profile's ``health_timeout_s``. Three cases at e
 host healthy; one host down (every step naming it is refused, as Slurm refuses a down node's, so
 the fan-out splits round it); forensics with a report of 12 ranks from every host (Aurora's 12
 tiles a node). Slurm under the generic profile, PBS with Cray PALS under Aurora's.
+
+The report at scale (``report_at_scale``). ``goodput report RUN``, ``--json`` and ``--html`` on a
+synthetic run of 10,624 hosts of 12 ranks and 100,000 steps with a straggler-watch window every
+20 steps (``goodput.testing.scale_runs``: metrics.jsonl with the per-step busy keys, 5,000
+busy.jsonl lines, ten attempts each naming every host), each a fresh process: wall and CPU
+seconds and peak resident memory, against the issue's bound (10 s and 2 GiB each).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 
 from goodput.launch.forensics import HostReport, RankReport
 from goodput.testing.jobs import peak_children, stand_in_scheduler
+from goodput.testing.scale_runs import ScaleRun, measure_goodput, write_scale_run
 
 HOST_COUNTS = (2048, 10_624)
 RANKS_PER_HOST = 12
@@ -138,7 +145,43 @@ def launcher_fanout() -> dict[str, Any]:
     return figures
 
 
-SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {"launcher fan-out": launcher_fanout}
+REPORT_BOUND_S = 10.0  # the issue's bound on each of goodput report's three forms at full size
+REPORT_BOUND_MIB = 2048.0
+
+
+def report_at_scale(shape: ScaleRun | None = None) -> dict[str, Any]:
+    """``goodput report`` three ways on the run of ``shape`` (default: the issue's, the module
+    docstring)."""
+    shape = shape or ScaleRun()
+    figures: dict[str, Any] = {"hosts": shape.hosts, "ranks": shape.ranks, "steps": shape.steps,
+                               "windows": shape.steps // shape.window}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-report-") as tmp:
+        run_dir = Path(tmp) / "run"
+        write_scale_run(run_dir, shape)
+        sizes = {path.name: path.stat().st_size for path in run_dir.iterdir() if path.is_file()}
+        figures["file_mib"] = {name: size / 2**20 for name, size in sorted(sizes.items())}
+        forms = {"text": (), "json": ("--json",), "html": ("--html", Path(tmp) / "report.html")}
+        for form, options in forms.items():
+            one = measure_goodput("report", run_dir, *options)
+            if one.returncode != 0:
+                raise RuntimeError(f"goodput report {form}: {one.stderr.strip()[-500:]}")
+            within = one.wall_s <= REPORT_BOUND_S and one.peak_rss_mib <= REPORT_BOUND_MIB
+            figures[form] = {"wall_s": one.wall_s, "cpu_s": one.cpu_s,
+                             "peak_rss_mib": one.peak_rss_mib, "within_bound": within}  # fmt: skip
+            print(
+                f"report at scale, {shape.hosts:,} hosts x {shape.ranks_per_host} ranks, "
+                f"{shape.steps:,} steps, {figures['windows']:,} busy windows: goodput report "
+                f"({form}) {one.wall_s:.2f} s wall, {one.cpu_s:.2f} s CPU, peak RSS "
+                f"{one.peak_rss_mib:.0f} MiB (bound {REPORT_BOUND_S:g} s, "
+                f"{REPORT_BOUND_MIB:,.0f} MiB: {'within' if within else 'PAST IT'})"
+            )
+    return figures
+
+
+SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
+    "launcher fan-out": launcher_fanout,
+    "report at scale": report_at_scale,
+}
 
 
 def main() -> dict[str, Any]:

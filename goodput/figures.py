@@ -103,11 +103,13 @@ def extremes(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], lis
     """The points of (``xs``, ``ys``) that a drawn line keeps: each bucket's lowest and highest
     (once when they are one point), in order; at most ``2 * MAX_BUCKETS``, all of them when
     there are no more than ``MAX_BUCKETS``."""
+    if len(xs) <= MAX_BUCKETS:
+        return list(xs), list(ys)
     kept: list[int] = []
     for part in buckets(len(xs)):
         low = min(part, key=ys.__getitem__)
         high = max(part, key=ys.__getitem__)
-        kept.extend(sorted({low, high}))
+        kept.extend((low, high) if low < high else (high, low) if high < low else (low,))
     return [xs[i] for i in kept], [ys[i] for i in kept]
 
 
@@ -115,14 +117,16 @@ def envelope(
     xs: Sequence[float], lows: Sequence[float], highs: Sequence[float]
 ) -> tuple[list[float], list[float], list[float]]:
     """The band between ``lows`` and ``highs`` over ``xs`` as it is drawn: each bucket's least
-    low and greatest high, at its first and its last x (once for a bucket of one point)."""
+    low and greatest high, at its first and its last x; all of it when there are no more than
+    ``MAX_BUCKETS`` points."""
+    if len(xs) <= MAX_BUCKETS:
+        return list(xs), list(lows), list(highs)
     drawn_x: list[float] = []
     drawn_low: list[float] = []
     drawn_high: list[float] = []
     for part in buckets(len(xs)):
-        low, high = min(lows[i] for i in part), max(highs[i] for i in part)
-        ends = sorted({part[0], part[-1]})
-        drawn_x.extend(xs[i] for i in ends)
-        drawn_low.extend([low] * len(ends))
-        drawn_high.extend([high] * len(ends))
+        low, high = min(lows[part.start : part.stop]), max(highs[part.start : part.stop])
+        drawn_x.extend((xs[part[0]], xs[part[-1]]))
+        drawn_low.extend((low, low))
+        drawn_high.extend((high, high))
     return drawn_x, drawn_low, drawn_high

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from goodput.figures import agg_figure, axis_scale, envelope, extremes, png_bytes
@@ -89,8 +90,8 @@ class Plot:
 def kept_and_lost(steps: list[Step]) -> tuple[list[Step], list[Step]]:
     """(each step number's last run, by step; the earlier runs of recomputed steps, by time)."""
     last = {step.step: index for index, step in enumerate(steps)}
-    kept = sorted((steps[index] for index in last.values()), key=lambda s: s.step)
-    lost = sorted((s for i, s in enumerate(steps) if last[s.step] != i), key=lambda s: s.time)
+    kept = sorted((steps[index] for index in last.values()), key=attrgetter("step"))
+    lost = sorted((s for i, s in enumerate(steps) if last[s.step] != i), key=attrgetter("time"))
     return kept, lost
 
 
@@ -129,10 +130,14 @@ def heldout_losses(run: RunFiles) -> dict[str, list[tuple[int, float]]]:
     """corpus -> (step, held-out loss), by step: the step records' ``heldout_loss/<corpus>``,
     then the ``heldout/<corpus>`` loss lines of ``evals.jsonl`` (the later says last)."""
     found: dict[str, dict[int, float]] = {}
+    # Steps' lines mostly hold the same keys: each set of keys is searched once, not each line.
+    heldout_keys: dict[tuple[str, ...], list[str]] = {}
     for step in run.steps:
-        for key, value in step.values.items():
-            if key.startswith("heldout_loss/"):
-                found.setdefault(key.removeprefix("heldout_loss/"), {})[step.step] = value
+        keys = tuple(step.values)
+        if keys not in heldout_keys:
+            heldout_keys[keys] = [key for key in keys if key.startswith("heldout_loss/")]
+        for key in heldout_keys[keys]:
+            found.setdefault(key.removeprefix("heldout_loss/"), {})[step.step] = step.values[key]
     for line in run.evals:
         if line.task.startswith("heldout/") and line.metric == "loss" and line.value is not None:
             found.setdefault(line.task.removeprefix("heldout/"), {})[line.step] = line.value
@@ -490,7 +495,7 @@ def report_figure(height_in: float = HEIGHT_IN) -> tuple[Figure, Axes]:
 
 
 def _series(steps: list[Step], key: str) -> tuple[list[int], list[float]]:
-    points = [(step.step, step.values[key]) for step in steps if key in step.values]
+    points = [(step.step, value) for step in steps if (value := step.values.get(key)) is not None]
     return [s for s, _ in points], [v for _, v in points]
 
 

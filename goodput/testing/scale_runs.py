@@ -8,20 +8,30 @@ trainer's and the launcher's lines, each attempt naming every host) with the str
 per-step keys (``busy_s_*``, ``busy_slowest_*``; ``straggler_*`` where a window names one), and
 ``busy.jsonl`` through ``runfiles.BusyLine``, a line a window. The ranks' busy times are drawn
 from a seeded generator, not simulated rank by rank (127,488 ranks x 100,000 steps would be the
-test's whole time): a window's quantiles move a little around 0.40 s, and its slowest ranks are
+test's whole time): a window's quantiles drift slowly around 0.40 s, and its slowest ranks are
 mostly ranks that lag once (each named in a window or two, as on a real machine), beside two
 that ``STORY`` makes lag for long: ``STEADY`` over the middle of the run, ``FLAPPING`` every
 tenth window throughout.
+
+``measure_goodput`` runs one ``goodput`` command in a child of its own and measures it: its wall
+and CPU seconds and its peak resident memory.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import random
+import subprocess
+import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from goodput import rundir, runfiles
 from goodput.runfiles import BusyLine, RankBusy
+from goodput.testing.jobs import outside_any_job
 from goodput.testing.run_dirs import Attempt, write_run
 
 T0 = 1_800_000_000.0
@@ -105,11 +115,12 @@ def busy_windows(shape: ScaleRun) -> list[BusyLine]:
     count = min(runfiles.SLOWEST, shape.ranks)
     lines = []
     for index, step in enumerate(range(shape.window, shape.steps + 1, shape.window)):
-        median = MEDIAN_S * (1 + 0.05 * draw.uniform(-1, 1))
+        progress = step / shape.steps
+        # A slow drift (the data's sequence lengths, say) and a little noise.
+        median = MEDIAN_S * (1 + 0.03 * math.sin(6 * math.pi * progress) + 0.003 * draw.random())
         lagging = {
             draw.randrange(shape.ranks): median * draw.uniform(1.05, 1.3) for _ in range(count)
         }
-        progress = step / shape.steps
         if 0.3 <= progress < 0.6:
             lagging[shape.steady] = median * LAG_RATIO * draw.uniform(0.97, 1.03)
         if index % 10 == 0:
@@ -126,3 +137,46 @@ def busy_windows(shape: ScaleRun) -> list[BusyLine]:
             )
         )
     return lines
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """One ``goodput`` process: how it ended, what it printed, and what it took."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    wall_s: float
+    cpu_s: float  # user + system: on a shared machine, less noisy than the wall time
+    peak_rss_mib: float  # the most resident memory it held (``ru_maxrss``)
+
+
+def measure_goodput(*argv: object, timeout: float = 600) -> Measured:
+    """``python -m goodput ARGV`` in a child of its own (outside any job), measured."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        child = subprocess.Popen(
+            [sys.executable, "-m", "goodput", *map(str, argv)],
+            stdout=out, stderr=err, env=outside_any_job(),
+        )  # fmt: skip
+        # Reaped here by wait4, not by Popen, for the child's own resource usage.
+        while not (ended := os.wait4(child.pid, os.WNOHANG))[0]:
+            if time.perf_counter() - started > timeout:
+                child.kill()
+                os.wait4(child.pid, 0)
+                child.returncode = -9
+                raise subprocess.TimeoutExpired(child.args, timeout)
+            time.sleep(0.01)
+        _, status, usage = ended
+        child.returncode = os.waitstatus_to_exitcode(status)
+        wall_s = time.perf_counter() - started
+        out.seek(0)
+        err.seek(0)
+        return Measured(
+            returncode=child.returncode,
+            stdout=out.read().decode(),
+            stderr=err.read().decode(),
+            wall_s=wall_s,
+            cpu_s=usage.ru_utime + usage.ru_stime,
+            peak_rss_mib=usage.ru_maxrss / 1024,  # KiB on Linux
+        )
