@@ -51,6 +51,12 @@ modelled from the measured pickle). After: one host file, its path in ``GOODPUT_
 rank opens and reads it once (bytes measured) and expands it with no collective: the first
 ``every_rank_host`` of a fresh process timed, and what it keeps (the expanded tuple and the
 host file's names and short names, shared) measured with ``sys.getsizeof``.
+
+The report at scale (``report_at_scale``). ``goodput report RUN``, ``--json`` and ``--html`` on a
+synthetic run of 10,624 hosts of 12 ranks and 100,000 steps with a straggler-watch window every
+20 steps (``goodput.testing.scale_runs``: metrics.jsonl with the per-step busy keys, 5,000
+busy.jsonl lines, ten attempts each naming every host), each a fresh process: wall and CPU
+seconds and peak resident memory, against the issue's bound (10 s and 2 GiB each).
 """
 
 from __future__ import annotations
@@ -82,6 +88,7 @@ from goodput.plan.verify import fake_store, run_in_child
 from goodput.ranks import HOSTFILE_VAR
 from goodput.testing.dist import run_distributed
 from goodput.testing.jobs import peak_children, stand_in_scheduler
+from goodput.testing.scale_runs import ScaleRun, measure_goodput, write_scale_run
 from goodput.testing.sockets import GroupSockets, group_sockets, hosts_of, open_sockets
 from goodput.train.config.parallel import ParallelConfig
 from goodput.train.parallel.mesh import build_mesh
@@ -554,11 +561,45 @@ def rank_hosts_at_start(world_sizes: tuple[int, ...] = WORLD_SIZES) -> dict[str,
     return figures
 
 
+REPORT_BOUND_S = 10.0  # the issue's bound on each of goodput report's three forms at full size
+REPORT_BOUND_MIB = 2048.0
+
+
+def report_at_scale(shape: ScaleRun | None = None) -> dict[str, Any]:
+    """``goodput report`` three ways on the run of ``shape`` (default: the issue's, the module
+    docstring)."""
+    shape = shape or ScaleRun()
+    figures: dict[str, Any] = {"hosts": shape.hosts, "ranks": shape.ranks, "steps": shape.steps,
+                               "windows": shape.steps // shape.window}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-report-") as tmp:
+        run_dir = Path(tmp) / "run"
+        write_scale_run(run_dir, shape)
+        sizes = {path.name: path.stat().st_size for path in run_dir.iterdir() if path.is_file()}
+        figures["file_mib"] = {name: size / 2**20 for name, size in sorted(sizes.items())}
+        forms = {"text": (), "json": ("--json",), "html": ("--html", Path(tmp) / "report.html")}
+        for form, options in forms.items():
+            one = measure_goodput("report", run_dir, *options)
+            if one.returncode != 0:
+                raise RuntimeError(f"goodput report {form}: {one.stderr.strip()[-500:]}")
+            within = one.wall_s <= REPORT_BOUND_S and one.peak_rss_mib <= REPORT_BOUND_MIB
+            figures[form] = {"wall_s": one.wall_s, "cpu_s": one.cpu_s,
+                             "peak_rss_mib": one.peak_rss_mib, "within_bound": within}  # fmt: skip
+            print(
+                f"report at scale, {shape.hosts:,} hosts x {shape.ranks_per_host} ranks, "
+                f"{shape.steps:,} steps, {figures['windows']:,} busy windows: goodput report "
+                f"({form}) {one.wall_s:.2f} s wall, {one.cpu_s:.2f} s CPU, peak RSS "
+                f"{one.peak_rss_mib:.0f} MiB (bound {REPORT_BOUND_S:g} s, "
+                f"{REPORT_BOUND_MIB:,.0f} MiB: {'within' if within else 'PAST IT'})"
+            )
+    return figures
+
+
 SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "launcher fan-out": launcher_fanout,
     "step vote": step_vote,
     "groups": groups,
     "rank hosts at start": rank_hosts_at_start,
+    "report at scale": report_at_scale,
 }
 
 

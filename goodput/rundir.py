@@ -10,7 +10,7 @@ which never imports torch, spells the names from here too.
       run.json               what produced the run; its presence makes a folder a run directory
       metrics.jsonl          one JSON line per step (rank 0), appended
       evals.jsonl            one JSON line per eval metric (the loop's evals, goodput eval)
-      busy.jsonl             one JSON line per [watch] window: busy time per host (rank 0)
+      busy.jsonl             one JSON line per [watch] window: busy time over ranks (rank 0)
       heartbeat              {"step": N, "time": T}, replaced every step: the launcher's progress
       tensorboard/           the same scalars as event files
       attempts.jsonl         one line per launch attempt (goodput launch --run-dir)

@@ -20,9 +20,11 @@ and its corpora's target and achieved shares, read by the report.
 evaluation's lines in one synced write.
 
 ``busy.jsonl``: one object per window of ``[watch] straggler_steps`` steps (``BusyLine``),
-appended by rank 0 (``train/monitor/stragglers.py``): the window's last step, its length, and per
-host (in rank order) the mean, least and most of its ranks' mean busy time a step over the window
-(the mean within the least and the most, to its rounding).
+appended by rank 0 (``train/monitor/stragglers.py``), of a size independent of the world's: the
+window's last step, its length, the ranks judged, the quantiles over ranks of each rank's mean
+busy time a step (``QUANTILES``: min and max exact, the others the writer's fixed-size histogram's,
+within a bin) and the ``SLOWEST`` slowest ranks, slowest first, each with its host. An older
+goodput's line (a row per host) is refused naming ``FILE:LINE`` and how to keep the newer lines.
 
 Reading is strict and bounded (``io.read_json_lines``): a line past ``rundir.MAX_LINE_BYTES``,
 past ``MAX_LINES`` lines, not one JSON object, a known key whose value is not of its kind, or a
@@ -68,8 +70,11 @@ def _is_number(value: Any) -> bool:
 
 
 def _finite(value: Any) -> bool:
+    kind = type(value)
+    if kind is float:  # the common case first: every line of a run file holds many
+        return math.isfinite(value)
     try:
-        return _is_number(value) and math.isfinite(value)
+        return kind is int and math.isfinite(value)
     except OverflowError:  # an integer past float's range
         return False
 
@@ -291,15 +296,18 @@ def parse_eval(raw: Mapping[str, Any], where: str, *, fix: str = FIX) -> EvalLin
 
 # --- busy.jsonl -----------------------------------------------------------------------------
 
-MAX_HOSTS = 10_000  # hosts of one line: at ~60 bytes each, well inside rundir.MAX_LINE_BYTES
-MEAN_ROUNDING_ULPS = 2  # a host's mean may pass its min or max by this many ulps of its max
-
-
-SLOWEST = 8  # TEMP until task D lands
+SLOWEST = 8  # the slowest ranks a busy.jsonl line names, at most: the one definition
+QUANTILES = ("min", "p25", "median", "p75", "max")  # of a line's ``quantiles``, in order
+OLD_BUSY_FIX = (
+    "keep only this goodput's lines: in the run directory, grep -F '\"quantiles\"' busy.jsonl "
+    "> busy.new && mv busy.new busy.jsonl"
+)
 
 
 @dataclass(frozen=True, slots=True)
 class RankBusy:
+    """A rank's mean busy time a step over a window, and its host."""
+
     rank: int
     host: str
     mean_s: float
@@ -307,10 +315,14 @@ class RankBusy:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BusyLine:
+    """The window of ``steps`` steps that ended at ``step``, over the ``ranks`` ranks judged:
+    the ``QUANTILES`` of the ranks' mean busy time a step, and the slowest ranks, slowest
+    first."""
+
     step: int
     steps: int
     ranks: int
-    quantiles: tuple[float, ...]
+    quantiles: tuple[float, float, float, float, float]
     slowest: tuple[RankBusy, ...]
 
     def as_json(self) -> dict[str, Any]:
@@ -330,20 +342,74 @@ def read_busy(path: Path, *, fix: str = FIX, max_lines: int = MAX_LINES) -> Iter
 
 
 def parse_busy(raw: Mapping[str, Any], where: str, *, fix: str = FIX) -> BusyLine:
-    """TEMP until task D lands."""
+    """The window of one ``busy.jsonl`` object, or a ``GoodputError`` naming ``where``."""
+    if "hosts" in raw and "quantiles" not in raw:
+        # A row per host (goodput before issue 41): it holds no ranks to name, so no line of
+        # this shape can be made of it without inventing them.
+        what = "is a busy line of an older goodput, a row per host"
+        raise GoodputError(where, what, OLD_BUSY_FIX)
+    _check(raw, BUSY_KEYS, BUSY_KEYS, where, fix)
+    if len(raw) != len(BUSY_KEYS):
+        raise GoodputError(where, f"has keys other than {', '.join(BUSY_KEYS)}", fix)
+    quantiles = raw["quantiles"]
+    if not (
+        len(quantiles) == len(QUANTILES)
+        and all(SECONDS.admits(value) for value in quantiles)
+        and all(a <= b for a, b in zip(quantiles, quantiles[1:], strict=False))
+    ):
+        what = f"'quantiles' is not [{', '.join(QUANTILES)}]: finite seconds >= 0, nondecreasing"
+        raise GoodputError(where, what, fix)
+    low, high = float(quantiles[0]), float(quantiles[-1])
+    rows = raw["slowest"]
+    ranks = raw["ranks"]
+    most = min(SLOWEST, ranks)
+    if not 0 < len(rows) <= most:
+        raise GoodputError(where, f"'slowest' does not name 1 to {most} ranks", fix)
+    slowest = tuple(
+        _rank_busy(row, ranks, low, high, f"{where}: slowest[{i}]", fix)
+        for i, row in enumerate(rows)
+    )
+    if len({r.rank for r in slowest}) != len(slowest):
+        raise GoodputError(where, "'slowest' names a rank twice", fix)
+    if any(a.mean_s < b.mean_s for a, b in zip(slowest, slowest[1:], strict=False)):
+        raise GoodputError(where, "'slowest' is not slowest first (mean_s nonincreasing)", fix)
+    if slowest[0].mean_s != high:
+        what = f"slowest[0]'s mean_s {slowest[0].mean_s:g} is not the max {high:g}"
+        raise GoodputError(where, what, fix)
     return BusyLine(
         step=raw["step"],
         steps=raw["steps"],
-        ranks=raw["ranks"],
-        quantiles=tuple(raw["quantiles"]),
-        slowest=tuple(RankBusy(*row) for row in raw["slowest"]),
+        ranks=ranks,
+        quantiles=(low, float(quantiles[1]), float(quantiles[2]), float(quantiles[3]), high),
+        slowest=slowest,
     )
 
 
+def _rank_busy(row: Any, ranks: int, low: float, high: float, where: str, fix: str) -> RankBusy:
+    if not (
+        isinstance(row, list)
+        and len(row) == 3
+        and COUNT.admits(row[0])
+        and row[0] < ranks
+        and NAME.admits(row[1])
+        and SECONDS.admits(row[2])
+    ):
+        what = f"is not [rank, host, mean_s]: a rank below {ranks}, a name, finite seconds >= 0"
+        raise GoodputError(where, what, fix)
+    busy = RankBusy(row[0], row[1], float(row[2]))
+    if not low <= busy.mean_s <= high:
+        what = f"mean_s {busy.mean_s:g} is not within the min {low:g} and the max {high:g}"
+        raise GoodputError(where, what, fix)
+    return busy
+
+
+WHOLE = Kind("a whole number >= 1", lambda v: type(v) is int and 1 <= v < MAX_COUNT)
 BUSY_KEYS = {
     "step": COUNT,
-    "steps": Kind("a whole number >= 1", lambda v: type(v) is int and 1 <= v < MAX_COUNT),
-    "hosts": Kind("a list", lambda v: isinstance(v, list)),
+    "steps": WHOLE,
+    "ranks": WHOLE,
+    "quantiles": Kind("a list", lambda v: isinstance(v, list)),
+    "slowest": Kind("a list", lambda v: isinstance(v, list)),
 }
 
 

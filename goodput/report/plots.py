@@ -5,7 +5,9 @@ LR-finder curve, ...). ``PLOTS`` lists them in the page's order with their title
 Training curves are over steps and show each step's *last* run (the one the weights kept, as
 ``accounting`` counts it); the earlier runs of recomputed steps, lost to a failure, are drawn
 as faint grey points on the loss plot. The timeline is over wall-clock hours since the run's
-start (``Accounting.start``).
+start (``Accounting.start``). A series over steps or windows is drawn decimated
+(``figures.extremes``, ``figures.envelope``: at most a few thousand points, each bucket's
+extremes kept), so that 100,000 steps draw as fast as 2,000 and look the same.
 
 Figures come from ``goodput.figures.agg_figure`` (matplotlib's Agg canvas, imported only
 there) and are 8 x 3.5 in (the badput bar 8 x 2.2) at 100 dpi, so that a page of them stays
@@ -21,12 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
-from goodput.figures import agg_figure, axis_scale, png_bytes
+from goodput.figures import agg_figure, axis_scale, envelope, extremes, png_bytes
 from goodput.report.accounting import CAUSES, Accounting
 from goodput.report.run_files import RunFiles, Step
-from goodput.report.sums import mean
+from goodput.runfiles import SLOWEST, BusyLine
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -38,7 +41,7 @@ LOG_SPAN = 100.0  # a positive series spanning more than this factor is drawn on
 # An accuracy axis shows [0, 1]: a value (or its error bar, or a chance line) past this band is
 # drawn at its edge, off the axis as it would be anyway, so that matplotlib never sees 1e308.
 ACCURACY_BAND = (-1.0, 2.0)
-BUSY_HOSTS = 8  # the slowest hosts drawn one by one; the others are in the band
+BUSY_RANKS = 6  # the ranks named slowest most often, each drawn and named on its own
 STAGES_PER_ROW = 3  # panels of the data-mix stages figure
 STAGES_DRAWN = 12  # the first ones; the page's table lists every stage
 # Hex colours, so that the HTML page's swatches are the figures' own.
@@ -87,8 +90,8 @@ class Plot:
 def kept_and_lost(steps: list[Step]) -> tuple[list[Step], list[Step]]:
     """(each step number's last run, by step; the earlier runs of recomputed steps, by time)."""
     last = {step.step: index for index, step in enumerate(steps)}
-    kept = sorted((steps[index] for index in last.values()), key=lambda s: s.step)
-    lost = sorted((s for i, s in enumerate(steps) if last[s.step] != i), key=lambda s: s.time)
+    kept = sorted((steps[index] for index in last.values()), key=attrgetter("step"))
+    lost = sorted((s for i, s in enumerate(steps) if last[s.step] != i), key=attrgetter("time"))
     return kept, lost
 
 
@@ -105,8 +108,9 @@ def loss_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     figure, axes = report_figure()
     if train[0]:
         axes.plot(
-            train[0], scale.drawn(train[1]), color="#333333", linewidth=1, label="training loss"
-        )
+            *extremes(train[0], scale.drawn(train[1])), color="#333333", linewidth=1,
+            label="training loss",
+        )  # fmt: skip
     if recomputed[0]:
         axes.scatter(
             recomputed[0], scale.drawn(recomputed[1]), s=4, color="gray", alpha=0.5,
@@ -126,10 +130,14 @@ def heldout_losses(run: RunFiles) -> dict[str, list[tuple[int, float]]]:
     """corpus -> (step, held-out loss), by step: the step records' ``heldout_loss/<corpus>``,
     then the ``heldout/<corpus>`` loss lines of ``evals.jsonl`` (the later says last)."""
     found: dict[str, dict[int, float]] = {}
+    # Steps' lines mostly hold the same keys: each set of keys is searched once, not each line.
+    heldout_keys: dict[tuple[str, ...], list[str]] = {}
     for step in run.steps:
-        for key, value in step.values.items():
-            if key.startswith("heldout_loss/"):
-                found.setdefault(key.removeprefix("heldout_loss/"), {})[step.step] = value
+        keys = tuple(step.values)
+        if keys not in heldout_keys:
+            heldout_keys[keys] = [key for key in keys if key.startswith("heldout_loss/")]
+        for key in heldout_keys[keys]:
+            found.setdefault(key.removeprefix("heldout_loss/"), {})[step.step] = step.values[key]
     for line in run.evals:
         if line.task.startswith("heldout/") and line.metric == "loss" and line.value is not None:
             found.setdefault(line.task.removeprefix("heldout/"), {})[line.step] = line.value
@@ -154,13 +162,13 @@ def throughput_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     axes.set_xlabel("step")
     if rate[0]:
         scale = axis_scale(rate[1])
-        axes.plot(rate[0], scale.drawn(rate[1]), color="tab:blue", linewidth=1)
+        axes.plot(*extremes(rate[0], scale.drawn(rate[1])), color="tab:blue", linewidth=1)
         axes.set_ylabel(scale.label("tokens/s"), color="tab:blue")
     if mfu[0]:
         right = axes.twinx() if rate[0] else axes
         scale = axis_scale(mfu[1])  # of the fractions: 100 x 1e308 would not be finite
         percent = [100 * value for value in scale.drawn(mfu[1])]
-        right.plot(mfu[0], percent, color="tab:red", linewidth=1)
+        right.plot(*extremes(mfu[0], percent), color="tab:red", linewidth=1)
         right.set_ylabel(scale.label("MFU (%)"), color="tab:red")
     return png_bytes(figure)
 
@@ -277,36 +285,77 @@ def lr_find_curve_plot(run: RunFiles, acc: Accounting) -> bytes | None:
     return png_bytes(figure)
 
 
-def busy_plot(run: RunFiles, acc: Accounting) -> bytes | None:
-    """Busy time per host over the straggler watch's windows (``busy.jsonl``): the
-    ``BUSY_HOSTS`` hosts with the highest mean over the run, each a line, over the median host
-    and a band from the hosts' 25th to 75th percentile."""
-    if not run.busy:
-        return None
-    import numpy as np  # matplotlib's own dependency: there whenever a figure is drawn
+@dataclass(frozen=True, slots=True)
+class SlowRank:
+    """A rank on a host that some windows of ``busy.jsonl`` name among their slowest: the
+    (window's step, the rank's mean busy time a step) of each, by step."""
 
-    steps = [window.step for window in run.busy]
-    scale = axis_scale([row.mean_s for window in run.busy for row in window.hosts])
-    by_host: dict[str, dict[int, float]] = {}
-    for window in run.busy:
-        for row in window.hosts:
-            by_host.setdefault(row.host, {})[window.step] = row.mean_s
-    # Per window: its hosts may differ (a host replaced between attempts).
-    quartiles = [
-        np.percentile(scale.drawn(h.mean_s for h in w.hosts), [25, 50, 75]) for w in run.busy
-    ]
-    low, median, high = zip(*quartiles, strict=True)
+    host: str
+    rank: int
+    points: list[tuple[int, float]]
+
+    @property
+    def label(self) -> str:
+        windows = f"{len(self.points):,} window{'s' if len(self.points) != 1 else ''}"
+        return f"{plain_label(self.host)} rank {self.rank} ({windows})"
+
+
+def busy_windows(run: RunFiles) -> list[BusyLine]:
+    """``busy.jsonl``'s windows by step, each step's last (a window run again after a failure
+    replaces the lost one, as a recomputed step does)."""
+    return sorted({window.step: window for window in run.busy}.values(), key=lambda w: w.step)
+
+
+def slowest_ranks(windows: list[BusyLine]) -> list[SlowRank]:
+    """Every (host, rank) the windows name among their slowest, the most often named first
+    (then the slowest at its worst): a host replaced between attempts is another machine."""
+    points: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    for window in windows:
+        for row in window.slowest:
+            points.setdefault((row.host, row.rank), []).append((window.step, row.mean_s))
+    ranks = [SlowRank(host, rank, found) for (host, rank), found in points.items()]
+    return sorted(ranks, key=lambda r: (-len(r.points), -max(s for _, s in r.points), r.rank))
+
+
+def busy_figure(run: RunFiles) -> Figure | None:
+    """Busy time over the straggler watch's windows (``busy.jsonl``): over ranks, a light band
+    from the least to the most, a darker one from the 25th to the 75th percentile, the median
+    as a line; the ``BUSY_RANKS`` ranks named slowest most often as points of their own colour,
+    the other ranks a window named as grey dots. Each series is decimated (``figures.extremes``,
+    ``figures.envelope``): at 5,000 windows and 127,488 ranks the figure holds a few thousand
+    points a series, and a rank named in a few windows is those few points."""
+    windows = busy_windows(run)
+    if not windows:
+        return None
+    steps = [window.step for window in windows]
+    scale = axis_scale([value for window in windows for value in window.quantiles])
+    low, p25, median, p75, high = (
+        scale.drawn(column) for column in zip(*(w.quantiles for w in windows), strict=True)
+    )
     figure, axes = report_figure()
-    axes.fill_between(steps, low, high, color="#c7c7c7", alpha=0.6, label="hosts' middle half")
-    axes.plot(steps, median, color="#333333", linestyle="--", linewidth=1, label="median host")
-    slowest = sorted(by_host, key=lambda h: -mean(list(by_host[h].values())))
-    for name in slowest[:BUSY_HOSTS]:
-        windows, busy = zip(*sorted(by_host[name].items()), strict=True)
-        axes.plot(windows, scale.drawn(busy), marker="o", markersize=3, label=plain_label(name))
+    axes.fill_between(*envelope(steps, low, high), color="#d9d9d9", alpha=0.7, linewidth=0,
+                      label="ranks: least to most")  # fmt: skip
+    axes.fill_between(*envelope(steps, p25, p75), color="#969696", alpha=0.7, linewidth=0,
+                      label="ranks: middle half")  # fmt: skip
+    axes.plot(*extremes(steps, median), color="#333333", linewidth=1, label="median rank")
+    ranks = slowest_ranks(windows)
+    others = sorted(point for rank in ranks[BUSY_RANKS:] for point in rank.points)
+    if others:
+        xs, ys = extremes([s for s, _ in others], scale.drawn(m for _, m in others))
+        axes.scatter(xs, ys, s=3, color="#7f7f7f", linewidths=0,
+                     label=f"other ranks among a window's {SLOWEST} slowest")  # fmt: skip
+    for rank in ranks[:BUSY_RANKS]:
+        xs, ys = extremes([s for s, _ in rank.points], scale.drawn(m for _, m in rank.points))
+        axes.scatter(xs, ys, s=9, zorder=3, label=rank.label)
     axes.set_xlabel("step (end of each window)")
     axes.set_ylabel(scale.label("busy time a step (s)"))
     axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return png_bytes(figure)
+    return figure
+
+
+def busy_plot(run: RunFiles, acc: Accounting) -> bytes | None:
+    figure = busy_figure(run)
+    return None if figure is None else png_bytes(figure)
 
 
 def timeline_plot(run: RunFiles, acc: Accounting) -> bytes | None:
@@ -413,10 +462,12 @@ PLOTS = (
     ),
     Plot(
         "busy",
-        "Busy time per host",
-        "Each host's mean busy time a step (the step's time less its waits for the other "
-        "ranks) over each straggler-watch window: the slowest hosts as lines, the others' "
-        "median dashed in a band from their 25th to 75th percentile.",
+        "Busy time per rank",
+        "Each rank's mean busy time a step (the step's time less its waits for the other "
+        "ranks) over each straggler-watch window: the ranks' median in a band from their 25th "
+        "to 75th percentile, within a lighter one from the least to the most; dots: the "
+        f"ranks a window names among its {SLOWEST} slowest, the {BUSY_RANKS} named most often "
+        "in colour with their host and how many windows named them.",
         busy_plot,
     ),
     Plot(
@@ -444,7 +495,7 @@ def report_figure(height_in: float = HEIGHT_IN) -> tuple[Figure, Axes]:
 
 
 def _series(steps: list[Step], key: str) -> tuple[list[int], list[float]]:
-    points = [(step.step, step.values[key]) for step in steps if key in step.values]
+    points = [(step.step, value) for step in steps if (value := step.values.get(key)) is not None]
     return [s for s, _ in points], [v for _, v in points]
 
 
@@ -457,7 +508,7 @@ def _step_series_plot(run: RunFiles, key: str, label: str, colour: str) -> bytes
         return None
     scale = axis_scale(values, log_span=LOG_SPAN)
     figure, axes = report_figure()
-    axes.plot(steps, scale.drawn(values), color=colour, linewidth=1)
+    axes.plot(*extremes(steps, scale.drawn(values)), color=colour, linewidth=1)
     if scale.log:
         axes.set_yscale("log")
     axes.set_xlabel("step")

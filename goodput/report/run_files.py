@@ -9,9 +9,10 @@ every ``goodput launch --run-dir`` attempt, across the jobs of a chain), ``run.j
 complete checkpoints (``rundir.list_checkpoints``), the ``done`` marker, the blend's mixture
 report (``blend.json`` of the blend ``run.json`` names, when it is still there) and each data-mix
 stage's (``run.json``'s own record of them, ``runfiles.read_stage_mixtures``),
-``lr_find.json`` and ``busy.jsonl`` (busy time per host, a line per straggler-watch window,
-read by its schema's reader ``runfiles.read_busy``). Missing files are fine (a run that never
-launched, a run not yet evaluated); a file that is there must be a regular file and parse.
+``lr_find.json`` and ``busy.jsonl`` (busy time over ranks and the slowest ranks, a line per
+straggler-watch window, read by its schema's reader ``runfiles.read_busy``). Missing files are
+fine (a run that never launched, a run not yet evaluated); a file that is there must be a
+regular file and parse.
 ``metrics.jsonl`` and ``evals.jsonl`` are read by their schema's reader (``runfiles.read_steps``,
 ``runfiles.read_evals``: strict and bounded, one ``GoodputError`` naming ``FILE:LINE``, a torn
 last line left out); a step line must have ``step``, ``step_time_s`` and ``time``, and a part of
@@ -116,12 +117,15 @@ def _steps(path: Path) -> list[Step]:
 
 
 def _step(line: runfiles.StepLine) -> Step:
-    step_time = line.number("step_time_s", 0.0)
-    tokens_per_s = line.number("tokens_per_s", 0.0)
-    parts = {key: line.number(key, 0.0) for key in STEP_TIMES}
+    # The keys read here are of finite kinds (runfiles.STEP_KEYS): a number of the line is one
+    # of ``values``, or null or absent (0).
+    values = line.numbers()
+    step_time = values.get("step_time_s", 0.0)
+    tokens_per_s = values.get("tokens_per_s", 0.0)
+    parts = {key: values.get(key, 0.0) for key in STEP_TIMES}
     return Step(
         step=line.step,
-        time=line.number("time", 0.0),
+        time=values.get("time", 0.0),
         step_time_s=step_time,
         tokens=round(min(tokens_per_s * step_time, MAX_TOKENS)),  # inf: 1e300 x 1e300
         tokens_seen=line.raw.get(TOKENS),  # its kind: runfiles.COUNT, an int
@@ -133,7 +137,7 @@ def _step(line: runfiles.StepLine) -> Step:
         eval_time_s=parts["eval_time_s"],
         resumed_from=line.raw.get("resumed_from"),  # its kind: one of runfiles.RESUMED_FROM
         resumed_step=line.raw.get("resumed_step"),
-        values=line.numbers(),
+        values=values,
         line=line.line,
     )
 

@@ -6,7 +6,7 @@ lines as the trainer writes them, at exactly the times it says."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +42,8 @@ class Attempt:
     evidence: tuple[Evidence, ...] = ()
     replaced: dict[str, str] = field(default_factory=dict)
     host: str = "nid0001"
+    # Every host in rank order (the replaced ones among them); (): ``host`` and those replaced.
+    hosts: tuple[str, ...] = ()
 
     def step_ends(self) -> list[float]:
         """Each step record's ``time``: as the trainer writes it, after the step's eval."""
@@ -57,9 +59,15 @@ class Attempt:
 
 
 def write_run(
-    run_dir: Path, attempts: Sequence[Attempt], *, checkpoints: Sequence[int] = (), done: bool
+    run_dir: Path,
+    attempts: Sequence[Attempt],
+    *,
+    checkpoints: Sequence[int] = (),
+    done: bool,
+    measured: Callable[[int], Mapping[str, object]] | None = None,
 ) -> None:
-    """``run_dir`` as a run of ``attempts`` leaves it (see the module docstring)."""
+    """``run_dir`` as a run of ``attempts`` leaves it (see the module docstring); ``measured``
+    gives a step's further keys (``runfiles.MEASURED``), appended to its line."""
     run_dir.mkdir(parents=True, exist_ok=True)
     lines = []
     for attempt in attempts:
@@ -88,6 +96,8 @@ def write_run(
                 record["snapshot_stall_s"] = attempt.snapshot_stalls[step]
             if step in attempt.evals:
                 record["eval_time_s"] = attempt.evals[step]
+            if measured is not None:
+                record.update(measured(step))
             lines.append(json.dumps(record) + "\n")
         append_record(run_dir / rundir.ATTEMPTS, _record(attempt, ends))
     (run_dir / rundir.METRICS).write_text("".join(lines))
@@ -115,7 +125,7 @@ def _record(attempt: Attempt, ends: list[float]) -> AttemptRecord:
         first_step=steps[0] if steps else None,
         last_step=steps[-1] if steps else None,
         steps_gained=len(steps),
-        hosts=(attempt.host, *attempt.replaced),
+        hosts=attempt.hosts or (attempt.host, *attempt.replaced),
         evidence=attempt.evidence,
         replaced=dict(attempt.replaced),
         spares_left=(),

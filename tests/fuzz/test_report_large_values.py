@@ -83,11 +83,14 @@ def eval_lines(draw: st.DrawFn) -> list[dict]:
 def busy_lines(draw: st.DrawFn) -> list[dict]:
     windows = []
     for step in range(1, draw(st.integers(0, 3)) + 1):
-        hosts = []
-        for host in range(draw(st.integers(1, 3))):
-            low, mean, high = sorted(draw(st.lists(magnitudes, min_size=3, max_size=3)))
-            hosts.append([f"nid{host}", mean, low, high])
-        windows.append({"step": step, "steps": 1, "hosts": hosts})
+        quantiles = sorted(draw(st.lists(magnitudes, min_size=5, max_size=5)))
+        means = sorted(draw(st.lists(st.sampled_from(quantiles), min_size=0, max_size=2)))
+        slowest = [
+            [rank, f"nid{rank}", mean] for rank, mean in enumerate([quantiles[-1], *means[::-1]])
+        ]
+        windows.append(
+            {"step": step, "steps": 1, "ranks": 3, "quantiles": quantiles, "slowest": slowest}
+        )
     return windows
 
 

@@ -202,12 +202,12 @@ class StragglerWatch:
 
     def _write_busy(self, step: int, bins: list[int], window: Window) -> None:
         least, most = window.least_us, window.slowest[0][0]
-        middle = [min(most, max(least, quantile(bins, q))) for q in (0.25, 0.5, 0.75)]
+        p25, median, p75 = (min(most, max(least, quantile(bins, q))) for q in (0.25, 0.5, 0.75))
         line = BusyLine(
             step=step,
             steps=self.num_steps,
             ranks=self.wire.world_size,
-            quantiles=(least / 1e6, *(us / 1e6 for us in middle), most / 1e6),
+            quantiles=(least / 1e6, p25 / 1e6, median / 1e6, p75 / 1e6, most / 1e6),
             slowest=tuple(
                 RankBusy(rank, self.hosts[rank], us / 1e6) for us, rank in window.slowest
             ),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 import json
 import math
-import statistics
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -192,31 +192,73 @@ def test_a_damaged_eval_line_is_one_error_naming_it(tmp_path, change, what):
     assert error.value.render().startswith(f"{path}:2: ") and what in error.value.render()
 
 
-@pytest.mark.parametrize(
-    ("row", "what"),
-    [
-        (["nid1", 3.0, 1.0, 2.0], "mean_s 3 is not within min_s 1 and max_s 2"),
-        (["nid1", 0.5, 1.0, 2.0], "mean_s 0.5 is not within min_s 1 and max_s 2"),
-        (["nid1", 1e308, 0.0, 0.0], "mean_s 1e+308 is not within min_s 0 and max_s 0"),
-    ],
-)
-def test_a_busy_row_whose_mean_lies_outside_its_min_and_max_is_refused(tmp_path, row, what):
-    good = {"step": 10, "steps": 10, "hosts": [["nid0", 1.0, 1.0, 1.0]]}
+GOOD_BUSY = {
+    "step": 40,
+    "steps": 20,
+    "ranks": 24,
+    "quantiles": [0.1, 0.12, 0.13, 0.14, 0.3],
+    "slowest": [[7, "nid0001", 0.3], [19, "nid0002", 0.2], [3, "nid0000", 0.2]],
+}
+
+
+def test_a_busy_line_reads_back_as_written(tmp_path):
     path = tmp_path / rundir.BUSY
-    path.write_text(json.dumps(good) + "\n" + json.dumps(good | {"hosts": [row]}) + "\n")
+    path.write_text(runfiles.json_line(GOOD_BUSY, where=path))
+    (line,) = runfiles.read_busy(path)
+    assert line == runfiles.BusyLine(
+        step=40, steps=20, ranks=24, quantiles=(0.1, 0.12, 0.13, 0.14, 0.3),
+        slowest=(runfiles.RankBusy(7, "nid0001", 0.3), runfiles.RankBusy(19, "nid0002", 0.2),
+                 runfiles.RankBusy(3, "nid0000", 0.2)),
+    )  # fmt: skip
+    assert line.as_json() == GOOD_BUSY
+
+
+@pytest.mark.parametrize(
+    ("change", "what"),
+    [
+        ({"ranks": 0}, "'ranks' is 0, not a whole number >= 1"),
+        ({"quantiles": [0.1, 0.12, 0.13, 0.3]}, "'quantiles' is not [min, p25, median, p75, max]"),
+        ({"quantiles": [0.1, 0.14, 0.13, 0.14, 0.3]}, "nondecreasing"),
+        ({"quantiles": [-0.1, 0.12, 0.13, 0.14, 0.3]}, "finite seconds >= 0"),
+        ({"quantiles": [0.1, 0.12, 0.13, 0.14, 1e309]}, "not a JSON line"),  # Infinity
+        ({"slowest": []}, "'slowest' does not name 1 to 8 ranks"),
+        ({"slowest": [[i, "nid0", 0.3] for i in range(9)]}, "does not name 1 to 8 ranks"),
+        ({"ranks": 2}, "'slowest' does not name 1 to 2 ranks"),
+        ({"slowest": [[24, "nid0", 0.3]]}, "slowest[0]: is not [rank, host, mean_s]: a rank below"),
+        ({"slowest": [[1, "", 0.3]]}, "slowest[0]: is not [rank, host, mean_s]"),
+        ({"slowest": [[1, "nid0", 0.3], [2, "nid0", 0.05]]}, "mean_s 0.05 is not within the"),
+        ({"slowest": [[1, "nid0", 0.3], [2, "nid0", 0.31]]}, "mean_s 0.31 is not within"),
+        ({"slowest": [[1, "nid0", 0.3], [1, "nid1", 0.2]]}, "'slowest' names a rank twice"),
+        ({"slowest": [[1, "nid0", 0.3], [2, "nid0", 0.2], [3, "nid0", 0.25]]}, "not slowest first"),
+        ({"slowest": [[1, "nid0", 0.2]]}, "slowest[0]'s mean_s 0.2 is not the max 0.3"),
+        ({"extra": 1}, "has keys other than step, steps, ranks, quantiles, slowest"),
+    ],
+)  # fmt: skip
+def test_a_damaged_busy_line_is_one_error_naming_it(tmp_path, change, what):
+    path = tmp_path / rundir.BUSY
+    text = json.dumps(GOOD_BUSY) + "\n" + json.dumps(GOOD_BUSY | change) + "\n"
+    path.write_text(text.replace("1e+309", "Infinity"))
     with pytest.raises(GoodputError) as error:
         list(runfiles.read_busy(path))
     rendered = error.value.render()
-    assert rendered.startswith(f"{path}:2: hosts[0]: ") and what in rendered
+    assert rendered.startswith(f"{path}:2: ") and what in rendered
+    assert "\n" not in rendered
 
 
-def test_a_busy_mean_rounded_past_equal_ranks_reads():
-    """The writer's mean (statistics.fmean) of equal values may round an ulp past them."""
-    ranks = [59.65185006951008] * 5
-    mean = statistics.fmean(ranks)
-    assert mean < min(ranks)  # the rounding the reader allows
-    line = runfiles.BusyLine(step=5, steps=5, hosts=(runfiles.HostBusy("nid0", mean, *ranks[:2]),))
-    assert runfiles.parse_busy(line.as_json(), "busy.jsonl:1") == line
+def test_an_older_goodputs_busy_line_names_its_line_and_how_to_keep_the_newer_ones(tmp_path):
+    """A run upgraded mid-way holds both shapes: the old one (a row per host) has no ranks to
+    name, so it is refused, with the command that keeps the new lines."""
+    path = tmp_path / rundir.BUSY
+    old = {"step": 20, "steps": 20, "hosts": [["nid0000", 0.13, 0.12, 0.14]]}
+    path.write_text(json.dumps(old) + "\n" + json.dumps(GOOD_BUSY) + "\n")
+    with pytest.raises(GoodputError) as error:
+        list(runfiles.read_busy(path))
+    rendered = error.value.render()
+    assert rendered.startswith(f"{path}:1: is a busy line of an older goodput, a row per host; ")
+    # The fix, run as it says in the run directory, leaves a file that reads.
+    command = rendered.partition("in the run directory, ")[2]
+    subprocess.run(["sh", "-c", command], cwd=tmp_path, check=True)
+    assert [line.step for line in runfiles.read_busy(path)] == [40]
 
 
 def test_no_module_but_runfiles_parses_a_run_file():

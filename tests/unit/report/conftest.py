@@ -1,8 +1,8 @@
 """A synthetic run directory with every input the report draws: two attempts of one job (the
 first lost to a bad node with a hostile evidence line, so steps 11-15 are recomputed), two
 complete checkpoints, held-out and multiple-choice evals, an LR-finder curve written as
-``goodput diagnose lr-find`` writes it, and busy time per host over ten hosts (one of them slow,
-one named in markup and math) as the straggler watch writes it. The blend's mixture report is
+``goodput diagnose lr-find`` writes it, and busy time over ten hosts of two ranks (one rank slow,
+a host named in markup and math) as the straggler watch writes it. The blend's mixture report is
 added to the read files (a real blend manifest is the data tests' business)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from goodput.io import write_json
 from goodput.launch.history import Evidence
 from goodput.report.accounting import Accounting, account
 from goodput.report.run_files import RunFiles, read_run
-from goodput.runfiles import BusyLine, CorpusShare, HostBusy, StageMixture, json_line
+from goodput.runfiles import BusyLine, CorpusShare, RankBusy, StageMixture, json_line
 from goodput.testing.run_dirs import Attempt, write_run
 
 T0 = 1_700_000_000.0
@@ -94,17 +94,30 @@ def build_run(run_dir: Path) -> None:
 
 
 BUSY_HOSTS = [f"nid{n:04d}" for n in range(9)] + [MATH_TASK + HOSTILE]
+RANKS_PER_HOST = 2
 
 
 def write_busy(run_dir: Path) -> None:
-    """Windows of 5 steps; nid0003 is busy 1.6x the others from step 10 on."""
+    """Windows of 5 steps over ten hosts of two ranks: rank 7 (on nid0003) lags from step 10
+    on, and rank 19 (on the host named in markup and math) in the last two windows."""
+    ranks = len(BUSY_HOSTS) * RANKS_PER_HOST
     with (run_dir / rundir.BUSY).open("w") as file:
         for step in range(5, 21, 5):
-            rows = []
-            for index, host in enumerate(BUSY_HOSTS):
-                mean = 0.1 + 0.002 * index + (0.06 if host == "nid0003" and step >= 10 else 0)
-                rows.append(HostBusy(host, mean, mean - 0.01, mean + 0.01))
-            line = BusyLine(step=step, steps=5, hosts=tuple(rows))
+            means = {rank: 0.1 + 0.002 * rank for rank in range(ranks)}
+            if step >= 10:
+                means[7] += 0.06
+            if step in (15, 20):
+                means[ranks - 1] += 0.03
+            named = sorted(means, key=lambda rank: -means[rank])[:5]
+            values = sorted(means.values())
+            line = BusyLine(
+                step=step, steps=5, ranks=ranks,
+                quantiles=(values[0], values[5], values[10], values[15], values[-1]),
+                slowest=tuple(
+                    RankBusy(rank, BUSY_HOSTS[rank // RANKS_PER_HOST], means[rank])
+                    for rank in named
+                ),
+            )  # fmt: skip
             file.write(json_line(line.as_json(), where=file.name))
 
 

@@ -31,8 +31,12 @@ def huge_run(run_dir, loss):
         for step in range(1, STEPS + 1)
     ]  # fmt: skip
     (run_dir / rundir.METRICS).write_text("".join(json.dumps(line) + "\n" for line in lines))
-    hosts = [["nid0", big / 2, 1e300, big], ["nid1", big, big, big], ["nid2", 5e-324, 0.0, 1e-300]]
-    busy = [{"step": step, "steps": 10, "hosts": hosts} for step in range(10, STEPS + 1, 10)]
+    slowest = [[1, "nid1", big], [0, "nid0", big / 2], [2, "nid2", 5e-324]]
+    busy = [
+        {"step": step, "steps": 10, "ranks": 3, "quantiles": [0.0, 5e-324, 1e300, big, big],
+         "slowest": slowest}
+        for step in range(10, STEPS + 1, 10)
+    ]  # fmt: skip
     (run_dir / rundir.BUSY).write_text("".join(json.dumps(line) + "\n" for line in busy))
 
 

@@ -10,11 +10,15 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
+from matplotlib.collections import PathCollection
 
+from goodput import figures
 from goodput.launch.history import AttemptClass
 from goodput.report import plots
 from goodput.report.accounting import account
 from goodput.report.run_files import RunFiles, Step
+from goodput.runfiles import SLOWEST, RankBusy
+from goodput.testing.scale_runs import ScaleRun, busy_windows
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -107,15 +111,63 @@ def test_names_from_the_run_are_drawn_as_plain_text():
     assert plots.mixture_plot(run, account(run)) is not None
 
 
-def test_busy_time_is_read_per_window_and_the_slow_host_leads(full_run):
+def test_busy_time_is_read_per_window_and_the_slow_rank_leads(full_run):
     run, _ = full_run
-    windows = [(window.step, len(window.hosts)) for window in run.busy]
-    assert windows == [(5, 10), (10, 10), (15, 10), (20, 10)]
-    slow = next(host for host in run.busy[-1].hosts if host.host == "nid0003")
-    assert slow.mean_s == max(host.mean_s for host in run.busy[-1].hosts)
-    # Fewer hosts in a later window (one replaced) still draws.
-    shrunk = replace(run.busy[-1], hosts=run.busy[-1].hosts[:1])
-    assert plots.busy_plot(replace(run, busy=[*run.busy, shrunk]), account(run)) is not None
+    windows = [(window.step, window.ranks, len(window.slowest)) for window in run.busy]
+    assert windows == [(5, 20, 5), (10, 20, 5), (15, 20, 5), (20, 20, 5)]
+    assert [window.slowest[0].rank for window in run.busy] == [19, 7, 7, 7]
+    ranks = plots.slowest_ranks(plots.busy_windows(run))
+    # Named in every window, and the slowest of those that were: rank 19.
+    assert (ranks[0].rank, len(ranks[0].points)) == (19, 4)
+    assert ("nid0003", 7, 3) in [(r.host, r.rank, len(r.points)) for r in ranks]
+    # A window run again after a failure replaces the lost one, as a recomputed step does.
+    again = replace(run.busy[-1], slowest=run.busy[-1].slowest[:1])
+    kept = plots.busy_windows(replace(run, busy=[*run.busy, again]))
+    assert [window.step for window in kept] == [5, 10, 15, 20] and kept[-1] is again
+
+
+def test_the_busy_figure_names_the_ranks_named_most_often_with_their_hosts(full_run):
+    run, _ = full_run
+    figure = plots.busy_figure(run)
+    assert figure is not None
+    labels = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+    assert labels[:3] == ["ranks: least to most", "ranks: middle half", "median rank"]
+    assert "nid0003 rank 7 (3 windows)" in labels
+    # The host named in math and markup, as plain text (matplotlib would raise on the math).
+    assert (
+        plots.plain_label(r"mc $\frac$<script>alert(1)</script>") + " rank 19 (4 windows)" in labels
+    )
+    assert len(labels) <= 4 + plots.BUSY_RANKS
+
+
+def test_a_long_run_draws_a_few_thousand_points_a_series_and_a_rare_rank_as_points(tmp_path):
+    """5,000 windows over 127,488 ranks (the issue's run): every series is decimated, and a
+    rank named in three windows is three points, not a line across the run."""
+    shape = ScaleRun(steps=100_000, window=20)
+    windows = busy_windows(shape)
+    rare = RankBusy(3, "spare0001", 0.0)  # a host of no other window
+    marked = {1000, 2000, 3000}
+    for index in marked:  # the slowest window-wide's list gains a rank named nowhere else
+        window = windows[index]
+        slowest = (*window.slowest[: SLOWEST - 1], replace(rare, mean_s=window.quantiles[0]))
+        windows[index] = replace(window, slowest=slowest)
+    run = replace(bare_run(), busy=windows)
+    figure = plots.busy_figure(run)
+    assert figure is not None
+    axes = figure.axes[0]
+    assert max(len(line.get_xydata()) for line in axes.get_lines()) <= 2 * figures.MAX_BUCKETS
+    scatters = [c for c in axes.collections if isinstance(c, PathCollection)]
+    assert len(scatters) == 1 + plots.BUSY_RANKS
+    assert max(len(c.get_offsets()) for c in scatters) <= 2 * figures.MAX_BUCKETS
+    bands = [c for c in axes.collections if c not in scatters]
+    assert len(bands) == 2  # a band's outline: its two edges, each decimated
+    assert max(len(p.vertices) for c in bands for p in c.get_paths()) <= 4 * figures.MAX_BUCKETS + 3
+    named = {(r.host, r.rank): len(r.points) for r in plots.slowest_ranks(windows)}
+    assert named[("spare0001", 3)] == 3
+    top = [r.rank for r in plots.slowest_ranks(windows)[:2]]
+    assert top == [shape.steady, shape.flapping]
+    png = plots.busy_plot(run, account(run))
+    assert png is not None and png_size(png) == (800, 350)
 
 
 def test_every_attempt_class_and_badput_cause_has_a_colour():
