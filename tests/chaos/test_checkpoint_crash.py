@@ -66,9 +66,15 @@ def test_kill_9_during_the_flush_leaves_a_checkpoint_the_next_start_skips(tmp_pa
     assert f"resume: from {root / f'step-{newest_complete:08d}'}" in out
 
 
+# SIGTERM goes at step 3 and the trainer acts on it at the step it is in: the run is far from
+# its end then, and the resume trains what is left of it.
+SIGTERM_RUN_STEPS = 40
+
+
 def test_sigterm_saves_and_exits_143_then_the_run_resumes(tmp_path):
     cfg, config = write_config(tmp_path, interval_steps=100)
-    process = goodput_train(config, "train.steps=200")
+    steps = f"train.steps={SIGTERM_RUN_STEPS}"
+    process = goodput_train(config, steps)
     for line in process.stdout:
         if line.startswith("step=3 "):
             process.send_signal(signal.SIGTERM)
@@ -79,9 +85,10 @@ def test_sigterm_saves_and_exits_143_then_the_run_resumes(tmp_path):
     root = checkpoints_dir(cfg.train.run_dir)
     assert [(c.step, c.complete) for c in list_checkpoints(root)] == [(stopped_at, True)]
 
-    resumed = goodput_train(config, "train.steps=200")
+    resumed = goodput_train(config, steps)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
-    steps = [int(line.split()[0][5:]) for line in out.splitlines() if line.startswith("step=")]
-    assert steps == list(range(stopped_at + 1, 201))
-    assert Path(cfg.train.run_dir, "metrics.jsonl").read_text().count("\n") == 200
+    ran = [int(line.split()[0][5:]) for line in out.splitlines() if line.startswith("step=")]
+    assert ran == list(range(stopped_at + 1, SIGTERM_RUN_STEPS + 1))
+    metrics = Path(cfg.train.run_dir, "metrics.jsonl").read_text()
+    assert metrics.count("\n") == SIGTERM_RUN_STEPS
