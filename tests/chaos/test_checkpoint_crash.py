@@ -31,8 +31,10 @@ def goodput_train(config, *overrides):
     )
 
 
-# Wide enough that writing one checkpoint (~200 MB with AdamW state) takes a visible while.
-BIG = ["model.dim=512", "model.num_layers=4", "model.ffn_dim=2048", "train.steps=40"]
+# Wide enough that writing one checkpoint (~200 MB with AdamW state) takes a visible while; a
+# save every step from step 1, so the kill lands in a flush within the first few steps, and the
+# resume trains the rest (each step of this model costs a tenth of a second or more).
+BIG = ["model.dim=512", "model.num_layers=4", "model.ffn_dim=2048", "train.steps=12"]
 
 
 def test_kill_9_during_the_flush_leaves_a_checkpoint_the_next_start_skips(tmp_path):
