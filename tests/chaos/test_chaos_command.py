@@ -23,7 +23,10 @@ from goodput.testing.tiny import tiny_run_config
 
 ENDS_ATTEMPT = {"kill", "ckpt-kill", "hang"}
 # A stopped rank is past SIGTERM's reach: a short grace keeps each hang from costing 10 s more.
-LAUNCH_OPTIONS = ["--", "--grace", "1"]
+# Steps print every few hundredths of a second: a 3 s watchdog finds the hang, where the one
+# chaos derives would wait at least 10 s (that one is checked on the walkthrough's campaign,
+# tests/e2e/test_demo_pipeline.py); start-up, silent for seconds, gets its own bound.
+LAUNCH_OPTIONS = ["--", "--grace", "1", "--timeout", "3", "--startup-timeout", "30"]
 
 
 def write_config(tmp_path: Path, steps: int) -> Path:

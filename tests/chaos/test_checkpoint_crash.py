@@ -31,8 +31,10 @@ def goodput_train(config, *overrides):
     )
 
 
-# Wide enough that writing one checkpoint (~200 MB with AdamW state) takes a visible while.
-BIG = ["model.dim=512", "model.num_layers=4", "model.ffn_dim=2048", "train.steps=40"]
+# Wide enough that writing one checkpoint (~200 MB with AdamW state) takes a visible while; a
+# save every step from step 1, so the kill lands in a flush within the first few steps, and the
+# resume trains the rest (each step of this model costs a tenth of a second or more).
+BIG = ["model.dim=512", "model.num_layers=4", "model.ffn_dim=2048", "train.steps=12"]
 
 
 def test_kill_9_during_the_flush_leaves_a_checkpoint_the_next_start_skips(tmp_path):
@@ -66,9 +68,15 @@ def test_kill_9_during_the_flush_leaves_a_checkpoint_the_next_start_skips(tmp_pa
     assert f"resume: from {root / f'step-{newest_complete:08d}'}" in out
 
 
+# SIGTERM goes at step 3 and the trainer acts on it at the step it is in: the run is far from
+# its end then, and the resume trains what is left of it.
+SIGTERM_RUN_STEPS = 40
+
+
 def test_sigterm_saves_and_exits_143_then_the_run_resumes(tmp_path):
     cfg, config = write_config(tmp_path, interval_steps=100)
-    process = goodput_train(config, "train.steps=200")
+    steps = f"train.steps={SIGTERM_RUN_STEPS}"
+    process = goodput_train(config, steps)
     for line in process.stdout:
         if line.startswith("step=3 "):
             process.send_signal(signal.SIGTERM)
@@ -79,9 +87,10 @@ def test_sigterm_saves_and_exits_143_then_the_run_resumes(tmp_path):
     root = checkpoints_dir(cfg.train.run_dir)
     assert [(c.step, c.complete) for c in list_checkpoints(root)] == [(stopped_at, True)]
 
-    resumed = goodput_train(config, "train.steps=200")
+    resumed = goodput_train(config, steps)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
-    steps = [int(line.split()[0][5:]) for line in out.splitlines() if line.startswith("step=")]
-    assert steps == list(range(stopped_at + 1, 201))
-    assert Path(cfg.train.run_dir, "metrics.jsonl").read_text().count("\n") == 200
+    ran = [int(line.split()[0][5:]) for line in out.splitlines() if line.startswith("step=")]
+    assert ran == list(range(stopped_at + 1, SIGTERM_RUN_STEPS + 1))
+    metrics = Path(cfg.train.run_dir, "metrics.jsonl").read_text()
+    assert metrics.count("\n") == SIGTERM_RUN_STEPS

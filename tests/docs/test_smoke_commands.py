@@ -26,7 +26,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from goodput.demo import build_shards
 from goodput.testing.doc_commands import command_lines
 from goodput.testing.jobs import REPO, outside_any_job
 from goodput.train.device import device_name
@@ -42,12 +41,12 @@ def section_lines(title: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
+def folder(tmp_path_factory, demo_data):
     """A fresh folder with the shipped configs and the demo's data where the demo config
     reads it (``demo/file_list.txt``, ``demo/cache``)."""
     folder = tmp_path_factory.mktemp("smoke-docs")
     shutil.copytree(REPO / "configs", folder / "configs")
-    build_shards(folder / "demo")
+    shutil.copytree(demo_data, folder / "demo")
     return folder
 
 

@@ -6,26 +6,26 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from goodput.demo import build_shards
 from goodput.testing.doc_commands import command_lines
 from goodput.testing.jobs import REPO, outside_any_job
 
 SECTION = re.compile(r"^## Stages\n(.*?)(?=^## )", re.S | re.M)
 
 
-@pytest.mark.timeout(600)  # demo data ~30 s on 2 cores, the blend a second
-def test_the_stages_example_runs_as_written(tmp_path):
+@pytest.mark.timeout(600)  # demo data ~30 s on 2 cores when no other test built it, the blend 1 s
+def test_the_stages_example_runs_as_written(tmp_path, demo_data):
     match = SECTION.search((REPO / "docs" / "data.md").read_text())
     assert match is not None
     lines = command_lines(match[1], ("sh",))
     assert [line.split()[:3] for line in lines][-1] == ["goodput", "data", "blend"]
-    build_shards(tmp_path / "demo")
+    shutil.copytree(demo_data, tmp_path / "demo")
     bin_dir = str(Path(sys.executable).parent)
     env = outside_any_job(PATH=f"{bin_dir}:{outside_any_job()['PATH']}")
     for line in lines:

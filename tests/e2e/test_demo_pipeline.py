@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from goodput.chaos.campaign import MIN_IDLE_TIMEOUT_S
 from goodput.testing.doc_commands import command_lines
 from goodput.testing.jobs import REPO, outside_any_job
 
@@ -230,7 +231,7 @@ def test_the_demo_model_trains_alike_in_each_kind_of_layout_through_goodput_laun
             f"train.run_dir={run_dir}",
             f"data.file_list={out / 'file_list.txt'}",
             f"data.cache={out / 'cache'}",
-            "checkpoint.interval_steps=1000",
+            "checkpoint.interval_steps=0",  # no save: what is compared is the curve
             *overrides,
         )
         metrics = [
@@ -277,8 +278,14 @@ def test_the_walkthroughs_failure_and_report_run_as_written(demo, tmp_path):
     assert classes[-1] == "success" and "hang" in classes and len(classes) == 3
     assert report["steps"]["done"] and report["steps"]["kept"] == 30
     assert report["steps"]["recomputed"] > 0 and report["badput_s"]["recomputed"] > 0
-    # The stopped rank, until the watchdog fired (chaos sets a short idle timeout).
+    # The stopped rank, until the watchdog fired: the idle timeout chaos derives from the
+    # straight run (no --timeout on the line), at least its floor, and said so.
     assert report["badput_s"]["hang"] > 0
+    campaign = json.loads((out / "chaos" / "report.json").read_text())
+    (hang,) = [fault for fault in campaign["faults"] if fault["kind"] == "hang"]
+    assert hang["detection_s"] >= campaign["idle_timeout_s"] >= MIN_IDLE_TIMEOUT_S
+    derived = f"idle timeout {campaign['idle_timeout_s']:.1f} s for the faulted run: "
+    assert any(note.startswith(derived) for note in campaign["notes"])
     total = report["productive_s"] + sum(report["badput_s"].values())
     assert total == pytest.approx(report["wall_s"], rel=1e-6) and 0 < report["goodput"] < 1
     page = (out / "chaos-report.html").read_bytes()

@@ -196,7 +196,10 @@ def test_a_profile_without_an_expected_count_checks_the_devices_it_finds(tmp_pat
 
 # --- a real launch that hangs, twice ------------------------------------------------------------
 
-WATCHDOG_S = "8"  # past the trainer's silent start (imports, model) on a loaded 2-core machine
+# Between steps a rank prints every few hundredths of a second: a short watchdog finds each hang
+# soon. Start-up (imports, the model) is silent for seconds on a loaded 2-core machine: a bound of
+# its own until the first step line.
+WATCHDOG = ["--timeout", "4", "--startup-timeout", "30"]
 
 
 def _stop_rank0_of_the_second_attempt(launcher: subprocess.Popen[str], heartbeat: Path) -> int:
@@ -230,7 +233,7 @@ def test_a_stalled_rank_and_a_stopped_rank_are_named_in_every_attempt(tmp_path):
     }
     (tmp_path / "faults.json").write_text(json.dumps(plan))
     launch_dir = tmp_path / "launch"
-    argv = [sys.executable, "-m", "goodput", "launch", "--nproc", "2", "--timeout", WATCHDOG_S]
+    argv = [sys.executable, "-m", "goodput", "launch", "--nproc", "2", *WATCHDOG]
     argv += ["--grace", "1", "--retries", "1", "--backoff", "0.1", "--run-dir", str(launch_dir)]
     argv += ["--", sys.executable, "-m", "goodput", "train", "run.toml"]
     env = outside_any_job(GOODPUT_FAULTS=str(tmp_path / "faults.json"))
