@@ -1,5 +1,5 @@
 """Ranks as threads of one process, for tests of what every rank computes from the step's
-``Wire`` (``train.step_vote``): ``in_lockstep(body, world_size)`` runs ``body(wire)`` once per
+``Wire`` (``train.monitor.wire``): ``in_lockstep(body, world_size)`` runs ``body(wire)`` once per
 rank, each in its own thread, and each ``reduce`` waits for every rank's, as a collective does.
 The real wire is tested on real gloo ranks beside it (tests/unit/train/test_step_vote.py); this
 one makes a world of 64 ranks cost milliseconds."""
@@ -24,7 +24,7 @@ class _Exchange:
 
 
 class ThreadWire:
-    """One rank's end of the exchange (``goodput.train.step_vote.Wire``)."""
+    """One rank's end of the exchange (a ``goodput.train.monitor.wire.Wire``)."""
 
     def __init__(self, exchange: _Exchange, rank: int, world_size: int) -> None:
         self.exchange, self.rank, self.world_size = exchange, rank, world_size
