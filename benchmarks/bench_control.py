@@ -61,6 +61,7 @@ seconds and peak resident memory, against the issue's bound (10 s and 2 GiB each
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
@@ -450,7 +451,11 @@ def groups(
         before, after = _measured(world, eager=True), _measured(world, eager=False)
         hosts = hosts_of(world)
         model = modelled_sockets(world, hosts, range(world))
-        figures[f"measured {world}"] = {"before": before, "after": after, "model": model}
+        figures[f"measured {world}"] = {
+            "before": [dataclasses.asdict(rank) for rank in before],
+            "after": [dataclasses.asdict(rank) for rank in after],
+            "model": model,
+        }
         for when in ("default", "made", "used"):
             cells = []
             for found in (before, after):

@@ -159,13 +159,17 @@ def measure_goodput(*argv: object, timeout: float = 600) -> Measured:
             [sys.executable, "-m", "goodput", *map(str, argv)],
             stdout=out, stderr=err, env=outside_any_job(),
         )  # fmt: skip
-        # Reaped here by wait4, not by Popen, for the child's own resource usage.
+        # Reaped here by wait4, not by Popen, for the child's own CPU time. Its peak memory is
+        # its VmHWM, read while it runs: wait4's ru_maxrss keeps the parent's peak at the fork
+        # (Linux carries it across exec), which in a benchmark that grew first is the parent's.
+        peak_kib = 0
         while not (ended := os.wait4(child.pid, os.WNOHANG))[0]:
             if time.perf_counter() - started > timeout:
                 child.kill()
                 os.wait4(child.pid, 0)
                 child.returncode = -9
                 raise subprocess.TimeoutExpired(child.args, timeout)
+            peak_kib = max(peak_kib, _high_water_kib(child.pid))
             time.sleep(0.01)
         _, status, usage = ended
         child.returncode = os.waitstatus_to_exitcode(status)
@@ -178,5 +182,14 @@ def measure_goodput(*argv: object, timeout: float = 600) -> Measured:
             stderr=err.read().decode(),
             wall_s=wall_s,
             cpu_s=usage.ru_utime + usage.ru_stime,
-            peak_rss_mib=usage.ru_maxrss / 1024,  # KiB on Linux
+            peak_rss_mib=peak_kib / 1024,
         )
+
+
+def _high_water_kib(pid: int) -> int:
+    """The resident high-water mark of process ``pid`` (KiB), 0 once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) for line in status.splitlines() if line[:6] == "VmHWM:"), 0)
