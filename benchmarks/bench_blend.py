@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from goodput.data.interleave import build_blend_index, greedy_blend_index, max_batch_deviation
+from goodput.testing.proc import status_kib
 from goodput.train.device import process_peak_bytes
 
 NUM_SAMPLES = 10**8
@@ -141,18 +142,7 @@ def _measure_peak(num_samples: int, num_corpora: int) -> None:
 
 
 def _resident_bytes() -> int:
-    return _proc_status_bytes("VmRSS") or process_peak_bytes()
-
-
-def _proc_status_bytes(field: str) -> int:
-    """A ``kB`` field of /proc/self/status in bytes; 0 where there is no /proc."""
-    status = Path("/proc/self/status")
-    if not status.exists():
-        return 0
-    for line in status.read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    return 1024 * status_kib("VmRSS") or process_peak_bytes()
 
 
 def _print_table(results: dict[str, Any]) -> None:

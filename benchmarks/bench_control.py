@@ -89,6 +89,7 @@ from goodput.plan.verify import fake_store, run_in_child
 from goodput.ranks import HOSTFILE_VAR
 from goodput.testing.dist import run_distributed
 from goodput.testing.jobs import peak_children, stand_in_scheduler
+from goodput.testing.proc import status_kib
 from goodput.testing.scale_runs import ScaleRun, measure_goodput, write_scale_run
 from goodput.testing.sockets import GroupSockets, group_sockets, hosts_of, open_sockets
 from goodput.train.config.parallel import ParallelConfig
@@ -415,7 +416,7 @@ def _fake_start_up(world: int, recipe: str, ranks_per_host: int) -> dict[str, An
         for group, ranks in distributed_c10d._world.pg_group_ranks.items()
         if isinstance(group, dist.ProcessGroup) and group is not dist.group.WORLD
     }
-    sockets, resident = open_sockets(), _resident_bytes()
+    sockets, resident = open_sockets(), status_kib("VmRSS")
     started = time.perf_counter()
     own = [lazy_gloo_group(), lazy_gloo_group()]  # the checkpointer's, the snapshot store's
     own_s = time.perf_counter() - started
@@ -427,15 +428,10 @@ def _fake_start_up(world: int, recipe: str, ranks_per_host: int) -> dict[str, An
         "own groups": len(own),
         "own groups s": own_s,
         "own groups sockets": open_sockets() - sockets,
-        "own groups MiB": (_resident_bytes() - resident) / 2**20,
+        "own groups MiB": (status_kib("VmRSS") - resident) / 2**10,
     }
     dist.destroy_process_group()
     return figures
-
-
-def _resident_bytes() -> int:
-    status = Path("/proc/self/status").read_text()
-    return 1024 * next(int(line.split()[1]) for line in status.splitlines() if line[:6] == "VmRSS:")
 
 
 def groups(

@@ -32,6 +32,7 @@ from pathlib import Path
 from goodput import rundir, runfiles
 from goodput.runfiles import BusyLine, RankBusy
 from goodput.testing.jobs import outside_any_job
+from goodput.testing.proc import status_kib
 from goodput.testing.run_dirs import Attempt, write_run
 
 T0 = 1_800_000_000.0
@@ -169,7 +170,7 @@ def measure_goodput(*argv: object, timeout: float = 600) -> Measured:
                 os.wait4(child.pid, 0)
                 child.returncode = -9
                 raise subprocess.TimeoutExpired(child.args, timeout)
-            peak_kib = max(peak_kib, _high_water_kib(child.pid))
+            peak_kib = max(peak_kib, status_kib("VmHWM", child.pid))
             time.sleep(0.01)
         _, status, usage = ended
         child.returncode = os.waitstatus_to_exitcode(status)
@@ -184,12 +185,3 @@ def measure_goodput(*argv: object, timeout: float = 600) -> Measured:
             cpu_s=usage.ru_utime + usage.ru_stime,
             peak_rss_mib=peak_kib / 1024,
         )
-
-
-def _high_water_kib(pid: int) -> int:
-    """The resident high-water mark of process ``pid`` (KiB), 0 once it is gone."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0
-    return next((int(line.split()[1]) for line in status.splitlines() if line[:6] == "VmHWM:"), 0)
