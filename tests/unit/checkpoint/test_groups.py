@@ -1,7 +1,7 @@
 """goodput's own process groups (``checkpoint.groups``) on real gloo ranks: the real checkpointer
 and snapshot store make theirs without connecting every pair — the same sockets at 2 and 4 ranks
-— and still save and exchange snapshots; a gloo group made afterwards connects every pair as
-before, and the environment is left as it was."""
+— and still save and exchange snapshots; a gloo group made afterwards connects its pairs when
+it is made, as before, and the environment is left as it was."""
 
 import os
 
@@ -37,5 +37,8 @@ def test_goodput_groups_connect_only_what_they_use(world_size, tmp_path):
         assert sockets.made - sockets.default == 2 + min(2, world_size - 1), rank
         assert sockets.saved and sockets.snapshot_ok, rank
         assert result["env"][0] == result["env"][1], rank
-        # torch's default for any other gloo group: every pair, and its listening socket.
-        assert result["plain"] == world_size, rank
+        # torch's default for any other gloo group still connects its pairs when it is made: a
+        # lazy one would hold its listening socket alone. Not every pair is counted: under load
+        # gloo at times holds one pair's socket for a moment after the group is made (seen on
+        # CI with 3 of 4), so an exact count would test the scheduler.
+        assert result["plain"] >= 2, rank
