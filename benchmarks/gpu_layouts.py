@@ -113,7 +113,7 @@ TINY = Shape(
     warmup_steps=1,
     corpus_tokens=100_000,
 )
-PARALLEL = ParallelConfig(precision="fp32-master", activation_checkpointing=True)
+PARALLEL = ParallelConfig(precision="fp32-master", activation_checkpointing="full")
 LAUNCH_IDLE_TIMEOUT_S = 300  # a hung layout stops here rather than eat the node's budget
 RUN_TIMEOUT_S = 480
 CPU_RANKS = 2  # --tiny with no accelerator and no --devices

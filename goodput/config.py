@@ -26,7 +26,9 @@ tables; ``None`` fields are left out, so they must default to ``None``.
 A renamed key is listed in its class's ``RENAMED`` (old name -> new name, in the same table) and
 read for one more release under its new name, with one warning line (``read_renamed``): both
 spellings set differently in one file are refused; an override of either spelling replaces the
-file's value under the other (the command line wins).
+file's value under the other (the command line wins). A value's old spelling (``true`` for
+``"full"``) is listed in its class's ``RENAMED_VALUES`` and read the same way
+(``read_renamed_values``).
 """
 
 from __future__ import annotations
@@ -174,6 +176,24 @@ def read_renamed(cls: type, table: dict[str, Any], where: str, prefix: str = "")
     return table
 
 
+def read_renamed_values(
+    cls: type, table: dict[str, Any], where: str, prefix: str = ""
+) -> dict[str, Any]:
+    """``table`` with each deprecated spelling of a value (its class's ``RENAMED_VALUES``: key ->
+    old value -> new value) as the new one, with one warning line. Matched by type as well, so
+    that ``true`` is never taken for ``1``."""
+    renamed: Mapping[str, Mapping[object, str]] = getattr(cls, "RENAMED_VALUES", {})
+    for key, values in renamed.items():
+        old = table.get(key)
+        for spelling, value in values.items():
+            if type(old) is type(spelling) and old == spelling:
+                warn_deprecated(
+                    f"{prefix}{key} = {json.dumps(old)}", f"{prefix}{key} = {json.dumps(value)}"
+                )
+                table = {**table, key: value}
+    return table
+
+
 def load_section(cls: type[T], path: str | Path, section: str, overrides: Sequence[str] = ()) -> T:
     """Build ``cls`` from one ``[section]`` of a TOML file (a component gets only its own
     part); overrides are ``key=value`` within the section."""
@@ -282,7 +302,7 @@ def type_hints(cls: type) -> dict[str, Any]:
 
 def from_table(cls: type[T], raw: dict[str, Any], where: str, prefix: str = "") -> T:
     """Build config ``cls`` from a nested dict, rejecting unknown keys and wrong types."""
-    raw = read_renamed(cls, raw, where, prefix)
+    raw = read_renamed_values(cls, read_renamed(cls, raw, where, prefix), where, prefix)
     hints = type_hints(typing.cast(type, cls))  # mypy does not see type[T] as hashable
     fields = _known_fields(cls, raw, where, prefix)
     raw = _refuse_missing(fields, hints, raw, where, prefix)

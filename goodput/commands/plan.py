@@ -319,7 +319,7 @@ def _given_layout(
         ) from None
     return Layout(
         **degrees.by_name(),
-        activation_checkpointing=cfg.activation_checkpointing,
+        activation_checkpointing=cfg.activation_checkpointing != "none",
         pp_layers_per_stage=cfg.pp_layers_per_stage,
     )
 
@@ -356,7 +356,7 @@ def _verify(
     else:
         table: dict[str, Any] = {
             **layout.by_name(),
-            "activation_checkpointing": layout.activation_checkpointing,
+            "activation_checkpointing": "full" if layout.activation_checkpointing else "none",
             "precision": work.precision,
             "sync_every_micro_batch": chosen.sync_every_micro_batch or work.sync_every_micro_batch,
         }

@@ -63,7 +63,7 @@ class Layout(Degrees):
         activation checkpointing and the layers per stage when they are set."""
         items = [f"parallel.{name}={value}" for name, value in self.by_name().items()]
         if self.activation_checkpointing:
-            items.append("parallel.activation_checkpointing=true")
+            items.append("parallel.activation_checkpointing=full")
         if self.pp_layers_per_stage is not None:
             items.append(
                 f"parallel.pp_layers_per_stage=[{','.join(map(str, self.pp_layers_per_stage))}]"
@@ -142,7 +142,7 @@ def _config(layout: Layout) -> ParallelConfig:
     degrees: dict[str, Any] = layout.by_name()  # keyword arguments of the config
     return ParallelConfig(
         **degrees,
-        activation_checkpointing=layout.activation_checkpointing,
+        activation_checkpointing="full" if layout.activation_checkpointing else "none",
         pp_layers_per_stage=layout.pp_layers_per_stage,
     )
 

@@ -14,8 +14,9 @@ nothing here imports torch).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import ClassVar, Literal
 
 from goodput.config import limits
 from goodput.errors import GoodputError
@@ -50,12 +51,31 @@ class ParallelConfig:
     pp_layers_per_stage: tuple[int, ...] | None = field(default=None, metadata=DEGREE)
     reshard_after_forward: bool = True
     precision: Literal["fp32-master", "pure-bf16", "fp32"] = "fp32-master"  # PRECISIONS' names
-    activation_checkpointing: bool = False  # recompute each block in backward
+    # What each block keeps for backward (train/parallel/activation_checkpoint.py): "none"
+    # everything; "full" its input only, recomputing the block; "op" the outputs of its matmuls
+    # and attention, recomputing the rest; "budget" what torch.compile's partitioner fits in
+    # activation_memory_budget (needs compile).
+    activation_checkpointing: Literal["none", "full", "op", "budget"] = "none"
+    # "budget": the share of a block's activations kept, the rest recomputed (0 recomputes all,
+    # as "full"; 1 none, as "none").
+    activation_memory_budget: float = field(
+        default=0.5, metadata=limits(above=0, below=1, why="0 is 'full' and 1 is 'none'")
+    )
     compile: bool = False  # torch.compile each block
+    # FP8 matmuls for the blocks' linear layers through torchao (train/parallel/float8.py):
+    # the scaling recipe; None trains without.
+    fp8: Literal["rowwise", "tensorwise"] | None = None
+    # torchao's emulation of the FP8 matmuls, for devices without them (tests, on CPU).
+    fp8_emulate: bool = False
     # FSDP: reduce-scatter gradients after every micro-batch, keeping only sharded gradients;
     # false: once per step, holding unsharded gradients across the accumulation (memory for
     # communication, bench_train).
     sync_every_micro_batch: bool = False
+
+    # Spellings of a value still read for one release (config.read_renamed_values).
+    RENAMED_VALUES: ClassVar[Mapping[str, Mapping[object, str]]] = {
+        "activation_checkpointing": {False: "none", True: "full"}
+    }
 
     def __post_init__(self) -> None:
         if self.ep > 1 and self.data_parallel == "replicate":
@@ -90,6 +110,13 @@ class ParallelConfig:
                 f"precision '{self.precision}' needs data_parallel = 'fsdp'",
                 "use data_parallel = 'fsdp', or precision 'fp32' or 'pure-bf16' with 'replicate'",
             )
+        if self.activation_checkpointing == "budget" and not self.compile:
+            raise GoodputError.usage(
+                "[parallel]",
+                "activation_checkpointing = 'budget' needs compile = true (the budget is "
+                "torch.compile's partitioner's)",
+                "set compile = true, or activation_checkpointing = 'op' without compile",
+            )
         if self.data_parallel == "replicate" and (self.dp_shard or 1) > 1:
             raise GoodputError.usage(
                 "[parallel]",
@@ -119,6 +146,10 @@ class ParallelConfig:
             rules["loss_parallel"] = "tp > 1"
         if self.data_parallel == "replicate":  # FSDP's own options
             rules |= dict.fromkeys(FSDP_KEYS, "data_parallel = 'fsdp'")
+        if self.activation_checkpointing != "budget":
+            rules["activation_memory_budget"] = "activation_checkpointing = 'budget'"
+        if self.fp8 is None:
+            rules["fp8_emulate"] = "fp8 = 'rowwise' or 'tensorwise'"
         return rules
 
     def _check_pipeline(self) -> None:

@@ -292,8 +292,11 @@ class RunConfig:
             for key in DEPRECATED_TRAIN_KEYS
             if (value := getattr(self.train, key)) is not None
         }
+        renamed_values = ParallelConfig.RENAMED_VALUES
+        moved = {key: renamed_values.get(key, {}).get(value, value) for key, value in moved.items()}
         for key, value in moved.items():
-            if getattr(self.parallel, key) not in (value, False):  # False: the default
+            default = ParallelConfig.__dataclass_fields__[key].default
+            if getattr(self.parallel, key) not in (value, default):
                 raise GoodputError.usage(
                     "[train]",
                     f"{key} is set in both [train] and [parallel], differently",

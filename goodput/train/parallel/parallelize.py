@@ -3,9 +3,10 @@ the rules a layout must meet, are ``config/parallel.py``'s).
 
 ``parallelize(model, cfg, mesh)`` applies, in this order (each must wrap what the next one
 sees): tensor parallelism → expert parallelism → context parallelism → activation checkpointing
-(each block recomputed in backward) → ``torch.compile`` (each block, the checkpointing inside
-it) → FSDP2 ``fully_shard`` (each block, its split experts a unit of their own, then the root:
-embedding, final norm, output head — tied weights stay in one unit). The precision policy
+(what each block keeps for backward: ``activation_checkpoint``) → ``torch.compile`` (each
+block, the checkpointing inside it) → FSDP2 ``fully_shard`` (each block, its split experts a
+unit of their own, then the root: embedding, final norm, output head — tied weights stay in one
+unit). The precision policy
 comes first of all: a policy whose weights are not fp32 (pure-bf16) casts them (the buffers stay
 fp32). Pipeline parallelism
 comes before all of them: ``goodput.train.parallel.pipeline`` cuts the model into stages and
@@ -52,7 +53,6 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard
@@ -68,6 +68,7 @@ from goodput.train.config.parallel import ParallelConfig, fsdp_shards
 from goodput.train.config.precision import PRECISIONS
 from goodput.train.experts import GroupedExperts, shard_experts
 from goodput.train.model import Attention, ContextParallel, Transformer
+from goodput.train.parallel.activation_checkpoint import checkpoint_blocks
 from goodput.train.parallel.collectives import CountedAllGather, CountedReduceScatter
 from goodput.train.parallel.grad_tally import GradientTally
 from goodput.train.ring_attention import ContextLayout
@@ -109,10 +110,7 @@ def parallelize(
             if isinstance(module, Attention):
                 module.context = ContextParallel(context, mesh.cp_group)
     blocks = model.blocks
-    if cfg.activation_checkpointing:
-        for key, block in blocks.items():
-            # Checkpoints leave the wrapper out of their names: resumable either way.
-            blocks[key] = checkpoint_wrapper(block)
+    checkpoint_blocks(blocks, cfg)
     if cfg.compile:
         for block in blocks.values():
             block.compile()

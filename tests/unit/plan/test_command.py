@@ -204,7 +204,7 @@ def test_train_and_parallel_tables_fill_what_the_options_leave(capsys, tmp_path)
         *("--precision", "pure-bf16", "--activation-checkpointing"),
     )
     assert "2,048 tokens = 32 x 64 (seq_len: --seq-len); micro-batch 2; pure-bf16" in out
-    assert "parallel.activation_checkpointing=true" in out.splitlines()[-1]
+    assert "parallel.activation_checkpointing=full" in out.splitlines()[-1]
     config = tmp_path / "run.toml"
     config.write_text(MODEL_20B + "\n[parallel]\ntp = 16\n")
     code, out, _ = run(capsys, config, *MACHINE, *BATCH)
@@ -219,7 +219,7 @@ def test_layout_from_config_reports_the_configs_own_layout(capsys, tmp_path):
     config.write_text(
         MODEL_ONLY
         + "\n[train]\nseq_len = 8192\ntokens_per_step = 16777216\n"
-        + "[parallel]\npp = 16\ntp = 8\nactivation_checkpointing = true\n"
+        + '[parallel]\npp = 16\ntp = 8\nactivation_checkpointing = "full"\n'
         + f"pp_layers_per_stage = [7, {', '.join(['8'] * 14)}, 7]\n"
     )
     machine = ["--nhosts", 1024, "--ppn", 8, "--gpu-mem-gb", 80]
@@ -229,7 +229,7 @@ def test_layout_from_config_reports_the_configs_own_layout(capsys, tmp_path):
     assert chosen.startswith("chosen: config pp 16 x dp_shard 64 x tp 8 + AC: ")
     assert chosen.endswith("the config's own [parallel] (--layout-from-config)")
     assert out.splitlines()[-1].endswith(
-        "parallel.activation_checkpointing=true parallel.pp_layers_per_stage="
+        "parallel.activation_checkpointing=full parallel.pp_layers_per_stage="
         "[7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7]"
     )
     code, out, _ = run(capsys, config, *machine, "--layout-from-config", "--json")

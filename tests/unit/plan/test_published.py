@@ -128,7 +128,7 @@ def test_llama3_405b_on_1024_nodes_of_8_x_80gb():
     chosen = result.chosen.layout
     assert chosen.tp == 8 and chosen.pp > 1 and chosen.activation_checkpointing
     overrides = next(line for line in text.splitlines() if line.startswith("overrides: "))
-    assert "parallel.activation_checkpointing=true" in overrides
+    assert "parallel.activation_checkpointing=full" in overrides
     if chosen.pp_layers_per_stage is not None:
         layers = ",".join(map(str, chosen.pp_layers_per_stage))
         assert f"parallel.pp_layers_per_stage=[{layers}]" in overrides

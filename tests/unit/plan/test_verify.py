@@ -186,7 +186,7 @@ def test_a_complete_recipe_takes_the_plans_batch_and_layout(tmp_path):
         + 'run_dir = "runs/x"\nactivation_checkpointing = true\n'
         + '[optim]\nkind = "muon"\n[parallel]\ntp = 5\n'
     )
-    parallel = ParallelConfig(dp_shard=4, tp=2, activation_checkpointing=True)
+    parallel = ParallelConfig(dp_shard=4, tp=2, activation_checkpointing="full")
     cfg = run_config(path, UNEVEN, parallel, seq_len=128, micro_batch_size=1, global_batch_size=8)
     assert (cfg.train.seq_len, cfg.train.micro_batch_size) == (128, 1)
     assert cfg.train.tokens_per_step == 8 * 128 and cfg.train.steps == 5

@@ -81,12 +81,13 @@ def test_losses_equal_for_any_dp_size_and_accumulation(run_config, tmp_path):
 
 def test_activation_checkpointing_changes_nothing_but_memory(run_config, tmp_path, capsys):
     reference = train(run_config)
-    checkpointed = train(with_parallel(run_config, tmp_path / "ac", activation_checkpointing=True))
-    assert checkpointed == reference
+    for mode in ("full", "op"):  # recompute is exact: the same losses, bit for bit
+        checkpointed = with_parallel(run_config, tmp_path / mode, activation_checkpointing=mode)
+        assert train(checkpointed) == reference, mode
     # The deprecated [train] key still works, and says so.
     deprecated = with_train(run_config, activation_checkpointing=True, run_dir=str(tmp_path / "d"))
     assert "[train] activation_checkpointing is deprecated" in capsys.readouterr().err
-    assert deprecated.parallel.activation_checkpointing
+    assert deprecated.parallel.activation_checkpointing == "full"
     assert train(deprecated) == reference
 
 

@@ -219,24 +219,68 @@ def test_replicate_runs_fp32_or_pure_bf16_only():
         ParallelConfig(data_parallel="replicate")
 
 
-@pytest.mark.parametrize("key", ["activation_checkpointing", "compile"])
-def test_deprecated_train_keys_move_to_parallel_with_one_warning_line(key, capsys):
+@pytest.mark.parametrize(
+    ("key", "value", "written"),
+    [("activation_checkpointing", "full", '"full"'), ("compile", True, "true")],
+)
+def test_deprecated_train_keys_move_to_parallel_with_one_warning_line(key, value, written, capsys):
     cfg = load_config(RunConfig, CONFIGS / "tiny-cpu.toml", [f"train.{key}=true"])
-    assert getattr(cfg.parallel, key) is True and getattr(cfg.train, key) is None
+    assert getattr(cfg.parallel, key) == value and getattr(cfg.train, key) is None
     warning = capsys.readouterr().err.strip().splitlines()
     assert warning == [
         f"goodput: warning: [train] {key} is deprecated; set it in [parallel] (the [train] key "
         "is read until the next release)"
     ]
     resolved = to_toml(cfg)
-    assert f"[train]\n{key}" not in resolved and f"\n{key} = true" in resolved  # [parallel]
+    assert f"[train]\n{key}" not in resolved and f"\n{key} = {written}" in resolved  # [parallel]
     assert from_table(RunConfig, tomllib.loads(resolved), "resolved") == cfg
     assert not capsys.readouterr().err  # the resolved config warns no more
-    assert load_config(RunConfig, CONFIGS / "tiny-cpu.toml", [f"parallel.{key}=true"]) == cfg
+    assert load_config(RunConfig, CONFIGS / "tiny-cpu.toml", [f"parallel.{key}={written}"]) == cfg
     with pytest.raises(GoodputError, match=f"{key} is set in both .train. and .parallel."):
         load_config(
             RunConfig, CONFIGS / "tiny-cpu.toml", [f"train.{key}=false", f"parallel.{key}=true"]
         )
+
+
+@pytest.mark.parametrize(("old", "new"), [(True, "full"), (False, "none")])
+def test_a_boolean_activation_checkpointing_is_read_as_its_mode_with_one_line(old, new, capsys):
+    written = "true" if old else "false"
+    raw = tomllib.loads((CONFIGS / "tiny-cpu.toml").read_text())
+    raw.setdefault("parallel", {})["activation_checkpointing"] = old  # a file of before
+    from_file = from_table(RunConfig, raw, "old.toml")
+    overridden = load_config(
+        RunConfig, CONFIGS / "tiny-cpu.toml", [f"parallel.activation_checkpointing={written}"]
+    )
+    for cfg in (from_file, overridden):
+        assert cfg.parallel.activation_checkpointing == new
+    line = (
+        f"goodput: warning: parallel.activation_checkpointing = {written} is deprecated; use "
+        f'parallel.activation_checkpointing = "{new}"'
+    )
+    assert capsys.readouterr().err.splitlines() == [line, line]
+    # Only a boolean is an old spelling: 1 is neither a mode nor true.
+    with pytest.raises(GoodputError, match="activation_checkpointing"):
+        load_config(RunConfig, CONFIGS / "tiny-cpu.toml", ["parallel.activation_checkpointing=1"])
+
+
+def test_a_memory_budget_needs_its_mode_and_compile():
+    with pytest.raises(GoodputError, match="'budget' needs compile = true"):
+        ParallelConfig(activation_checkpointing="budget")
+    with pytest.raises(
+        GoodputError, match="activation_memory_budget.*activation_checkpointing = 'budget'"
+    ):
+        load_config(RunConfig, CONFIGS / "tiny-cpu.toml", ["parallel.activation_memory_budget=0.3"])
+    for budget in ("0", "1", "1.5"):
+        with pytest.raises(GoodputError, match="activation_memory_budget"):
+            load_config(
+                RunConfig,
+                CONFIGS / "tiny-cpu.toml",
+                [
+                    "parallel.activation_checkpointing=budget",
+                    "parallel.compile=true",
+                    f"parallel.activation_memory_budget={budget}",
+                ],
+            )
 
 
 def test_deprecated_train_output_is_the_run_dir_with_one_warning_line(tmp_path, capsys):
