@@ -110,6 +110,17 @@ class ParallelConfig:
                 f"precision '{self.precision}' needs data_parallel = 'fsdp'",
                 "use data_parallel = 'fsdp', or precision 'fp32' or 'pure-bf16' with 'replicate'",
             )
+        if self.activation_checkpointing == "op" and self.ep > 1:
+            # Split experts are an FSDP unit inside the block: FSDP's hooks run a different
+            # number of ops in forward and in the recompute, and torch 2.13's per-op replay
+            # fails on the first extra one (pytorch/torchtitan#3427; the fix is PyTorch's
+            # pytorch/pytorch#196862). Seen here in tests/unit/train/test_layout_invariance.py.
+            raise GoodputError.usage(
+                "[parallel]",
+                f"activation_checkpointing = 'op' with ep = {self.ep}: torch 2.13's per-op "
+                "recompute fails on FSDP's expert all-gathers inside the block (torchtitan#3427)",
+                "use activation_checkpointing = 'full' with expert parallelism",
+            )
         if self.activation_checkpointing == "budget" and not self.compile:
             raise GoodputError.usage(
                 "[parallel]",

@@ -4,7 +4,9 @@ Same seed, data and model (vocab 64, 4 layers, fp32), the real ``train()`` on 4 
 loss and gradient norm that rank 0 writes to ``metrics.jsonl`` for the first 3 steps equal those
 of a single process, for data parallelism (FSDP, HSDP), tensor parallelism (with and without
 ``loss_parallel``), pipeline parallelism under each schedule, TP x PP, and context parallelism
-(ring attention) with FSDP and with TP; with and without tied embeddings (a tied weight spans
+(ring attention) with FSDP and with TP; with activation checkpointing, whole blocks (HSDP) and
+per op (TP x PP, CP x TP, EP: what the recompute keeps is exact in each split); with and without
+tied embeddings (a tied weight spans
 the first and last pipeline stage: a special case in ``pipeline.py``). A mixture-of-experts
 model (capacity-limited, bias-balanced, with a shared expert) does the same with its experts
 split by expert parallelism, alone, with FSDP sharding the experts further, and with HSDP; its
@@ -57,15 +59,17 @@ WORLD_SIZE = 4
 
 DENSE_LAYOUTS: dict[str, dict[str, Any]] = {
     "dp_shard=4": dict(dp_shard=4),
-    "dp_replicate=2,dp_shard=2": dict(dp_replicate=2, dp_shard=2),
+    "dp_replicate=2,dp_shard=2,ac=full": dict(
+        dp_replicate=2, dp_shard=2, activation_checkpointing="full"
+    ),
     "dp_shard=2,tp=2": dict(dp_shard=2, tp=2),
     "dp_shard=2,tp=2,no_loss_parallel": dict(dp_shard=2, tp=2, loss_parallel=False),
     "pp=2,dp_shard=2,gpipe": dict(pp=2, dp_shard=2, pp_schedule="gpipe"),
     "pp=2,dp_shard=2,1f1b": dict(pp=2, dp_shard=2, pp_schedule="1f1b"),
     "pp=2,dp_shard=2,interleaved_1f1b": dict(pp=2, dp_shard=2, pp_schedule="interleaved_1f1b"),
-    "tp=2,pp=2": dict(tp=2, pp=2),
+    "tp=2,pp=2,ac=op": dict(tp=2, pp=2, activation_checkpointing="op"),
     "cp=2,dp_shard=2": dict(cp=2, dp_shard=2),
-    "cp=2,tp=2": dict(cp=2, tp=2),
+    "cp=2,tp=2,ac=op": dict(cp=2, tp=2, activation_checkpointing="op"),
     "cp=4": dict(cp=4),
 }
 MOE_LAYOUTS: dict[str, dict[str, Any]] = {

@@ -263,6 +263,12 @@ def test_a_boolean_activation_checkpointing_is_read_as_its_mode_with_one_line(ol
         load_config(RunConfig, CONFIGS / "tiny-cpu.toml", ["parallel.activation_checkpointing=1"])
 
 
+def test_per_op_checkpointing_is_refused_with_split_experts():
+    with pytest.raises(GoodputError, match="'op' with ep = 2.*torchtitan#3427"):
+        ParallelConfig(activation_checkpointing="op", ep=2)
+    assert ParallelConfig(activation_checkpointing="full", ep=2).ep == 2
+
+
 def test_a_memory_budget_needs_its_mode_and_compile():
     with pytest.raises(GoodputError, match="'budget' needs compile = true"):
         ParallelConfig(activation_checkpointing="budget")
