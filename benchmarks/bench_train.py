@@ -53,6 +53,15 @@ the page differs); ours: with it (the mmap'd file, the stack dump's signal handl
 the median of (with / without step time) within each repeat; the losses must be equal. Beside
 it, the ns per update (``Beacon.step``) and per bracket (``with collective``, two updates) of a
 file-backed beacon, the median of ``MICRO_REPEATS`` timed loops of ``MICRO_UPDATES``.
+
+Activation checkpointing (``[parallel] activation_checkpointing``): the same model, fp32,
+``CHECKPOINTING_BATCH`` samples in one micro-batch (so that activations outweigh the weights and
+the optimizer state), one rank in a fresh process per run (a process's peak resident memory
+never falls: each mode needs its own). Sides: ``"none"`` (the baseline), ``"full"``, ``"op"``,
+and compiled: ``"none"`` and ``"budget"`` at 0.5 (the partitioner's budget exists only under
+compile). ``CHECKPOINTING_REPEATS`` repeats, sides in alternating order; each side's step time
+and peak RSS (the trainer's ``peak_memory_gib``, on CPU the process's) is the median over
+repeats. The eager modes must log the same losses as ``"none"``, bit for bit.
 """
 
 from __future__ import annotations
@@ -109,6 +118,21 @@ ACCUM_RANKS = 2
 ACCUM_MICRO_BATCHES = 4  # per rank and step, one sample each
 ACCUM_REPEATS = 5
 SYNC_EVERY_MICRO_BATCH = {"last": False, "every": True}  # ours, then the baseline
+# What each block keeps for backward (``[parallel] activation_checkpointing``), each side a fresh
+# one-rank process so that its peak resident memory is its own; the compiled sides pay their
+# compile in the warm-up steps.
+CHECKPOINTING: dict[str, ParallelConfig] = {
+    "none": ParallelConfig(precision="fp32"),
+    "full": ParallelConfig(precision="fp32", activation_checkpointing="full"),
+    "op": ParallelConfig(precision="fp32", activation_checkpointing="op"),
+    "compiled none": ParallelConfig(precision="fp32", compile=True),
+    "compiled budget 0.5": ParallelConfig(
+        precision="fp32", compile=True, activation_checkpointing="budget"
+    ),
+}
+CHECKPOINTING_BATCH = 8  # samples a step, one micro-batch: activations well above the weights
+CHECKPOINTING_REPEATS = 3
+CHECKPOINTING_STEPS = 5  # WARMUP_STEPS dropped (the compiled sides' compile among them)
 BEACON_MODEL = ModelConfig(vocab_size=MODEL.vocab_size, dim=64, num_layers=2, num_heads=2)
 BEACON_STEPS = 30
 BEACON_REPEATS = 5
@@ -260,6 +284,63 @@ def _accumulation(tmp: Path, file_list: Path) -> dict[str, Any]:
     }
 
 
+def _checkpointing(tmp: Path, file_list: Path) -> dict[str, Any]:
+    """Step time and peak memory for each of ``CHECKPOINTING``'s modes (module docstring)."""
+    step_s: dict[str, list[float]] = {side: [] for side in CHECKPOINTING}
+    memory_gib: dict[str, list[float]] = {side: [] for side in CHECKPOINTING}
+    losses: dict[str, list[float]] = {}
+    runs = itertools.count()
+    sides = list(CHECKPOINTING)
+    for repeat in range(CHECKPOINTING_REPEATS):
+        for side in sides if repeat % 2 == 0 else reversed(sides):
+            output = tmp / f"checkpointing{next(runs)}"
+            output.mkdir()
+            cfg = _run_config(
+                tmp,
+                file_list,
+                CHECKPOINTING[side],
+                output,
+                batch=CHECKPOINTING_BATCH,
+                micro_batch_size=CHECKPOINTING_BATCH,
+                steps=CHECKPOINTING_STEPS,
+            )
+            run_distributed(_train_rank, 1, cfg, timeout_s=900)
+            lines = (output / rundir.METRICS).read_text().splitlines()
+            records = [json.loads(line) for line in lines]
+            step_s[side].append(_steady([r["step_time_s"] for r in records]))
+            memory_gib[side].append(records[-1]["peak_memory_gib"])
+            losses.setdefault(side, [r["loss"] for r in records])
+    eager = ("none", "full", "op")
+    return {
+        "step_seconds_each": step_s,
+        "peak_memory_gib_each": memory_gib,
+        **{f"{side}_step_s": statistics.median(step_s[side]) for side in sides},
+        **{f"{side}_peak_memory_gib": statistics.median(memory_gib[side]) for side in sides},
+        "eager_losses_equal": all(losses[side] == losses["none"] for side in eager),
+        "compiled_max_loss_difference": max(
+            abs(a - b)
+            for a, b in zip(losses["compiled none"], losses["compiled budget 0.5"], strict=True)
+        ),
+    }
+
+
+def _print_checkpointing(figures: dict[str, Any]) -> None:
+    print(
+        f"activation checkpointing: {CHECKPOINTING_BATCH} x {SEQ_LEN} tokens a step, fp32, one "
+        f"process (fresh for each run); {CHECKPOINTING_REPEATS} repeats"
+    )
+    for side in CHECKPOINTING:
+        print(
+            f"  {side:<22}: step {figures[f'{side}_step_s']:.3f} s "
+            f"({figures[f'{side}_step_s'] / figures['none_step_s']:.2f}x none)  peak RSS "
+            f"{figures[f'{side}_peak_memory_gib']:.2f} GiB"
+        )
+    print(
+        f"  eager modes' losses equal: {figures['eager_losses_equal']}; compiled budget vs "
+        f"compiled none: {figures['compiled_max_loss_difference']:.1e}"
+    )
+
+
 def _beacon_overhead(tmp: Path, file_list: Path) -> dict[str, Any]:
     """The same multi-rank run with and without beacon files (module docstring)."""
     sides = ["without", "with"]
@@ -384,6 +465,7 @@ def main() -> dict[str, Any]:
                 losses.setdefault(side, side_losses)
         accumulation = _accumulation(tmp, file_list)
         beacon_overhead = _beacon_overhead(tmp, file_list)
+        checkpointing = _checkpointing(tmp, file_list)
     peak = {side: statistics.median(peaks[side]) for side in OURS}
     peak["bare"] = peak["fp32"]
     ratios = {
@@ -407,6 +489,7 @@ def main() -> dict[str, Any]:
         ),
         "accumulation": accumulation,
         "beacon_overhead": beacon_overhead,
+        "checkpointing": checkpointing,
         "seconds": time.perf_counter() - start,
     }
     _print_summary(figures)
@@ -464,6 +547,7 @@ def _print_summary(figures: dict[str, Any]) -> None:
         f"{max(each):.2f}); losses equal to {accumulation['max_loss_difference']:.1e}"
     )
     _print_beacon(figures["beacon_overhead"])
+    _print_checkpointing(figures["checkpointing"])
     print(f"{figures['seconds']:.0f} s in all")
 
 

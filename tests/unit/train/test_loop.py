@@ -95,6 +95,15 @@ def test_compiled_blocks_train_the_same(run_config, tmp_path):
     reference = train(with_train(run_config, steps=3))
     compiled = train(with_parallel(with_train(run_config, steps=3), tmp_path / "c", compile=True))
     assert compiled == pytest.approx(reference, rel=1e-4)
+    # What the partitioner recomputes within a memory budget is as exact as what it keeps.
+    budgeted = with_parallel(
+        with_train(run_config, steps=3),
+        tmp_path / "b",
+        compile=True,
+        activation_checkpointing="budget",
+        activation_memory_budget=0.3,
+    )
+    assert train(budgeted) == pytest.approx(reference, rel=1e-4)
 
 
 def test_a_broken_init_is_flagged_at_step_one(run_config, capsys):
