@@ -64,7 +64,7 @@ VOCAB_SIZE = 64
 MODEL = replace(TINY_MODEL, vocab_size=VOCAB_SIZE, dim=64, num_kv_heads=4, ffn_dim=128)
 BF16_TOLERANCE = 0.02  # the issue's: fp8 within 2 % of the bf16 loss
 LAST_STEPS = 4
-LAYOUT_TOLERANCE = 2e-2
+LAYOUT_TOLERANCE = 3e-2  # measured spreads: the module docstring
 LAYOUTS: dict[str, dict[str, Any]] = {
     "rowwise,dp_shard=4": dict(fp8="rowwise", dp_shard=4),
     "rowwise,tp=4": dict(fp8="rowwise", tp=4),
