@@ -15,8 +15,14 @@ degree takes what tp x pp x cp leave): FSDP ``dp_shard=N``; HSDP ``dp_replicate=
 ``pp=2`` with 1F1B and with interleaved 1F1B (two stages a rank); ``tp=2,pp=2``; context
 parallelism (ring attention, the device's fused attention kernel per block) ``cp=2``, ``cp=4``,
 ``cp=2,tp=2``; and the MoE variant of the shape (each MLP 8 experts of a quarter of its ffn,
-top-2) under FSDP and expert parallelism ``ep=2``, ``ep=4``, ``ep=8``. On one device only
-``dp_shard=1`` (dense and MoE) is left.
+top-2) under FSDP and expert parallelism ``ep=2``, ``ep=4``, ``ep=8``. Throughput levers under
+FSDP: ``compile=true`` alone, then FP8 (torchao's float8 training) ``fp8=rowwise`` and
+``fp8=tensorwise`` (whose FSDP all-gathers float8 weights), each eager and with compile, and
+``fp8=rowwise`` with ``tp=2``; the compiled rows against ``compile=true`` alone are fp8's gain
+(torchtitan's published fp8 figures are compiled). On a device without FP8 matmuls (before
+compute capability 8.9) the fp8 rows fail with the trainer's one-line refusal; on CPU ranks
+(``--tiny``) they run torchao's emulation, which says nothing about speed. On one device only
+``dp_shard=1`` (dense and MoE) and the lever rows are left.
 
 Shape (``FULL``): a 1.07B-parameter Llama (vocab 32,000, dim 2,048, 20 layers, 16 heads, 8 KV
 heads, ffn 5,632: tp up to 8 divides every split), seq_len 2,048, precision ``fp32-master``
@@ -133,6 +139,8 @@ class Row:
     split: Layout = Layout()  # its dp_shard is left at 1: ``on`` resolves it
     interleaved: bool = False
     moe: bool = False  # the MoE variant of the shape's model
+    # Throughput levers, as [parallel] keys over the shared config's: (key, value) pairs.
+    levers: tuple[tuple[str, Any], ...] = ()
 
     def on(self, devices: int) -> Layout | None:
         """The layout on ``devices``, ``dp_shard`` taking what the other degrees leave; None:
@@ -154,7 +162,8 @@ class Row:
         others = {key: getattr(layout, key) for key in ("tp", "pp", "cp", "ep")}
         degrees += [f"{key}={value}" for key, value in others.items() if value > 1]
         schedule = " interleaved_1f1b" if self.interleaved else (" 1f1b" if layout.pp > 1 else "")
-        return ("moe " if self.moe else "") + ",".join(degrees) + schedule
+        levers = "".join(f" {key}={_toml(value)}" for key, value in self.levers)
+        return ("moe " if self.moe else "") + ",".join(degrees) + schedule + levers
 
     def parallel(self, devices: int) -> dict[str, Any]:
         """This layout's ``[parallel]`` keys on ``devices``, over the shared config's."""
@@ -163,7 +172,7 @@ class Row:
         values: dict[str, Any] = layout.by_name()
         if self.interleaved:
             values["pp_schedule"] = "interleaved_1f1b"
-        return values
+        return values | dict(self.levers)
 
     def model(self, shape: Shape) -> ModelConfig:
         if not self.moe:
@@ -195,6 +204,15 @@ ROWS = (
     Row(split=Layout(ep=2), moe=True),
     Row(split=Layout(ep=4), moe=True),
     Row(split=Layout(ep=8), moe=True),
+    # FP8 (torchao's float8 training): each recipe eager and compiled, against compile alone
+    # (torchtitan's fp8 figures are compiled: fp8's casts are separate kernels eagerly);
+    # tensorwise is the recipe whose FSDP all-gathers float8 weights.
+    Row(levers=(("compile", True),)),
+    Row(levers=(("fp8", "rowwise"),)),
+    Row(levers=(("fp8", "tensorwise"),)),
+    Row(levers=(("fp8", "rowwise"), ("compile", True))),
+    Row(levers=(("fp8", "tensorwise"), ("compile", True))),
+    Row(split=Layout(tp=2), levers=(("fp8", "rowwise"),)),
 )
 
 
@@ -237,12 +255,19 @@ def write_config(directory: Path, shape: Shape, devices: int, file_list: Path) -
     return path
 
 
-def command(row: Row, devices: int, config: Path, run_dir: Path, shape: Shape) -> list[str]:
+def command(
+    row: Row, devices: int, config: Path, run_dir: Path, shape: Shape, *, emulate_fp8: bool
+) -> list[str]:
+    """``emulate_fp8``: fp8 rows run torchao's emulation (CPU ranks, which have no FP8 matmuls:
+    the path runs, its speed means nothing)."""
     goodput = [sys.executable, "-m", "goodput"]
     launch = ["launch", "--nproc", str(devices), "--timeout", str(LAUNCH_IDLE_TIMEOUT_S)]
     launch += ["--log", str(run_dir / "launch.log")]
+    parallel = row.parallel(devices)
+    if emulate_fp8 and "fp8" in parallel:
+        parallel["fp8_emulate"] = True
     overrides = row.model_overrides(shape)
-    overrides += [f"parallel.{key}={value}" for key, value in row.parallel(devices).items()]
+    overrides += [f"parallel.{key}={_toml(value)}" for key, value in parallel.items()]
     train = ["train", str(config), *overrides, f"train.run_dir={run_dir}"]
     return [*goodput, *launch, "--", *goodput, *train]
 
@@ -353,7 +378,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for index, row in enumerate(rows)
     }
     commands = {
-        name: command(row, devices, work / "config.toml", run_dirs[name], shape)
+        name: command(
+            row,
+            devices,
+            work / "config.toml",
+            run_dirs[name],
+            shape,
+            # A dry run shows what a GPU node runs; a real run without one is --tiny on CPU.
+            emulate_fp8=found == 0 and not args.dry_run,
+        )
         for name, row in zip(run_dirs, rows, strict=True)
     }
     if args.dry_run:
@@ -422,6 +455,11 @@ def chosen_rows(devices: int, names: list[str] | None, shape: Shape) -> list[Row
             refuse(f"{row.name(devices)}: {error}")
             return None
     return chosen
+
+
+def _toml(value: Any) -> str:
+    """A lever's value as an override spells it (``true``, not Python's ``True``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def slug(name: str) -> str:

@@ -66,6 +66,32 @@ def device_name(device: Any) -> str:
     return _cpu_model()
 
 
+def fp8_matmuls_missing(device_type: str) -> str | None:
+    """None when this rank's current ``device_type`` device multiplies in FP8 (torch's
+    ``_scaled_mm``, which torchao's float8 training calls): NVIDIA from compute capability 8.9
+    (Ada, Hopper, Blackwell), AMD from MI300 (gfx942). Otherwise the device, named, and why not,
+    to end a sentence ("... which <this>")."""
+    import torch
+
+    if device_type != "cuda":
+        name = device_name(torch.device(device_type))
+        return f"{device_type} ({name}) lacks: torchao's float8 training runs on CUDA and ROCm only"
+    index = torch.cuda.current_device()
+    name = torch.cuda.get_device_name(index)
+    if torch.version.hip:
+        arch = torch.cuda.get_device_properties(index).gcnArchName.split(":")[0]
+        if arch in ("gfx942", "gfx950"):
+            return None
+        return f"the ROCm device {name} ({arch}) lacks: they need MI300 (gfx942) or later"
+    major, minor = torch.cuda.get_device_capability(index)
+    if (major, minor) >= (8, 9):
+        return None
+    return (
+        f"the CUDA device {name} (compute capability {major}.{minor}) lacks: they need 8.9 "
+        "(Ada, Hopper) or later"
+    )
+
+
 def peak_memory_bytes(device: Any) -> int:
     """The device's peak allocated memory; on CPU (and MPS, sharing host memory), the process's
     peak resident set, which includes the interpreter and libraries."""

@@ -70,6 +70,7 @@ from goodput.errors import GoodputError
 from goodput.train.dtensors import local_tensor
 from goodput.train.loss import labels_from_model, num_targets, token_loss_sum
 from goodput.train.model import Transformer
+from goodput.train.parallel.float8 import precompute_weight_scales
 from goodput.train.parallel.grad_tally import GradientTally
 
 if TYPE_CHECKING:
@@ -446,6 +447,7 @@ def clip_and_step(
         if freeze is not None:
             freeze.before_step()
         optimizer.step()
+        precompute_weight_scales(parts)  # fp8's next all-gathers: the new weights' scales
         if freeze is not None:
             freeze.after_step()
     optimizer.zero_grad(set_to_none=True)

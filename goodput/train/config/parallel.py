@@ -223,6 +223,8 @@ class ParallelConfig:
                 )
         if self.cp > 1:
             self._check_context(seq_len)
+        if self.fp8 is not None:
+            self._check_fp8(model)
         if self.tp > 1:
             split = {
                 "model.num_heads": model.num_heads,
@@ -253,6 +255,28 @@ class ParallelConfig:
                     "[parallel]",
                     f"{self.num_stages} pipeline stages for {model.num_layers} layers",
                     "lower pp or pp_stages_per_rank to at most model.num_layers stages",
+                )
+
+    def _check_fp8(self, model: ModelConfig) -> None:
+        """FP8 matmuls (torch's ``_scaled_mm``) need both dimensions of each converted weight
+        (train/parallel/float8.py) to be multiples of 16 on every rank: the model's width whole,
+        the heads and the feed-forward split by tp."""
+        head_dim = model.head_dim
+        dims = {"model.dim": (model.dim, 1)}
+        if model.moe is None:
+            dims["model.ffn_dim"] = (model.mlp_dim, self.tp)
+        elif model.moe.shared_expert:  # the routed experts are not converted
+            dims["model.moe.expert_ffn_dim"] = (model.moe.expert_ffn_dim, 1)
+        dims["model.num_heads x head dim"] = (model.num_heads * head_dim, self.tp)
+        dims["model.num_kv_heads x head dim"] = (model.kv_heads * head_dim, self.tp)
+        for name, (value, split) in dims.items():
+            if value % (16 * split):
+                per_rank = f" / tp {split}" if split > 1 else ""
+                raise GoodputError.usage(
+                    "[parallel]",
+                    f"fp8 = '{self.fp8}': {name} = {value}{per_rank} is not a multiple of 16, "
+                    "as FP8 matmuls need",
+                    f"make {name} a multiple of {16 * split}, or leave fp8 unset",
                 )
 
     def _check_context(self, seq_len: int) -> None:

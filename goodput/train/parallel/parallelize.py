@@ -2,7 +2,8 @@
 the rules a layout must meet, are ``config/parallel.py``'s).
 
 ``parallelize(model, cfg, mesh)`` applies, in this order (each must wrap what the next one
-sees): tensor parallelism → expert parallelism → context parallelism → activation checkpointing
+sees): FP8 (``fp8``: the blocks' linear layers become torchao's float8 linears, ``float8``) →
+tensor parallelism → expert parallelism → context parallelism → activation checkpointing
 (what each block keeps for backward: ``activation_checkpoint``) → ``torch.compile`` (each
 block, the checkpointing inside it) → FSDP2 ``fully_shard`` (each block, its split experts a
 unit of their own, then the root: embedding, final norm, output head — tied weights stay in one
@@ -66,10 +67,12 @@ from torch.distributed.tensor.parallel import (
 
 from goodput.train.config.parallel import ParallelConfig, fsdp_shards
 from goodput.train.config.precision import PRECISIONS
+from goodput.train.device import detect_device_type
 from goodput.train.experts import GroupedExperts, shard_experts
 from goodput.train.model import Attention, ContextParallel, Transformer
 from goodput.train.parallel.activation_checkpoint import checkpoint_blocks
 from goodput.train.parallel.collectives import CountedAllGather, CountedReduceScatter
+from goodput.train.parallel.float8 import convert_blocks
 from goodput.train.parallel.grad_tally import GradientTally
 from goodput.train.ring_attention import ContextLayout
 
@@ -100,6 +103,9 @@ def parallelize(
         # and an MoE layer's token counts in bf16 stop counting past 256.
         for parameter in model.parameters():
             parameter.data = parameter.data.to(weights)
+    if cfg.fp8 is not None:
+        device_type = mesh.device_mesh.device_type if mesh is not None else detect_device_type()
+        convert_blocks(model, cfg, device_type=device_type, gather_float8=_shards(cfg, mesh))
     if mesh is not None and mesh.degrees.tp > 1:
         _tensor_parallel(model, mesh.tp_mesh, loss_parallel=cfg.loss_parallel)
     if mesh is not None and mesh.degrees.ep > 1:
@@ -164,11 +170,18 @@ def _tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: 
         parallelize_module(block, tp_mesh, plan)  # type: ignore[arg-type]
 
 
+def _shards(cfg: ParallelConfig, mesh: ParallelMesh | None) -> bool:
+    """Whether ``_fully_shard`` applies FSDP to this model."""
+    if cfg.data_parallel != "fsdp":
+        return False
+    num_ranks = mesh.fsdp_mesh.size() if mesh is not None else dist.get_world_size()
+    return fsdp_shards(num_ranks, cfg.precision)
+
+
 def _fully_shard(
     model: Transformer, cfg: ParallelConfig, mesh: ParallelMesh | None, tally: GradientTally | None
 ) -> None:
-    num_ranks = mesh.fsdp_mesh.size() if mesh is not None else dist.get_world_size()
-    if not fsdp_shards(num_ranks, cfg.precision):
+    if not _shards(cfg, mesh):
         return
     precision = PRECISIONS[cfg.precision]
     policy = (
