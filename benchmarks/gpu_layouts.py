@@ -18,7 +18,9 @@ parallelism (ring attention, the device's fused attention kernel per block) ``cp
 top-2) under FSDP and expert parallelism ``ep=2``, ``ep=4``, ``ep=8``. Throughput levers under
 FSDP: ``compile=true`` alone, then FP8 (torchao's float8 training) ``fp8=rowwise`` and
 ``fp8=tensorwise`` (whose FSDP all-gathers float8 weights), each eager and with compile, and
-``fp8=rowwise`` with ``tp=2``; the compiled rows against ``compile=true`` alone are fp8's gain
+``fp8=rowwise`` with ``tp=2``; then activation checkpointing, against the shared ``"full"``:
+``"none"``, ``"op"`` eager and compiled, and ``"budget"`` (0.5, compiled). The compiled fp8
+rows against ``compile=true`` alone are fp8's gain
 (torchtitan's published fp8 figures are compiled). On a device without FP8 matmuls (before
 compute capability 8.9) the fp8 rows fail with the trainer's one-line refusal; on CPU ranks
 (``--tiny``) they run torchao's emulation, which says nothing about speed. On one device only
@@ -213,6 +215,13 @@ ROWS = (
     Row(levers=(("fp8", "rowwise"), ("compile", True))),
     Row(levers=(("fp8", "tensorwise"), ("compile", True))),
     Row(split=Layout(tp=2), levers=(("fp8", "rowwise"),)),
+    # What each block keeps for backward, against the shared config's "full": nothing
+    # recomputed (where it fits), per op (torchtitan's 8B recipe), per op compiled, and the
+    # compile partitioner's budget.
+    Row(levers=(("activation_checkpointing", "none"),)),
+    Row(levers=(("activation_checkpointing", "op"),)),
+    Row(levers=(("activation_checkpointing", "op"), ("compile", True))),
+    Row(levers=(("activation_checkpointing", "budget"), ("compile", True))),
 )
 
 
