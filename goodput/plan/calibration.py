@@ -182,7 +182,8 @@ DEVICES: dict[str, Device] = {
             fp8_tensorwise=1.434,
             compile=1.153,
             source="H200 SXM: 989 dense bf16 TFLOP/s, 141 GB HBM3e (NVIDIA H200 datasheet); "
-            + NVLINK_H100 + "; 400 Gb/s RDMA a GPU (WhiteFiber, torchtitan's H200 rows); "
+            + NVLINK_H100
+            + "; 400 Gb/s RDMA a GPU (WhiteFiber, torchtitan's H200 rows); "
             "tflops fitted on the 4-host H200 row; " + SHARED,
         ),
         Device(

@@ -192,9 +192,7 @@ class Plan:
             "use more hosts or lower the micro-batch (--micro-batch-size)"
             + (
                 ""
-                if any(
-                    c.layout and c.layout.activation_checkpointing != "none" for c in estimated
-                )
+                if any(c.layout and c.layout.activation_checkpointing != "none" for c in estimated)
                 else ", or allow activation checkpointing (--activation-checkpointing any)"
             ),
         )

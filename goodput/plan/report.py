@@ -8,8 +8,9 @@ import math
 from typing import Any
 
 from goodput.io import json_text
+from goodput.plan.cost import Rates
 from goodput.plan.ladder import RUNGS, TIE, Candidate, Plan
-from goodput.plan.layout import Layout
+from goodput.plan.layout import FP8_RECIPES, Layout
 from goodput.plan.memory import GIB, RUNTIME_FRACTION, Breakdown
 
 TABLE_ROWS = 8  # the cheapest candidates shown; --json has them all
@@ -36,9 +37,16 @@ def overrides(plan: Plan, chosen: Candidate) -> str:
     return line
 
 
-def format_text(plan: Plan, title: str, seq_from: str, chosen: Candidate | None = None) -> str:
+def format_text(
+    plan: Plan,
+    title: str,
+    seq_from: str,
+    chosen: Candidate | None = None,
+    config: Candidate | None = None,
+) -> str:
     """The plan for a terminal; ``title`` names the config, ``seq_from`` where seq_len came
-    from; ``chosen``: the layout to report (default the planner's)."""
+    from; ``chosen``: the layout to report (default the planner's); ``config``: the config's
+    own [parallel], evaluated, whose margin against the chosen layout is printed."""
     machine, work, rates = plan.machine, plan.work, plan.rates
     chosen = chosen or plan.chosen
     fitting = plan.fitting
@@ -50,6 +58,7 @@ def format_text(plan: Plan, title: str, seq_from: str, chosen: Candidate | None 
         f"{work.global_batch_samples} x {work.seq_len} (seq_len: {seq_from}); micro-batch "
         f"{work.micro_batch_size}; {work.precision}",
         f"  step cost at {rates.flops / 1e12:g} TFLOP/s per device"
+        + _speedups(rates)
         + (f" (compute {compute:.3g} s a step in every layout)" if compute else "")
         + f", {rates.intra_bytes / 1e9:g} GB/s per device within a host, "
         f"{rates.inter_bytes / 1e9:g} GB/s between hosts",
@@ -71,8 +80,37 @@ def format_text(plan: Plan, title: str, seq_from: str, chosen: Candidate | None 
     lines += _rejected_lines(plan)
     if chosen is not None and chosen.layout is not None and chosen.breakdown is not None:
         lines += _chosen_lines(plan, chosen, chosen.breakdown)
+    if config is not None and chosen is not None:
+        lines.append(_margin(config, chosen))
     lines += [f"warning: {warning}" for warning in plan.warnings]
     return "\n".join(lines)
+
+
+def _speedups(rates: Rates) -> str:
+    """The fp8 and compile speed-ups the step cost assumes, and the matmuls' size effect."""
+    fp8 = ", ".join(
+        f"fp8 {recipe} x{gain:g}"
+        for recipe in FP8_RECIPES
+        if (gain := rates.fp8(recipe)) is not None
+    )
+    size = f", matmuls at dim / (dim + {rates.gemm_half_dim:g})" if rates.gemm_half_dim else ""
+    return f" (linear layers: {fp8 or 'no fp8'}; compile x{rates.compile:g}{size})"
+
+
+def _margin(config: Candidate, chosen: Candidate) -> str:
+    """The config's own layout against the chosen one: the margin the estimate gives."""
+    assert config.layout is not None and config.cost is not None and chosen.cost is not None
+    if config.layout == chosen.layout:
+        return "the config's [parallel] is the chosen layout"
+    fit = "" if config.fits else f" (it does not fit: {config.reason})"
+    margin = config.cost.total / chosen.cost.total - 1
+    return (
+        f"the config's [parallel]: {config.layout.describe()}, {config.cost.total:.4g} s a "
+        f"step: the chosen layout is {margin:.1%} faster by the estimate{fit}"
+        if margin >= 0
+        else f"the config's [parallel]: {config.layout.describe()}, {config.cost.total:.4g} s "
+        f"a step: {-margin:.1%} faster than the chosen by the estimate{fit}"
+    )
 
 
 def to_json(
@@ -90,6 +128,8 @@ def to_json(
         record = {
             "layout": layout.by_name(),
             "activation_checkpointing": layout.activation_checkpointing,
+            "fp8": layout.fp8,
+            "compile": layout.compile,
             "pp_layers_per_stage": _layers(layout),
             "rung": chosen.rung,
             "memory_gib_per_device": _gib(chosen.breakdown.total),
@@ -107,6 +147,10 @@ def to_json(
             "tflops": plan.rates.flops / 1e12,
             "intra_gbps": plan.rates.intra_bytes / 1e9,
             "inter_gbps": plan.rates.inter_bytes / 1e9,
+            "fp8_rowwise": plan.rates.fp8_rowwise,
+            "fp8_tensorwise": plan.rates.fp8_tensorwise,
+            "compile": plan.rates.compile,
+            "gemm_half_dim": plan.rates.gemm_half_dim,
         },
         "candidates": [_candidate(candidate) for candidate in plan.candidates],
         "nearest_global_batches": [
@@ -136,7 +180,15 @@ def _shapes(fitting: list[Candidate]) -> list[Candidate]:
     for candidate in fitting:
         layout = candidate.layout
         assert layout is not None
-        shape = (layout.pp, layout.tp, layout.cp, layout.ep, layout.activation_checkpointing)
+        shape = (
+            layout.pp,
+            layout.tp,
+            layout.cp,
+            layout.ep,
+            layout.activation_checkpointing,
+            layout.fp8,
+            layout.compile,
+        )
         if shape not in seen:
             seen.add(shape)
             rows.append(candidate)
@@ -254,6 +306,8 @@ def _candidate(candidate: Candidate) -> dict[str, Any]:
         "rung": candidate.rung,
         "layout": layout.by_name() if layout is not None else None,
         "activation_checkpointing": layout.activation_checkpointing if layout else None,
+        "fp8": layout.fp8 if layout else None,
+        "compile": layout.compile if layout else None,
         "pp_layers_per_stage": _layers(layout) if layout else None,
         "memory_gib_per_device": (
             _gib(candidate.breakdown.total) if candidate.breakdown is not None else None

@@ -82,7 +82,7 @@ def test_llama3_8b_on_one_8_x_80gb_node():
     # "selective" (op-level). GBS = 8 x 8192 tokens.
     model = shipped("llama-8b")
     result = plan(model, 1, 8, 80, samples=8)
-    published = Layout(dp_shard=8, activation_checkpointing=True)
+    published = Layout(dp_shard=8, activation_checkpointing="full")
     theirs = evaluate(model, result.machine, result.work, result.rates, published, CONFIG)
     # FSDP 8 needs checkpointing to fit (81 GiB without), which is the step's compute x ~4/3.
     assert (
@@ -105,7 +105,7 @@ def test_llama3_70b_on_32_nodes_of_8_x_80gb():
     # Table 4 runs "256 GPUs (FSDP 32, TP 8)"), local_batch_size 8, seq_len 8192, full
     # activation checkpointing. GBS = 32 x 8 samples.
     result = plan(LLAMA_70B, 32, 8, 80, samples=256, mbs=8)
-    published = Layout(dp_shard=32, tp=8, activation_checkpointing=True)
+    published = Layout(dp_shard=32, tp=8, activation_checkpointing="full")
     theirs = evaluate(LLAMA_70B, result.machine, result.work, result.rates, published, CONFIG)
     assert theirs.fits  # tp 8 fits
     check_against(result, LLAMA_70B, published)
@@ -124,7 +124,7 @@ def test_llama3_405b_on_1024_nodes_of_8_x_80gb():
     published = Layout(pp=16, tp=8, dp_shard=64, pp_layers_per_stage=split)
     without = evaluate(model, result.machine, result.work, result.rates, published, CONFIG)
     assert not without.fits_memory
-    text = check_against(result, model, replace(published, activation_checkpointing=True))
+    text = check_against(result, model, replace(published, activation_checkpointing="full"))
     chosen = result.chosen.layout
     assert chosen.tp == 8 and chosen.pp > 1 and chosen.activation_checkpointing
     overrides = next(line for line in text.splitlines() if line.startswith("overrides: "))
@@ -140,8 +140,8 @@ def test_the_seeds_80b_at_tp_4_and_a_global_batch_of_372():
     # 1488 tiles, 124 nodes.
     model = shipped("llama-80b")
     result = plan(model, 124, 12, 64, samples=372)
-    check_against(result, model, Layout(dp_shard=372, tp=4, activation_checkpointing=True))
-    assert result.chosen.layout == Layout(dp_shard=372, tp=4, activation_checkpointing=True)
+    check_against(result, model, Layout(dp_shard=372, tp=4, activation_checkpointing="full"))
+    assert result.chosen.layout == Layout(dp_shard=372, tp=4, activation_checkpointing="full")
     # On 64 nodes (768 tiles) tp 4 leaves 192 data-parallel ranks, which do not divide 372:
     # the planner keeps tp 4 and pipelines the rest (pp 16 leaves 12 data-parallel ranks).
     smaller = plan(model, 64, 12, 64, samples=372)

@@ -1,0 +1,116 @@
+"""The step-cost model against published measurements (``goodput.plan.calibration``): every row
+within ``TOLERANCE`` of its measurement, through ``goodput plan layout --device NAME
+--layout-from-config`` where goodput's trainer takes the row's layout; the rows of one machine
+ranked by the estimate as measured; the devices' constants what the fit gives on the fitted
+half, and no more than half of the rows fitted."""
+
+from __future__ import annotations
+
+import json
+from itertools import combinations
+
+import pytest
+
+from goodput.cli import main
+from goodput.commands.plan import DEVICE_NAMES
+from goodput.plan.calibration import (
+    DEVICES,
+    MEASUREMENTS,
+    TOLERANCE,
+    Measurement,
+    error,
+    estimate,
+    fit,
+)
+from goodput.plan.layout import problems
+
+
+def test_at_most_half_of_the_rows_are_fitted_and_each_device_has_a_held_out_row():
+    fitted = [row for row in MEASUREMENTS if row.fitted]
+    assert 0 < len(fitted) <= len(MEASUREMENTS) / 2
+    for name in {row.device for row in fitted}:
+        assert any(row.device == name and not row.fitted for row in MEASUREMENTS)
+    assert set(DEVICES) == set(DEVICE_NAMES)
+
+
+def test_the_shipped_constants_are_the_fit_of_the_fitted_half():
+    fitted = fit()
+    for name, device in DEVICES.items():
+        for constant in ("tflops", "compile", "fp8_rowwise", "fp8_tensorwise"):
+            shipped, again = getattr(device, constant), getattr(fitted[name], constant)
+            assert (shipped is None) == (again is None), (name, constant)
+            if shipped is not None:
+                assert shipped == pytest.approx(again, rel=0.005), (name, constant)
+    # The held-out rows play no part: changing their measurements changes nothing.
+    scaled = tuple(
+        row if row.fitted else _replace(row, tokens_per_s=row.tokens_per_s * 3)
+        for row in MEASUREMENTS
+    )
+    assert fit(scaled) == fitted
+
+
+def _replace(row: Measurement, **changes) -> Measurement:
+    from dataclasses import replace
+
+    return replace(row, **changes)
+
+
+@pytest.mark.parametrize("row", MEASUREMENTS, ids=lambda row: row.name)
+def test_every_row_is_estimated_within_the_tolerance(row):
+    assert abs(error(row, DEVICES[row.device])) <= TOLERANCE
+
+
+def test_the_rows_of_one_machine_rank_as_measured():
+    for a, b in combinations(MEASUREMENTS, 2):
+        if a.machine != b.machine or a.tokens_per_s == b.tokens_per_s:
+            continue
+        device_a, device_b = DEVICES[a.device], DEVICES[b.device]
+        measured = a.tokens_per_s / b.tokens_per_s - 1
+        estimated = estimate(a, device_a) / estimate(b, device_b) - 1
+        # Never the opposite order by more than 1% of the estimate: the model ties rows whose
+        # only difference is communication it takes as hidden (8B on 8 and on 128 GPUs,
+        # measured 2.7 to 3.0% apart, estimated equal).
+        assert measured * estimated >= 0 or abs(estimated) < 0.01, (a.name, b.name)
+
+
+def _toml(row: Measurement) -> str:
+    model, layout = row.model, row.layout
+    lines = ["[model]"]
+    for key in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "ffn_dim",
+                "max_seq_len", "tie_embeddings"):  # fmt: skip
+        value = getattr(model, key)
+        if value is not None:
+            lines.append(f"{key} = {json.dumps(value)}")
+    lines += [
+        "[train]",
+        f"seq_len = {row.seq_len}",
+        f"micro_batch_size = {row.micro_batch_size}",
+        f"tokens_per_step = {row.global_batch * row.seq_len}",
+        "[parallel]",
+        *(f"{name} = {value}" for name, value in layout.by_name().items()),
+        f'activation_checkpointing = "{layout.activation_checkpointing}"',
+        f"compile = {json.dumps(layout.compile)}",
+    ]
+    if layout.fp8 is not None:
+        lines.append(f'fp8 = "{layout.fp8}"')
+    if layout.pp_layers_per_stage is not None:
+        lines.append(f"pp_layers_per_stage = {list(layout.pp_layers_per_stage)}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("row", MEASUREMENTS, ids=lambda row: row.name)
+def test_the_command_prices_each_row_as_the_calibration_does(row, tmp_path, capsys):
+    refused = problems(row.model, row.layout, row.seq_len)
+    if refused:  # e.g. compile with tp: the row is priced, but the config cannot say it
+        pytest.skip(f"goodput's trainer refuses the row's layout: {refused[0]}")
+    config = tmp_path / "row.toml"
+    config.write_text(_toml(row))
+    code = main(
+        ["plan", "layout", str(config), "--device", row.device, "--layout-from-config",
+         "--nhosts", str(row.nhosts), "--ppn", str(row.ppn), "--gpu-mem-gb", "1000", "--json"]
+    )  # fmt: skip
+    assert code == 0
+    record = json.loads(capsys.readouterr().out)
+    world = row.nhosts * row.ppn
+    tokens = row.global_batch * row.seq_len / record["cost_s"]["total"] / world
+    assert tokens == pytest.approx(estimate(row, DEVICES[row.device]), rel=1e-3)
