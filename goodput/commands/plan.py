@@ -369,10 +369,8 @@ def _options(args: argparse.Namespace, parallel: dict[str, Any], rates: Any) -> 
 
     compiled = args.compile if args.compile is not None else parallel.get("compile", False)
     mode = args.activation_checkpointing or "any"
-    if mode == "any":
-        modes: tuple[str, ...] = ("none", "full", "op", *(("budget",) if compiled else ()))
-    else:
-        modes = (mode,)
+    # "any": every mode, a memory budget only under compile (the trainer's rule).
+    modes = tuple(m for m in AC_MODES if m != "budget" or compiled) if mode == "any" else (mode,)
     if mode == "budget" and not compiled:
         raise GoodputError.usage(
             "--activation-checkpointing budget",

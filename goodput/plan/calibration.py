@@ -21,8 +21,11 @@ Does not: measure anything, or fit the bandwidths (datasheet figures, each with 
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from goodput.plan.cost import Rates, step_cost
 from goodput.plan.layout import Layout
@@ -308,11 +311,12 @@ def _megatron(
 
 
 FSDP8, FSDP128 = Layout(dp_shard=8), Layout(dp_shard=128)
-OP = {"activation_checkpointing": "op"}
-FULL = {"activation_checkpointing": "full"}
-COMPILED = {"compile": True}
-TENSORWISE = {"fp8": "tensorwise", "compile": True}
-ROWWISE = {"fp8": "rowwise", "compile": True}
+# How the rows' blocks compute, as keyword arguments of ``Layout``.
+OP: dict[str, Any] = {"activation_checkpointing": "op"}
+FULL: dict[str, Any] = {"activation_checkpointing": "full"}
+COMPILED: dict[str, Any] = {"compile": True}
+TENSORWISE: dict[str, Any] = {"fp8": "tensorwise", "compile": True}
+ROWWISE: dict[str, Any] = {"fp8": "rowwise", "compile": True}
 TT_70B = Layout(dp_shard=32, tp=8, **FULL)
 
 MEASUREMENTS: tuple[Measurement, ...] = (
@@ -405,8 +409,15 @@ def fit(rows: tuple[Measurement, ...] = MEASUREMENTS) -> dict[str, Device]:
     for _ in range(FIT_ROUNDS):
         for key in keys:
             low, high = BOUNDS["tflops" if key.endswith(".tflops") else "gain"]
-            values[key] = _golden(lambda v, key=key: loss({**values, key: v}), low, high)
+            values[key] = _golden(functools.partial(_trial, loss, values, key), low, high)
     return _with(values)
+
+
+def _trial(
+    loss: Callable[[dict[str, float]], float], values: dict[str, float], key: str, value: float
+) -> float:
+    """``loss`` at ``values`` with ``key`` set to ``value``."""
+    return loss({**values, key: value})
 
 
 def _start(key: str) -> float:
@@ -420,7 +431,7 @@ def _with(values: dict[str, float]) -> dict[str, Device]:
     that has them)."""
     devices = {}
     for name, device in DEVICES.items():
-        changes: dict[str, float] = {}
+        changes: dict[str, Any] = {}
         if f"{name}.tflops" in values:
             changes["tflops"] = values[f"{name}.tflops"]
         for gain in SHARED_GAINS:
@@ -430,7 +441,7 @@ def _with(values: dict[str, float]) -> dict[str, Device]:
     return devices
 
 
-def _golden(f, low: float, high: float) -> float:  # type: ignore[no-untyped-def]
+def _golden(f: Callable[[float], float], low: float, high: float) -> float:
     """The minimum of ``f`` on [low, high] (log-spaced), by golden-section search."""
     ratio = (math.sqrt(5) - 1) / 2
     a, b = math.log(low), math.log(high)

@@ -148,7 +148,7 @@ def step_cost(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) 
     seconds = tokens / layout.product() / rate  # per FLOP of a token
     flops = _flops_per_token(model, work.seq_len)
     head = 6 * (model.vocab_size * model.dim + model.dim)  # the head and final norm, fwd+bwd
-    blocks = flops - head
+    blocks: float = flops - head
     if layout.fp8 is not None:
         speedup = rates.fp8(layout.fp8)
         assert speedup is not None, "the ladder offers fp8 only on a device that has it"

@@ -19,6 +19,7 @@ Invariants: degrees are whole numbers >= 1. Does not: read configs or build a me
 from __future__ import annotations
 
 import functools
+import typing
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,11 +39,22 @@ from goodput.train.config.parallel import (
 # keep each answer that costs more than a few operations (a list of cp lengths, of pp stages)
 # to one computation per shape.
 CACHED = 1 << 16
-# [parallel] activation_checkpointing: nothing, whole blocks, the per-op policy (saves the
-# matmuls' and attention's outputs, recomputes the rest), a memory budget (torch's
-# activation_memory_budget, under compile only).
-AC_MODES = ("none", "full", "op", "budget")
-FP8_RECIPES = ("rowwise", "tensorwise")  # [parallel] fp8: torchao's float8 scalings
+
+
+def _literal_values(hint: Any) -> tuple[str, ...]:
+    """The strings a ``Literal[...]`` annotation admits (also within ``Literal[...] | None``)."""
+    if typing.get_origin(hint) is typing.Literal:
+        return typing.get_args(hint)
+    return tuple(value for arg in typing.get_args(hint) for value in _literal_values(arg))
+
+
+_TRAINER = typing.get_type_hints(ParallelConfig)
+# The trainer's own names (one definition: its [parallel] annotations). activation_checkpointing:
+# nothing, whole blocks, the per-op policy (saves the matmuls' and attention's outputs,
+# recomputes the rest), a memory budget (torch's activation_memory_budget, under compile only);
+# fp8: torchao's float8 scalings.
+AC_MODES = _literal_values(_TRAINER["activation_checkpointing"])
+FP8_RECIPES = _literal_values(_TRAINER["fp8"])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,13 +176,13 @@ def _model_problem(model: ModelConfig, shape: Layout, seq_len: int) -> str | Non
 def _config(layout: Layout) -> ParallelConfig:
     """``layout`` as the trainer's ``[parallel]`` (which checks it alone when built)."""
     keys: dict[str, Any] = layout.by_name()  # keyword arguments of the config
+    keys["activation_checkpointing"] = layout.activation_checkpointing  # one of AC_MODES
     if layout.activation_checkpointing == "budget":
         keys["activation_memory_budget"] = layout.activation_memory_budget
     if layout.fp8 is not None:
         keys["fp8"] = layout.fp8
     return ParallelConfig(
         **keys,
-        activation_checkpointing=layout.activation_checkpointing,
         compile=layout.compile,
         pp_layers_per_stage=layout.pp_layers_per_stage,
     )

@@ -1,6 +1,7 @@
 """A plan as text (one screen: the cheapest candidates and their costs, the closest rejection of
-each rung, the chosen layout's memory, the overrides line, warnings) or as one JSON object
-(the schema is in docs/plan.md); nothing here decides anything."""
+each rung, the chosen layout's memory, its margin over the config's own [parallel], the
+overrides line, warnings) or as one JSON object (the schema is in docs/plan.md); nothing here
+decides anything."""
 
 from __future__ import annotations
 
@@ -79,9 +80,7 @@ def format_text(
         lines += [f"  {_row(candidate, width, digits)}" for candidate in rows]
     lines += _rejected_lines(plan)
     if chosen is not None and chosen.layout is not None and chosen.breakdown is not None:
-        lines += _chosen_lines(plan, chosen, chosen.breakdown)
-    if config is not None and chosen is not None:
-        lines.append(_margin(config, chosen))
+        lines += _chosen_lines(plan, chosen, chosen.breakdown, config)
     lines += [f"warning: {warning}" for warning in plan.warnings]
     return "\n".join(lines)
 
@@ -98,18 +97,18 @@ def _speedups(rates: Rates) -> str:
 
 
 def _margin(config: Candidate, chosen: Candidate) -> str:
-    """The config's own layout against the chosen one: the margin the estimate gives."""
+    """The config's own layout against the chosen one: how much faster the chosen one steps
+    by the estimate (tokens a second: the ratio of the step times), or that they are one."""
     assert config.layout is not None and config.cost is not None and chosen.cost is not None
     if config.layout == chosen.layout:
-        return "the config's [parallel] is the chosen layout"
-    fit = "" if config.fits else f" (it does not fit: {config.reason})"
-    margin = config.cost.total / chosen.cost.total - 1
+        return "margin: the config's [parallel] is the chosen layout"
+    fit = "" if config.fits else f"; it does not fit: {config.reason}"
+    gain = config.cost.total / chosen.cost.total - 1
+    than = "faster" if gain >= 0 else "slower"
     return (
-        f"the config's [parallel]: {config.layout.describe()}, {config.cost.total:.4g} s a "
-        f"step: the chosen layout is {margin:.1%} faster by the estimate{fit}"
-        if margin >= 0
-        else f"the config's [parallel]: {config.layout.describe()}, {config.cost.total:.4g} s "
-        f"a step: {-margin:.1%} faster than the chosen by the estimate{fit}"
+        f"margin: the config's [parallel] ({config.layout.describe()}) takes "
+        f"{config.cost.total:.4g} s a step: the chosen layout is {abs(gain):.1%} {than} by "
+        f"the estimate{fit}"
     )
 
 
@@ -253,7 +252,11 @@ def _short(plan: Plan, candidate: Candidate) -> str | None:
     return candidate.reason  # the pipeline's micro-batches: the trainer's own words
 
 
-def _chosen_lines(plan: Plan, chosen: Candidate, breakdown: Breakdown) -> list[str]:
+def _chosen_lines(
+    plan: Plan, chosen: Candidate, breakdown: Breakdown, config: Candidate | None
+) -> list[str]:
+    """The chosen layout: its memory term by term, notes, the margin over the config's own
+    [parallel] (when given), and the overrides (last, to paste)."""
     assert chosen.layout is not None and chosen.cost is not None
     accumulation = plan.work.accumulation(chosen.layout)
     stage = f", pipeline stage {breakdown.stage}" if chosen.layout.pp > 1 else ""
@@ -278,6 +281,8 @@ def _chosen_lines(plan: Plan, chosen: Candidate, breakdown: Breakdown) -> list[s
         )
     if not chosen.fits:
         lines.append(f"note: {chosen.reason}")
+    if config is not None:
+        lines.append(_margin(config, chosen))
     lines.append(f"overrides: {overrides(plan, chosen)}")
     return lines
 

@@ -1,6 +1,7 @@
 """The step-cost model against published measurements (``goodput.plan.calibration``): every row
-within ``TOLERANCE`` of its measurement, through ``goodput plan layout --device NAME
---layout-from-config`` where goodput's trainer takes the row's layout; the rows of one machine
+within ``TOLERANCE`` of its measurement, and through ``goodput plan layout --device NAME
+--layout-from-config`` the same estimate wherever goodput's trainer takes the row's layout (the
+rows it refuses, and why: ``test_the_rows_the_trainer_refuses_...``); the rows of one machine
 ranked by the estimate as measured; the devices' constants what the fit gives on the fitted
 half, and no more than half of the rows fitted."""
 
@@ -98,11 +99,32 @@ def _toml(row: Measurement) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize("row", MEASUREMENTS, ids=lambda row: row.name)
+# The rows whose layout goodput's trainer takes, and those it refuses (their reasons): a refused
+# layout cannot be written as a config, so the command cannot price it.
+REFUSED = {
+    row.name: reasons
+    for row in MEASUREMENTS
+    if (reasons := problems(row.model, row.layout, row.seq_len))
+}
+TAKEN = [row for row in MEASUREMENTS if row.name not in REFUSED]
+
+
+def test_the_rows_the_trainer_refuses_are_the_compiled_tensor_parallel_ones():
+    """The rows not run through the command are exactly those the trainer refuses, and each
+    for the one known reason: torchtitan's 70B and 405B rows compile under tp 8, and
+    ``ParallelConfig`` refuses compile with tp (a compiled tensor-parallel block computed a
+    gradient norm of 0.65 where every other layout gives 0.85). They are still held to the
+    tolerance and the ranking through ``step_cost`` directly (the tests above). Once the trainer
+    takes compile with tp, every row runs through the command and this set is empty."""
+    for row in MEASUREMENTS:
+        if row.name in REFUSED:
+            assert row.layout.compile and row.layout.tp > 1, row.name
+            assert any("compile = true with tp" in reason for reason in REFUSED[row.name])
+    assert len(TAKEN) >= len(MEASUREMENTS) / 2
+
+
+@pytest.mark.parametrize("row", TAKEN, ids=lambda row: row.name)
 def test_the_command_prices_each_row_as_the_calibration_does(row, tmp_path, capsys):
-    refused = problems(row.model, row.layout, row.seq_len)
-    if refused:  # e.g. compile with tp: the row is priced, but the config cannot say it
-        pytest.skip(f"goodput's trainer refuses the row's layout: {refused[0]}")
     config = tmp_path / "row.toml"
     config.write_text(_toml(row))
     code = main(
@@ -111,6 +133,12 @@ def test_the_command_prices_each_row_as_the_calibration_does(row, tmp_path, caps
     )  # fmt: skip
     assert code == 0
     record = json.loads(capsys.readouterr().out)
+    layout = row.layout
+    assert (record["activation_checkpointing"], record["fp8"], record["compile"]) == (
+        layout.activation_checkpointing,
+        layout.fp8,
+        layout.compile,
+    )
     world = row.nhosts * row.ppn
     tokens = row.global_batch * row.seq_len / record["cost_s"]["total"] / world
     assert tokens == pytest.approx(estimate(row, DEVICES[row.device]), rel=1e-3)
