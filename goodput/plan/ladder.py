@@ -432,9 +432,15 @@ class _Ladder:
             "--nhosts/--ppn",
             f"{machine.nhosts} hosts x {machine.ppn} devices give more than "
             f"{MAX_CANDIDATES:,} layouts to weigh: the divisors of both counts multiply the "
-            "FSDP, tensor, pipeline and context-parallel splits",
+            f"FSDP, tensor, pipeline and context-parallel splits, each weighed in "
+            f"{self.variants} setting(s) of checkpointing, fp8 and compile",
             f"plan for a count of hosts with fewer divisors (the job leaves the rest spare), "
-            f"e.g. --nhosts {fewer}",
+            f"e.g. --nhosts {fewer}"
+            + (
+                ", or allow fewer settings (--activation-checkpointing, --fp8, --no-compile)"
+                if self.variants > 1
+                else ""
+            ),
         )
 
     def _dp(self) -> Iterator[tuple[str, Layout | str]]:
