@@ -65,8 +65,9 @@ NEAREST_RANGE = 0.25  # how far from a batch that some layout runs the planner l
 MAX_CP = 1024
 # The most layouts one plan weighs (each has its memory and cost estimated, and again at up to
 # 2 x NEAREST_TRIES nearby batches): a power-of-two machine at the command's maxima, 131,072
-# hosts x 1,024 devices, lists about 21,000 with the three checkpointing modes weighed by
-# default; counts with many divisors list far more.
+# hosts x 1,024 devices, lists about 10,400 with the three checkpointing modes weighed by
+# default; counts with many divisors list far more. 20,000 when two modes were weighed: the same
+# machines fit under it with three (with fp8 and compile too, fewer do: the refusal says so).
 MAX_CANDIDATES = 30_000
 
 

@@ -158,6 +158,8 @@ def to_json(
                 "tokens": n.samples * plan.work.seq_len,
                 "layout": n.layout.by_name(),
                 "activation_checkpointing": n.layout.activation_checkpointing,
+                "fp8": n.layout.fp8,
+                "compile": n.layout.compile,
                 "total_s": round(n.total_s, 4),
             }
             for n in plan.nearest

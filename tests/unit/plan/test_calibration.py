@@ -3,7 +3,8 @@ within ``TOLERANCE`` of its measurement, and through ``goodput plan layout --dev
 --layout-from-config`` the same estimate wherever goodput's trainer takes the row's layout (the
 rows it refuses, and why: ``test_the_rows_the_trainer_refuses_...``); the rows of one machine
 ranked by the estimate as measured; the devices' constants what the fit gives on the fitted
-half, and no more than half of the rows fitted."""
+half, and no more than half of the rows fitted; docs/plan.md's tables of rows and devices as
+the calibration prices them."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ from goodput.plan.calibration import (
     DEVICES,
     MEASUREMENTS,
     TOLERANCE,
+    Device,
     Measurement,
     error,
     estimate,
     fit,
 )
 from goodput.plan.layout import problems
+from goodput.testing.jobs import REPO
 
 
 def test_at_most_half_of_the_rows_are_fitted_and_each_device_has_a_held_out_row():
@@ -142,3 +145,35 @@ def test_the_command_prices_each_row_as_the_calibration_does(row, tmp_path, caps
     world = row.nhosts * row.ppn
     tokens = row.global_batch * row.seq_len / record["cost_s"]["total"] / world
     assert tokens == pytest.approx(estimate(row, DEVICES[row.device]), rel=1e-3)
+
+
+def table_row(row: Measurement) -> str:
+    """``row`` as docs/plan.md's calibration table shows it."""
+    device = DEVICES[row.device]
+    return (
+        f"| {row.name} | {row.device} | {row.layout.describe()} | {row.seq_len} x "
+        f"{row.micro_batch_size} | {row.tokens_per_s:,.0f} | {estimate(row, device):,.0f} | "
+        f"{error(row, device):+.1%} | {'fitted' if row.fitted else 'held out'} | {row.source} |"
+    )
+
+
+def device_row(device: Device) -> str:
+    """``device`` as docs/plan.md's table of devices shows it."""
+    fp8 = (
+        f"x{device.fp8_rowwise:g} / x{device.fp8_tensorwise:g}"
+        if device.fp8_rowwise is not None and device.fp8_tensorwise is not None
+        else "none"
+    )
+    return (
+        f"| `{device.name}` | {device.memory_gib:g} | {device.peak_tflops:g} | "
+        f"{device.tflops:g} | {device.intra_gbps:g} | {device.inter_gbps:g} | {fp8} | "
+        f"x{device.compile:g} |"
+    )
+
+
+def test_the_page_shows_every_row_and_device_as_the_calibration_prices_them():
+    page = (REPO / "docs" / "plan.md").read_text()
+    for row in MEASUREMENTS:
+        assert table_row(row) in page, table_row(row)
+    for device in DEVICES.values():
+        assert device_row(device) in page, device_row(device)
