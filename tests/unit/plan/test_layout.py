@@ -380,4 +380,11 @@ def test_a_machine_listing_too_many_layouts_is_refused_before_any_is_weighed():
     assert time.monotonic() - began < 30  # generous: listing the layouts takes about a second
     assert refused.value.where == "--nhosts/--ppn" and refused.value.code == ExitCode.USAGE
     assert f"more than {MAX_CANDIDATES:,} layouts to weigh" in refused.value.what
-    assert refused.value.fix.endswith("e.g. --nhosts 65536")
+    # Each layout in the three checkpointing modes weighed by default: fewer settings help too.
+    assert refused.value.what.endswith(
+        "each weighed in 3 setting(s) of checkpointing, fp8 and compile"
+    )
+    assert refused.value.fix.startswith("plan for a count of hosts with fewer divisors")
+    assert "e.g. --nhosts 65536, or allow fewer settings (--activation-checkpointing" in (
+        refused.value.fix
+    )
