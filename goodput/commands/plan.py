@@ -42,6 +42,11 @@ DEFAULT_INTER_GBPS = 25.0  # one 200 Gb/s NIC per device (Polaris, Perlmutter)
 # largest model's step of 2^40 tokens at 1 GFLOP/s is ~1e21 s); a subnormal rate made it infinite.
 MIN_RATE, MAX_RATE = 1e-3, 1e6
 rate = argtypes.number(MIN_RATE, MAX_RATE, low_open=False)
+# plan/layout.py's and plan/calibration.py's names, spelled here so that building the parser
+# imports neither; a test holds them equal.
+AC_MODES = ("none", "full", "op", "budget")
+FP8_RECIPES = ("rowwise", "tensorwise")
+DEVICE_NAMES = ("h100", "h100-500w", "h200", "mi250x", "max1550")
 MAX_SURVIVAL = 0.999999  # closer to 1 asks the spare pool for a certainty floats cannot tell
 
 
@@ -88,8 +93,8 @@ def _add_layout(commands: Subparsers) -> None:
     layout.add_argument(
         "--gpu-mem-gb",
         type=argtypes.positive_float,
-        required=True,
-        help="memory per device in GiB (a vendor's '80 GB' HBM is 80 GiB)",
+        help="memory per device in GiB (a vendor's '80 GB' HBM is 80 GiB; default: the "
+        "--device's; one of the two is required)",
     )
     _add_workload_options(layout)
     _add_rate_options(layout)
@@ -121,34 +126,61 @@ def _add_workload_options(layout: argparse.ArgumentParser) -> None:
     )
     layout.add_argument(
         "--activation-checkpointing",
+        choices=(*AC_MODES, "any"),
+        nargs="?",
+        const="full",  # the old bare flag: whole blocks
+        help="the checkpointing modes the planner may choose: one, or any (default: none, "
+        "full and op; budget too with --compile); bare: full",
+    )
+    layout.add_argument(
+        "--no-activation-checkpointing",
+        dest="activation_checkpointing",
+        action="store_const",
+        const="none",
+        help="the same as --activation-checkpointing none",
+    )
+    layout.add_argument(
+        "--fp8",
+        choices=(*FP8_RECIPES, "any", "none"),
+        help="the fp8 scalings the planner may choose beside bf16 (default: the config's "
+        "parallel.fp8, else none); never on a device without FP8 matmuls",
+    )
+    layout.add_argument(
+        "--compile",
         action=argparse.BooleanOptionalAction,
-        help="force activation checkpointing on (or off with --no-...); default: the planner "
-        "weighs it as a rung",
+        help="let the planner compile the blocks where the trainer can (default: the config's "
+        "parallel.compile)",
     )
 
 
 def _add_rate_options(layout: argparse.ArgumentParser) -> None:
     """What a device computes and moves a second (``plan.cost.Rates``), for the step cost."""
     layout.add_argument(
+        "--device",
+        choices=DEVICE_NAMES,
+        help="the calibrated constants of a device (plan.calibration: its compute rate, "
+        "bandwidths, fp8 and compile speed-ups and memory, fitted on published runs; see "
+        "docs/plan.md); --tflops/--intra-gbps/--inter-gbps/--gpu-mem-gb override them",
+    )
+    layout.add_argument(
         "--tflops",
         type=rate,
-        default=DEFAULT_TFLOPS,
-        help="TFLOP/s one device achieves in the compute dtype, for the step cost (default "
-        f"{DEFAULT_TFLOPS:g}: ~40%% of an H100's dense bf16 peak; {MIN_RATE:g} to {MAX_RATE:g})",
+        help="TFLOP/s one device achieves in the compute dtype, for the step cost (default: "
+        f"the --device's, else {DEFAULT_TFLOPS:g}: ~40%% of an H100's dense bf16 peak; "
+        f"{MIN_RATE:g} to {MAX_RATE:g})",
     )
     layout.add_argument(
         "--intra-gbps",
         type=rate,
-        default=DEFAULT_INTRA_GBPS,
-        help="GB/s per device to the devices of its host, for the step cost (default "
-        f"{DEFAULT_INTRA_GBPS:g}: NVLink-class; {MIN_RATE:g} to {MAX_RATE:g})",
+        help="GB/s per device to the devices of its host, for the step cost (default: the "
+        f"--device's, else {DEFAULT_INTRA_GBPS:g}: NVLink-class; {MIN_RATE:g} to {MAX_RATE:g})",
     )
     layout.add_argument(
         "--inter-gbps",
         type=rate,
-        default=DEFAULT_INTER_GBPS,
-        help="GB/s per device to other hosts, for the step cost (default "
-        f"{DEFAULT_INTER_GBPS:g}: one 200 Gb/s NIC per device; {MIN_RATE:g} to {MAX_RATE:g})",
+        help="GB/s per device to other hosts, for the step cost (default: the --device's, "
+        f"else {DEFAULT_INTER_GBPS:g}: one 200 Gb/s NIC per device; {MIN_RATE:g} to "
+        f"{MAX_RATE:g})",
     )
 
 
@@ -250,7 +282,7 @@ def _add_interval_options(reliability: argparse.ArgumentParser) -> None:
 
 
 def _layout(args: argparse.Namespace) -> ExitCode:
-    from goodput.plan.cost import Rates
+    from goodput.plan.calibration import DEVICES
     from goodput.plan.ladder import Machine, plan_layout
     from goodput.plan.report import format_text, to_json
 
@@ -264,20 +296,29 @@ def _layout(args: argparse.Namespace) -> ExitCode:
         )
     if args.rank is not None and not args.verify:
         raise GoodputError.usage("--rank", "only --verify materialises a rank", "add --verify")
-    machine = Machine(nhosts=args.nhosts, ppn=args.ppn, gpu_mem_gib=args.gpu_mem_gb)
-    rates = Rates(
-        flops=args.tflops * 1e12,
-        intra_bytes=args.intra_gbps * 1e9,
-        inter_bytes=args.inter_gbps * 1e9,
+    device = DEVICES[args.device] if args.device else None
+    if args.gpu_mem_gb is None and device is None:
+        raise GoodputError.usage(
+            "--gpu-mem-gb", "no memory per device", "pass --gpu-mem-gb GIB, or --device NAME"
+        )
+    machine = Machine(
+        nhosts=args.nhosts,
         ppn=args.ppn,
+        gpu_mem_gib=args.gpu_mem_gb or (device.memory_gib if device else 0.0),
     )
+    rates = _rates(args, device)
     given = _given_layout(args, model, parallel, machine.world)
-    plan = plan_layout(
-        model, machine, work, rates, checkpointing=args.activation_checkpointing, given=given
-    )
+    options = _options(args, parallel, rates)
+    plan = plan_layout(model, machine, work, rates, options=options, given=given)
     chosen = plan.chosen
     if args.layout_from_config:
         assert given is not None
+        if given.fp8 is not None and rates.fp8(given.fp8) is None:
+            raise GoodputError.usage(
+                f"{args.config} [parallel]",
+                f"fp8 = '{given.fp8}', but {args.device} has no FP8 matmuls (--layout-from-config)",
+                "unset parallel.fp8 for this device",
+            )
         chosen = _config_candidate(plan, model, given)
     if chosen is None:
         what, fix = plan.failure()
@@ -292,10 +333,64 @@ def _layout(args: argparse.Namespace) -> ExitCode:
     if args.json:
         print(to_json(plan, seq_from, chosen, extra=extra))
     else:
-        print(format_text(plan, str(args.config), seq_from, chosen))
+        config = None if args.layout_from_config else _config_layout(model, parallel, plan)
+        print(format_text(plan, str(args.config), seq_from, chosen, config))
         if verified is not None:
             print(verified.format_text())
     return ExitCode.OK
+
+
+def _rates(args: argparse.Namespace, device: Any) -> Any:
+    """The step cost's rates: the --device's (``plan.calibration.DEVICES``), each overridden
+    by its flag; without --device the flags' defaults, with the H100's fitted fp8 and compile
+    speed-ups (the only ones measured)."""
+    from goodput.plan.calibration import DEVICES
+    from goodput.plan.cost import Rates
+
+    base = device or DEVICES["h100"]
+    return Rates(
+        flops=(args.tflops or (device.tflops if device else DEFAULT_TFLOPS)) * 1e12,
+        intra_bytes=(args.intra_gbps or (device.intra_gbps if device else DEFAULT_INTRA_GBPS))
+        * 1e9,
+        inter_bytes=(args.inter_gbps or (device.inter_gbps if device else DEFAULT_INTER_GBPS))
+        * 1e9,
+        ppn=args.ppn,
+        fp8_rowwise=base.fp8_rowwise,
+        fp8_tensorwise=base.fp8_tensorwise,
+        compile=base.compile,
+        gemm_half_dim=device.gemm_half_dim if device else 0.0,
+    )
+
+
+def _options(args: argparse.Namespace, parallel: dict[str, Any], rates: Any) -> Any:
+    """What the ladder may choose of checkpointing, fp8 and compile: the flags, else what the
+    config's [parallel] allows (its fp8 recipe, its compile)."""
+    from goodput.plan.ladder import Options
+
+    compiled = args.compile if args.compile is not None else parallel.get("compile", False)
+    mode = args.activation_checkpointing or "any"
+    # "any": every mode, a memory budget only under compile (the trainer's rule).
+    modes = tuple(m for m in AC_MODES if m != "budget" or compiled) if mode == "any" else (mode,)
+    if mode == "budget" and not compiled:
+        raise GoodputError.usage(
+            "--activation-checkpointing budget",
+            "a memory budget is torch.compile's",
+            "add --compile, or choose another mode",
+        )
+    recipe = args.fp8 or parallel.get("fp8") or "none"
+    fp8: tuple[str | None, ...] = (None,)
+    if recipe != "none":
+        fp8 = (None, *(FP8_RECIPES if recipe == "any" else (recipe,)))
+        if args.fp8 and all(rates.fp8(r) is None for r in fp8 if r):
+            raise GoodputError.usage(
+                "--fp8", f"{args.device} has no FP8 matmuls", "drop --fp8 for this device"
+            )
+    return Options(
+        checkpointing=modes,
+        memory_budget=parallel.get("activation_memory_budget", 0.5),
+        fp8=fp8,
+        compile=(False, True) if compiled else (False,),
+    )
 
 
 def _given_layout(
@@ -309,17 +404,44 @@ def _given_layout(
     if not args.layout_from_config:
         return Layout(tp=parallel["tp"]) if "tp" in parallel else None
     cfg = _parallel_config(parallel, args.config)
-    from goodput.train.config.parallel import resolve_degrees
-
     try:
-        degrees = resolve_degrees(cfg, world)
+        return _layout_of(cfg, world)
     except GoodputError as error:
         raise GoodputError.usage(
             f"{args.config} [parallel]", f"{error.what} (--layout-from-config)", error.fix
         ) from None
+
+
+def _config_layout(model: ModelConfig, parallel: dict[str, Any], plan: Any) -> Any:
+    """The config's own [parallel] evaluated beside the planner's choice (for the margin the
+    text prints), when it names a layout the trainer takes on this machine; else None."""
+    from goodput.plan.ladder import evaluate
+    from goodput.plan.report import CONFIG
+
+    if not parallel:
+        return None
+    try:
+        layout = _layout_of(_parallel_config(parallel, "[parallel]"), plan.machine.world)
+    except GoodputError:
+        return None
+    if layout.fp8 is not None and plan.rates.fp8(layout.fp8) is None:
+        return None
+    candidate = evaluate(model, plan.machine, plan.work, plan.rates, layout, CONFIG)
+    return candidate if candidate.cost is not None else None
+
+
+def _layout_of(cfg: ParallelConfig, world: int) -> Layout:
+    """A [parallel] config as the planner's layout (its unset data-parallel degree resolved
+    as the trainer resolves it)."""
+    from goodput.plan.layout import Layout
+    from goodput.train.config.parallel import resolve_degrees
+
     return Layout(
-        **degrees.by_name(),
-        activation_checkpointing=cfg.activation_checkpointing != "none",
+        **resolve_degrees(cfg, world).by_name(),
+        activation_checkpointing=cfg.activation_checkpointing,
+        activation_memory_budget=cfg.activation_memory_budget,
+        fp8=cfg.fp8,
+        compile=cfg.compile,
         pp_layers_per_stage=cfg.pp_layers_per_stage,
     )
 
@@ -356,12 +478,17 @@ def _verify(
     else:
         table: dict[str, Any] = {
             **layout.by_name(),
-            "activation_checkpointing": "full" if layout.activation_checkpointing else "none",
+            "activation_checkpointing": layout.activation_checkpointing,
+            "compile": layout.compile,
             "precision": work.precision,
             "sync_every_micro_batch": chosen.sync_every_micro_batch or work.sync_every_micro_batch,
         }
         if layout.pp_layers_per_stage is not None:
             table["pp_layers_per_stage"] = layout.pp_layers_per_stage
+        if layout.fp8 is not None:
+            table["fp8"] = layout.fp8
+        if layout.activation_checkpointing == "budget":
+            table["activation_memory_budget"] = layout.activation_memory_budget
         cfg = _parallel_config(table, "the planner's layout")
     return verify_layout(
         args.config,

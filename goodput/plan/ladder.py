@@ -9,7 +9,9 @@ Rungs, in order of pain (world = hosts x devices per host, g = devices per host)
    hosts (dp_shard = g x m for m dividing the hosts) up to the whole world.
 3. EP (a mixture of experts whose routed experts hold most parameters): each shard degree again
    with ep within a host (ep dividing g, the experts and dp_shard).
-4. AC: activation checkpointing (the trainer's full per-block recompute) on any of the above.
+4. AC: activation checkpointing on any of the above: the per-op policy ("op": recomputes the
+   elementwise ops, keeps the matmuls' and attention's outputs), whole blocks ("full"), and a
+   memory budget ("budget", under compile only), as ``Options`` allows.
 5. TP within a host: tp dividing g (each must divide the heads, kv heads, ffn dim, vocabulary
    and seq_len), FSDP over the rest; with and without AC.
 6. PP across hosts: pp dividing the hosts (at most num_layers), each valid tp within a host,
@@ -18,7 +20,10 @@ Rungs, in order of pain (world = hosts x devices per host, g = devices per host)
    stages), up to ``MAX_CP`` and the first cp that cuts a sequence into more chunks than it has
    tokens; its FSDP group keeps the same ranks (dp_shard x cp).
 Mixtures of experts skip TP, PP and CP: goodput's trainer refuses them with MoE today. A
-candidate's rung is the most painful one it uses (tp 2 + AC is TP).
+candidate's rung is the most painful one it uses (tp 2 + AC is TP). Beside the rungs, each
+layout is weighed with every fp8 scaling and compile setting ``Options`` allows (fp8 only on a
+device with FP8 matmuls, ``Rates.fp8``; what the trainer refuses, e.g. compile with tp today, is
+refused with its reason): they change the cost, not the pain.
 
 With more than one micro-batch a step, FSDP holds unsharded gradients through the accumulation
 unless ``sync_every_micro_batch`` is set; when only that keeps a layout from fitting, the
@@ -60,8 +65,39 @@ NEAREST_RANGE = 0.25  # how far from a batch that some layout runs the planner l
 MAX_CP = 1024
 # The most layouts one plan weighs (each has its memory and cost estimated, and again at up to
 # 2 x NEAREST_TRIES nearby batches): a power-of-two machine at the command's maxima, 131,072
-# hosts x 1,024 devices, lists about 14,000; counts with many divisors list far more.
-MAX_CANDIDATES = 20_000
+# hosts x 1,024 devices, lists about 10,400 with the three checkpointing modes weighed by
+# default; counts with many divisors list far more. 20,000 when two modes were weighed: the same
+# machines fit under it with three (with fp8 and compile too, fewer do: the refusal says so).
+MAX_CANDIDATES = 30_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    """How the blocks may compute, beside the degrees: the checkpointing modes the ladder
+    weighs (``layout.AC_MODES``; "budget" at ``memory_budget``, with compile only), the fp8
+    scalings (None: bf16) and compile settings."""
+
+    checkpointing: tuple[str, ...] = ("none", "full", "op")
+    memory_budget: float = 0.5
+    fp8: tuple[str | None, ...] = (None,)
+    compile: tuple[bool, ...] = (False,)
+
+    def variants(self, base: Layout, rates: Rates) -> list[Layout]:
+        """``base`` with each combination allowed (fp8 only where ``rates`` has it)."""
+        return [
+            replace(
+                base,
+                activation_checkpointing=mode,
+                activation_memory_budget=self.memory_budget,
+                fp8=recipe,
+                compile=compiled,
+            )
+            for mode in self.checkpointing
+            for recipe in self.fp8
+            if recipe is None or rates.fp8(recipe) is not None
+            for compiled in self.compile
+            if compiled or mode != "budget"
+        ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,8 +193,8 @@ class Plan:
             "use more hosts or lower the micro-batch (--micro-batch-size)"
             + (
                 ""
-                if any(c.layout and c.layout.activation_checkpointing for c in estimated)
-                else ", or allow activation checkpointing (no --no-activation-checkpointing)"
+                if any(c.layout and c.layout.activation_checkpointing != "none" for c in estimated)
+                else ", or allow activation checkpointing (--activation-checkpointing any)"
             ),
         )
 
@@ -169,13 +205,13 @@ def plan_layout(
     work: Workload,
     rates: Rates,
     *,
-    checkpointing: bool | None = None,
+    options: Options = Options(),
     given: Layout | None = None,
 ) -> Plan:
-    """Try every layout and choose the cheapest that fits. ``checkpointing``: None lets the
-    planner decide, True or False forces activation checkpointing on or off. ``given``: the
-    config's own [parallel] layout, checked for warnings only."""
-    ladder = _Ladder(model, machine, work, rates, checkpointing)
+    """Try every layout and choose the cheapest that fits. ``options``: the checkpointing
+    modes, fp8 scalings and compile settings the planner may choose. ``given``: the config's
+    own [parallel] layout, checked for warnings only."""
+    ladder = _Ladder(model, machine, work, rates, options)
     candidates = sorted(ladder.candidates(), key=lambda c: RUNGS.index(c.rung))
     chosen = cheapest(candidates)
     warnings = [critical_batch_warning(model, work.global_batch_samples * work.seq_len)]
@@ -255,7 +291,7 @@ def rung_of(layout: Layout) -> str:
         ("CP", layout.cp > 1),
         ("PP", layout.pp > 1),
         ("TP", layout.tp > 1),
-        ("AC", layout.activation_checkpointing),
+        ("AC", layout.activation_checkpointing != "none"),
         ("EP", layout.ep > 1),
         ("FSDP", layout.shard > 1),
     ):
@@ -357,10 +393,11 @@ class _Ladder:
         machine: Machine,
         work: Workload,
         rates: Rates,
-        checkpointing: bool | None,
+        options: Options,
     ):
         self.model, self.machine, self.work, self.rates = model, machine, work, rates
-        self.checkpointing = (False, True) if checkpointing is None else (checkpointing,)
+        self.variants = len(options.variants(Layout(), rates))  # per layout
+        self.options = options
 
     def candidates(self) -> Iterator[Candidate]:
         bases: list[Layout] = []
@@ -379,8 +416,7 @@ class _Ladder:
             if problems(self.model, base, self.work.seq_len):  # once, with the trainer's reason
                 yield evaluate(self.model, self.machine, self.work, self.rates, base, rung_of(base))
                 continue
-            for on in self.checkpointing:
-                layout = replace(base, activation_checkpointing=on)
+            for layout in self.options.variants(base, self.rates):
                 yield evaluate(
                     self.model, self.machine, self.work, self.rates, layout, rung_of(layout)
                 )
@@ -389,7 +425,7 @@ class _Ladder:
         """``layout`` to weigh, unless the ladder has grown past ``MAX_CANDIDATES`` (counted
         as the layouts are listed, before any is weighed, so the refusal takes a moment)."""
         bases.append(layout)
-        if len(bases) * len(self.checkpointing) <= MAX_CANDIDATES:
+        if len(bases) * self.variants <= MAX_CANDIDATES:
             return
         machine = self.machine
         fewer = 1 << (machine.nhosts.bit_length() - 1)
@@ -397,9 +433,15 @@ class _Ladder:
             "--nhosts/--ppn",
             f"{machine.nhosts} hosts x {machine.ppn} devices give more than "
             f"{MAX_CANDIDATES:,} layouts to weigh: the divisors of both counts multiply the "
-            "FSDP, tensor, pipeline and context-parallel splits",
+            f"FSDP, tensor, pipeline and context-parallel splits, each weighed in "
+            f"{self.variants} setting(s) of checkpointing, fp8 and compile",
             f"plan for a count of hosts with fewer divisors (the job leaves the rest spare), "
-            f"e.g. --nhosts {fewer}",
+            f"e.g. --nhosts {fewer}"
+            + (
+                ", or allow fewer settings (--activation-checkpointing, --fp8, --no-compile)"
+                if self.variants > 1
+                else ""
+            ),
         )
 
     def _dp(self) -> Iterator[tuple[str, Layout | str]]:

@@ -1,10 +1,12 @@
-"""A parallel layout (the six degrees of ``[parallel]``, activation checkpointing and the
-pipeline's layers per stage) and what goodput's trainer accepts of it.
+"""A parallel layout (the six degrees of ``[parallel]``, the pipeline's layers per stage, and how
+each block computes: activation checkpointing, fp8 matmuls, torch.compile) and what goodput's
+trainer accepts of it.
 
 ``Layout`` is the trainer's ``Degrees`` (``goodput.train.config.parallel``: the degrees as
 ``[parallel]`` names them, ``dp``, ``expert_shard`` and the world they need, ``product()`` = pp
 x dp_replicate x dp_shard x cp x tp; ``ep`` borrows its ranks from ``dp_shard`` and adds none)
-with the two choices the planner weighs beside them.
+with the choices the planner weighs beside them (``AC_MODES``, ``FP8_RECIPES``, compile: the
+trainer's ``[parallel]`` keys of the same names).
 ``balanced_layer_split`` is the planner's split of layers that do not divide into the stages
 (the first and the last stage, which hold the embedding and the head, take fewer).
 ``problems`` says why the trainer would refuse a layout for a model: the trainer's own rules
@@ -17,6 +19,7 @@ Invariants: degrees are whole numbers >= 1. Does not: read configs or build a me
 from __future__ import annotations
 
 import functools
+import typing
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,12 +41,31 @@ from goodput.train.config.parallel import (
 CACHED = 1 << 16
 
 
+def _literal_values(hint: Any) -> tuple[str, ...]:
+    """The strings a ``Literal[...]`` annotation admits (also within ``Literal[...] | None``)."""
+    if typing.get_origin(hint) is typing.Literal:
+        return typing.get_args(hint)
+    return tuple(value for arg in typing.get_args(hint) for value in _literal_values(arg))
+
+
+_TRAINER = typing.get_type_hints(ParallelConfig)
+# The trainer's own names (one definition: its [parallel] annotations). activation_checkpointing:
+# nothing, whole blocks, the per-op policy (saves the matmuls' and attention's outputs,
+# recomputes the rest), a memory budget (torch's activation_memory_budget, under compile only);
+# fp8: torchao's float8 scalings.
+AC_MODES = _literal_values(_TRAINER["activation_checkpointing"])
+FP8_RECIPES = _literal_values(_TRAINER["fp8"])
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Layout(Degrees):
     """The degrees (``Degrees``'s fields, 1 unless given), and how the blocks and layers are
     placed."""
 
-    activation_checkpointing: bool = False  # each block recomputed in backward
+    activation_checkpointing: str = "none"  # one of AC_MODES
+    activation_memory_budget: float = 0.5  # "budget" only: the share of "none"'s activations kept
+    fp8: str | None = None  # one of FP8_RECIPES: the blocks' linear layers in float8
+    compile: bool = False  # torch.compile each block
     pp_layers_per_stage: tuple[int, ...] | None = None  # None: the trainer's even split
 
     @property
@@ -60,10 +82,17 @@ class Layout(Degrees):
 
     def overrides(self) -> str:
         """The layout as ``goodput train`` overrides, ready to paste: the six degrees, then
-        activation checkpointing and the layers per stage when they are set."""
+        activation checkpointing, fp8, compile and the layers per stage when they are set
+        (a bare word is a string to the override parser: ``parallel.fp8=rowwise``)."""
         items = [f"parallel.{name}={value}" for name, value in self.by_name().items()]
-        if self.activation_checkpointing:
-            items.append("parallel.activation_checkpointing=full")
+        if self.activation_checkpointing != "none":
+            items.append(f"parallel.activation_checkpointing={self.activation_checkpointing}")
+        if self.activation_checkpointing == "budget":
+            items.append(f"parallel.activation_memory_budget={self.activation_memory_budget:g}")
+        if self.fp8 is not None:
+            items.append(f"parallel.fp8={self.fp8}")
+        if self.compile:
+            items.append("parallel.compile=true")
         if self.pp_layers_per_stage is not None:
             items.append(
                 f"parallel.pp_layers_per_stage=[{','.join(map(str, self.pp_layers_per_stage))}]"
@@ -71,12 +100,19 @@ class Layout(Degrees):
         return " ".join(items)
 
     def describe(self) -> str:
-        """The degrees above 1 in the mesh's order, e.g. ``dp_shard 24 x tp 4 + AC``: shorter
-        than ``Degrees.describe``'s line of them all, for the planner's tables."""
+        """The degrees above 1 in the mesh's order, then how the blocks compute, e.g.
+        ``dp_shard 24 x tp 4 + AC op + fp8 rowwise + compile``: shorter than
+        ``Degrees.describe``'s line of them all, for the planner's tables."""
         parts = [f"{name} {getattr(self, name)}" for name in MESH_DIMS if getattr(self, name) > 1]
         line = " x ".join(parts) or "1 device"
         line += f" (ep {self.ep} within dp_shard)" if self.ep > 1 else ""
-        return line + (" + AC" if self.activation_checkpointing else "")
+        mode = self.activation_checkpointing
+        if mode == "budget":
+            line += f" + AC budget {self.activation_memory_budget:g}"
+        elif mode != "none":
+            line += " + AC" if mode == "full" else f" + AC {mode}"
+        line += f" + fp8 {self.fp8}" if self.fp8 is not None else ""
+        return line + (" + compile" if self.compile else "")
 
 
 def balanced_layer_split(num_layers: int, pp: int) -> tuple[int, ...] | None:
@@ -139,10 +175,15 @@ def _model_problem(model: ModelConfig, shape: Layout, seq_len: int) -> str | Non
 
 def _config(layout: Layout) -> ParallelConfig:
     """``layout`` as the trainer's ``[parallel]`` (which checks it alone when built)."""
-    degrees: dict[str, Any] = layout.by_name()  # keyword arguments of the config
+    keys: dict[str, Any] = layout.by_name()  # keyword arguments of the config
+    keys["activation_checkpointing"] = layout.activation_checkpointing  # one of AC_MODES
+    if layout.activation_checkpointing == "budget":
+        keys["activation_memory_budget"] = layout.activation_memory_budget
+    if layout.fp8 is not None:
+        keys["fp8"] = layout.fp8
     return ParallelConfig(
-        **degrees,
-        activation_checkpointing="full" if layout.activation_checkpointing else "none",
+        **keys,
+        compile=layout.compile,
         pp_layers_per_stage=layout.pp_layers_per_stage,
     )
 

@@ -45,13 +45,24 @@ The terms (``Breakdown``):
   all of those are split by tp (heads and ffn by the matmuls, the rest by sequence
   parallelism); not split: the two norm outputs that the matmuls save, gathered over the
   sequence (2 a d), and the rotary cos/sin (4e). Tokens: micro_batch x the longest cp rank's
-  share of seq_len. With activation checkpointing (``Layout.activation_checkpointing``: the
-  trainer's full per-block checkpointing) a layer keeps only its input (a d / tp),
-  plus one layer's full activations while it is recomputed. Under pp, 1F1B keeps up to
-  pp - s micro-batches in flight on stage s (no more than the micro-batches of a step).
+  share of seq_len. With activation checkpointing (``Layout.activation_checkpointing``) a
+  layer keeps, plus one layer's full activations while it is recomputed:
+    "full" (whole blocks): only its input, a d / tp;
+    "op" (the per-op policy, ``layer_op_bytes``): its input and the outputs of its matmuls and
+    attention: a (d + q + 2kv + q) / tp + 4h / tp (input; q, k, v; attention's output and
+    log-sum-exp), 2 a d for the outputs of wo and w2 (partial sums over the whole sequence
+    before tp's reduce-scatter), the MLP's matmul outputs 2 a f / tp (MoE: top_k x (2 a
+    f_expert + a d) and the shared expert's); the norms, rotary, SiLU and products recomputed;
+    "budget": torch's memory budget b keeps full's + b x (none's - full's).
+  Under pp, 1F1B keeps up to pp - s micro-batches in flight on stage s (no more than the
+  micro-batches of a step).
 - logits, on the last stage: micro_batch x tokens x (V (a + 4) / tp + (4d + 4 + a d) / tp + a d):
   the logits and the fp32 log-softmax that the loss keeps (both split by vocabulary under tp),
   the final norm's saved tensors, and the head's input, gathered over the sequence.
+- fp8 (``Layout.fp8``) with tensorwise scaling gathers the blocks' linear weights in float8
+  (torchao's float8 all-gather): 1 byte instead of a for those in ``gathered``. Not counted:
+  fp8's scales and torch.compile's smaller saved set (torchtitan measured 77.0 against 82.4
+  GiB for its 8B, benchmarks/llama3_h100_202412_torchtitan.md Table 1).
 - runtime: a flat allowance of RUNTIME_FRACTION of the device for what is not derived: the
   CUDA/XPU context, communication buffers, the caching allocator's fragmentation, the
   gradients of activations in flight in backward, the optimizer step's temporaries.
@@ -170,6 +181,36 @@ def layer_activation_bytes(model: ModelConfig, compute_bytes: int, tp: int) -> f
     gathered_inputs = 2 * a * d  # the norm outputs the matmuls keep, over the whole sequence
     rotary = 4 * e  # cos and sin, fp32, e/2 each
     return (norms + attention + mlp) / tp + gathered_inputs + rotary
+
+
+def layer_op_bytes(model: ModelConfig, compute_bytes: int, tp: int) -> float:
+    """Bytes one block keeps per token under the per-op checkpointing policy (the module
+    docstring's "op")."""
+    a, d, h = compute_bytes, model.dim, model.num_heads
+    q, kv = h * model.head_dim, model.kv_heads * model.head_dim
+    attention = a * (d + 2 * q + 2 * kv) + 4 * h  # input; q, k, v; output and log-sum-exp
+    if model.moe is None:
+        mlp = 2 * a * model.mlp_dim
+    else:
+        f = model.moe.expert_ffn_dim
+        mlp = model.moe.top_k * (2 * a * f + a * d) + (2 * a * f if model.moe.shared_expert else 0)
+    return (attention + mlp) / tp + 2 * a * d  # wo's and w2's partial sums, whole sequence
+
+
+def kept_layer_bytes(model: ModelConfig, layout: Layout, compute_bytes: int) -> float:
+    """Bytes one block keeps per token between its forward and backward under ``layout``'s
+    activation checkpointing (the module docstring)."""
+    tp = layout.tp
+    none = layer_activation_bytes(model, compute_bytes, tp)
+    full = compute_bytes * model.dim / tp
+    mode = layout.activation_checkpointing
+    if mode == "full":
+        return full
+    if mode == "op":
+        return layer_op_bytes(model, compute_bytes, tp)
+    if mode == "budget":
+        return full + layout.activation_memory_budget * (none - full)
+    return none
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,10 +350,13 @@ def _stage(
     gathered = held = 0.0
     accumulation = work.accumulation(layout)
     if fsdp_shards(layout.dp_replicate * layout.shard, work.precision):
+        # fp8 tensorwise gathers the blocks' linear weights in one byte each.
+        linear = 1 if layout.fp8 == "tensorwise" else a
+        blocks = linear * block_dense + a * block_experts
         if layout.pp > 1:
-            gathered = a * (dense + experts)
+            gathered = layers * blocks + a * root
         else:
-            gathered = a * (min(GATHERED_BLOCKS, layers) * (block_dense + block_experts) + root)
+            gathered = min(GATHERED_BLOCKS, layers) * blocks + a * root
         # A pipeline stage holds them through the step whatever sync_every_micro_batch says
         # (torch's PipelineStage defers the reduction to the last micro-batch's backward).
         if accumulation > 1 and (layout.pp > 1 or not work.sync_every_micro_batch):
@@ -321,10 +365,9 @@ def _stage(
     tokens = work.micro_batch_size * context_tokens(work.seq_len, layout.cp)
     per_layer = layer_activation_bytes(model, a, tp)
     in_flight = min(layout.pp - stage, accumulation)
-    if layout.activation_checkpointing:
-        kept = in_flight * layers * a * model.dim / tp + per_layer
-    else:
-        kept = in_flight * layers * per_layer
+    kept = in_flight * layers * kept_layer_bytes(model, layout, a)
+    if layout.activation_checkpointing != "none":
+        kept += per_layer  # the layer being recomputed
     activations = tokens * kept
     logits = 0.0
     if last:

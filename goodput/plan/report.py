@@ -1,6 +1,7 @@
 """A plan as text (one screen: the cheapest candidates and their costs, the closest rejection of
-each rung, the chosen layout's memory, the overrides line, warnings) or as one JSON object
-(the schema is in docs/plan.md); nothing here decides anything."""
+each rung, the chosen layout's memory, its margin over the config's own [parallel], the
+overrides line, warnings) or as one JSON object (the schema is in docs/plan.md); nothing here
+decides anything."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import math
 from typing import Any
 
 from goodput.io import json_text
+from goodput.plan.cost import Rates
 from goodput.plan.ladder import RUNGS, TIE, Candidate, Plan
-from goodput.plan.layout import Layout
+from goodput.plan.layout import FP8_RECIPES, Layout
 from goodput.plan.memory import GIB, RUNTIME_FRACTION, Breakdown
 
 TABLE_ROWS = 8  # the cheapest candidates shown; --json has them all
@@ -36,9 +38,16 @@ def overrides(plan: Plan, chosen: Candidate) -> str:
     return line
 
 
-def format_text(plan: Plan, title: str, seq_from: str, chosen: Candidate | None = None) -> str:
+def format_text(
+    plan: Plan,
+    title: str,
+    seq_from: str,
+    chosen: Candidate | None = None,
+    config: Candidate | None = None,
+) -> str:
     """The plan for a terminal; ``title`` names the config, ``seq_from`` where seq_len came
-    from; ``chosen``: the layout to report (default the planner's)."""
+    from; ``chosen``: the layout to report (default the planner's); ``config``: the config's
+    own [parallel], evaluated, whose margin against the chosen layout is printed."""
     machine, work, rates = plan.machine, plan.work, plan.rates
     chosen = chosen or plan.chosen
     fitting = plan.fitting
@@ -50,6 +59,7 @@ def format_text(plan: Plan, title: str, seq_from: str, chosen: Candidate | None 
         f"{work.global_batch_samples} x {work.seq_len} (seq_len: {seq_from}); micro-batch "
         f"{work.micro_batch_size}; {work.precision}",
         f"  step cost at {rates.flops / 1e12:g} TFLOP/s per device"
+        + _speedups(rates)
         + (f" (compute {compute:.3g} s a step in every layout)" if compute else "")
         + f", {rates.intra_bytes / 1e9:g} GB/s per device within a host, "
         f"{rates.inter_bytes / 1e9:g} GB/s between hosts",
@@ -70,9 +80,36 @@ def format_text(plan: Plan, title: str, seq_from: str, chosen: Candidate | None 
         lines += [f"  {_row(candidate, width, digits)}" for candidate in rows]
     lines += _rejected_lines(plan)
     if chosen is not None and chosen.layout is not None and chosen.breakdown is not None:
-        lines += _chosen_lines(plan, chosen, chosen.breakdown)
+        lines += _chosen_lines(plan, chosen, chosen.breakdown, config)
     lines += [f"warning: {warning}" for warning in plan.warnings]
     return "\n".join(lines)
+
+
+def _speedups(rates: Rates) -> str:
+    """The fp8 and compile speed-ups the step cost assumes, and the matmuls' size effect."""
+    fp8 = ", ".join(
+        f"fp8 {recipe} x{gain:g}"
+        for recipe in FP8_RECIPES
+        if (gain := rates.fp8(recipe)) is not None
+    )
+    size = f", matmuls at dim / (dim + {rates.gemm_half_dim:g})" if rates.gemm_half_dim else ""
+    return f" (linear layers: {fp8 or 'no fp8'}; compile x{rates.compile:g}{size})"
+
+
+def _margin(config: Candidate, chosen: Candidate) -> str:
+    """The config's own layout against the chosen one: how much faster the chosen one steps
+    by the estimate (tokens a second: the ratio of the step times), or that they are one."""
+    assert config.layout is not None and config.cost is not None and chosen.cost is not None
+    if config.layout == chosen.layout:
+        return "margin: the config's [parallel] is the chosen layout"
+    fit = "" if config.fits else f"; it does not fit: {config.reason}"
+    gain = config.cost.total / chosen.cost.total - 1
+    than = "faster" if gain >= 0 else "slower"
+    return (
+        f"margin: the config's [parallel] ({config.layout.describe()}) takes "
+        f"{config.cost.total:.4g} s a step: the chosen layout is {abs(gain):.1%} {than} by "
+        f"the estimate{fit}"
+    )
 
 
 def to_json(
@@ -90,6 +127,8 @@ def to_json(
         record = {
             "layout": layout.by_name(),
             "activation_checkpointing": layout.activation_checkpointing,
+            "fp8": layout.fp8,
+            "compile": layout.compile,
             "pp_layers_per_stage": _layers(layout),
             "rung": chosen.rung,
             "memory_gib_per_device": _gib(chosen.breakdown.total),
@@ -107,6 +146,10 @@ def to_json(
             "tflops": plan.rates.flops / 1e12,
             "intra_gbps": plan.rates.intra_bytes / 1e9,
             "inter_gbps": plan.rates.inter_bytes / 1e9,
+            "fp8_rowwise": plan.rates.fp8_rowwise,
+            "fp8_tensorwise": plan.rates.fp8_tensorwise,
+            "compile": plan.rates.compile,
+            "gemm_half_dim": plan.rates.gemm_half_dim,
         },
         "candidates": [_candidate(candidate) for candidate in plan.candidates],
         "nearest_global_batches": [
@@ -115,6 +158,8 @@ def to_json(
                 "tokens": n.samples * plan.work.seq_len,
                 "layout": n.layout.by_name(),
                 "activation_checkpointing": n.layout.activation_checkpointing,
+                "fp8": n.layout.fp8,
+                "compile": n.layout.compile,
                 "total_s": round(n.total_s, 4),
             }
             for n in plan.nearest
@@ -136,7 +181,15 @@ def _shapes(fitting: list[Candidate]) -> list[Candidate]:
     for candidate in fitting:
         layout = candidate.layout
         assert layout is not None
-        shape = (layout.pp, layout.tp, layout.cp, layout.ep, layout.activation_checkpointing)
+        shape = (
+            layout.pp,
+            layout.tp,
+            layout.cp,
+            layout.ep,
+            layout.activation_checkpointing,
+            layout.fp8,
+            layout.compile,
+        )
         if shape not in seen:
             seen.add(shape)
             rows.append(candidate)
@@ -201,7 +254,11 @@ def _short(plan: Plan, candidate: Candidate) -> str | None:
     return candidate.reason  # the pipeline's micro-batches: the trainer's own words
 
 
-def _chosen_lines(plan: Plan, chosen: Candidate, breakdown: Breakdown) -> list[str]:
+def _chosen_lines(
+    plan: Plan, chosen: Candidate, breakdown: Breakdown, config: Candidate | None
+) -> list[str]:
+    """The chosen layout: its memory term by term, notes, the margin over the config's own
+    [parallel] (when given), and the overrides (last, to paste)."""
     assert chosen.layout is not None and chosen.cost is not None
     accumulation = plan.work.accumulation(chosen.layout)
     stage = f", pipeline stage {breakdown.stage}" if chosen.layout.pp > 1 else ""
@@ -226,6 +283,8 @@ def _chosen_lines(plan: Plan, chosen: Candidate, breakdown: Breakdown) -> list[s
         )
     if not chosen.fits:
         lines.append(f"note: {chosen.reason}")
+    if config is not None:
+        lines.append(_margin(config, chosen))
     lines.append(f"overrides: {overrides(plan, chosen)}")
     return lines
 
@@ -254,6 +313,8 @@ def _candidate(candidate: Candidate) -> dict[str, Any]:
         "rung": candidate.rung,
         "layout": layout.by_name() if layout is not None else None,
         "activation_checkpointing": layout.activation_checkpointing if layout else None,
+        "fp8": layout.fp8 if layout else None,
+        "compile": layout.compile if layout else None,
         "pp_layers_per_stage": _layers(layout) if layout else None,
         "memory_gib_per_device": (
             _gib(candidate.breakdown.total) if candidate.breakdown is not None else None

@@ -1,7 +1,8 @@
 """Fuzz the numbers ``goodput plan layout`` reads from its command line (hosts, devices per
 host, device memory, the global batch, the sequence length, the micro-batch and the step
-cost's rates) and those of ``goodput plan reliability`` (hosts, MTBF, stall, restart, walltime,
-survival, step, interval).
+cost's rates; with any device, checkpointing mode, fp8 scaling and compile setting) and those
+of ``goodput plan reliability`` (hosts, MTBF, stall, restart, walltime, survival, step,
+interval).
 
 Property: exit 0 with a plan, or exit 1 (nothing fits) or 2 (bad input) with exactly one
 ``goodput: error:`` line and no traceback, within a bound of time; never another exception, nor
@@ -58,15 +59,29 @@ PLAUSIBLE = {
     junk=numbers,
     micro_batch=st.none() | st.integers(1, 8),
     checkpointing=st.sampled_from(
-        [None, "--activation-checkpointing", "--no-activation-checkpointing"]
+        [
+            None,
+            "--activation-checkpointing",
+            "--no-activation-checkpointing",
+            *(f"--activation-checkpointing={mode}" for mode in (*plan_command.AC_MODES, "any")),
+        ]
     ),
     from_config=st.booleans(),
+    rungs=st.fixed_dictionaries(
+        {
+            "--device": st.none() | st.sampled_from(plan_command.DEVICE_NAMES),
+            "--fp8": st.none() | st.sampled_from([*plan_command.FP8_RECIPES, "any", "none"]),
+            "compile": st.sampled_from([None, "--compile", "--no-compile"]),
+        }
+    ),
 )
 def test_any_numbers_give_a_plan_or_one_line(
-    config, values, broken, junk, micro_batch, checkpointing, from_config
+    config, values, broken, junk, micro_batch, checkpointing, from_config, rungs
 ):
     if broken is not None:
         values[broken] = junk
+    if rungs["--device"] is not None and broken != "--gpu-mem-gb":
+        del values["--gpu-mem-gb"]  # the device's memory
     argv = ["plan", "layout", config]
     for option, value in values.items():
         argv.append(f"{option}={value}")  # '=' keeps a leading '-' a value
@@ -76,6 +91,10 @@ def test_any_numbers_give_a_plan_or_one_line(
         argv.append(checkpointing)
     if from_config:
         argv.append("--layout-from-config")
+    argv += [
+        f"{option}={value}" for option, value in rungs.items() if value and option != "compile"
+    ]
+    argv += [rungs["compile"]] if rungs["compile"] else []
     _check_layout(argv)
 
 

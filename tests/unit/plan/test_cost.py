@@ -38,7 +38,7 @@ def test_compute_is_the_steps_flops_over_the_world_and_the_rate():
 def test_recompute_is_a_third_of_the_blocks_flops():
     # Blocks: 21,210,624 - 6 x (256,000 + 256) = 19,673,088 FLOPs a token, a third recomputed:
     # x 1024 tokens / 4 devices / 1e12.
-    cost = step_cost(MODEL, Layout(dp_shard=4, activation_checkpointing=True), work(), RATES)
+    cost = step_cost(MODEL, Layout(dp_shard=4, activation_checkpointing="full"), work(), RATES)
     assert cost.recompute == pytest.approx(19_673_088 / 3 * 1024 / 4 / 1e12)
     assert 1.25 < (cost.compute + cost.recompute) / cost.compute < 4 / 3
     assert step_cost(MODEL, Layout(dp_shard=4), work(), RATES).recompute == 0
@@ -88,7 +88,7 @@ def test_tp_moves_the_activations_eight_times_a_block_and_four_more_when_recompu
     cost = step_cost(MODEL, Layout(tp=2, dp_shard=2), work(), RATES)
     assert cost.tp == pytest.approx(36 * 16_384 * 8 / 100e9)
     recomputed = step_cost(
-        MODEL, Layout(tp=2, dp_shard=2, activation_checkpointing=True), work(), RATES
+        MODEL, Layout(tp=2, dp_shard=2, activation_checkpointing="full"), work(), RATES
     )
     assert recomputed.tp == pytest.approx(52 * 16_384 * 8 / 100e9)
 

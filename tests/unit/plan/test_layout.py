@@ -20,6 +20,7 @@ from goodput.plan.ladder import (
     RUNGS,
     TIE,
     Machine,
+    Options,
     evaluate,
     plan_layout,
     rung_of,
@@ -120,7 +121,10 @@ def test_20b_on_8_aurora_nodes_takes_the_cheapest_that_fits():
     # host.
     fsdp48 = next(c for c in result.candidates if c.layout == Layout(dp_replicate=2, dp_shard=48))
     assert fsdp48.fits and result.chosen.cost.total < fsdp48.cost.total
-    assert result.chosen.layout.tp > 1 and result.warnings == ()
+    # With the per-op checkpointing rung, FSDP within a host fits at a tenth of a forward's
+    # recompute: cheaper than tp 2.
+    chosen = result.chosen.layout
+    assert (chosen.tp > 1 or chosen.activation_checkpointing == "op") and result.warnings == ()
 
 
 # llama-80b: V = 128256, d = 9216, 88 layers, 72 heads, 8 kv heads, e = 128, f = 24576. Per block:
@@ -149,12 +153,14 @@ def test_80b_at_tp_4_memory_term_by_term():
 
 def test_80b_on_2_aurora_nodes_fits_only_with_checkpointing():
     model, machine = shipped("llama-80b"), Machine(nhosts=2, **AURORA)
-    without = plan(model, machine, work(4096, 384), checkpointing=False)
+    without = plan(model, machine, work(4096, 384), options=Options(checkpointing=("none",)))
     assert without.chosen is None
     what, fix = without.failure()
     assert what.startswith("no layout fits: the smallest estimate is 68.5 GiB per device (CP ")
     assert "more hosts" in fix and "allow activation checkpointing" in fix
-    assert not any(c.layout and c.layout.activation_checkpointing for c in without.candidates)
+    assert all(
+        c.layout is None or c.layout.activation_checkpointing == "none" for c in without.candidates
+    )
     # Under FSDP, PP 2 halves the layers and the shard degree alike, and 1F1B keeps 2
     # micro-batches in flight on the first stage: no relief against TP 4 x FSDP 6.
     pp = next(c for c in without.candidates if c.rung == "PP" and c.layout.tp == 4)
@@ -162,16 +168,18 @@ def test_80b_on_2_aurora_nodes_fits_only_with_checkpointing():
     assert pp.breakdown.total > tp4.breakdown.total
     result = plan(model, machine, work(4096, 384))
     assert_a_sound_choice(result)
-    assert result.chosen.layout.activation_checkpointing
-    forced = plan(model, machine, work(4096, 384), checkpointing=True)
-    assert all(c.layout.activation_checkpointing for c in forced.candidates if c.breakdown)
+    assert result.chosen.layout.activation_checkpointing != "none"
+    forced = plan(model, machine, work(4096, 384), options=Options(checkpointing=("full",)))
+    assert all(
+        c.layout.activation_checkpointing == "full" for c in forced.candidates if c.breakdown
+    )
 
 
 # llama-405b: V = 128256, d = 16384, 126 layers, 128 heads, 8 kv heads, e = 128, f = 53248. Per
 # block: attention 16384 x 128 x 272 = 570,425,344; MLP 3 x 16384 x 53248 = 2,617,245,696; split
 # 3,187,671,040; norms 32,768. Embedding = head = 2,101,346,304.
 def test_405b_at_tp_2_with_checkpointing_memory_term_by_term():
-    layout = Layout(tp=2, dp_shard=128, dp_replicate=2, activation_checkpointing=True)
+    layout = Layout(tp=2, dp_shard=128, dp_replicate=2, activation_checkpointing="full")
     candidate = check(shipped("llama-405b"), Machine(nhosts=64, **H100), work(8192, 512), layout)
     # tp 2: unsharded per device 126 x (1,593,835,520 + 32,768) + 2,101,346,304 + 16384 =
     # 202,928,766,976; state 16 x that / 128 = 25,366,095,872. Gathered: 2 x (2 x 1,593,868,288
@@ -202,7 +210,10 @@ def test_pp_comes_when_data_parallelism_runs_out():
     # 405B on 256 nodes (2048 devices) with 128 samples a step: tp 8 leaves 256 data-parallel
     # ranks, more than the batch has samples; pp halves them at least.
     result = plan(
-        shipped("llama-405b"), Machine(nhosts=256, **H100), work(8192, 128), checkpointing=True
+        shipped("llama-405b"),
+        Machine(nhosts=256, **H100),
+        work(8192, 128),
+        options=Options(checkpointing=("full",)),
     )
     assert result.chosen.rung in ("PP", "CP") and result.chosen.layout.dp <= 128
     batch = [c for c in result.candidates if c.reason and "does not split" in c.reason]
@@ -369,4 +380,11 @@ def test_a_machine_listing_too_many_layouts_is_refused_before_any_is_weighed():
     assert time.monotonic() - began < 30  # generous: listing the layouts takes about a second
     assert refused.value.where == "--nhosts/--ppn" and refused.value.code == ExitCode.USAGE
     assert f"more than {MAX_CANDIDATES:,} layouts to weigh" in refused.value.what
-    assert refused.value.fix.endswith("e.g. --nhosts 65536")
+    # Each layout in the three checkpointing modes weighed by default: fewer settings help too.
+    assert refused.value.what.endswith(
+        "each weighed in 3 setting(s) of checkpointing, fp8 and compile"
+    )
+    assert refused.value.fix.startswith("plan for a count of hosts with fewer divisors")
+    assert "e.g. --nhosts 65536, or allow fewer settings (--activation-checkpointing" in (
+        refused.value.fix
+    )

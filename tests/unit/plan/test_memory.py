@@ -107,7 +107,7 @@ def test_tp_splits_all_but_the_gathered_matmul_inputs_and_the_rotary_tables():
 
 
 @pytest.mark.parametrize("pp", [2, 3, 4, 5, 7])
-@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("checkpointing", ["none", "full", "op"])
 @pytest.mark.parametrize("split", ["even", "balanced"])
 def test_the_worst_stage_is_found_among_three(pp, checkpointing, split):
     model = replace(DENSE, num_layers=11, tie_embeddings=True)
