@@ -92,16 +92,6 @@ class ParallelConfig:
                 "is not supported yet",
                 "set pp = 1 with cp, or cp = 1 with pp",
             )
-        for degree, exchange in (("cp", "ring attention's point-to-point"), ("ep", "all-to-all")):
-            if getattr(self, degree) > 1 and self.compile:
-                # Not shown to compute the right gradients compiled (a compiled tensor-parallel
-                # block did not, below): refused rather than trusted.
-                raise GoodputError.usage(
-                    "[parallel]",
-                    f"compile = true with {degree} = {getattr(self, degree)}: the {exchange} "
-                    "exchanges are not compiled",
-                    f"set compile = false with {degree} > 1",
-                )
         # fp32-master's bf16 compute comes from FSDP's mixed-precision policy; a replicated model
         # has no such hook and would silently train in fp32.
         if self.data_parallel == "replicate" and PRECISIONS[self.precision].mixed:
@@ -133,16 +123,6 @@ class ParallelConfig:
                 "[parallel]",
                 f"dp_shard = {self.dp_shard}, but data_parallel = 'replicate' shards nothing",
                 "leave dp_shard unset, or use data_parallel = 'fsdp'",
-            )
-        if self.compile and self.tp > 1:
-            # Checked on CPU: a compiled block under tensor parallelism ran, with fp32-master,
-            # to a gradient norm of 0.65 where every other layout gives 0.85 (and in fp32 did not
-            # finish its first step in 5 minutes).
-            raise GoodputError.usage(
-                "[parallel]",
-                f"compile = true with tp = {self.tp}: a compiled tensor-parallel block computes "
-                "wrong gradients on torch 2.13",
-                "set compile = false for tensor-parallel runs (compile works with dp and pp)",
             )
         if self.pp > 1:  # with pp = 1 the pipeline keys are refused as inert (inert_keys)
             self._check_pipeline()

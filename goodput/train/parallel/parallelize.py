@@ -5,9 +5,9 @@ the rules a layout must meet, are ``config/parallel.py``'s).
 sees): FP8 (``fp8``: the blocks' linear layers become torchao's float8 linears, ``float8``) →
 tensor parallelism → expert parallelism → context parallelism → activation checkpointing
 (what each block keeps for backward: ``activation_checkpoint``) → ``torch.compile`` (each
-block, the checkpointing inside it) → FSDP2 ``fully_shard`` (each block, its split experts a
-unit of their own, then the root: embedding, final norm, output head — tied weights stay in one
-unit). The precision policy
+block's own forward, inside its checkpointing and module hooks: ``compile`` says why) → FSDP2
+``fully_shard`` (each block, its split experts a unit of their own, then the root: embedding,
+final norm, output head — tied weights stay in one unit). The precision policy
 comes first of all: a policy whose weights are not fp32 (pure-bf16) casts them (the buffers stay
 fp32). Pipeline parallelism
 comes before all of them: ``goodput.train.parallel.pipeline`` cuts the model into stages and
@@ -72,6 +72,7 @@ from goodput.train.experts import GroupedExperts, shard_experts
 from goodput.train.model import Attention, ContextParallel, Transformer
 from goodput.train.parallel.activation_checkpoint import checkpoint_blocks
 from goodput.train.parallel.collectives import CountedAllGather, CountedReduceScatter
+from goodput.train.parallel.compile import compile_blocks
 from goodput.train.parallel.float8 import convert_blocks
 from goodput.train.parallel.grad_tally import GradientTally
 from goodput.train.ring_attention import ContextLayout
@@ -118,8 +119,7 @@ def parallelize(
     blocks = model.blocks
     checkpoint_blocks(blocks, cfg)
     if cfg.compile:
-        for block in blocks.values():
-            block.compile()
+        compile_blocks(blocks)
     if cfg.data_parallel == "fsdp":
         _fully_shard(model, cfg, mesh, tally)
     return model

@@ -76,8 +76,6 @@ MOE = ["model.moe.num_experts=4", "model.moe.top_k=2"]
             "ep = 2 needs data_parallel = 'fsdp'",
         ),
         (["parallel.cp=2", "parallel.pp=2"], "context parallelism inside pipeline stages"),
-        (["parallel.cp=2", "parallel.compile=true"], "compile = true with cp = 2"),
-        ([*MOE, "parallel.ep=2", "parallel.compile=true"], "compile = true with ep = 2"),
         (["parallel.cp=128"], "cp = 128 splits each sequence into 256 chunks, more than"),
         (["parallel.cp=3", "parallel.tp=2"], "tp = 2 does not divide the [42, 43] tokens"),
         ([*MOE, "parallel.cp=2"], "cp = 2 with a mixture-of-experts model: not supported"),
@@ -160,7 +158,6 @@ def test_replicas_of_sharded_groups_train_like_one_process():
         ),
         # Without a pipeline the pipeline's keys do nothing: refused as such, naming the key.
         (["parallel.pp_stages_per_rank=2"], "'parallel.pp_stages_per_rank' is set but has no"),
-        (["parallel.tp=2", "parallel.compile=true"], "compile = true with tp = 2"),
     ],
 )
 def test_a_layout_that_cannot_split_the_model_is_refused_by_name(overrides, message):
@@ -168,6 +165,15 @@ def test_a_layout_that_cannot_split_the_model_is_refused_by_name(overrides, mess
         load_config(RunConfig, CONFIGS / "tiny-cpu.toml", overrides)
     assert message in error.value.render() and "\n" not in error.value.render()
     assert error.value.code == 2
+
+
+@pytest.mark.parametrize(
+    "overrides", [["parallel.tp=2"], ["parallel.cp=2"], [*MOE, "parallel.ep=2"], ["parallel.pp=2"]]
+)
+def test_compile_is_taken_in_every_layout(overrides):
+    # Each compiled layout trains as the eager one does: test_compile_layouts.
+    cfg = load_config(RunConfig, CONFIGS / "tiny-cpu.toml", [*overrides, "parallel.compile=true"])
+    assert cfg.parallel.compile
 
 
 @pytest.mark.parametrize("degree", ["tp", "pp"])
