@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch._functorch.config
 from torch import nn
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
@@ -40,6 +41,10 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 def compile_blocks(blocks: nn.ModuleDict) -> None:
     """Compile the forward of each of ``blocks`` (a model's or a pipeline stage's) in place,
     inside its checkpointing; its inputs waited for first (the module docstring)."""
+    # The memory budget's partitioner ("budget" checkpointing) sizes every value a compiled block
+    # could keep, and refuses the opaque objects it cannot: under TP, the DeviceMesh the DTensor
+    # ops take, which holds no tensors (zero bytes is its true size). Inert without a budget.
+    torch._functorch.config.unsafe_treat_script_objects_as_zero_size = True
     for block in blocks.values():
         block.register_forward_pre_hook(_wait_in_flight)
         own = block._checkpoint_wrapped_module if isinstance(block, CheckpointWrapper) else block

@@ -2,20 +2,23 @@
 that ``goodput.train.parallel.compile`` (and ``experts.grouped_matmul``) work around, each as a
 reproduction that fails today.
 
-The layouts: TP x FSDP; TP x PP with activation checkpointing (the compiled code inside the
-checkpointing, below); CP (ring attention: its point-to-point exchanges break the graph and run
-uncompiled between the compiled pieces) x FSDP; EP (all-to-all, with data-dependent splits:
-graph breaks and dynamic shapes) x FSDP on the MoE model. Each is compiled (inductor, on CPU)
-in the real ``train()`` on 4 gloo ranks and its logged loss and gradient norm compared with the
-one-process eager run of ``test_layout_invariance`` (same model, data and tolerance, 1e-5
-relative): the eager layouts equal that reference (that file), so a compiled layout that
-equals it equals its own eager step. Measured: within 1.2e-6 over the 10 steps.
+The layouts, each with one activation checkpointing mode (each mode's path through
+``compile.py`` once; every mode is exact, so the eager reference is the same): TP x FSDP; TP x
+PP with "full" checkpointing (the compiled forward inside the checkpointing); CP x FSDP with
+"budget" (the compile partitioner's; ring attention's point-to-point exchanges break the graph
+and run uncompiled between the compiled pieces); EP x FSDP on the MoE model (all-to-all with
+data-dependent splits: graph breaks and dynamic shapes). Each is compiled (inductor, on CPU) in
+the real ``train()`` on 4 gloo ranks, and its logged loss and gradient norm are compared with a
+one-process eager run by ``test_layout_invariance``'s comparison (its model and data, its 1e-5
+relative tolerance): the eager layouts equal that reference (that file), so a compiled layout
+that equals it equals its own eager step. Measured: within 2.1e-7 at every step.
 
-10 steps, not the issue's 50: inductor compiles each layout's block graphs afresh (the first
-step, 15-60 s per layout on 2 busy cores, most of this file's time), and the steps after it cost
-0.1-0.5 s each per layout (4 ranks on 2 cores), so 50 steps would add ~2 minutes of CI for
-nothing a tenth of them does not show: the compiled and eager runs agree to rounding (1e-7) at
-every step, where a wrong gradient (the seed's TP bug: 0.65 for 0.85) is off from the first.
+10 steps at lr 2e-3, not the issue's 50 at the tiny run's 1e-2, measured: at 1e-2 the
+compiled and eager runs agree to rounding at each step (1e-7), but the rounding grows with the
+steps, to 7e-6 in the gradient norm by step 8 and 2.8e-5 by step 50: past the tolerance, which
+a wrong gradient (the seed's TP bug: 0.65 for 0.85) exceeds ~1e4-fold from step 1. And the
+file took 13.3 minutes with 50 steps against 8.2 with 10 on the 2 shared cores (most of it
+inductor compiling each layout's graphs afresh, 15-60 s a layout).
 
 The runs share one spawned 4-rank group (``test_layout_invariance``'s pattern); dynamo's caches
 are reset between runs, so each compiles its own layout (in one process, the layouts' guard
@@ -46,22 +49,24 @@ from goodput.train.loop import train
 pytestmark = pytest.mark.timeout(900)
 
 NUM_STEPS = 10
+LEARNING_RATE = 2e-3
 WORLD_SIZE = 4
 # name: (the test_layout_invariance variant, the [parallel] keys)
 LAYOUTS: dict[str, tuple[str, dict[str, Any]]] = {
     "dp_shard=2,tp=2": ("untied", dict(dp_shard=2, tp=2)),
-    "tp=2,pp=2,activation_checkpointing": (
-        "untied",
-        dict(tp=2, pp=2, activation_checkpointing=True),
-    ),
-    "cp=2,dp_shard=2": ("untied", dict(cp=2, dp_shard=2)),
+    "tp=2,pp=2,full": ("untied", dict(tp=2, pp=2, activation_checkpointing="full")),
+    "cp=2,dp_shard=2,budget": ("untied", dict(cp=2, dp_shard=2, activation_checkpointing="budget")),
     "ep=2,dp_shard=4": ("moe", dict(ep=2)),
 }
 
 
 def compiled_config(base: RunConfig, run_dir: Path, variant: str, **parallel: Any) -> RunConfig:
     cfg = layout_config(base, run_dir, variant, **parallel)
-    return replace(cfg, train=replace(cfg.train, steps=NUM_STEPS))
+    return replace(
+        cfg,
+        train=replace(cfg.train, steps=NUM_STEPS),
+        schedule=replace(cfg.schedule, lr=LEARNING_RATE),
+    )
 
 
 def train_compiled(rank: int, world_size: int, runs: list[tuple[str, RunConfig]]) -> dict[str, int]:
@@ -70,6 +75,7 @@ def train_compiled(rank: int, world_size: int, runs: list[tuple[str, RunConfig]]
     graphs = {}
     for name, cfg in runs:
         torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
         train(cfg)
         graphs[name] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     return graphs
