@@ -1,10 +1,9 @@
 """The step-cost model against published measurements (``goodput.plan.calibration``): every row
 within ``TOLERANCE`` of its measurement, and through ``goodput plan layout --device NAME
---layout-from-config`` the same estimate wherever goodput's trainer takes the row's layout (the
-rows it refuses, and why: ``test_the_rows_the_trainer_refuses_...``); the rows of one machine
-ranked by the estimate as measured; the devices' constants what the fit gives on the fitted
-half, and no more than half of the rows fitted; docs/plan.md's tables of rows and devices as
-the calibration prices them."""
+--layout-from-config`` the same estimate (the trainer takes every row's layout); the rows of
+one machine ranked by the estimate as measured; the devices' constants what the fit gives on
+the fitted half, and no more than half of the rows fitted; docs/plan.md's tables of rows and
+devices as the calibration prices them."""
 
 from __future__ import annotations
 
@@ -102,31 +101,15 @@ def _toml(row: Measurement) -> str:
     return "\n".join(lines) + "\n"
 
 
-# The rows whose layout goodput's trainer takes, and those it refuses (their reasons): a refused
-# layout cannot be written as a config, so the command cannot price it.
-REFUSED = {
-    row.name: reasons
-    for row in MEASUREMENTS
-    if (reasons := problems(row.model, row.layout, row.seq_len))
-}
-TAKEN = [row for row in MEASUREMENTS if row.name not in REFUSED]
+def test_the_trainer_takes_every_rows_layout():
+    """Every row runs through the command below: the trainer takes each published layout as a
+    config (torchtitan's 70B and 405B rows compile under tp 8, which it once refused)."""
+    assert {row.name: problems(row.model, row.layout, row.seq_len) for row in MEASUREMENTS} == {
+        row.name: [] for row in MEASUREMENTS
+    }
 
 
-def test_the_rows_the_trainer_refuses_are_the_compiled_tensor_parallel_ones():
-    """The rows not run through the command are exactly those the trainer refuses, and each
-    for the one known reason: torchtitan's 70B and 405B rows compile under tp 8, and
-    ``ParallelConfig`` refuses compile with tp (a compiled tensor-parallel block computed a
-    gradient norm of 0.65 where every other layout gives 0.85). They are still held to the
-    tolerance and the ranking through ``step_cost`` directly (the tests above). Once the trainer
-    takes compile with tp, every row runs through the command and this set is empty."""
-    for row in MEASUREMENTS:
-        if row.name in REFUSED:
-            assert row.layout.compile and row.layout.tp > 1, row.name
-            assert any("compile = true with tp" in reason for reason in REFUSED[row.name])
-    assert len(TAKEN) >= len(MEASUREMENTS) / 2
-
-
-@pytest.mark.parametrize("row", TAKEN, ids=lambda row: row.name)
+@pytest.mark.parametrize("row", MEASUREMENTS, ids=lambda row: row.name)
 def test_the_command_prices_each_row_as_the_calibration_does(row, tmp_path, capsys):
     config = tmp_path / "row.toml"
     config.write_text(_toml(row))
