@@ -9,6 +9,8 @@ splits (so recompute sees the split block) and before ``torch.compile`` and FSDP
   does not send them again); backward recomputes the rest (norms, rotary, activations, the
   elementwise products), which is cheap in compute and most of the memory. The all-gathers that
   feed the matmuls are recomputed, as torchtitan's per-op mode does: they are the bigger tensors.
+  torchtitan's mode also recomputes every second matmul; this one keeps them all (more memory,
+  no matmul recomputed), and the planner prices it so.
 - ``"budget"``: torch.compile's partitioner keeps what fits in ``activation_memory_budget`` (a
   share of what ``"none"`` keeps) and recomputes the rest; only compiled blocks have a
   partitioner (``ParallelConfig`` refuses it without compile).
