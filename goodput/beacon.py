@@ -10,7 +10,8 @@ The file: one fixed 256-byte little-endian struct (``_LAYOUT``), written under a
 and renamed into place, then updated in place through ``mmap`` (MAP_SHARED) under a seqlock: an
 update makes ``seq`` odd, packs the fields, makes it even again. A reader retries a few times
 until ``seq`` is even and unchanged; a rank stopped mid-update leaves it odd forever, and the
-reader returns the fields with ``torn=True`` (the counters only grow, so they are still usable).
+reader returns the fields with ``torn=True`` (the counters only grow, so they are still usable:
+each update is packed aside and copied in, never zeroed in place first).
 (x86 keeps the stores in order; on a weaker memory model a read may mix two neighbouring
 updates, each field still one of the values it held.)
 An update costs about a microsecond and needs no syscall, no collective and no thread; a rank
@@ -260,7 +261,7 @@ class Beacon:
             self._static = (*self._static[:-1], schedule_id & ((1 << 64) - 1))
             self._seq += 1  # odd while the static part changes: a reader retries
             _SEQ.pack_into(self._buffer, _SEQ_AT, self._seq)
-            _STATIC.pack_into(self._buffer, _STATIC_AT, *self._static)
+            self._buffer[_STATIC_AT : _STATIC_AT + _STATIC.size] = _STATIC.pack(*self._static)
             self._seq += 1
             _SEQ.pack_into(self._buffer, _SEQ_AT, self._seq)
 
@@ -321,9 +322,9 @@ class Beacon:
         buffer = self._buffer
         self._seq += 1
         _SEQ.pack_into(buffer, _SEQ_AT, self._seq)
-        _DYNAMIC.pack_into(
-            buffer,
-            _DYNAMIC_AT,
+        # Packed aside, then copied in: ``pack_into`` zeroes its span before it writes the
+        # fields, and a rank stopped between the two would leave a torn beacon of zeros.
+        buffer[_DYNAMIC_AT : _DYNAMIC_AT + _DYNAMIC.size] = _DYNAMIC.pack(
             self._step,
             self._phase,
             self._last_site,

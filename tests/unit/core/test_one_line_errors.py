@@ -60,7 +60,9 @@ def options_with_values() -> list[tuple[list[str], list[str], str]]:
         ]
         for action in parser._actions:
             checked = action.type is not None or action.choices is not None
-            if action.option_strings and action.nargs != 0 and checked:
+            # An optional value (nargs "?": the old bare flag) takes no word that starts with
+            # "-": that is the next option, as argparse reads it.
+            if action.option_strings and action.nargs not in (0, "?") and checked:
                 cases.append((words, positionals, action.option_strings[-1]))
     return cases
 
