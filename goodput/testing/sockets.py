@@ -35,23 +35,31 @@ CPU = torch.device("cpu")
 
 
 def open_sockets() -> int:
-    """How many TCP sockets this process holds, listening or connected: its socket descriptors
+    """How many TCP sockets this process holds, listening or connected (``socket_inodes``)."""
+    return len(socket_inodes())
+
+
+def socket_inodes() -> frozenset[str]:
+    """This process's TCP sockets, listening or connected: the inodes of its socket descriptors
     that the kernel lists in ``/proc/net/tcp`` or ``tcp6``. One in neither is counted out: gloo
     holds such a descriptor for a moment after a lazy group's first collective (made and not
-    yet connected, or being closed), and no later count finds it."""
-    inodes: set[str] = set()
+    yet connected, or being closed), and no later count finds it. A set, so that what a moment
+    made is told apart from what closed meanwhile (a destroyed group's sockets close late)."""
+    listed: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(FileNotFoundError):  # no IPv6 here
             for line in Path(table).read_text().splitlines()[1:]:
-                inodes.add(line.split()[9])
-    count = 0
+                listed.add(line.split()[9])
+    held: set[str] = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:  # the descriptor listdir itself held, closed since
             continue
-        count += target.startswith("socket:[") and target[len("socket:[") : -1] in inodes
-    return count
+        inode = target[len("socket:[") : -1]
+        if target.startswith("socket:[") and inode in listed:
+            held.add(inode)
+    return frozenset(held)
 
 
 @dataclass(frozen=True, slots=True)
