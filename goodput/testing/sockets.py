@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -35,8 +36,25 @@ CPU = torch.device("cpu")
 
 
 def open_sockets() -> int:
-    """How many TCP sockets this process holds, listening or connected (``socket_inodes``)."""
-    return len(socket_inodes())
+    """How many TCP sockets this process holds, listening or connected, once settled
+    (``settled_socket_inodes``)."""
+    return len(settled_socket_inodes())
+
+
+def settled_socket_inodes(deadline_s: float = 10.0) -> frozenset[str]:
+    """``socket_inodes`` once the same set has been read five times in a row 0.1 s apart (or
+    ``deadline_s`` has passed: the last read). Why: under load a pair's socket is out of the
+    kernel's table for a moment after an eager group is made (CI, counting at one moment, saw
+    one of a W = 2 group's two). Every rank counts between two barriers: a rank that has
+    counted and gone on connects its lazy pairs to one still counting."""
+    deadline = time.monotonic() + deadline_s
+    last, same = socket_inodes(), 1
+    while same < 5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = socket_inodes()
+        same = same + 1 if now == last else 1
+        last = now
+    return last
 
 
 def socket_inodes() -> frozenset[str]:
@@ -90,6 +108,7 @@ def group_sockets(rank: int, world_size: int, tmp: str, eager: bool) -> GroupSoc
     docstring)."""
     dist.barrier()
     default = open_sockets()
+    dist.barrier()
     with contextlib.ExitStack() as stack:
         if eager:
             for module in ("goodput.checkpoint.save", "goodput.checkpoint.snapshot.slots"):
@@ -99,6 +118,7 @@ def group_sockets(rank: int, world_size: int, tmp: str, eager: bool) -> GroupSoc
         checkpointer, store = _made(Path(tmp), rank, world_size, contents)
         dist.barrier()
         made = open_sockets()
+        dist.barrier()
         checkpointer.save(1, blocking=True)
         store.take(1, contents)
         snapshot_ok, _ = store.settle()
@@ -107,6 +127,7 @@ def group_sockets(rank: int, world_size: int, tmp: str, eager: bool) -> GroupSoc
         store.commit(flags.item() == 0)
         dist.barrier()
         used = open_sockets()
+        dist.barrier()
         saved = [c.step for c in list_checkpoints(checkpointer.root) if c.complete] == [1]
         checkpointer.close()
         store.close(finished=True)
