@@ -33,7 +33,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from goodput.testing.dist import run_distributed
 from goodput.train.config.model import MoEConfig
-from goodput.train.experts import shard_experts
+from goodput.train.experts import distribute_experts
 from goodput.train.model import MoE
 
 DIM = 256
@@ -115,7 +115,7 @@ def _dispatch_rank(rank: int, world_size: int) -> list[float]:
     torch.set_num_threads(1)
     moe = _moe()
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("ep",))
-    shard_experts(moe, mesh["ep"])
+    distribute_experts(moe, mesh["ep"])
     x_bd = _tokens(rank, world_size)[None]
     return _time([(moe, x_bd)], barrier=dist.barrier)[0]
 

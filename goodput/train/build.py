@@ -152,6 +152,7 @@ def build_run(
     settings = StepSettings(
         max_grad_norm=cfg.train.max_grad_norm,
         token_group=mesh.token_group,
+        data_group=mesh.data_group,
         positions_t=context.positions(mesh.cp_rank).to(runtime.device) if context else None,
         sync_every_micro_batch=cfg.parallel.sync_every_micro_batch,
         tally=tally,
@@ -310,7 +311,12 @@ def build_model(
             cfg.parallel, plan.local_batch_size, default=plan.grad_accumulation
         )
         pipeline = build_pipeline(
-            cfg.model, cfg.parallel, mesh, device, num_microbatches=microbatches
+            cfg.model,
+            cfg.parallel,
+            mesh,
+            device,
+            num_microbatches=microbatches,
+            context=context_layout(cfg, mesh),
         )
         if not empty:
             initialize_model(pipeline.parts, cfg.model, cfg.train.seed)

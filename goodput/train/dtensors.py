@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Partial
 
 from goodput.beacon import current
 
@@ -16,6 +16,19 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``tensor``: a DTensor's local shard (the whole value when it is
     replicated), a plain tensor itself."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def local_of_own_tokens(param: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter that it applies to its own tokens only (an MoE layer
+    under sequence parallelism): where the parameter is replicated, the gradient this rank
+    makes is its tokens' share, a partial sum that the gradient's reduction completes
+    (``aligned_grad``, or FSDP's)."""
+    if not isinstance(param, DTensor):
+        return param
+    shares = [
+        Partial() if placement.is_replicate() else placement for placement in param.placements
+    ]
+    return param.to_local(grad_placements=shares)
 
 
 def aligned_grad(param: torch.Tensor) -> torch.Tensor:

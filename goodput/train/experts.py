@@ -5,10 +5,14 @@ out]`` (``w1`` gate and ``w3`` up: ``[x, d, f]``; ``w2`` down: ``[x, f, d]``), a
 tokens already sorted by expert: one grouped matmul per projection (``grouped_matmul``), not a
 Python loop over a list of modules.
 
-Expert parallelism (``[parallel] ep``): ``shard_experts`` makes each grouped weight a DTensor
-split by expert (``Shard(0)``) over the ``ep`` ranks, so each holds ``experts / ep`` of them and
-a checkpoint still holds every expert under one name, whatever ``ep`` saved it (DCP reshards it
-into any other ``ep``). ``dispatch`` sends each token to the rank holding its expert and brings
+Expert parallelism (``[parallel] ep``): ``distribute_experts`` makes each grouped weight a
+DTensor split by expert (``Shard(0)``) over the ``ep`` ranks, so each holds ``experts / ep`` of
+them and a checkpoint still holds every expert under one name, whatever ``ep`` saved it (DCP
+reshards it into any other ``ep``). Under tensor parallelism the weights are replicated over
+the ``tp`` ranks, each computing its own slice of the sequence (``model.MoE``): their gradients
+are each rank's share, summed over ``tp`` (``dtensors.local_of_own_tokens``).
+
+``dispatch`` sends each token to the rank holding its expert and brings
 the result back: an all-to-all of the per-expert counts, then an all-to-all of the tokens with
 uneven splits (``all_to_all``, differentiable: its backward is the reverse all-to-all), expert
 computation on what arrived, and the reverse all-to-all. The ``ep`` ranks are data-parallel
@@ -27,9 +31,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from goodput.train.dtensors import local_tensor
+from goodput.train.dtensors import local_of_own_tokens
 
 # torch._grouped_mm wants every row of its operands 16-byte aligned.
 GROUPED_MM_ALIGNMENT_BYTES = 16
@@ -73,7 +77,7 @@ class GroupedExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(num_experts, dim, ffn_dim))  # gate
         self.w3 = nn.Parameter(torch.empty(num_experts, dim, ffn_dim))  # up
         self.w2 = nn.Parameter(torch.empty(num_experts, ffn_dim, dim))  # down: the output
-        # The ep ranks' group once ``shard_experts`` split the experts; None: all are here.
+        # The ep ranks' group once ``distribute_experts`` split the experts; None: all are here.
         self.expert_group: dist.ProcessGroup | None = None
         self.reset_parameters()
 
@@ -93,20 +97,24 @@ class GroupedExperts(nn.Module):
 
     def compute(self, x_nd: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """This rank's experts on rows sorted by them, ``counts`` rows each."""
-        w1, w3, w2 = (local_tensor(w) for w in (self.w1, self.w3, self.w2))
+        w1, w3, w2 = (local_of_own_tokens(w) for w in (self.w1, self.w3, self.w2))
         hidden = F.silu(grouped_matmul(x_nd, w1, counts)) * grouped_matmul(x_nd, w3, counts)
         return grouped_matmul(hidden, w2, counts)
 
 
-def shard_experts(model: nn.Module, ep_mesh: DeviceMesh) -> None:
-    """Split every ``GroupedExperts`` of ``model`` by expert over ``ep_mesh`` (in place)."""
+def distribute_experts(model: nn.Module, mesh: DeviceMesh) -> None:
+    """Every ``GroupedExperts`` of ``model`` as DTensors on ``mesh`` (in place): split by expert
+    over its ``ep`` dimension, replicated over its ``tp`` one."""
+    names = mesh.mesh_dim_names or ()
+    placements = [Shard(0) if name == "ep" else Replicate() for name in names]
     for experts in model.modules():
         if isinstance(experts, GroupedExperts):
             for name in ("w1", "w3", "w2"):
                 full = getattr(experts, name)
-                split = distribute_tensor(full.data, ep_mesh, [Shard(0)], src_data_rank=None)
+                split = distribute_tensor(full.data, mesh, placements, src_data_rank=None)
                 setattr(experts, name, nn.Parameter(split, requires_grad=full.requires_grad))
-            experts.expert_group = ep_mesh.get_group()
+            if "ep" in names:
+                experts.expert_group = mesh.get_group("ep")
 
 
 def dispatch(

@@ -256,11 +256,30 @@ class SwiGLU(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+@dataclass(frozen=True, slots=True)
+class TokenSplit:
+    """The ranks one micro-batch's tokens are spread over — context parallelism's chunks and,
+    under tensor parallelism, sequence parallelism's slices of them — so that an MoE layer
+    routes them all as one process routes the whole micro-batch (set by ``parallelize``)."""
+
+    group: dist.ProcessGroup  # the cp x tp ranks, tp fastest
+    tp: int  # sequence parallelism's slices of each context-parallel rank's tokens
+    tp_rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """One training forward's routing over its whole micro-batch: the assignments each expert
+    was chosen for, and how many of them capacity dropped (``MoE.routed``)."""
+
+    counts_x: torch.Tensor  # float32, [experts]
+    dropped: torch.Tensor  # int64, ()
+
+
 class MoE(nn.Module):
     """Top-k routed SwiGLU experts (+ optional shared expert); see the module docstring."""
 
     selection_bias: torch.Tensor
-    tokens_per_expert: torch.Tensor
 
     def __init__(self, dim: int, cfg: MoEConfig):
         super().__init__()
@@ -269,47 +288,92 @@ class MoE(nn.Module):
         self.experts = GroupedExperts(dim, cfg.expert_ffn_dim, cfg.num_experts)
         self.shared = SwiGLU(dim, cfg.expert_ffn_dim) if cfg.shared_expert else None
         self.register_buffer("selection_bias", torch.zeros(cfg.num_experts), persistent=True)
-        self.register_buffer("tokens_per_expert", torch.zeros(cfg.num_experts), persistent=False)
+        self.split: TokenSplit | None = None  # set by parallelize under cp or tp > 1
+        # The weight of the balancing loss in the step's objective (the step sets it): the
+        # loss reaches the gradients through backward itself, so that a pipeline stage's
+        # layers contribute theirs without the last stage's loss function knowing of them.
+        self.aux_scale = 0.0
+        self.init_buffers()
 
     def init_buffers(self) -> None:
-        """Start balanced: no selection bias, no tokens counted (a resume then loads the bias)."""
+        """Start balanced: no selection bias, nothing routed yet (a resume then loads the bias)."""
         self.selection_bias.zero_()
-        self.tokens_per_expert.zero_()
-        self.aux_loss = torch.zeros(())
-        self.num_dropped = torch.zeros((), dtype=torch.int64)
+        self.aux_loss = torch.zeros(())  # the last forward's balancing loss
+        # Each training forward's routing since the step began (not a recompute in backward).
+        self.routed: list[Routed] = []
 
-    def forward(self, x_btd: torch.Tensor) -> torch.Tensor:
-        x_nd = x_btd.reshape(-1, x_btd.shape[-1])
+    def forward(self, x_btd: torch.Tensor, positions_t: torch.Tensor | None = None) -> torch.Tensor:
+        """``positions_t``: the tokens' positions in their sequences (None: 0..t-1), which order
+        them among the tokens of the split's other ranks."""
+        b, t, _ = x_btd.shape
+        x_nd = x_btd.reshape(b * t, -1)
         logits_nx = self.router(x_nd).float()
         chosen_nk = torch.topk(logits_nx + self.selection_bias, self.cfg.top_k, dim=-1).indices
         gates_nk = torch.softmax(logits_nx.gather(1, chosen_nk), dim=-1).type_as(x_nd)
-        counts_x = torch.bincount(chosen_nk.flatten(), minlength=self.cfg.num_experts)
-        self.tokens_per_expert = counts_x.detach().float()
-        fraction_x = counts_x.float() / chosen_nk.numel()
-        probability_x = torch.softmax(logits_nx, dim=-1).mean(0)
+        expert_a = chosen_nk.flatten()  # assignment a = token * k + slot
+        # Capacity and the balancing loss are decided over every assignment of the micro-batch,
+        # wherever its tokens are: ``own_a`` places this rank's among them.
+        every_a, own_a = expert_a, None
+        if self.split is not None:
+            every_a, own_a = self._every_assignment(chosen_nk, b, t, positions_t)
+        counts_x = torch.bincount(every_a, minlength=self.cfg.num_experts)
+        capacity = (
+            math.ceil(self.cfg.capacity_factor * every_a.numel() / self.cfg.num_experts)
+            if self.cfg.capacity_factor
+            else every_a.numel()
+        )
+        kept_every_a = first_come(every_a, counts_x, capacity)
+        if torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
+            # A training forward; not its recompute in backward (activation checkpointing).
+            dropped = every_a.numel() - kept_every_a.sum()
+            self.routed.append(Routed(counts_x.detach().float(), dropped.detach()))
+        # Switch's E * sum_x f_x p_x: f the micro-batch's share of assignments per expert, p its
+        # tokens' mean router probability, to which this rank's tokens add their share (the
+        # shares' gradients add up over the split's ranks like any other token's).
+        fraction_x = counts_x.float() / every_a.numel()
+        num_tokens = every_a.numel() // self.cfg.top_k
+        probability_x = torch.softmax(logits_nx, dim=-1).sum(0) / num_tokens
         self.aux_loss = (
             self.cfg.aux_loss_coef * self.cfg.num_experts * (fraction_x * probability_x).sum()
         )
-        capacity = (
-            math.ceil(self.cfg.capacity_factor * chosen_nk.numel() / self.cfg.num_experts)
-            if self.cfg.capacity_factor
-            else chosen_nk.numel()
-        )
-        # Assignments a = token * k + slot, grouped by expert in token order (a stable sort):
-        # each expert keeps its first ``capacity`` (first come), the rest are dropped.
-        expert_a = chosen_nk.flatten()
+        kept_a = kept_every_a if own_a is None else kept_every_a[own_a]
+        # This rank's kept assignments grouped by expert, in token order within each.
         order_a = torch.argsort(expert_a, stable=True)
-        starts_x = counts_x.cumsum(0) - counts_x
-        place_a = torch.arange(len(order_a), device=x_nd.device) - starts_x[expert_a[order_a]]
-        kept_a = order_a[place_a < capacity]
-        self.num_dropped = (counts_x - counts_x.clamp(max=capacity)).sum().detach()
-        token_a = kept_a // self.cfg.top_k
-        computed = self.experts(x_nd[token_a], counts_x.clamp(max=capacity))
-        weighted = computed * gates_nk.flatten()[kept_a, None]
+        order_a = order_a[kept_a[order_a]]
+        token_a = order_a // self.cfg.top_k
+        kept_x = torch.bincount(expert_a[order_a], minlength=self.cfg.num_experts)
+        computed = self.experts(x_nd[token_a], kept_x)
+        weighted = computed * gates_nk.flatten()[order_a, None]
         out_nd = torch.zeros_like(x_nd).index_add(0, token_a, weighted)
         if self.shared is not None:
             out_nd = out_nd + self.shared(x_nd)
-        return out_nd.view_as(x_btd)
+        return balancing_gradient(out_nd, self.aux_loss, self.aux_scale).view_as(x_btd)
+
+    def _every_assignment(
+        self, chosen_nk: torch.Tensor, b: int, t: int, positions_t: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The expert of every assignment of the micro-batch in token order (row, then
+        position), gathered from the split's ranks, and the index of each of this rank's
+        assignments among them."""
+        assert self.split is not None
+        split, k = self.split, self.cfg.top_k
+        device = chosen_nk.device
+        if positions_t is None:  # sequence parallelism's slice t of the whole sequence
+            positions_t = torch.arange(t * split.tp, device=device)
+        own_t = positions_t[split.tp_rank * t : (split.tp_rank + 1) * t]
+        rows_b = torch.arange(b, device=device)
+        key_n = (rows_b[:, None] * 2**32 + own_t[None, :]).flatten()
+        ranks = dist.get_world_size(split.group)
+        every_key_n = key_n.new_empty(ranks * len(key_n))
+        every_chosen_nk = chosen_nk.new_empty(ranks * len(key_n), k)
+        dist.all_gather_single(every_key_n, key_n, group=split.group)
+        dist.all_gather_single(every_chosen_nk, chosen_nk.contiguous(), group=split.group)
+        token_order = torch.argsort(every_key_n)
+        place_n = torch.empty_like(token_order)
+        place_n[token_order] = torch.arange(len(token_order), device=device)
+        own_n = place_n.view(ranks, -1)[dist.get_rank(split.group)]
+        own_a = (own_n[:, None] * k + torch.arange(k, device=device)[None, :]).flatten()
+        return every_chosen_nk[token_order].flatten(), own_a
 
     @torch.no_grad()
     def update_router_bias(self, load_x: torch.Tensor) -> None:
@@ -319,6 +383,45 @@ class MoE(nn.Module):
         every rank holds — moves identically everywhere."""
         if self.cfg.bias_update_rate:
             self.selection_bias += self.cfg.bias_update_rate * torch.sign(load_x.mean() - load_x)
+
+
+def first_come(expert_a: torch.Tensor, counts_x: torch.Tensor, capacity: int) -> torch.Tensor:
+    """Which of the assignments ``expert_a`` (in token order; ``counts_x`` per expert) their
+    experts keep: each its first ``capacity``."""
+    order_a = torch.argsort(expert_a, stable=True)
+    starts_x = counts_x.cumsum(0) - counts_x
+    place_a = torch.arange(len(order_a), device=expert_a.device) - starts_x[expert_a[order_a]]
+    kept_a = torch.empty_like(expert_a, dtype=torch.bool)
+    kept_a[order_a] = place_a < capacity
+    return kept_a
+
+
+class _BalancingGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        x: torch.Tensor,
+        aux_loss: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        ctx.aux = (aux_loss.shape, aux_loss.dtype, aux_loss.device, scale)  # type: ignore[attr-defined]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, None]:
+        shape, dtype, device, scale = ctx.aux  # type: ignore[attr-defined]
+        return grad, torch.full(shape, scale, dtype=dtype, device=device), None
+
+
+def balancing_gradient(x: torch.Tensor, aux_loss: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x`` itself, whose backward also gives ``aux_loss`` the gradient ``scale``: the
+    balancing loss, weighted as the step's objective weighs it, joins backward wherever the
+    layer's output does — in a pipeline stage as in a whole model."""
+    result = _BalancingGradient.apply(x, aux_loss, scale)
+    assert isinstance(result, torch.Tensor)
+    return result
 
 
 class Block(nn.Module):
@@ -339,6 +442,8 @@ class Block(nn.Module):
             x_btd = x_btd + self.attention(self.attention_norm(x_btd), positions_t)
         else:
             x_btd = x_btd + self.attention(self.attention_norm(x_btd), positions_t, cache)
+        if isinstance(self.mlp, MoE):  # its routing orders tokens by position
+            return x_btd + self.mlp(self.mlp_norm(x_btd), positions_t)
         return x_btd + self.mlp(self.mlp_norm(x_btd))
 
 
@@ -426,8 +531,3 @@ class Transformer(nn.Module):
 
     def moe_layers(self) -> list[MoE]:
         return [m for m in self.modules() if isinstance(m, MoE)]
-
-    def aux_loss(self) -> torch.Tensor:
-        """Sum of the MoE layers' balancing losses of the last forward (0 for a dense model)."""
-        losses = [layer.aux_loss for layer in self.moe_layers()]
-        return torch.stack(losses).sum() if losses else torch.zeros(())

@@ -32,10 +32,12 @@ consumed and the LR schedule moves on, so a skip changes nothing about which bat
 step gets. ``SkippedSteps`` counts skips and stops the run at ``train.max_skipped_steps`` in a
 row; its count is part of every checkpoint, so a resumed run skips and stops as a straight one.
 
-MoE models add their balancing loss to the objective (averaged over micro-batches and ranks) but
+MoE models add their balancing loss to the objective (averaged over micro-batches and
+data-parallel ranks; each layer's joins backward through its own output, ``model.MoE``) but
 never to the reported loss, which stays the language-model loss; the aux-loss-free router bias
 moves once per step on the expert load summed over every micro-batch and rank. That load, and
-the assignments the capacity factor dropped, are the step's ``ExpertLoad`` (metrics).
+the assignments the capacity factor dropped, are the step's ``ExpertLoad`` (metrics), over
+every pipeline stage.
 Split experts (``ep``) are DTensors on a mesh of their own, so the gradient norm is taken per
 mesh and the squares summed.
 
@@ -69,7 +71,7 @@ from goodput.beacon import current
 from goodput.errors import GoodputError
 from goodput.train.dtensors import local_tensor
 from goodput.train.loss import labels_from_model, num_targets, token_loss_sum
-from goodput.train.model import Transformer
+from goodput.train.model import MoE, Transformer
 from goodput.train.parallel.float8 import precompute_weight_scales
 from goodput.train.parallel.grad_tally import GradientTally
 
@@ -155,12 +157,15 @@ class SkippedSteps:
 class StepSettings:
     """What every step of a run does alike (``train_step``'s settings). ``token_group``: the
     ranks whose tokens make up the global batch (``ParallelMesh.token_group``: data x context
-    parallel; None: the default group). ``positions_t``: the positions of this rank's tokens in
-    their sequences (context parallelism; None: 0..t-1). ``tally``: measure each rank's own
-    gradient norm (``grad_tally``)."""
+    parallel; None: the default group); ``data_group``: its data-parallel ranks, each with
+    whole micro-batches (``ParallelMesh.data_group``; None: the default group).
+    ``positions_t``: the positions of this rank's tokens in their sequences (context
+    parallelism; None: 0..t-1). ``tally``: measure each rank's own gradient norm
+    (``grad_tally``)."""
 
     max_grad_norm: float | None = 1.0  # None: no clipping
     token_group: dist.ProcessGroup | None = None
+    data_group: dist.ProcessGroup | None = None
     positions_t: torch.Tensor | None = None
     sync_every_micro_batch: bool = False
     tally: GradientTally | None = None
@@ -209,6 +214,7 @@ def train_step(
             model,
             micro_batches,
             token_group=token_group,
+            data_group=settings.data_group,
             positions_t=settings.positions_t,
             sync_every_micro_batch=settings.sync_every_micro_batch,
             tally=settings.tally,
@@ -217,7 +223,11 @@ def train_step(
         grad_norm = clip_and_step([model], optimizer, settings.max_grad_norm, freeze=freeze)
     else:
         result = pipeline_forward_backward(
-            model, micro_batches, token_group=token_group, inject_nan=inject_nan
+            model,
+            micro_batches,
+            token_group=token_group,
+            data_group=settings.data_group,
+            inject_nan=inject_nan,
         )
         grad_norm = clip_and_step(
             model.parts, optimizer, settings.max_grad_norm, model.pp_group, model.tied_copy, freeze
@@ -296,6 +306,7 @@ def forward_backward(
     micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
     *,
     token_group: dist.ProcessGroup | None = None,
+    data_group: dist.ProcessGroup | None = None,
     positions_t: torch.Tensor | None = None,
     sync_every_micro_batch: bool = False,
     tally: GradientTally | None = None,
@@ -303,7 +314,8 @@ def forward_backward(
     inject_nan: bool = False,
 ) -> BackwardResult:
     """The summed token loss and the target tokens, both over the global batch; on return every
-    rank holds the gradients of their quotient, summed over ``token_group``. ``tally``: measure
+    rank holds the gradients of their quotient, summed over ``token_group`` (an MoE model's
+    routing over ``data_group``: ``finish_routing``). ``tally``: measure
     this rank's own gradient on the way (``grad_tally``; its FSDP reduce-scatters feed it).
     ``sample_labels``: train on labels drawn from the model's own predictions with this
     generator instead (SophiaG's Hessian estimate: the LM loss only, no expert balancing, no
@@ -314,14 +326,8 @@ def forward_backward(
     if tally is not None:
         tally.take()  # what a pass without it left there (SophiaG's Hessian estimate) is not ours
     global_tokens = _global_tokens(micro_batches, device, token_group)
-    moe_layers = (
-        model.moe_layers() if isinstance(model, Transformer) and sample_labels is None else []
-    )
-    num_contributions = len(micro_batches) * (
-        dist.get_world_size(token_group) if distributed else 1
-    )
-    expert_loads = [torch.zeros_like(layer.tokens_per_expert) for layer in moe_layers]
-    dropped = torch.zeros((), dtype=torch.int64, device=device)
+    moe_layers = model.moe_layers() if isinstance(model, Transformer) else []
+    start_routing(moe_layers, len(micro_batches), data_group, balancing=sample_labels is None)
     sharded = isinstance(model, FSDPModule)
     loss_sum = torch.zeros((), device=device)
     beacon = current()
@@ -340,11 +346,6 @@ def forward_backward(
         with loss_parallel() if vocab_sharded else contextlib.nullcontext():
             micro_loss_sum = token_loss_sum(logits, labels)
             objective = micro_loss_sum / global_tokens
-            if moe_layers:
-                objective = objective + model.aux_loss() / num_contributions  # type: ignore[operator]
-                for load, layer in zip(expert_loads, moe_layers, strict=True):
-                    load += layer.tokens_per_expert
-                    dropped += layer.num_dropped
             beacon.phase("backward")
             objective.backward()
         loss_sum += local_tensor(micro_loss_sum.detach())
@@ -371,25 +372,67 @@ def forward_backward(
                         dist.all_reduce(local_tensor(parameter.grad), group=token_group)
         with beacon.collective("step.sums"):
             dist.all_reduce(sums, group=token_group)
-        if moe_layers:
-            with beacon.collective("step.moe"):
-                for count in [*expert_loads, dropped]:
-                    dist.all_reduce(count, group=token_group)
-    for load, layer in zip(expert_loads, moe_layers, strict=True):
-        layer.update_router_bias(load)
+    expert_load = None
+    if moe_layers and sample_labels is None:
+        expert_load = finish_routing(moe_layers, len(micro_batches), data_group)
     ranks = dist.get_world_size(token_group) if distributed else 1
     mean_own_squared = float(sums[1]) / ranks
     return BackwardResult(
         float(sums[0]),
         global_tokens,
-        _expert_load(expert_loads, dropped) if moe_layers else None,
+        expert_load,
         mean_own_squared if math.isfinite(mean_own_squared) else None,
     )
 
 
-def _expert_load(loads: list[torch.Tensor], dropped: torch.Tensor) -> ExpertLoad:
-    imbalance = max(float(load.max() / load.mean().clamp(min=1e-12)) for load in loads)
-    return ExpertLoad(imbalance, int(dropped))
+def start_routing(
+    layers: Sequence[MoE],
+    num_micro_batches: int,
+    data_group: dist.ProcessGroup | None,
+    *,
+    balancing: bool,
+) -> None:
+    """Before a step's first forward: each MoE layer's routing record emptied, and its
+    balancing loss weighted as the objective weighs a micro-batch's, the mean over every
+    micro-batch of every data-parallel rank (``balancing`` False: SophiaG's Hessian estimate,
+    the language-model loss only)."""
+    ranks = dist.get_world_size(data_group) if dist.is_initialized() else 1
+    for layer in layers:
+        layer.routed.clear()
+        layer.aux_scale = 1 / (num_micro_batches * ranks) if balancing else 0.0
+
+
+def finish_routing(
+    layers: Sequence[MoE],
+    num_micro_batches: int,
+    data_group: dist.ProcessGroup | None,
+    pp_group: dist.ProcessGroup | None = None,
+) -> ExpertLoad:
+    """After a step's last backward: the load of each MoE layer (its last ``num_micro_batches``
+    forwards: a pipeline's schedule runs one of its own first) summed over the data-parallel
+    ranks in one all-reduce — each forward counted its whole micro-batch, wherever its tokens
+    were — the router biases moved on it, and the step's ``ExpertLoad``, over every stage of
+    the pipeline ``pp_group`` when there is one."""
+    records = [layer.routed[-num_micro_batches:] for layer in layers]
+    # float64: exact counts past float32's 2^24 assignments a step.
+    counts = torch.stack(
+        [torch.stack([r.counts_x for r in routed]).sum(0) for routed in records]
+    ).double()
+    dropped = torch.stack([r.dropped for routed in records for r in routed]).sum().double()
+    totals = torch.cat([counts.flatten(), dropped[None]])
+    if dist.is_initialized() and dist.get_world_size(data_group) > 1:
+        with current().collective("step.moe"):
+            dist.all_reduce(totals, group=data_group)
+    loads = totals[:-1].view_as(counts)
+    for layer, load in zip(layers, loads, strict=True):
+        layer.update_router_bias(load.float())
+    imbalance = (loads.amax(1) / loads.mean(1).clamp(min=1e-12)).amax()
+    stages = torch.stack([imbalance, totals[-1]])
+    if pp_group is not None:
+        with current().collective("step.pp"):
+            dist.all_reduce(stages[:1], op=dist.ReduceOp.MAX, group=pp_group)
+            dist.all_reduce(stages[1:], group=pp_group)
+    return ExpertLoad(float(stages[0]), int(stages[1]))
 
 
 def pipeline_forward_backward(
@@ -397,6 +440,7 @@ def pipeline_forward_backward(
     micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
     *,
     token_group: dist.ProcessGroup | None = None,
+    data_group: dist.ProcessGroup | None = None,
     sample_labels: torch.Generator | None = None,
     inject_nan: bool = False,
 ) -> BackwardResult:
@@ -405,6 +449,9 @@ def pipeline_forward_backward(
     input_ids = torch.cat([ids for ids, _ in micro_batches])
     labels = torch.cat([labels for _, labels in micro_batches])
     global_tokens = _global_tokens(micro_batches, labels.device, token_group)
+    moe_layers = [layer for part in pipeline.parts for layer in part.moe_layers()]
+    balancing = sample_labels is None
+    start_routing(moe_layers, pipeline.num_microbatches, data_group, balancing=balancing)
     # The schedule interleaves forward and backward, and its sends and receives to the next
     # stages are torch's own: they count as this rank's work, not as waits.
     current().phase("forward")
@@ -414,7 +461,12 @@ def pipeline_forward_backward(
     if dist.get_world_size(token_group) > 1:
         with current().collective("step.pp"):
             dist.all_reduce(loss_sum, group=token_group)
-    return BackwardResult(loss_sum.item(), global_tokens)
+    expert_load = None
+    if moe_layers and balancing:
+        expert_load = finish_routing(
+            moe_layers, pipeline.num_microbatches, data_group, pipeline.pp_group
+        )
+    return BackwardResult(loss_sum.item(), global_tokens, expert_load)
 
 
 def clip_and_step(

@@ -85,13 +85,6 @@ class ParallelConfig:
                 f"ep = {self.ep} needs data_parallel = 'fsdp'",
                 "use data_parallel = 'fsdp' (the default) with expert parallelism",
             )
-        if self.cp > 1 and self.pp > 1:
-            raise GoodputError.usage(
-                "[parallel]",
-                f"cp = {self.cp} with pp = {self.pp}: context parallelism inside pipeline stages "
-                "is not supported yet",
-                "set pp = 1 with cp, or cp = 1 with pp",
-            )
         # fp32-master's bf16 compute comes from FSDP's mixed-precision policy; a replicated model
         # has no such hook and would silently train in fp32.
         if self.data_parallel == "replicate" and PRECISIONS[self.precision].mixed:
@@ -180,13 +173,6 @@ class ParallelConfig:
 
     def check_model(self, model: ModelConfig, seq_len: int) -> None:
         """Refuse a layout that cannot split ``model`` (a usage error naming what to change)."""
-        if model.moe is not None and (self.tp > 1 or self.pp > 1 or self.cp > 1):
-            raise GoodputError.usage(
-                "[parallel]",
-                f"tp = {self.tp}, pp = {self.pp}, cp = {self.cp} with a mixture-of-experts model: "
-                "not supported yet",
-                "set tp, pp and cp to 1 and split the MoE model with ep and FSDP (dp_shard)",
-            )
         if self.ep > 1:
             if model.moe is None:
                 raise GoodputError.usage(
@@ -202,16 +188,17 @@ class ParallelConfig:
                     "choose ep dividing the number of experts",
                 )
         if self.cp > 1:
-            self._check_context(seq_len)
+            self._check_context(seq_len, moe=model.moe is not None)
         if self.fp8 is not None:
             self._check_fp8(model)
         if self.tp > 1:
             split = {
                 "model.num_heads": model.num_heads,
                 "model.num_kv_heads": model.kv_heads,
-                "model.ffn_dim": model.mlp_dim,
                 "model.vocab_size": model.vocab_size,
             }
+            if model.moe is None:  # an MoE layer's weights are not split over tp
+                split["model.ffn_dim"] = model.mlp_dim
             if self.cp == 1:  # sequence parallelism splits each micro-batch's sequence
                 split["train.seq_len"] = seq_len
             for name, value in split.items():
@@ -259,10 +246,19 @@ class ParallelConfig:
                     f"make {name} a multiple of {16 * split}, or leave fp8 unset",
                 )
 
-    def _check_context(self, seq_len: int) -> None:
+    def _check_context(self, seq_len: int, *, moe: bool) -> None:
         """Each rank's two chunks of a sequence must be non-empty and, under tensor
-        parallelism, split evenly over the tp ranks (sequence parallelism)."""
+        parallelism, split evenly over the tp ranks (sequence parallelism); an MoE model's
+        ranks hold equally many tokens (its layers gather every rank's routing alike)."""
         fix = f"use a train.seq_len that is a multiple of 2 x cp x tp = {2 * self.cp * self.tp}"
+        if moe and seq_len % (2 * self.cp):
+            raise GoodputError.usage(
+                "[parallel]",
+                f"cp = {self.cp} with a mixture-of-experts model needs train.seq_len = {seq_len} "
+                f"to split into {2 * self.cp} equal chunks (each MoE layer gathers every "
+                "context-parallel rank's routing, token for token)",
+                fix,
+            )
         if seq_len < 2 * self.cp:
             raise GoodputError.usage(
                 "[parallel]",

@@ -18,16 +18,24 @@ with what the world size leaves, checks that the product is the world size, buil
 - ``fsdp_mesh``: what ``parallelize`` shards the model over (``dp_shard`` x ``cp``: the ranks of
   one context-parallel group hold the same weights), and replicates over (``dp_replicate``)
   when there is more than one replica;
+- ``data_group``: the data-parallel ranks alone, each with whole micro-batches (an MoE
+  layer's routing counts are summed over it);
 - ``ep_mesh``: the ranks that split one MoE layer's experts (``ep`` consecutive ranks of
   ``dp_shard``); ``expert_fsdp_mesh``: the ranks holding the same experts, which shard them
-  (``dp_shard / ep``, and replicate over ``dp_replicate``);
+  (``dp_shard / ep`` x ``cp``, and replicate over ``dp_replicate``); ``experts_mesh``: what the
+  experts are split (``ep``) and replicated (``tp``) over as DTensors;
+- ``sequence_group``: the ranks holding one micro-batch's tokens (``cp`` x ``tp``, whose
+  sequence parallelism slices them further), among which an MoE layer routes;
 - ``cp_group``/``cp_rank``: the ranks that split each sequence (ring attention);
 - ``tp_mesh``: the ranks that split each weight matrix; ``pp_group``/``pp_rank``: the stages of
   one pipeline.
 
 Rank order. The mesh is ``pp x dp_replicate x dp_shard x cp x tp`` in row-major order, with
-``dp_shard`` split into ``dp_shard / ep`` x ``ep``: ``tp`` varies fastest, so a tensor-parallel
-group is ``tp`` consecutive ranks, then ``cp``, then ``ep``. Every launcher goodput drives
+``dp_shard`` split into ``dp_shard / ep`` outside ``cp`` and ``ep`` inside it: ``tp`` varies
+fastest, so a tensor-parallel group is ``tp`` consecutive ranks, then ``ep``, then ``cp``.
+(``ep`` inside ``cp``: the ranks holding the same experts, ``dp_shard / ep`` x ``cp``, are then
+one block of the mesh, as FSDP's mesh beside ``ep`` must be for torch 2.13 to complete the
+experts' gradient norm over both.) Every launcher goodput drives
 numbers ranks host by host (``srun``'s block distribution, Hydra's ``-ppn``, ``goodput launch``
 locally), so when ``tp`` divides the ranks per host each TP group — an all-reduce inside every
 layer — stays inside one host, and the pipeline's point-to-point sends cross hosts instead.
@@ -56,8 +64,8 @@ from goodput.train.config.parallel import (
 
 # The device mesh's dimensions, outermost first: the layout's (MESH_DIMS), with dp_shard split
 # into the ranks holding the same experts and the ep ranks that split them (both 1-sized
-# dimensions cost nothing for a dense model).
-DEVICE_MESH_DIMS = ("pp", "dp_replicate", "expert_shard", "ep", "cp", "tp")
+# dimensions cost nothing for a dense model), ep inside cp (the module docstring).
+DEVICE_MESH_DIMS = ("pp", "dp_replicate", "expert_shard", "cp", "ep", "tp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,14 +91,35 @@ class ParallelMesh:
         return self.token_mesh.get_group()
 
     @property
+    def data_group(self) -> dist.ProcessGroup:
+        return self.dp_mesh.get_group()
+
     def expert_fsdp_mesh(self) -> DeviceMesh:
+        """Collective the first time (flattens a dimension): see the module docstring."""
+        shard = self.device_mesh["expert_shard", "cp"]._flatten("expert_shard_cp")
         if self.degrees.dp_replicate > 1:
-            return self.device_mesh["dp_replicate", "expert_shard"]
-        return self.device_mesh["expert_shard"]
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Slicing a flattened dim")
+                return self.device_mesh["dp_replicate", "expert_shard_cp"]
+        return shard
 
     @property
     def ep_mesh(self) -> DeviceMesh:
         return self.device_mesh["ep"]
+
+    @property
+    def experts_mesh(self) -> DeviceMesh:
+        """``ep`` x ``tp``, or whichever of them splits."""
+        names = [name for name in ("ep", "tp") if getattr(self.degrees, name) > 1]
+        return self.device_mesh[tuple(names)] if len(names) > 1 else self.device_mesh[names[0]]
+
+    def sequence_group(self) -> dist.ProcessGroup:
+        """Collective the first time (flattens a dimension): see the module docstring."""
+        return self.device_mesh["cp", "tp"]._flatten("cp_tp").get_group()
+
+    @property
+    def tp_rank(self) -> int:
+        return self.device_mesh.get_local_rank("tp")
 
     @property
     def cp_group(self) -> dist.ProcessGroup:
@@ -126,8 +155,8 @@ def build_mesh(cfg: ParallelConfig, device: torch.device, ranks_per_host: int) -
     )
     data = ("dp_replicate", "expert_shard", "ep")
     dp_mesh = device_mesh[data]._flatten("dp")
-    token_mesh = device_mesh[(*data, "cp")]._flatten("dp_cp")
-    shard_mesh = device_mesh["expert_shard", "ep", "cp"]._flatten("dp_shard_cp")
+    token_mesh = device_mesh["dp_replicate", "expert_shard", "cp", "ep"]._flatten("dp_cp")
+    shard_mesh = device_mesh["expert_shard", "cp", "ep"]._flatten("dp_shard_cp")
     fsdp_mesh = shard_mesh
     if degrees.dp_replicate > 1:
         with warnings.catch_warnings():

@@ -32,7 +32,19 @@ the ``[tokens, vocab]`` logits are never gathered.
 Expert parallelism (``ep``, MoE models): each MoE layer's grouped expert weights are split by
 expert over ``ep`` ranks borrowed from ``dp_shard``, tokens reach their experts by all-to-all
 (``goodput.train.experts``); FSDP then shards the experts, as a unit of their own, over the
-``dp_shard / ep`` ranks holding the same ones (and replicates them over ``dp_replicate``).
+``dp_shard / ep`` x ``cp`` ranks holding the same ones (and replicates them over
+``dp_replicate``).
+
+An MoE layer under tensor and context parallelism runs on this rank's own tokens: its two
+chunks of each sequence (cp), sequence parallelism's slice of them (tp) — no all-gather before
+it, no reduce-scatter after. Its weights (router, shared expert, experts) are replicated over
+``tp`` (``SequenceParallel`` for the router and the shared expert, replicated DTensors for the
+experts), each rank's gradient its tokens' share, summed over ``tp``; over ``cp`` FSDP sums
+them as any weight's. Not expert tensor parallelism (each expert split over ``tp``, torchtitan's
+ETP): that needs the sequence gathered around every MoE layer — an all-gather and a
+reduce-scatter of the activations — to save the expert memory FSDP already shards over
+``dp_shard`` (docs/parallel.md). The layer routes over the whole micro-batch, gathering every
+rank's chosen experts (``model.TokenSplit``), so capacity and balancing are one process's.
 
 Context parallelism (``cp``): each rank holds two mirrored chunks of every sequence and its
 attention runs ring attention over the ``cp`` ranks (``goodput.train.ring_attention``); the
@@ -68,8 +80,8 @@ from torch.distributed.tensor.parallel import (
 from goodput.train.config.parallel import ParallelConfig, fsdp_shards
 from goodput.train.config.precision import PRECISIONS
 from goodput.train.device import detect_device_type
-from goodput.train.experts import GroupedExperts, shard_experts
-from goodput.train.model import Attention, ContextParallel, Transformer
+from goodput.train.experts import GroupedExperts, distribute_experts
+from goodput.train.model import Attention, ContextParallel, MoE, TokenSplit, Transformer
 from goodput.train.parallel.activation_checkpoint import checkpoint_blocks
 from goodput.train.parallel.collectives import CountedAllGather, CountedReduceScatter
 from goodput.train.parallel.compile import compile_blocks
@@ -109,13 +121,17 @@ def parallelize(
         convert_blocks(model, cfg, device_type=device_type, gather_float8=_shards(cfg, mesh))
     if mesh is not None and mesh.degrees.tp > 1:
         _tensor_parallel(model, mesh.tp_mesh, loss_parallel=cfg.loss_parallel)
-    if mesh is not None and mesh.degrees.ep > 1:
-        shard_experts(model, mesh.ep_mesh)
+    if mesh is not None and model.cfg.moe is not None and mesh.degrees.ep * mesh.degrees.tp > 1:
+        distribute_experts(model, mesh.experts_mesh)
     if mesh is not None and mesh.degrees.cp > 1:
         assert context is not None, "context parallelism splits the training sequences"
         for module in model.modules():
             if isinstance(module, Attention):
                 module.context = ContextParallel(context, mesh.cp_group)
+    if mesh is not None and model.cfg.moe is not None and mesh.degrees.cp * mesh.degrees.tp > 1:
+        split = TokenSplit(mesh.sequence_group(), mesh.degrees.tp, mesh.tp_rank)
+        for layer in model.moe_layers():
+            layer.split = split
     blocks = model.blocks
     checkpoint_blocks(blocks, cfg)
     if cfg.compile:
@@ -162,12 +178,35 @@ def _tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: 
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "mlp_norm": SequenceParallel(),
-            "mlp": gather_sequence,
-            "mlp.w1": ColwiseParallel(),
-            "mlp.w3": ColwiseParallel(),
-            "mlp.w2": RowwiseParallel(output_layouts=Shard(1)),
         }
+        if isinstance(block.mlp, MoE):
+            plan |= _moe_plan(block.mlp)
+        else:
+            plan |= {
+                "mlp": gather_sequence,
+                "mlp.w1": ColwiseParallel(),
+                "mlp.w3": ColwiseParallel(),
+                "mlp.w2": RowwiseParallel(output_layouts=Shard(1)),
+            }
         parallelize_module(block, tp_mesh, plan)  # type: ignore[arg-type]
+
+
+def _moe_plan(moe: MoE) -> dict[str, object]:
+    """An MoE layer on this rank's slice of the sequence, as a plain tensor (the module
+    docstring): its router and shared expert replicated, applied to the slice's tokens (dim 0
+    of the flattened ``[tokens, dim]``); the experts are ``distribute_experts``'."""
+    own_tokens = SequenceParallel(sequence_dim=0, use_local_output=True)
+    plan: dict[str, object] = {
+        "mlp": PrepareModuleInput(
+            input_layouts=(Shard(1), None),
+            desired_input_layouts=(Shard(1), None),
+            use_local_output=True,
+        ),
+        "mlp.router": own_tokens,
+    }
+    if moe.shared is not None:
+        plan |= dict.fromkeys(("mlp.shared.w1", "mlp.shared.w3", "mlp.shared.w2"), own_tokens)
+    return plan
 
 
 def _shards(cfg: ParallelConfig, mesh: ParallelMesh | None) -> bool:
@@ -203,7 +242,7 @@ def _fully_shard(
                 if isinstance(experts, GroupedExperts):
                     fully_shard(
                         experts,
-                        mesh=mesh.expert_fsdp_mesh,
+                        mesh=mesh.expert_fsdp_mesh(),
                         reshard_after_forward=reshard,
                         mp_policy=policy,
                     )

@@ -41,6 +41,7 @@ from torch.distributed.pipelining import (
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
 )
+from torch.distributed.pipelining.microbatch import _Replicate
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -53,6 +54,7 @@ from goodput.train.loss import labels_from_model, row_loss_sums, token_loss_sum
 from goodput.train.model import Transformer
 from goodput.train.parallel.mesh import ParallelMesh
 from goodput.train.parallel.parallelize import parallelize
+from goodput.train.ring_attention import ContextLayout
 
 SINGLE_STAGE_SCHEDULES: dict[str, type[ScheduleGPipe | Schedule1F1B]] = {
     "gpipe": ScheduleGPipe,
@@ -118,6 +120,9 @@ class Pipeline:
     loss_parallel: bool  # the last stage's logits are vocabulary shards
     step_loss: StepLoss
     num_microbatches: int
+    # Context parallelism: the positions of this rank's tokens in their sequences, which every
+    # stage's attention needs (None: 0..t-1).
+    positions_t: torch.Tensor | None = None
 
     @property
     def tied_copy(self) -> torch.Tensor | None:
@@ -145,7 +150,7 @@ class Pipeline:
         target = labels if self.has_last else None
         context = loss_parallel() if self.loss_parallel else contextlib.nullcontext()
         with context:
-            self.schedule.step(*args, target=target)
+            self.schedule.step(*args, target=target, **self._positions())
         loss_sum = torch.zeros((), device=labels.device)
         # The first step's schedule first runs a forward and backward of its own to learn the
         # shapes between stages (torch 2.13), calling loss_fn for it too: the step's own calls
@@ -169,7 +174,7 @@ class Pipeline:
         context = loss_parallel() if self.loss_parallel else contextlib.nullcontext()
         try:
             with torch.no_grad(), context:
-                self.schedule.eval(*args, target=target)
+                self.schedule.eval(*args, target=target, **self._positions())
             rows = (
                 torch.cat(self.step_loss.row_sums[-self.num_microbatches :])
                 if self.has_last
@@ -180,6 +185,10 @@ class Pipeline:
         with current().collective("eval.sums"):
             dist.all_reduce(rows, group=self.pp_group)
         return rows
+
+    def _positions(self) -> dict[str, torch.Tensor]:
+        """The keyword arguments every stage's forward takes, each micro-batch alike."""
+        return {} if self.positions_t is None else {"positions_t": self.positions_t}
 
     def _sum_tied_gradients(self) -> None:
         part = self.parts[0] if self.has_first else self.parts[-1]
@@ -207,9 +216,11 @@ def build_pipeline(
     device: torch.device,
     *,
     num_microbatches: int,
+    context: ContextLayout | None = None,
 ) -> Pipeline:
     """Collective: this rank's stages, parallelized and allocated on ``device`` but not
-    initialised (``goodput.train.init`` fills them), and their schedule."""
+    initialised (``goodput.train.init`` fills them), and their schedule. ``context``: how
+    context parallelism splits the training sequences (needed when ``cp`` > 1)."""
     with torch.device("meta"):
         whole = Transformer(model_cfg)
     counts = layers_per_stage(cfg, model_cfg.num_layers)
@@ -219,7 +230,7 @@ def build_pipeline(
     for stage in own:
         layers = range(starts[stage], starts[stage] + counts[stage])
         part = cut_stage(whole, layers, last=stage == cfg.num_stages - 1)
-        parallelize(part, cfg, mesh)
+        parallelize(part, cfg, mesh, context=context)
         part.allocate(device)
         parts.append(part)
     stages = [
@@ -227,7 +238,10 @@ def build_pipeline(
         for part, stage in zip(parts, own, strict=True)
     ]
     step_loss = StepLoss()
-    schedule = _schedule(cfg, stages, num_microbatches, step_loss)
+    positions_t = context.positions(mesh.cp_rank).to(device) if context is not None else None
+    schedule = _schedule(
+        cfg, stages, num_microbatches, step_loss, positions=positions_t is not None
+    )
     tie_group = _tie_group(mesh) if model_cfg.tie_embeddings else None
     return Pipeline(
         parts,
@@ -239,6 +253,7 @@ def build_pipeline(
         loss_parallel=cfg.loss_parallel and mesh.degrees.tp > 1,
         step_loss=step_loss,
         num_microbatches=num_microbatches,
+        positions_t=positions_t,
     )
 
 
@@ -247,14 +262,26 @@ def _schedule(
     stages: Sequence[PipelineStage],
     num_microbatches: int,
     step_loss: StepLoss,
+    *,
+    positions: bool,
 ) -> ScheduleGPipe | Schedule1F1B | ScheduleInterleaved1F1B:
+    # The positions go whole to every micro-batch (torch's spec for an argument not split).
+    kwargs_chunk_spec = {"positions_t": _Replicate()} if positions else None
     try:
         if cfg.pp_schedule == "interleaved_1f1b":
             return ScheduleInterleaved1F1B(
-                list(stages), num_microbatches, loss_fn=step_loss, scale_grads=False
+                list(stages),
+                num_microbatches,
+                loss_fn=step_loss,
+                scale_grads=False,
+                kwargs_chunk_spec=kwargs_chunk_spec,
             )
         return SINGLE_STAGE_SCHEDULES[cfg.pp_schedule](
-            stages[0], num_microbatches, loss_fn=step_loss, scale_grads=False
+            stages[0],
+            num_microbatches,
+            loss_fn=step_loss,
+            scale_grads=False,
+            kwargs_chunk_spec=kwargs_chunk_spec,
         )
     except ValueError as exc:
         raise GoodputError.usage(

@@ -16,8 +16,8 @@ from goodput.train.config.model import MoEConfig
 from goodput.train.experts import (
     _expert_major_order,
     _fused_grouped_mm_takes,
+    distribute_experts,
     grouped_matmul,
-    shard_experts,
 )
 from goodput.train.model import MoE
 
@@ -104,7 +104,7 @@ def test_moe_follows_its_routing_rules_forward_and_backward(capacity_factor):
     out = moe(x)
     expected, dropped = transcribed_moe(moe, x)
     assert torch.allclose(out, expected, atol=1e-5)
-    assert int(moe.num_dropped) == dropped
+    assert int(moe.routed[-1].dropped) == dropped
     assert (dropped > 0) == (capacity_factor is not None)  # 14 tokens never split evenly
     grad = torch.randn_like(out)
     weights = [moe.experts.w1, moe.experts.w3, moe.experts.w2, moe.router.weight]
@@ -130,7 +130,7 @@ def dispatch_rank(rank, world_size, ep):
     split = MoE(16, MOE)
     split.load_state_dict(whole.state_dict())
     mesh = init_device_mesh("cpu", (world_size // ep, ep), mesh_dim_names=("other", "ep"))
-    shard_experts(split, mesh["ep"])
+    distribute_experts(split, mesh["ep"])
     torch.manual_seed(100 + rank)  # each rank its own tokens
     x = torch.randn(3, 5, 16)
     grad = torch.randn(3, 5, 16)
@@ -152,8 +152,8 @@ def dispatch_rank(rank, world_size, ep):
         max(
             (g[mine] - s).abs().max().item() for g, s in zip(whole_grads, split_grads, strict=True)
         ),
-        int(split.num_dropped),
-        int(whole.num_dropped),
+        int(split.routed[-1].dropped),
+        int(whole.routed[-1].dropped),
     )
 
 

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from goodput.errors import GoodputError
 from goodput.train.config.model import ModelConfig, MoEConfig
@@ -129,7 +130,7 @@ def test_moe_routes_each_token_to_its_top_k_experts():
         ]
     )
     assert torch.allclose(out.reshape(-1, 16), expected, atol=1e-5)
-    assert moe.tokens_per_expert.sum().item() == 20 and moe.num_dropped == 0
+    assert moe.routed[-1].counts_x.sum().item() == 20 and moe.routed[-1].dropped == 0
 
 
 def test_moe_aux_loss_is_minimal_when_balanced_and_bias_steers_load():
@@ -146,8 +147,8 @@ def test_moe_aux_loss_is_minimal_when_balanced_and_bias_steers_load():
     assert abs(moe.aux_loss.item() - 1.0) < 0.2  # E * sum(f * p) = 1 at perfect balance
     skewed = torch.tensor([[1.0, 0, 0, 0]]).repeat(8, 1)[None]
     moe(skewed)
-    assert moe.tokens_per_expert.tolist() == [8, 0, 0, 0] and moe.aux_loss.item() > 1.0
-    moe.update_router_bias(moe.tokens_per_expert)
+    assert moe.routed[-1].counts_x.tolist() == [8, 0, 0, 0] and moe.aux_loss.item() > 1.0
+    moe.update_router_bias(moe.routed[-1].counts_x)
     assert moe.selection_bias[0] < 0 < moe.selection_bias[1]
 
 
@@ -157,7 +158,7 @@ def test_moe_capacity_drops_overflow_in_token_order():
         moe.router.weight.copy_(torch.eye(4))
     x = torch.tensor([[1.0, 0, 0, 0]]).repeat(8, 1)[None] + 0.01 * torch.randn(1, 8, 4)
     out = moe(x)
-    assert moe.num_dropped == 6  # capacity ceil(1.0 * 8 / 4) = 2 for expert 0
+    assert moe.routed[-1].dropped == 6  # capacity ceil(1.0 * 8 / 4) = 2 for expert 0
     assert out[0, 2:].abs().sum() == 0 and out[0, :2].abs().sum() > 0
 
 
@@ -166,5 +167,26 @@ def test_moe_model_reports_aux_loss_and_shared_expert_runs():
         tiny(moe=MoEConfig(num_experts=4, top_k=2, expert_ffn_dim=16, shared_expert=True))
     )
     model(torch.randint(0, 97, (2, 8)))
-    assert len(model.moe_layers()) == 2 and model.aux_loss().item() > 0
-    assert Transformer(tiny()).aux_loss().item() == 0
+    assert len(model.moe_layers()) == 2
+    assert all(layer.aux_loss.item() > 0 for layer in model.moe_layers())
+    assert Transformer(tiny()).moe_layers() == []
+
+
+def test_moe_balancing_loss_joins_backward_weighted_by_its_scale():
+    """The balancing loss reaches the router through the layer's own output, as if
+    ``aux_scale x aux_loss`` were added to the objective (a pipeline stage's layers have no
+    other way to the loss); a recompute in backward is not counted as routing twice."""
+    torch.manual_seed(0)
+    moe = MoE(8, MoEConfig(num_experts=4, top_k=2, expert_ffn_dim=8, aux_loss_coef=0.5))
+    x = torch.randn(2, 5, 8)
+    moe.aux_scale = 0.25
+    moe(x).sum().backward()
+    attached = moe.router.weight.grad.clone()
+    moe.router.weight.grad = None
+    moe.aux_scale = 0.0
+    (moe(x).sum() + 0.25 * moe.aux_loss).backward()
+    assert torch.allclose(attached, moe.router.weight.grad, atol=1e-6)
+    assert not torch.equal(attached, torch.zeros_like(attached))
+    moe.routed.clear()
+    checkpoint(moe, x, use_reentrant=False).sum().backward()
+    assert len(moe.routed) == 1

@@ -75,10 +75,13 @@ MOE = ["model.moe.num_experts=4", "model.moe.top_k=2"]
             [*MOE, "parallel.ep=2", "parallel.data_parallel=replicate", "parallel.precision=fp32"],
             "ep = 2 needs data_parallel = 'fsdp'",
         ),
-        (["parallel.cp=2", "parallel.pp=2"], "context parallelism inside pipeline stages"),
         (["parallel.cp=128"], "cp = 128 splits each sequence into 256 chunks, more than"),
         (["parallel.cp=3", "parallel.tp=2"], "tp = 2 does not divide the [42, 43] tokens"),
-        ([*MOE, "parallel.cp=2"], "cp = 2 with a mixture-of-experts model: not supported"),
+        (
+            [*MOE, "parallel.cp=3", "train.seq_len=130", "train.tokens_per_step=4160"],
+            "cp = 3 with a mixture-of-experts model needs train.seq_len = 130 to split into 6 "
+            "equal chunks",
+        ),
     ],
 )
 def test_context_and_expert_layouts_that_cannot_work_are_refused_in_one_line(overrides, message):
@@ -176,10 +179,18 @@ def test_compile_is_taken_in_every_layout(overrides):
     assert cfg.parallel.compile
 
 
-@pytest.mark.parametrize("degree", ["tp", "pp"])
-def test_tensor_parallelism_and_pipelines_of_a_moe_model_are_refused_as_not_yet(degree):
-    with pytest.raises(GoodputError, match="mixture-of-experts model: not supported yet"):
-        load_config(RunConfig, CONFIGS / "tiny-cpu.toml", [*MOE, f"parallel.{degree}=2"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [*MOE, "parallel.tp=2", "parallel.ep=2"],
+        [*MOE, "parallel.pp=2", "parallel.cp=2", "parallel.tp=2"],
+        ["parallel.cp=2", "parallel.pp=2"],
+    ],
+)
+def test_every_split_composes_with_experts_and_pipeline_stages(overrides):
+    # Each trains as one process does: test_layout_invariance.
+    cfg = load_config(RunConfig, CONFIGS / "tiny-cpu.toml", overrides)
+    assert cfg.parallel.pp * cfg.parallel.cp * cfg.parallel.tp * cfg.parallel.ep >= 4
 
 
 @pytest.mark.parametrize(
