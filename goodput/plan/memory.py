@@ -12,9 +12,12 @@ Where the parameters go. TP splits each block's matmul weights and the embedding
 head (by vocabulary) by tp; the norms (and an MoE router) stay whole. PP gives each stage the
 layers ``Layout.stage_layers`` says (``pp_layers_per_stage``, else the trainer's even split,
 the first layers % pp stages one more); the embedding lives on the first stage, the final norm
-and head on the last (a tied head is a copy there when pp > 1). EP
-splits the routed experts by ep. A stage's dense parameters are FSDP-sharded over dp_shard x
-cp ranks, its experts over dp_shard / ep; dp_replicate replicates.
+and head on the last (a tied head is a copy there when pp > 1). A
+pipeline rank holds ``Layout.rank_stages`` (one stage, or 2 and more under the interleaved and V
+schedules: rank 0 holds the first and the last in a V). EP splits the routed experts by ep; an
+MoE layer (router, shared and routed experts) is not split by tp. A stage's dense parameters
+are FSDP-sharded over dp_shard x cp ranks, its experts over dp_shard / ep x cp; dp_replicate
+replicates. Under tp an MoE layer's input is its rank's slice of the sequence, not gathered.
 
 The terms (``Breakdown``):
 - state = B x (dense / (dp_shard x cp) + experts / (dp_shard / ep)), each tensor's rows
@@ -54,8 +57,8 @@ The terms (``Breakdown``):
     before tp's reduce-scatter), the MLP's matmul outputs 2 a f / tp (MoE: top_k x (2 a
     f_expert + a d) and the shared expert's); the norms, rotary, SiLU and products recomputed;
     "budget": torch's memory budget b keeps full's + b x (none's - full's).
-  Under pp, 1F1B keeps up to pp - s micro-batches in flight on stage s (no more than the
-  micro-batches of a step).
+  Under pp, the schedule keeps ``schedule.in_flight`` micro-batches of a pipeline rank's
+  layers in flight (1F1B: pp - r on rank r; no more than the micro-batches of a step).
 - logits, on the last stage: micro_batch x tokens x (V (a + 4) / tp + (4d + 4 + a d) / tp + a d):
   the logits and the fp32 log-softmax that the loss keeps (both split by vocabulary under tp),
   the final norm's saved tensors, and the head's input, gathered over the sequence.
@@ -67,8 +70,8 @@ The terms (``Breakdown``):
   CUDA/XPU context, communication buffers, the caching allocator's fragmentation, the
   gradients of activations in flight in backward, the optimizer step's temporaries.
 
-Does not: allocate anything, model gpipe or interleaved schedules, memory taken by other
-processes, or the start-up of a fresh run (which builds the whole model on every rank).
+Does not: allocate anything, memory taken by other processes, or the start-up of a fresh run
+(which builds the whole model on every rank).
 """
 
 from __future__ import annotations
