@@ -442,6 +442,8 @@ def _layout_of(cfg: ParallelConfig, world: int) -> Layout:
         activation_memory_budget=cfg.activation_memory_budget,
         fp8=cfg.fp8,
         compile=cfg.compile,
+        pp_schedule=cfg.pp_schedule,
+        pp_stages_per_rank=cfg.pp_stages_per_rank,
         pp_layers_per_stage=cfg.pp_layers_per_stage,
     )
 
@@ -483,6 +485,10 @@ def _verify(
             "precision": work.precision,
             "sync_every_micro_batch": chosen.sync_every_micro_batch or work.sync_every_micro_batch,
         }
+        if layout.pp > 1:
+            table["pp_schedule"] = layout.pp_schedule
+        if layout.pp > 1 and layout.pp_stages_per_rank is not None:
+            table["pp_stages_per_rank"] = layout.pp_stages_per_rank
         if layout.pp_layers_per_stage is not None:
             table["pp_layers_per_stage"] = layout.pp_layers_per_stage
         if layout.fp8 is not None:

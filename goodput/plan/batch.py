@@ -74,14 +74,17 @@ def batch_problem(
 
 
 def pipeline_problem(local_samples: int, micro_batch: int, layout: Layout) -> str | None:
-    """The trainer's refusal of a pipeline's micro-batches (``pipeline_microbatches``: 1F1B,
-    its default schedule, needs at least ``pp`` of them); None without one."""
+    """The trainer's refusal of a pipeline's micro-batches for its schedule
+    (``pipeline_microbatches``: 1F1B needs at least ``pp`` of them); None without one."""
     if layout.pp == 1:
         return None
     try:
-        pipeline_microbatches(
-            ParallelConfig(pp=layout.pp), local_samples, local_samples // micro_batch
+        schedule = ParallelConfig(
+            pp=layout.pp,
+            pp_schedule=layout.pp_schedule,  # type: ignore[arg-type]  # the trainer's names
+            pp_stages_per_rank=layout.pp_stages_per_rank,
         )
+        pipeline_microbatches(schedule, local_samples, local_samples // micro_batch)
     except GoodputError as error:
         return f"{error.what}; {error.fix}"
     return None

@@ -66,8 +66,9 @@ from goodput.plan.memory import (
     kept_layer_bytes,
     layer_activation_bytes,
     stage_parameters,
-    worst_stages,
+    worst_ranks,
 )
+from goodput.plan.schedule import bubble
 from goodput.train.config.model import ModelConfig
 from goodput.train.config.parallel import fsdp_shards
 from goodput.train.flops import flops_per_token
@@ -152,16 +153,27 @@ def step_cost(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) 
     if layout.fp8 is not None:
         speedup = rates.fp8(layout.fp8)
         assert speedup is not None, "the ladder offers fp8 only on a device that has it"
-        linear = 6 * model.num_layers * _parameters(model).block_split
+        params = _parameters(model)
+        linear = 6 * model.num_layers * (params.block_split + params.block_shared)
         blocks -= linear * (1 - 1 / speedup)
     compute = (head + blocks) * seconds
     recompute = blocks / 3 * seconds * _recomputed_share(model, layout, work)
-    micro = work.accumulation(layout)
-    bubble = (compute + recompute) * (layout.pp - 1) / micro
+    idle = 0.0
+    if layout.pp > 1:
+        third = compute / 3  # forward, input backward, weight backward (schedule.py)
+        idle = bubble(
+            layout.pp_schedule,
+            layout.pp,
+            layout.stages_per_rank,
+            work.accumulation(layout),
+            forward=third,
+            backward_input=third + recompute,
+            backward_weight=third,
+        )
     return Cost(
         compute=compute,
         recompute=recompute,
-        bubble=bubble,
+        bubble=idle,
         fsdp=_fsdp(model, layout, work, rates),
         tp=_tp(model, layout, work, rates),
         cp=_cp(model, layout, work, rates),
@@ -217,7 +229,7 @@ def _fsdp(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> f
     a, g = work.policy.compute_bytes, work.policy.reduce_bytes
     micro = work.accumulation(layout)
     part = max(
-        (stage_parameters(model, layout, s) for s in worst_stages(model, layout)),
+        (stage_parameters(model, layout, s) for s in worst_ranks(model, layout)),
         key=lambda p: p.dense + p.experts,
     )
     if layout.pp > 1:
@@ -225,7 +237,7 @@ def _fsdp(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> f
     else:
         gathers, reductions = 2 * micro, micro if work.sync_every_micro_batch else 1
     dense = part.dense * _ring(layout.shard)
-    moved = dense + part.experts * _ring(layout.expert_shard)
+    moved = dense + part.experts * _ring(layout.expert_fsdp)
     gathered = a * moved
     if layout.fp8 == "tensorwise":  # the blocks' linear weights gathered in one byte each
         gathered -= (a - 1) * (part.dense - part.root) * _ring(layout.shard)
@@ -240,16 +252,35 @@ def _fsdp(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> f
 def _tp(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> float:
     if layout.tp == 1:
         return 0.0
-    per_block = TP_COLLECTIVES_PER_BLOCK
+    moe = model.moe is not None
+    # An MoE layer runs on the rank's own slice of the sequence: only attention's collectives
+    # (and the recompute's share of them) remain in its block.
+    per_block = TP_COLLECTIVES_PER_BLOCK // (2 if moe else 1)
     if _whole_blocks_recomputed(model, layout, work):
-        per_block += TP_COLLECTIVES_RECOMPUTED
+        per_block += TP_COLLECTIVES_RECOMPUTED // (2 if moe else 1)
     elif layout.activation_checkpointing != "none":
-        per_block += TP_GATHERS_RECOMPUTED
-    layers = max(layout.stage_layers(model.num_layers))
+        per_block += TP_GATHERS_RECOMPUTED // (2 if moe else 1)
+    layers = _rank_layers(model, layout)
     collectives = layers * per_block + TP_COLLECTIVES_OUTER
-    size = _tokens(layout, work) * model.dim * work.policy.compute_bytes
-    moved = collectives * _ring(layout.tp) * size * work.accumulation(layout)
-    return moved / _bandwidth(layout, "tp", rates)
+    tokens = _tokens(layout, work)
+    moved = collectives * _ring(layout.tp) * tokens * model.dim * work.policy.compute_bytes
+    if model.moe is not None:  # each MoE layer gathers its top-k choices (int64) over cp x tp
+        moved += layers * _ring(layout.cp * layout.tp) * tokens * model.moe.top_k * 8
+    seconds = moved * work.accumulation(layout) / _bandwidth(layout, "tp", rates)
+    if model.moe is not None:  # the MoE layers' gradients, replicated over tp, summed over it
+        moe_params = max(
+            stage_parameters(model, layout, r).moe_sharded(layout)
+            for r in worst_ranks(model, layout)
+        )
+        reduced = 2 * _ring(layout.tp) * work.policy.reduce_bytes * moe_params
+        seconds += reduced / _bandwidth(layout, "tp", rates)
+    return seconds
+
+
+def _rank_layers(model: ModelConfig, layout: Layout) -> int:
+    """The most layers a pipeline rank holds (all its stages)."""
+    split = layout.stage_layers(model.num_layers)
+    return max(sum(split[s] for s in layout.rank_stages(r)) for r in range(layout.pp))
 
 
 def _cp(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> float:
@@ -258,7 +289,7 @@ def _cp(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> flo
     passes = 3 + (1 if _whole_blocks_recomputed(model, layout, work) else 0)  # fwd; K, V, grads bwd
     kv = 2 * model.kv_heads * model.head_dim / layout.tp * work.policy.compute_bytes
     per_layer = passes * (layout.cp - 1) * _tokens(layout, work) * kv
-    layers = max(layout.stage_layers(model.num_layers))
+    layers = _rank_layers(model, layout)
     moved = per_layer * layers * work.accumulation(layout)
     return moved / _bandwidth(layout, "cp", rates)
 
@@ -271,9 +302,11 @@ def _ep(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> flo
         all_to_alls += 2
     elif layout.activation_checkpointing != "none":
         all_to_alls += 1  # the dispatch: the experts' inputs are not saved
-    buffer = model.moe.top_k * _tokens(layout, work) * model.dim * work.policy.compute_bytes
+    # Each tp rank dispatches its own slice of the sequence.
+    tokens = _tokens(layout, work) / layout.tp
+    buffer = model.moe.top_k * tokens * model.dim * work.policy.compute_bytes
     per_layer = all_to_alls * _ring(layout.ep) * buffer
-    moved = per_layer * model.num_layers * work.accumulation(layout)
+    moved = per_layer * _rank_layers(model, layout) * work.accumulation(layout)
     return moved / _bandwidth(layout, "ep", rates)
 
 
@@ -281,4 +314,6 @@ def _pp(model: ModelConfig, layout: Layout, work: Workload, rates: Rates) -> flo
     if layout.pp == 1:
         return 0.0
     size = _tokens(layout, work) * model.dim * work.policy.compute_bytes / layout.tp
-    return 2 * size * work.accumulation(layout) / _bandwidth(layout, "pp", rates)
+    # Each of a rank's stages sends its micro-batch on (and the gradients back).
+    sends = 2 * layout.stages_per_rank
+    return sends * size * work.accumulation(layout) / _bandwidth(layout, "pp", rates)

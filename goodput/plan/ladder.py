@@ -51,6 +51,7 @@ from goodput.plan.batch import batch_problem, critical_batch_warning
 from goodput.plan.cost import Cost, Rates, step_cost
 from goodput.plan.layout import Layout, balanced_layer_split, problems, tp_across_hosts
 from goodput.plan.memory import GIB, Breakdown, Parameters, Workload, estimate
+from goodput.plan.schedule import PLANNED, default_stages_per_rank
 from goodput.train.config.model import ModelConfig
 from goodput.train.flops import model_size
 
@@ -74,10 +75,12 @@ MAX_CANDIDATES = 30_000
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Options:
     """How the blocks may compute, beside the degrees: the checkpointing modes the ladder
-    weighs (``layout.AC_MODES``; "budget" at ``memory_budget``, with compile only), the fp8
+    weighs (``layout.AC_MODES``; "budget" at ``memory_budget``, with compile only), a
+    pipeline's schedules (each a layout of its own: its stages split the layers), the fp8
     scalings (None: bf16) and compile settings."""
 
     checkpointing: tuple[str, ...] = ("none", "full", "op")
+    schedules: tuple[str, ...] = PLANNED  # a pipeline's (schedule.PP_SCHEDULES)
     memory_budget: float = 0.5
     fp8: tuple[str | None, ...] = (None,)
     compile: tuple[bool, ...] = (False,)
@@ -407,19 +410,41 @@ class _Ladder:
                     yield Candidate(name, None, None, None, f"skipped: {layout}")
                     continue
                 self._add(bases, layout)
-        for name, layout in self._cp(list(bases)):
-            if isinstance(layout, str):
-                yield Candidate(name, None, None, None, f"skipped: {layout}")
-                continue
-            self._add(bases, layout)
+        for widen in (self._cp, self._ep):
+            for name, layout in widen(list(bases)):
+                if isinstance(layout, str):
+                    yield Candidate(name, None, None, None, f"skipped: {layout}")
+                    continue
+                self._add(bases, layout)
         for base in bases:
             if problems(self.model, base, self.work.seq_len):  # once, with the trainer's reason
                 yield evaluate(self.model, self.machine, self.work, self.rates, base, rung_of(base))
                 continue
             for layout in self.options.variants(base, self.rates):
-                yield evaluate(
-                    self.model, self.machine, self.work, self.rates, layout, rung_of(layout)
-                )
+                yield self._scheduled(layout)
+
+    def _scheduled(self, layout: Layout) -> Candidate:
+        """``layout`` evaluated; a pipeline's under each schedule ``Options`` allows (its
+        stages splitting the layers as ``balanced_layer_split`` does), the cheapest that fits
+        kept (else its first, 1F1B's): one candidate, whatever the schedules, so that they
+        add work but no layouts to the bound."""
+        model, work = self.model, self.work
+        if layout.pp == 1:
+            return evaluate(model, self.machine, work, self.rates, layout, rung_of(layout))
+        tried = []
+        for schedule in self.options.schedules:
+            stages = layout.pp * default_stages_per_rank(schedule)
+            if stages > model.num_layers:
+                continue  # more stages than layers
+            split = balanced_layer_split(model.num_layers, stages)
+            scheduled = replace(layout, pp_schedule=schedule, pp_layers_per_stage=split)
+            if problems(model, scheduled, work.seq_len):
+                continue  # a schedule the trainer refuses here (compile with zero bubble)
+            tried.append(evaluate(model, self.machine, work, self.rates, scheduled, "PP"))
+        if not tried:
+            return evaluate(model, self.machine, work, self.rates, layout, rung_of(layout))
+        best = cheapest(tried) or tried[0]
+        return replace(best, rung=rung_of(layout))
 
     def _add(self, bases: list[Layout], layout: Layout) -> None:
         """``layout`` to weigh, unless the ladder has grown past ``MAX_CANDIDATES`` (counted
@@ -452,31 +477,13 @@ class _Ladder:
         if self.machine.world == 1:
             yield "FSDP", "one device: nothing to shard over"
             return
-        moe = self.model.moe
-        experts = self._experts_share()
         for m in divisors(nodes):
             if g * m == 1:
                 continue  # the DP layout again
-            base = Layout(dp_replicate=nodes // m, dp_shard=g * m)
-            yield "FSDP", base
-            if moe is not None and experts >= EXPERTS_DOMINATE:
-                for ep in divisors(g):
-                    if ep > 1 and moe.num_experts % ep == 0 and base.dp_shard % ep == 0:
-                        yield "EP", replace(base, ep=ep)
-        if moe is not None and experts < EXPERTS_DOMINATE:
-            yield (
-                "EP",
-                (
-                    f"the routed experts are {experts:.0%} of the parameters (EP is tried from "
-                    f"{EXPERTS_DOMINATE:.0%}): splitting them saves little"
-                ),
-            )
+            yield "FSDP", Layout(dp_replicate=nodes // m, dp_shard=g * m)
 
     def _tp(self) -> Iterator[tuple[str, Layout | str]]:
         nodes, g = self.machine.nhosts, self.machine.ppn
-        if self.model.moe is not None:
-            yield "TP", "goodput refuses tp > 1 with a mixture-of-experts model today"
-            return
         sizes = [tp for tp in divisors(g) if tp > 1]
         if not sizes:
             yield "TP", "one device per host: TP stays within a host"
@@ -489,9 +496,6 @@ class _Ladder:
 
     def _pp(self) -> Iterator[tuple[str, Layout | str]]:
         nodes, g = self.machine.nhosts, self.machine.ppn
-        if self.model.moe is not None:
-            yield "PP", "goodput refuses pp > 1 with a mixture-of-experts model today"
-            return
         if nodes == 1:
             yield "PP", "one host: pipeline stages go across hosts"
             return
@@ -519,19 +523,40 @@ class _Ladder:
                     )
 
     def _cp(self, bases: list[Layout]) -> Iterator[tuple[str, Layout | str]]:
-        if self.model.moe is not None:
-            yield "CP", "goodput refuses cp > 1 with a mixture-of-experts model today"
-            return
         seq_len = self.work.seq_len
         for base in bases:
-            if base.pp > 1 or base.dp_shard == 1 or problems(self.model, base, seq_len):
+            if base.dp_shard == 1 or problems(self.model, base, seq_len):
                 continue
+            if base.pp > 1 and base.dp_replicate > 1:
+                continue  # inside stages, on those sharded over all their ranks (a bound)
             for cp in divisors(base.dp_shard)[1:]:
                 if cp > MAX_CP:
                     break
                 yield "CP", replace(base, dp_shard=base.dp_shard // cp, cp=cp)
                 if 2 * cp > seq_len:
                     break  # says why; a larger cp has even shorter chunks
+
+    def _ep(self, bases: list[Layout]) -> Iterator[tuple[str, Layout | str]]:
+        """Each layout again with the routed experts split over ep of its dp_shard ranks (ep
+        dividing the experts), for a mixture whose experts hold most of the parameters."""
+        moe = self.model.moe
+        if moe is None:
+            return
+        experts = self._experts_share()
+        if experts < EXPERTS_DOMINATE:
+            yield (
+                "EP",
+                (
+                    f"the routed experts are {experts:.0%} of the parameters (EP is tried from "
+                    f"{EXPERTS_DOMINATE:.0%}): splitting them saves little"
+                ),
+            )
+            return
+        for base in bases:
+            if problems(self.model, base, self.work.seq_len):
+                continue
+            for ep in divisors(math.gcd(base.dp_shard, moe.num_experts))[1:]:
+                yield "EP", replace(base, ep=ep)
 
     def _experts_share(self) -> float:
         """The routed experts' share of all parameters (0 for a dense model)."""

@@ -1,6 +1,6 @@
-"""A parallel layout (the six degrees of ``[parallel]``, the pipeline's layers per stage, and how
-each block computes: activation checkpointing, fp8 matmuls, torch.compile) and what goodput's
-trainer accepts of it.
+"""A parallel layout (the six degrees of ``[parallel]``, the pipeline's schedule, stages per rank
+and layers per stage, and how each block computes: activation checkpointing, fp8 matmuls,
+torch.compile) and what goodput's trainer accepts of it.
 
 ``Layout`` is the trainer's ``Degrees`` (``goodput.train.config.parallel``: the degrees as
 ``[parallel]`` names them, ``dp``, ``expert_shard`` and the world they need, ``product()`` = pp
@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from goodput.errors import GoodputError
+from goodput.plan.schedule import default_stages_per_rank, rank_stages
 from goodput.train.config.model import ModelConfig
 from goodput.train.config.parallel import (
     MESH_DIMS,
@@ -55,6 +56,9 @@ _TRAINER = typing.get_type_hints(ParallelConfig)
 # fp8: torchao's float8 scalings.
 AC_MODES = _literal_values(_TRAINER["activation_checkpointing"])
 FP8_RECIPES = _literal_values(_TRAINER["fp8"])
+# The pipeline schedules the trainer runs; the planner prices schedule.PP_SCHEDULES, which a
+# test holds equal to these.
+TRAINER_SCHEDULES = _literal_values(_TRAINER["pp_schedule"])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,6 +70,8 @@ class Layout(Degrees):
     activation_memory_budget: float = 0.5  # "budget" only: the share of "none"'s activations kept
     fp8: str | None = None  # one of FP8_RECIPES: the blocks' linear layers in float8
     compile: bool = False  # torch.compile each block
+    pp_schedule: str = "1f1b"  # one of schedule.PP_SCHEDULES (read under pp > 1 only)
+    pp_stages_per_rank: int | None = None  # None: the schedule's default
     pp_layers_per_stage: tuple[int, ...] | None = None  # None: the trainer's even split
 
     @property
@@ -74,11 +80,31 @@ class Layout(Degrees):
         same weights, so FSDP shards over them too)."""
         return self.dp_shard * self.cp
 
+    @property
+    def expert_fsdp(self) -> int:
+        """The ranks FSDP shards a stage's routed experts over: those of dp_shard holding the
+        same experts (``expert_shard``) times the context-parallel ranks."""
+        return self.expert_shard * self.cp
+
+    @property
+    def stages_per_rank(self) -> int:
+        if self.pp_stages_per_rank is not None:
+            return self.pp_stages_per_rank
+        return default_stages_per_rank(self.pp_schedule) if self.pp > 1 else 1
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.stages_per_rank
+
     def stage_layers(self, num_layers: int) -> tuple[int, ...]:
         """Layers per pipeline stage, in stage order, as the trainer cuts them."""
         if self.pp_layers_per_stage is not None:
             return self.pp_layers_per_stage
-        return _even_split(num_layers, self.pp)
+        return _even_split(num_layers, self.num_stages)
+
+    def rank_stages(self, pp_rank: int) -> tuple[int, ...]:
+        """The stages pipeline rank ``pp_rank`` holds (``schedule.rank_stages``)."""
+        return rank_stages(self.pp_schedule, self.pp, self.stages_per_rank, pp_rank)
 
     def overrides(self) -> str:
         """The layout as ``goodput train`` overrides, ready to paste: the six degrees, then
@@ -93,6 +119,10 @@ class Layout(Degrees):
             items.append(f"parallel.fp8={self.fp8}")
         if self.compile:
             items.append("parallel.compile=true")
+        if self.pp > 1 and self.pp_schedule != "1f1b":
+            items.append(f"parallel.pp_schedule={self.pp_schedule}")
+        if self.pp > 1 and self.pp_stages_per_rank is not None:
+            items.append(f"parallel.pp_stages_per_rank={self.pp_stages_per_rank}")
         if self.pp_layers_per_stage is not None:
             items.append(
                 f"parallel.pp_layers_per_stage=[{','.join(map(str, self.pp_layers_per_stage))}]"
@@ -101,11 +131,13 @@ class Layout(Degrees):
 
     def describe(self) -> str:
         """The degrees above 1 in the mesh's order, then how the blocks compute, e.g.
-        ``dp_shard 24 x tp 4 + AC op + fp8 rowwise + compile``: shorter than
+        ``dp_shard 24 x tp 4 + AC op + fp8 rowwise + compile`` (a pipeline's schedule after
+        the degrees, unless 1F1B): shorter than
         ``Degrees.describe``'s line of them all, for the planner's tables."""
         parts = [f"{name} {getattr(self, name)}" for name in MESH_DIMS if getattr(self, name) > 1]
         line = " x ".join(parts) or "1 device"
         line += f" (ep {self.ep} within dp_shard)" if self.ep > 1 else ""
+        line += f" + {self.pp_schedule}" if self.pp > 1 and self.pp_schedule != "1f1b" else ""
         mode = self.activation_checkpointing
         if mode == "budget":
             line += f" + AC budget {self.activation_memory_budget:g}"
@@ -154,6 +186,11 @@ def problems(model: ModelConfig, layout: Layout, seq_len: int) -> list[str]:
 def _problems(model: ModelConfig, layout: Layout, seq_len: int) -> tuple[str, ...]:
     # The config's own checks do not read the data-parallel degrees (the planner's layouts are
     # all data_parallel = 'fsdp'): asked once per shape; only resolve_degrees reads them.
+    if layout.pp > 1 and layout.pp_schedule not in TRAINER_SCHEDULES:
+        return (
+            f"pp_schedule '{layout.pp_schedule}' is not one of the trainer's "
+            f"({', '.join(TRAINER_SCHEDULES)})",
+        )
     refused = _model_problem(model, replace(layout, dp_replicate=1, dp_shard=1), seq_len)
     if refused is not None:
         return (refused,)
@@ -181,6 +218,9 @@ def _config(layout: Layout) -> ParallelConfig:
         keys["activation_memory_budget"] = layout.activation_memory_budget
     if layout.fp8 is not None:
         keys["fp8"] = layout.fp8
+    if layout.pp > 1:
+        keys["pp_schedule"] = layout.pp_schedule
+        keys["pp_stages_per_rank"] = layout.stages_per_rank  # the planner's, checked
     return ParallelConfig(
         **keys,
         compile=layout.compile,

@@ -12,9 +12,12 @@ Where the parameters go. TP splits each block's matmul weights and the embedding
 head (by vocabulary) by tp; the norms (and an MoE router) stay whole. PP gives each stage the
 layers ``Layout.stage_layers`` says (``pp_layers_per_stage``, else the trainer's even split,
 the first layers % pp stages one more); the embedding lives on the first stage, the final norm
-and head on the last (a tied head is a copy there when pp > 1). EP
-splits the routed experts by ep. A stage's dense parameters are FSDP-sharded over dp_shard x
-cp ranks, its experts over dp_shard / ep; dp_replicate replicates.
+and head on the last (a tied head is a copy there when pp > 1). A
+pipeline rank holds ``Layout.rank_stages`` (one stage, or 2 and more under the interleaved and V
+schedules: rank 0 holds the first and the last in a V). EP splits the routed experts by ep; an
+MoE layer (router, shared and routed experts) is not split by tp. A stage's dense parameters
+are FSDP-sharded over dp_shard x cp ranks, its experts over dp_shard / ep x cp; dp_replicate
+replicates. Under tp an MoE layer's input is its rank's slice of the sequence, not gathered.
 
 The terms (``Breakdown``):
 - state = B x (dense / (dp_shard x cp) + experts / (dp_shard / ep)), each tensor's rows
@@ -54,8 +57,8 @@ The terms (``Breakdown``):
     before tp's reduce-scatter), the MLP's matmul outputs 2 a f / tp (MoE: top_k x (2 a
     f_expert + a d) and the shared expert's); the norms, rotary, SiLU and products recomputed;
     "budget": torch's memory budget b keeps full's + b x (none's - full's).
-  Under pp, 1F1B keeps up to pp - s micro-batches in flight on stage s (no more than the
-  micro-batches of a step).
+  Under pp, the schedule keeps ``schedule.in_flight`` micro-batches of a pipeline rank's
+  layers in flight (1F1B: pp - r on rank r; no more than the micro-batches of a step).
 - logits, on the last stage: micro_batch x tokens x (V (a + 4) / tp + (4d + 4 + a d) / tp + a d):
   the logits and the fp32 log-softmax that the loss keeps (both split by vocabulary under tp),
   the final norm's saved tensors, and the head's input, gathered over the sequence.
@@ -67,8 +70,8 @@ The terms (``Breakdown``):
   CUDA/XPU context, communication buffers, the caching allocator's fragmentation, the
   gradients of activations in flight in backward, the optimizer step's temporaries.
 
-Does not: allocate anything, model gpipe or interleaved schedules, memory taken by other
-processes, or the start-up of a fresh run (which builds the whole model on every rank).
+Does not: allocate anything, memory taken by other processes, or the start-up of a fresh run
+(which builds the whole model on every rank).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ import math
 from dataclasses import dataclass, fields
 
 from goodput.plan.layout import CACHED, Layout, context_tokens
+from goodput.plan.schedule import in_flight
 from goodput.train.config.model import ModelConfig
 from goodput.train.config.parallel import fsdp_shards
 from goodput.train.config.precision import PRECISIONS, PrecisionPolicy
@@ -112,8 +116,9 @@ class Workload:
 class Parameters:
     """A model's parameter counts by where a layout puts them."""
 
-    block_split: int  # per block: the matmul weights tp splits (and the shared expert)
-    block_whole: int  # per block: the norm gains and the MoE router, never split
+    block_split: int  # per block: the matmul weights tp splits (attention; a dense MLP)
+    block_whole: int  # per block: the norm gains, and an MoE's router and shared expert
+    block_shared: int  # per block: the shared expert's weights (in block_whole)
     block_experts: int  # per block: the routed experts, split by ep
     embedding: int
     head: int  # the output head: a copy of the embedding when tied (held apart only under pp)
@@ -129,10 +134,14 @@ class Parameters:
         block = blocks // model.num_layers
         moe = model.moe
         experts = moe.num_experts * 3 * model.dim * moe.expert_ffn_dim if moe else 0
-        whole = 2 * model.dim + (model.dim * moe.num_experts if moe else 0)
+        shared = 3 * model.dim * moe.expert_ffn_dim if moe and moe.shared_expert else 0
+        # An MoE layer is replicated over the tensor-parallel ranks (each runs it on its own
+        # slice of the sequence): its router and shared expert stay whole.
+        whole = 2 * model.dim + (model.dim * moe.num_experts + shared if moe else 0)
         return cls(
             block_split=block - experts - whole,
             block_whole=whole,
+            block_shared=shared,
             block_experts=experts,
             embedding=size.embedding,
             head=model.vocab_size * model.dim,
@@ -156,7 +165,7 @@ class Breakdown:
     activations: float
     logits: float
     runtime: float
-    stage: int  # the pipeline stage these are for (0 without pp)
+    stage: int  # the pipeline rank these are for (0 without pp)
 
     @property
     def total(self) -> float:
@@ -178,9 +187,17 @@ def layer_activation_bytes(model: ModelConfig, compute_bytes: int, tp: int) -> f
         moe, f = model.moe, model.moe.expert_ffn_dim
         mlp = moe.top_k * (3 * a * d + 4 * a * f) + 8 * moe.num_experts + (28 + a) * moe.top_k
         mlp += 4 * a * f if moe.shared_expert else 0
-    gathered_inputs = 2 * a * d  # the norm outputs the matmuls keep, over the whole sequence
-    rotary = 4 * e  # cos and sin, fp32, e/2 each
-    return (norms + attention + mlp) / tp + gathered_inputs + rotary
+    return (norms + attention + mlp) / tp + _whole_sequence(model, a, tp) + 4 * e  # + rotary
+
+
+def _whole_sequence(model: ModelConfig, compute_bytes: int, tp: int) -> float:
+    """Bytes per token a block keeps over the whole sequence under tp (sequence parallelism
+    gathers them): the input of attention's matmuls (their norm's output), and of a dense
+    MLP's; an MoE layer runs on the rank's own slice of the sequence, its input split by tp.
+    Under the per-op policy the same count is the partial sums of wo and a dense w2, before
+    their reduce-scatter."""
+    a, d = compute_bytes, model.dim
+    return a * d + (a * d if model.moe is None else a * d / tp)
 
 
 def layer_op_bytes(model: ModelConfig, compute_bytes: int, tp: int) -> float:
@@ -194,7 +211,7 @@ def layer_op_bytes(model: ModelConfig, compute_bytes: int, tp: int) -> float:
     else:
         f = model.moe.expert_ffn_dim
         mlp = model.moe.top_k * (2 * a * f + a * d) + (2 * a * f if model.moe.shared_expert else 0)
-    return (attention + mlp) / tp + 2 * a * d  # wo's and w2's partial sums, whole sequence
+    return (attention + mlp) / tp + _whole_sequence(model, a, tp)
 
 
 def kept_layer_bytes(model: ModelConfig, layout: Layout, compute_bytes: int) -> float:
@@ -215,12 +232,14 @@ def kept_layer_bytes(model: ModelConfig, layout: Layout, compute_bytes: int) -> 
 
 @dataclass(frozen=True, slots=True)
 class StageParameters:
-    """One device's parameters on a pipeline stage, before FSDP shards them (TP and EP
-    splits applied): ``dense`` shards over dp_shard x cp ranks, ``experts`` over dp_shard /
-    ep; ``block_*`` are one block's, ``root`` the embedding, final norm and head it holds."""
+    """One device's parameters on a pipeline rank (all its stages), before FSDP shards them
+    (TP and EP splits applied): ``dense`` shards over dp_shard x cp ranks, ``experts`` over
+    dp_shard / ep x cp; ``block_*`` are one block's, ``root`` the embedding, final norm and
+    head it holds."""
 
     dense: float
     experts: float
+    moe_whole: float  # of ``dense``: the MoE layers' routers and shared experts
     block_dense: float
     block_experts: float
     root: float
@@ -228,69 +247,76 @@ class StageParameters:
     tensors: tuple[tuple[int, int, int, bool], ...]
 
     def sharded(self, layout: Layout) -> float:
-        """What the stage's fullest device keeps of them under FSDP, which splits each
+        """What the rank's fullest device keeps of them under FSDP, which splits each
         tensor's dim 0 as torch.chunk does: ceil(rows / ranks) rows on the first ranks (FSDP2
         pads every rank's shard to that), more than the average when ranks do not divide the
         rows (the 80B's 1024 kv rows over 372 ranks; 8 experts over 16)."""
         return sum(
-            count * math.ceil(rows / (layout.expert_shard if expert else layout.shard)) * width
+            count * math.ceil(rows / (layout.expert_fsdp if expert else layout.shard)) * width
             for count, rows, width, expert in self.tensors
         )
 
+    def moe_sharded(self, layout: Layout) -> float:
+        """The MoE layers' parameters (router, shared and routed experts) one device keeps
+        under FSDP: those replicated over the tensor-parallel ranks."""
+        return self.moe_whole / layout.shard + self.experts / layout.expert_fsdp
 
-def stage_parameters(model: ModelConfig, layout: Layout, stage: int) -> StageParameters:
-    """Pipeline stage ``stage``'s parameters on one of its devices (the module docstring)."""
+
+def stage_parameters(model: ModelConfig, layout: Layout, pp_rank: int) -> StageParameters:
+    """Pipeline rank ``pp_rank``'s parameters on one of its devices (the module docstring)."""
     split = layout.stage_layers(model.num_layers)
-    return _stage_parameters(model, layout.tp, layout.ep, split, stage)
+    return _stage_parameters(model, layout.tp, layout.ep, split, layout.rank_stages(pp_rank))
 
 
 @functools.lru_cache(maxsize=CACHED)
 def _stage_parameters(
-    model: ModelConfig, tp: int, ep: int, split: tuple[int, ...], stage: int
+    model: ModelConfig, tp: int, ep: int, split: tuple[int, ...], stages: tuple[int, ...]
 ) -> StageParameters:
     """``stage_parameters`` of a layout of ``tp``, ``ep`` and ``split`` (the layers of each
-    stage): all it reads of the layout, so one computation serves every data-parallel split."""
+    stage) on the rank holding ``stages``: all it reads of the layout, so one computation
+    serves every data-parallel split."""
     params = _parameters(model)
-    layout = Layout(tp=tp, ep=ep, pp=len(split), pp_layers_per_stage=split)
-    layers = split[stage]
-    first, last = stage == 0, stage == layout.pp - 1
+    layers = sum(split[s] for s in stages)
+    first, last, pipelined = 0 in stages, len(split) - 1 in stages, len(split) > 1
     block_dense = params.block_split / tp + params.block_whole
-    block_experts = params.block_experts / layout.ep
+    block_experts = params.block_experts / ep
     root = params.embedding / tp if first else 0.0
     if last:
-        untied_or_copied = not params.tied or layout.pp > 1
+        untied_or_copied = not params.tied or pipelined
         root += params.final_norm + (params.head / tp if untied_or_copied else 0.0)
+    norms = 2 * model.dim
     return StageParameters(
         dense=layers * block_dense + root,
         experts=layers * block_experts,
+        moe_whole=layers * (params.block_whole - norms),
         block_dense=block_dense,
         block_experts=block_experts,
         root=root,
-        tensors=_stage_tensors(model, layout, layers, first=first, last=last),
+        tensors=_stage_tensors(model, tp, ep, layers, first=first, last=last, pipelined=pipelined),
     )
 
 
 def _stage_tensors(
-    model: ModelConfig, layout: Layout, layers: int, *, first: bool, last: bool
+    model: ModelConfig, tp: int, ep: int, layers: int, *, first: bool, last: bool, pipelined: bool
 ) -> tuple[tuple[int, int, int, bool], ...]:
     """The tensors of ``StageParameters.tensors``: the trainer's parameters, TP and EP splits
     applied (``plan.verify`` holds the sum to what the trainer builds)."""
-    tp, d, moe = layout.tp, model.dim, model.moe
+    d, moe = model.dim, model.moe
     q, kv = model.num_heads * model.head_dim // tp, model.kv_heads * model.head_dim // tp
     block = [(d, 1), (d, 1), (q, d), (kv, d), (kv, d), (d, q)]  # norms, wq, wk, wv, wo
     experts = []
     if moe is None:
         f = model.mlp_dim // tp
         block += [(f, d), (f, d), (d, f)]  # w1, w3, w2
-    else:
+    else:  # replicated over tp: none of it split
         f = moe.expert_ffn_dim
         block.append((moe.num_experts, d))  # the router
         block += [(f, d), (f, d), (d, f)] if moe.shared_expert else []
-        experts = [(moe.num_experts // layout.ep, d * f)] * 3  # w1, w3, w2 stacked by expert
+        experts = [(moe.num_experts // ep, d * f)] * 3  # w1, w3, w2 stacked by expert
     root = [(model.vocab_size // tp, d)] if first else []
     if last:
         root.append((d, 1))
-        root += [(model.vocab_size // tp, d)] if not model.tie_embeddings or layout.pp > 1 else []
+        root += [(model.vocab_size // tp, d)] if not model.tie_embeddings or pipelined else []
     return (
         *((layers, rows, width, False) for rows, width in block),
         *((layers, rows, width, True) for rows, width in experts),
@@ -299,50 +325,54 @@ def _stage_tensors(
 
 
 def state_bytes_per_device(
-    model: ModelConfig, layout: Layout, precision: str, stage: int | None = None
+    model: ModelConfig, layout: Layout, precision: str, pp_rank: int | None = None
 ) -> float:
     """The weights, gradients and optimizer state one device holds, in bytes: on pipeline
-    stage ``stage``, or (None) on the stage holding the most. B x the device's FSDP shard of
-    its stage's parameters (B: the policy's ``bytes_per_parameter``); activations,
+    rank ``pp_rank``, or (None) on the rank holding the most. B x the device's FSDP shard of
+    its stages' parameters (B: the policy's ``bytes_per_parameter``); activations,
     gathered weights and buffers are not state."""
-    stages = worst_stages(model, layout) if stage is None else (stage,)
-    sharded = max(stage_parameters(model, layout, s).sharded(layout) for s in stages)
+    ranks = worst_ranks(model, layout) if pp_rank is None else (pp_rank,)
+    sharded = max(stage_parameters(model, layout, r).sharded(layout) for r in ranks)
     return PRECISIONS[precision].bytes_per_parameter * sharded
 
 
 def estimate(model: ModelConfig, layout: Layout, work: Workload, device_bytes: float) -> Breakdown:
-    """The per-device memory of ``layout``: the largest over its pipeline stages."""
+    """The per-device memory of ``layout``: the largest over its pipeline ranks."""
     return max(
-        (_stage(model, layout, work, device_bytes, s) for s in worst_stages(model, layout)),
+        (_stage(model, layout, work, device_bytes, r) for r in worst_ranks(model, layout)),
         key=lambda breakdown: breakdown.total,
     )
 
 
-def worst_stages(model: ModelConfig, layout: Layout) -> tuple[int, ...]:
-    """The stages that can hold the most: the first (the embedding, the most micro-batches in
-    flight), the last (the head and the logits) and the earliest of the others with the most
-    layers; any other stage has no more layers (so no more parameters) and fewer micro-batches
-    in flight than that one (1F1B keeps pp - s in flight on stage s)."""
-    return _worst_stages(layout.stage_layers(model.num_layers))
+def worst_ranks(model: ModelConfig, layout: Layout) -> tuple[int, ...]:
+    """The pipeline ranks that can hold the most: those holding the first stage (the
+    embedding, the most micro-batches in flight) and the last (the head and the logits), and
+    the earliest of the others with the most layers; any other rank has no more layers (so no
+    more parameters) and no more micro-batches in flight than that one (every schedule keeps
+    as many or fewer on a later rank: ``schedule.in_flight``)."""
+    split = layout.stage_layers(model.num_layers)
+    return _worst_ranks(split, tuple(layout.rank_stages(r) for r in range(layout.pp)))
 
 
 @functools.lru_cache(maxsize=CACHED)
-def _worst_stages(layers: tuple[int, ...]) -> tuple[int, ...]:
-    pp = len(layers)
-    middle = range(1, pp - 1)
-    stages = {0, pp - 1}
+def _worst_ranks(split: tuple[int, ...], stages: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    ends = {0, len(split) - 1}
+    worst = {r for r, held in enumerate(stages) if ends & set(held)}
+    middle = [r for r in range(len(stages)) if r not in worst]
     if middle:
-        stages.add(max(middle, key=lambda s: (layers[s], -s)))
-    return tuple(sorted(stages))
+        worst.add(max(middle, key=lambda r: (sum(split[s] for s in stages[r]), -r)))
+    return tuple(sorted(worst))
 
 
 def _stage(
-    model: ModelConfig, layout: Layout, work: Workload, device_bytes: float, stage: int
+    model: ModelConfig, layout: Layout, work: Workload, device_bytes: float, pp_rank: int
 ) -> Breakdown:
-    part = stage_parameters(model, layout, stage)
+    part = stage_parameters(model, layout, pp_rank)
     a = work.policy.compute_bytes
-    layers = layout.stage_layers(model.num_layers)[stage]
-    tp, last = layout.tp, stage == layout.pp - 1
+    stages = layout.rank_stages(pp_rank)
+    split = layout.stage_layers(model.num_layers)
+    layers = sum(split[s] for s in stages)
+    tp, last = layout.tp, len(split) - 1 in stages
     dense, experts, sharded = part.dense, part.experts, part.sharded(layout)
     block_dense, block_experts, root = part.block_dense, part.block_experts, part.root
 
@@ -364,8 +394,12 @@ def _stage(
 
     tokens = work.micro_batch_size * context_tokens(work.seq_len, layout.cp)
     per_layer = layer_activation_bytes(model, a, tp)
-    in_flight = min(layout.pp - stage, accumulation)
-    kept = in_flight * layers * kept_layer_bytes(model, layout, a)
+    flight = 1.0
+    if layout.pp > 1:
+        flight = in_flight(
+            layout.pp_schedule, layout.pp, layout.stages_per_rank, accumulation, pp_rank
+        )
+    kept = flight * layers * kept_layer_bytes(model, layout, a)
     if layout.activation_checkpointing != "none":
         kept += per_layer  # the layer being recomputed
     activations = tokens * kept
@@ -381,5 +415,5 @@ def _stage(
         activations=activations,
         logits=logits,
         runtime=RUNTIME_FRACTION * device_bytes,
-        stage=stage,
+        stage=pp_rank,
     )

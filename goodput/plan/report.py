@@ -129,6 +129,7 @@ def to_json(
             "activation_checkpointing": layout.activation_checkpointing,
             "fp8": layout.fp8,
             "compile": layout.compile,
+            "pp_schedule": _schedule(layout),
             "pp_layers_per_stage": _layers(layout),
             "rung": chosen.rung,
             "memory_gib_per_device": _gib(chosen.breakdown.total),
@@ -261,7 +262,7 @@ def _chosen_lines(
     [parallel] (when given), and the overrides (last, to paste)."""
     assert chosen.layout is not None and chosen.cost is not None
     accumulation = plan.work.accumulation(chosen.layout)
-    stage = f", pipeline stage {breakdown.stage}" if chosen.layout.pp > 1 else ""
+    stage = f", pipeline rank {breakdown.stage}" if chosen.layout.pp > 1 else ""
     lines = [
         f"chosen: {chosen.rung} {chosen.layout.describe()}: {breakdown.total / GIB:.1f} GiB per "
         f"device of {plan.machine.gpu_mem_gib:.1f} GiB ({accumulation} micro-batch(es) of "
@@ -271,9 +272,9 @@ def _chosen_lines(
     lines += [f"  {TERMS[name]:<42}{value:9.2f} GiB" for name, value in breakdown.gib().items()]
     if chosen.layout.pp_layers_per_stage is not None:
         lines.append(
-            f"note: the {chosen.layout.pp} stages hold {list(chosen.layout.pp_layers_per_stage)} "
-            "layers: they do not divide evenly, and the first and last stages, which hold the "
-            "embedding and the head, take fewer"
+            f"note: the {chosen.layout.num_stages} stages hold "
+            f"{list(chosen.layout.pp_layers_per_stage)} layers: they do not divide evenly, and "
+            "the first and last stages, which hold the embedding and the head, take fewer"
         )
     if chosen.sync_every_micro_batch:
         lines.append(
@@ -315,6 +316,7 @@ def _candidate(candidate: Candidate) -> dict[str, Any]:
         "activation_checkpointing": layout.activation_checkpointing if layout else None,
         "fp8": layout.fp8 if layout else None,
         "compile": layout.compile if layout else None,
+        "pp_schedule": _schedule(layout) if layout else None,
         "pp_layers_per_stage": _layers(layout) if layout else None,
         "memory_gib_per_device": (
             _gib(candidate.breakdown.total) if candidate.breakdown is not None else None
@@ -336,3 +338,8 @@ def _layers(layout: Layout) -> list[int] | None:
 
 def _gib(value: float) -> float:
     return round(value / GIB, 4)
+
+
+def _schedule(layout: Layout) -> str | None:
+    """A pipeline's schedule (None without one)."""
+    return layout.pp_schedule if layout.pp > 1 else None

@@ -150,8 +150,8 @@ def test_state_per_device_is_the_largest_stages_shard_of_the_state():
     layout = Layout(pp=2, dp_shard=2, pp_layers_per_stage=(5, 6))
     first = 16 * (5 * block + params.embedding) / 2
     last = 16 * (6 * block + params.head + params.final_norm) / 2
-    assert state_bytes_per_device(model, layout, "fp32-master", stage=0) == first
-    assert state_bytes_per_device(model, layout, "fp32-master", stage=1) == last
+    assert state_bytes_per_device(model, layout, "fp32-master", pp_rank=0) == first
+    assert state_bytes_per_device(model, layout, "fp32-master", pp_rank=1) == last
     assert state_bytes_per_device(model, layout, "fp32-master") == max(first, last)
     assert state_bytes_per_device(model, Layout(tp=2, dp_shard=4), "pure-bf16") == pytest.approx(
         8 * (11 * (params.block_split / 2 + params.block_whole) + 2 * params.head / 2 + 256) / 4
