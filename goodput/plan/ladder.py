@@ -16,11 +16,11 @@ Rungs, in order of pain (world = hosts x devices per host, g = devices per host)
    and seq_len), FSDP over the rest; with and without AC.
 6. PP across hosts: pp dividing the hosts (at most num_layers), each valid tp within a host,
    FSDP over the rest; layers that do not divide are split by ``balanced_layer_split``.
-7. CP: cp dividing dp_shard of each layout without pp (goodput refuses cp inside pipeline
-   stages), up to ``MAX_CP`` and the first cp that cuts a sequence into more chunks than it has
-   tokens; its FSDP group keeps the same ranks (dp_shard x cp).
-Mixtures of experts skip TP, PP and CP: goodput's trainer refuses them with MoE today. A
-candidate's rung is the most painful one it uses (tp 2 + AC is TP). Beside the rungs, each
+7. CP: cp dividing dp_shard of each layout, up to ``MAX_CP`` and the first cp that cuts a
+   sequence into more chunks than it has tokens; its FSDP group keeps the same ranks (dp_shard x
+   cp). Inside pipeline stages only from ``CP_IN_STAGES_FROM`` tokens a sequence, and on layouts
+   whose stages shard over all their ranks (dp_replicate 1: a bound on the count).
+Mixtures of experts climb every rung as dense models do. A candidate's rung is the most painful one it uses (tp 2 + AC is TP). Beside the rungs, each
 layout is weighed with every fp8 scaling and compile setting ``Options`` allows (fp8 only on a
 device with FP8 matmuls, ``Rates.fp8``; what the trainer refuses, e.g. compile with tp today, is
 refused with its reason): they change the cost, not the pain.
@@ -64,6 +64,12 @@ NEAREST_RANGE = 0.25  # how far from a batch that some layout runs the planner l
 # The longest context-parallel ring the planner tries: 64 times Llama 3's (cp 16 at 131,072
 # tokens), and a bound on its work (the trainer's check of a cp walks its 2 cp chunks).
 MAX_CP = 1024
+# The shortest sequence for which cp is weighed inside pipeline stages. The step cost prices
+# cp's ring (its K/V passes) but not what short chunks lose in kernel efficiency, so at 8,192
+# tokens it would trade the 405B's recompute for cp 8 inside 32 stages — where every published
+# run uses none (Llama 3 turned cp on for its long-context stage only; torchtitan's 4D table,
+# FSDP x TP x PP x CP, starts at 32,768). Until a cp measurement calibrates that loss.
+CP_IN_STAGES_FROM = 32_768
 # The most layouts one plan weighs (each has its memory and cost estimated, and again at up to
 # 2 x NEAREST_TRIES nearby batches): a power-of-two machine at the command's maxima, 131,072
 # hosts x 1,024 devices, lists about 10,400 with the three checkpointing modes weighed by
@@ -527,8 +533,8 @@ class _Ladder:
         for base in bases:
             if base.dp_shard == 1 or problems(self.model, base, seq_len):
                 continue
-            if base.pp > 1 and base.dp_replicate > 1:
-                continue  # inside stages, on those sharded over all their ranks (a bound)
+            if base.pp > 1 and (base.dp_replicate > 1 or seq_len < CP_IN_STAGES_FROM):
+                continue  # the module docstring
             for cp in divisors(base.dp_shard)[1:]:
                 if cp > MAX_CP:
                     break

@@ -255,18 +255,21 @@ def test_a_batch_too_small_for_the_dp_degree_is_rejected_with_the_reason():
 
 
 def test_no_split_proposes_the_nearest_batches():
-    # A mixture of experts has no tp, pp or cp to lower its 8 data-parallel ranks: 7 samples
-    # split nowhere; 8 does (no multiple of 8 lies below 7).
-    hopeless = plan(shipped("moe-small"), Machine(nhosts=1, ppn=8, gpu_mem_gib=16), work(256, 7))
+    # 16 ranks and sequences of 2 tokens: tp at most 2 (sequence parallelism splits the 2),
+    # no cp (its 2 cp chunks need 2 tokens each), pp at most 2 (a stage a host), so at least 4
+    # data-parallel ranks: 7 samples split nowhere, and 4 would leave a pipeline of 2 stages
+    # one micro-batch (1F1B refuses): 16 is the nearest.
+    machine = Machine(nhosts=2, ppn=8, gpu_mem_gib=16)
+    hopeless = plan(shipped("moe-small"), machine, work(2, 7))
     assert hopeless.chosen is None
     what, fix = hopeless.failure()
     assert what.startswith("no layout splits the global batch of 7 samples")
-    assert [n.samples for n in hopeless.nearest] == [8]
-    assert "the nearest that do: 8 samples (--gbs-tokens 2048: dp_shard 8" in what
+    assert [n.samples for n in hopeless.nearest] == [16]
+    assert "the nearest that do: 16 samples (--gbs-tokens 32: pp 2 x dp_shard 4 x tp 2" in what
     assert "--gbs-tokens" in fix
-    # 12 on 8 ranks: 8 below and 16 above.
-    twelve = plan(shipped("moe-small"), Machine(nhosts=1, ppn=8, gpu_mem_gib=16), work(256, 12))
-    assert [n.samples for n in twelve.nearest] == [8, 16]
+    # 10: 8 below and 16 above.
+    ten = plan(shipped("moe-small"), machine, work(2, 10))
+    assert [n.samples for n in ten.nearest] == [8, 16]
 
 
 # Kaplan et al. for llama-20b: N = 44 x 390,082,560 + 6144 = 17,163,638,784 non-embedding
@@ -346,7 +349,7 @@ def test_a_layout_the_trainer_refuses_is_rejected_with_the_trainers_reason():
     model = shipped("tiny-cpu")  # 4 heads, 2 kv heads, 4 layers
     assert problems(model, Layout(tp=2, dp_shard=2), 128) == []
     assert problems(model, Layout(tp=4), 128) == ["tp = 4 does not divide model.num_kv_heads = 2"]
-    assert problems(model, Layout(cp=2, pp=2), 128)[0].startswith("cp = 2 with pp = 2")
+    assert problems(model, Layout(cp=3, tp=2), 128)[0].startswith("tp = 2 does not divide the")
     assert problems(model, Layout(ep=2, dp_shard=2), 128)[0].startswith("ep = 2 needs a mixture")
     moe = shipped("moe-small")  # 8 experts
     assert problems(moe, Layout(ep=4, dp_shard=2), 128)[0].startswith(
