@@ -3,14 +3,16 @@
 Same seed, data and model (vocab 64, 4 layers, fp32), the real ``train()`` on 4 gloo ranks: the
 loss and gradient norm that rank 0 writes to ``metrics.jsonl`` for the first 3 steps equal those
 of a single process, for data parallelism (FSDP, HSDP), tensor parallelism (with and without
-``loss_parallel``), pipeline parallelism under each schedule, TP x PP, and context parallelism
-(ring attention) with FSDP and with TP; with activation checkpointing, whole blocks (HSDP) and
-per op (TP x PP, CP x TP, EP: what the recompute keeps is exact in each split); with and without
-tied embeddings (a tied weight spans
-the first and last pipeline stage: a special case in ``pipeline.py``). A mixture-of-experts
-model (capacity-limited, bias-balanced, with a shared expert) does the same with its experts
-split by expert parallelism, alone, with FSDP sharding the experts further, and with HSDP; its
-expert load and dropped tokens are the one process's too.
+``loss_parallel``), pipeline parallelism under each schedule, TP x PP, context parallelism (ring
+attention) with FSDP, with TP and inside pipeline stages; with activation checkpointing, whole
+blocks (HSDP) and per op (TP x PP, CP x TP: what the recompute keeps is exact in each split);
+with and without tied embeddings (a tied weight spans the first and last pipeline stage: a
+special case in ``pipeline.py``). A mixture-of-experts model (capacity-limited, bias-balanced,
+with a shared expert) does the same with its experts split by expert parallelism, alone, with
+FSDP sharding the experts further, with HSDP, and with tensor, pipeline and context parallelism
+(its routing over every rank holding a micro-batch's tokens); its expert load and dropped
+tokens are the one process's too. On 8 ranks: an MoE at ep x tp x pp and a dense model at
+cp x pp x tp.
 
 Tolerance: relative 1e-5, not zero, because the layouts add the same numbers in a different
 order: FSDP's reduce-scatter and the DTensor all-reduces sum the shards' contributions in
@@ -47,8 +49,9 @@ from goodput.train.config.model import MoEConfig
 from goodput.train.config.run import RunConfig
 from goodput.train.loop import train
 
-# The whole file (a single-process reference per tie setting, then 17 four-rank runs in one
-# spawn) takes about 1.5 minutes on 2 idle cores; several times that on busy ones.
+# The whole file (a single-process reference per variant, then 31 four-rank runs in one spawn
+# and 2 eight-rank runs in another) takes about 3 minutes on 2 idle cores; several times that
+# on busy ones.
 pytestmark = pytest.mark.timeout(900)
 
 REL_TOLERANCE = 1e-5
@@ -71,15 +74,25 @@ DENSE_LAYOUTS: dict[str, dict[str, Any]] = {
     "cp=2,dp_shard=2": dict(cp=2, dp_shard=2),
     "cp=2,tp=2,ac=op": dict(cp=2, tp=2, activation_checkpointing="op"),
     "cp=4": dict(cp=4),
+    "cp=2,pp=2": dict(cp=2, pp=2),
 }
 MOE_LAYOUTS: dict[str, dict[str, Any]] = {
     "dp_shard=4": dict(dp_shard=4),
     "ep=2,dp_shard=4": dict(ep=2),  # each expert pair sharded over 2 more ranks by FSDP
     "ep=4,dp_shard=4": dict(ep=4),
     "ep=2,dp_shard=2,dp_replicate=2": dict(ep=2, dp_shard=2, dp_replicate=2),
+    "ep=2,tp=2": dict(ep=2, tp=2),
+    "ep=2,pp=2": dict(ep=2, pp=2),
+    "ep=2,cp=2": dict(ep=2, cp=2),
+    "tp=2,cp=2": dict(tp=2, cp=2),  # the routing gathered over 4 ranks of one micro-batch
 }
 VARIANTS = {"untied": DENSE_LAYOUTS, "tied": DENSE_LAYOUTS, "moe": MOE_LAYOUTS}
 CASES = [(name, variant) for variant, layouts in VARIANTS.items() for name in layouts]
+# Three splits at once need 8 ranks: one more spawn, of these alone.
+EIGHT_RANKS: dict[tuple[str, str], dict[str, Any]] = {
+    ("ep=2,tp=2,pp=2", "moe"): dict(ep=2, tp=2, pp=2),
+    ("cp=2,pp=2,tp=2", "tied"): dict(cp=2, pp=2, tp=2),
+}
 BROKEN = "dp_shard=2,tp=2,loss_sum_not_reduced"  # untied
 MOE = MoEConfig(
     num_experts=4,
@@ -193,6 +206,12 @@ def runs(tmp_path_factory):
     per_rank = run_distributed(
         train_each, WORLD_SIZE, [*spawned, (BROKEN, broken, True)], timeout_s=800
     )
+    eight = {
+        case: layout_config(base, root / case_id(case), case[1], **parallel)
+        for case, parallel in EIGHT_RANKS.items()
+    }
+    run_distributed(train_each, 8, [(case_id(c), cfg, False) for c, cfg in eight.items()])
+    configs |= eight
     return {
         "references": references,
         "cases": {case: logged_steps(cfg) for case, cfg in configs.items()},
@@ -201,7 +220,7 @@ def runs(tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case", [*CASES, *EIGHT_RANKS], ids=case_id)
 def test_a_layout_logs_the_one_process_loss_and_grad_norm(runs, case):
     metrics = runs["cases"][case]
     reference = runs["references"][case[1]]
