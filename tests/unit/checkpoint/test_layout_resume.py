@@ -49,7 +49,9 @@ STEPS, SAVED_AT = 6, 3
 # stage keeps its own copy of the embedding whose optimizer state is stored under the whole
 # model's name: saved by a pipeline, loaded into one, and the other way round. Split experts
 # are saved whole under one name each (DTensors split by expert), and context parallelism
-# changes nothing a checkpoint holds: both load into layouts without them, and back.
+# changes nothing a checkpoint holds: both load into layouts without them, and back. An MoE's
+# weights are whole DTensors under tp (replicated) as under ep (split): saved by one, loaded by
+# pipeline stages with context parallelism.
 Layout = dict[str, Any] | None
 PAIRS: dict[str, tuple[Layout, Layout, str]] = {
     "fsdp-to-tp": ({"dp_shard": 4}, {"tp": 2, "dp_shard": 2}, "tied"),
@@ -66,6 +68,8 @@ PAIRS: dict[str, tuple[Layout, Layout, str]] = {
     "ep2-to-one-rank": ({"ep": 2}, None, "moe"),
     "one-rank-to-ep2": (None, {"ep": 2, "dp_shard": 2, "dp_replicate": 2}, "moe"),
     "ep4-to-ep2": ({"ep": 4}, {"ep": 2}, "moe"),
+    "ep2-tp2-to-pp2-cp2": ({"ep": 2, "tp": 2}, {"pp": 2, "cp": 2}, "moe"),
+    "cp2-pp2-to-tp2": ({"cp": 2, "pp": 2}, {"tp": 2, "dp_shard": 2}, "tied"),
 }
 MOE = MoEConfig(num_experts=4, top_k=2, expert_ffn_dim=16, bias_update_rate=0.01)
 # pp=2 on 4 ranks: the mesh is pp x dp_shard, pp outermost (goodput.train.parallel.mesh), so ranks 2
