@@ -198,14 +198,14 @@ def test_verify_names_a_changed_tokenizer(demo):
 # mixture-of-experts variant (model.moe.*) too. Every layout's numbers against one process are
 # tests/unit/train/test_layout_invariance.py's (tied and untied, one process group); here one
 # layout per kind of split the launcher's ranks must agree on: sharded and replicated data,
-# tensor with pipeline, context with tensor, experts across replicas.
+# tensor with pipeline, context with tensor, experts beside tensor parallelism.
 MOE = ["model.moe.num_experts=4", "model.moe.top_k=2"]
 LAYOUTS = {
     "dp_shard=4": [],
     "tp=2 x pp=2, gpipe": ["parallel.tp=2", "parallel.pp=2", "parallel.pp_schedule=gpipe"],
     "cp=2 x tp=2": ["parallel.cp=2", "parallel.tp=2"],
     "moe dp_shard=4": MOE,
-    "moe ep=2 x dp_shard=2 x dp_replicate=2": [*MOE, "parallel.ep=2", "parallel.dp_replicate=2"],
+    "moe ep=2 x tp=2": [*MOE, "parallel.ep=2", "parallel.tp=2"],
 }
 
 
