@@ -126,7 +126,7 @@ def _run_config(
     )
 
 
-def _train_each(rank: int, world_size: int, configs: list[RunConfig]) -> None:
+def train_each(rank: int, world_size: int, configs: list[RunConfig]) -> None:
     """One rank of one repeat: every layout's ``goodput train`` in turn, on one core, output to
     a log file beside each run."""
     torch.set_num_threads(1)
@@ -169,7 +169,7 @@ def main() -> dict[str, Any]:
             configs = [
                 _run_config(tmp, file_list, *LAYOUTS[name][:2], run_dirs[name]) for name in order
             ]
-            run_distributed(_train_each, RANKS, configs, timeout_s=600)
+            run_distributed(train_each, RANKS, configs, timeout_s=600)
             for name in order:
                 lines = (run_dirs[name] / rundir.METRICS).read_text().splitlines()
                 records = [json.loads(line) for line in lines]

@@ -62,6 +62,16 @@ and compiled: ``"none"`` and ``"budget"`` at 0.5 (the partitioner's budget exist
 compile). ``CHECKPOINTING_REPEATS`` repeats, sides in alternating order; each side's step time
 and peak RSS (the trainer's ``peak_memory_gib``, on CPU the process's) is the median over
 repeats. The eager modes must log the same losses as ``"none"``, bit for bit.
+
+Zero-bubble pipeline schedules (``[parallel] pp_schedule``): ``PIPELINE_MODEL`` (8 layers, a
+small vocabulary so that the last stage's head does not dominate) on ``PIPELINE_RANKS`` gloo
+ranks as one pipeline (pp 4, one core a rank), fp32, ``PIPELINE_MICRO_BATCHES`` micro-batches
+of one sample a step (the fewest ``dualpipev`` takes on 4 ranks, where the bubble is large).
+Baseline: ``1f1b`` (4 stages of 2 layers); sides: ``interleaved_zb``, ``zbv`` and ``dualpipev``
+(8 stages of 1 layer). ``PIPELINE_REPEATS`` repeats, each one spawn running every schedule in
+turn (the order rotated per repeat); a run's figure is the median of its steady steps; the
+ratio is the median over repeats of (1f1b / side step time) within each repeat. All sides must
+log the same losses (to fp32 rounding: the sums run in another order).
 """
 
 from __future__ import annotations
@@ -81,6 +91,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from benchmarks.bench_layouts import train_each
 from goodput import beacon, rundir
 from goodput.data.blend import BlendSpec, BlendStage, build_blend
 from goodput.data.loader import DataLoader
@@ -133,6 +144,13 @@ CHECKPOINTING: dict[str, ParallelConfig] = {
 CHECKPOINTING_BATCH = 8  # samples a step, one micro-batch: activations well above the weights
 CHECKPOINTING_REPEATS = 3
 CHECKPOINTING_STEPS = 5  # WARMUP_STEPS dropped (the compiled sides' compile among them)
+PIPELINE_MODEL = ModelConfig(
+    vocab_size=512, dim=256, num_layers=8, num_heads=4, max_seq_len=SEQ_LEN
+)
+PIPELINE_RANKS = 4
+PIPELINE_MICRO_BATCHES = 8
+PIPELINE_REPEATS = 3
+PIPELINE_SCHEDULES = ("1f1b", "interleaved_zb", "zbv", "dualpipev")  # the baseline first
 BEACON_MODEL = ModelConfig(vocab_size=MODEL.vocab_size, dim=64, num_layers=2, num_heads=2)
 BEACON_STEPS = 30
 BEACON_REPEATS = 5
@@ -324,6 +342,69 @@ def _checkpointing(tmp: Path, file_list: Path) -> dict[str, Any]:
     }
 
 
+def _pipeline_schedules(tmp: Path, file_list: Path) -> dict[str, Any]:
+    """Step time of each zero-bubble schedule against 1F1B (module docstring)."""
+    step_s: dict[str, list[float]] = {side: [] for side in PIPELINE_SCHEDULES}
+    losses: dict[str, list[float]] = {}
+    runs = itertools.count()
+    for repeat in range(PIPELINE_REPEATS):
+        shift = repeat % len(PIPELINE_SCHEDULES)
+        order = [*PIPELINE_SCHEDULES[shift:], *PIPELINE_SCHEDULES[:shift]]
+        configs = {
+            side: _run_config(
+                tmp,
+                file_list,
+                ParallelConfig(precision="fp32", pp=PIPELINE_RANKS, pp_schedule=side),
+                tmp / f"pipeline{next(runs)}",
+                batch=PIPELINE_MICRO_BATCHES,
+                micro_batch_size=1,
+                model=PIPELINE_MODEL,
+            )
+            for side in order
+        }
+        run_distributed(train_each, PIPELINE_RANKS, list(configs.values()), timeout_s=900)
+        for side, cfg in configs.items():
+            lines = (Path(cfg.train.run_dir) / rundir.METRICS).read_text().splitlines()
+            records = [json.loads(line) for line in lines]
+            step_s[side].append(_steady([r["step_time_s"] for r in records]))
+            losses.setdefault(side, [r["loss"] for r in records])
+    baseline = PIPELINE_SCHEDULES[0]
+    ratios = {
+        side: [b / s for b, s in zip(step_s[baseline], step_s[side], strict=True)]
+        for side in PIPELINE_SCHEDULES[1:]
+    }
+    return {
+        "step_seconds_each": step_s,
+        **{f"{side}_step_s": statistics.median(step_s[side]) for side in PIPELINE_SCHEDULES},
+        **{f"ratio_{side}": statistics.median(ratios[side]) for side in ratios},
+        **{f"ratio_{side}_each": ratios[side] for side in ratios},
+        "max_relative_loss_difference": max(
+            abs(a - b) / abs(b)
+            for side in ratios
+            for a, b in zip(losses[side], losses[baseline], strict=True)
+        ),
+    }
+
+
+def _print_pipeline_schedules(figures: dict[str, Any]) -> None:
+    parameters = model_size(PIPELINE_MODEL).total / 1e6
+    print(
+        f"pipeline schedules: pp {PIPELINE_RANKS} (one core a rank), {parameters:.1f}M "
+        f"parameters, {PIPELINE_MICRO_BATCHES} micro-batches of 1 x {SEQ_LEN} tokens a step, "
+        f"fp32; {PIPELINE_REPEATS} repeats"
+    )
+    baseline = PIPELINE_SCHEDULES[0]
+    print(f"  {baseline + ' (baseline)':<16}: step {figures[f'{baseline}_step_s']:.3f} s")
+    for side in PIPELINE_SCHEDULES[1:]:
+        each = figures[f"ratio_{side}_each"]
+        print(
+            f"  {side:<16}: step {figures[f'{side}_step_s']:.3f} s  "
+            f"{figures[f'ratio_{side}']:.2f}x as fast as 1f1b (repeats {min(each):.2f}-"
+            f"{max(each):.2f})"
+        )
+    print(f"  losses equal 1f1b's to {figures['max_relative_loss_difference']:.1e} (relative)")
+
+
 def _print_checkpointing(figures: dict[str, Any]) -> None:
     print(
         f"activation checkpointing: {CHECKPOINTING_BATCH} x {SEQ_LEN} tokens a step, fp32, one "
@@ -466,6 +547,7 @@ def main() -> dict[str, Any]:
         accumulation = _accumulation(tmp, file_list)
         beacon_overhead = _beacon_overhead(tmp, file_list)
         checkpointing = _checkpointing(tmp, file_list)
+        pipeline_schedules = _pipeline_schedules(tmp, file_list)
     peak = {side: statistics.median(peaks[side]) for side in OURS}
     peak["bare"] = peak["fp32"]
     ratios = {
@@ -490,6 +572,7 @@ def main() -> dict[str, Any]:
         "accumulation": accumulation,
         "beacon_overhead": beacon_overhead,
         "checkpointing": checkpointing,
+        "pipeline_schedules": pipeline_schedules,
         "seconds": time.perf_counter() - start,
     }
     _print_summary(figures)
@@ -548,6 +631,7 @@ def _print_summary(figures: dict[str, Any]) -> None:
     )
     _print_beacon(figures["beacon_overhead"])
     _print_checkpointing(figures["checkpointing"])
+    _print_pipeline_schedules(figures["pipeline_schedules"])
     print(f"{figures['seconds']:.0f} s in all")
 
 

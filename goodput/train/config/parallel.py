@@ -26,6 +26,20 @@ from goodput.train.config.precision import PRECISIONS
 DEGREE = limits(at_least=1, at_most=2**20)
 PIPELINE_KEYS = ("pp_schedule", "pp_microbatches", "pp_stages_per_rank", "pp_layers_per_stage")
 FSDP_KEYS = ("reshard_after_forward", "sync_every_micro_batch")
+# The zero-bubble schedules: each backward split in two, the inputs' gradients first (to the
+# stage before) and the weights' later, into what would be the pipeline's bubble.
+SPLIT_BACKWARD = ("interleaved_zb", "zbv", "dualpipev")
+# Each pipeline schedule (pipeline.py runs torch's class of that kind) and where it puts a
+# pipeline rank r's stages: "single" stage r; "looped" stages r, r + pp, r + 2 pp, ...; "v" two
+# stages, r and 2 pp - 1 - r, so that the first and the last stage share rank 0.
+SCHEDULE_PLACEMENT: dict[str, Literal["single", "looped", "v"]] = {
+    "gpipe": "single",
+    "1f1b": "single",
+    "interleaved_1f1b": "looped",
+    "interleaved_zb": "looped",
+    "zbv": "v",
+    "dualpipev": "v",
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,11 +55,13 @@ class ParallelConfig:
     ep: int = field(default=1, metadata=DEGREE)  # borrows data-parallel ranks: no factor
     # Tensor parallelism: cross-entropy on the vocabulary shards, never gathering the logits.
     loss_parallel: bool = True
-    # Pipeline parallelism (pipeline.py): the schedule; micro-batches per step on each pipeline
-    # (None: the batch plan's micro-batches per rank); stages per rank (None: 1, and 2 for
-    # interleaved_1f1b); layers per stage in stage order (None: an even split, the first
-    # stages taking one more when they do not divide).
-    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
+    # Pipeline parallelism (pipeline.py): the schedule (SCHEDULE_PLACEMENT); micro-batches per
+    # step on each pipeline (None: the batch plan's micro-batches per rank); stages per rank
+    # (None: 1, and 2 for the schedules that run several); layers per stage in stage order
+    # (None: an even split, the first stages taking one more when they do not divide).
+    pp_schedule: Literal[
+        "gpipe", "1f1b", "interleaved_1f1b", "interleaved_zb", "zbv", "dualpipev"
+    ] = "1f1b"
     pp_microbatches: int | None = field(default=None, metadata=DEGREE)
     pp_stages_per_rank: int | None = field(default=None, metadata=DEGREE)
     pp_layers_per_stage: tuple[int, ...] | None = field(default=None, metadata=DEGREE)
@@ -137,20 +153,31 @@ class ParallelConfig:
         return rules
 
     def _check_pipeline(self) -> None:
-        interleaved = self.pp_schedule == "interleaved_1f1b"
-        if interleaved and self.stages_per_rank < 2:
+        placement = SCHEDULE_PLACEMENT[self.pp_schedule]
+        schedule = f"pp_schedule '{self.pp_schedule}'"
+        if placement == "looped" and self.stages_per_rank < 2:
             raise GoodputError.usage(
                 "[parallel]",
-                "pp_schedule 'interleaved_1f1b' needs pp_stages_per_rank >= 2",
+                f"{schedule} needs pp_stages_per_rank >= 2",
                 "raise pp_stages_per_rank, or use pp_schedule '1f1b' or 'gpipe'",
             )
-        if not interleaved and self.stages_per_rank != 1:
+        if placement == "v" and self.stages_per_rank != 2:
             raise GoodputError.usage(
                 "[parallel]",
-                f"pp_stages_per_rank = {self.stages_per_rank} needs pp_schedule 'interleaved_1f1b'",
+                f"{schedule} places exactly 2 stages on each rank (a V: stages r and "
+                f"2 pp - 1 - r), not pp_stages_per_rank = {self.stages_per_rank}",
+                "leave pp_stages_per_rank unset (2), or use pp_schedule 'interleaved_zb' for more",
+            )
+        if placement == "single" and self.stages_per_rank != 1:
+            raise GoodputError.usage(
+                "[parallel]",
+                f"pp_stages_per_rank = {self.stages_per_rank} needs pp_schedule 'interleaved_1f1b' "
+                f"or 'interleaved_zb' (several stages per rank), not '{self.pp_schedule}'",
                 f"set pp_schedule = 'interleaved_1f1b', or pp_stages_per_rank = 1 with "
                 f"'{self.pp_schedule}'",
             )
+        if self.pp_schedule in SPLIT_BACKWARD:
+            self._check_split_backward()
         if self.pp_layers_per_stage is not None and len(self.pp_layers_per_stage) != (
             self.num_stages
         ):
@@ -161,11 +188,34 @@ class ParallelConfig:
                 f"list {self.num_stages} layer counts, or leave it unset for an even split",
             )
 
+    def _check_split_backward(self) -> None:
+        """What a zero-bubble schedule's split backward (the inputs' gradients first, the
+        weights' later, through the autograd graph kept between) does not run with in torch
+        2.13, each seen to fail here (docs/parallel.md)."""
+        schedule = f"pp_schedule '{self.pp_schedule}'"
+        if self.compile:
+            # The compiled backward is one autograd node that frees its buffers on its one run
+            # ("non-empty donated buffers requires retain_graph=False").
+            raise GoodputError.usage(
+                "[parallel]",
+                f"{schedule} with compile = true: torch 2.13's split backward cannot run a "
+                "compiled block's backward in two parts (pytorch/pytorch#161904)",
+                "set compile = false, or use pp_schedule '1f1b' or 'interleaved_1f1b' to compile",
+            )
+        if self.activation_checkpointing == "op":
+            raise GoodputError.usage(
+                "[parallel]",
+                f"{schedule} with activation_checkpointing = 'op': torch 2.13's selective "
+                'recompute takes one backward through a block, its split backward two ("Trying '
+                'to backward an extra time")',
+                "use activation_checkpointing = 'full', or 'op' with pp_schedule '1f1b'",
+            )
+
     @property
     def stages_per_rank(self) -> int:
         if self.pp_stages_per_rank is not None:
             return self.pp_stages_per_rank
-        return 2 if self.pp_schedule == "interleaved_1f1b" else 1
+        return 1 if SCHEDULE_PLACEMENT[self.pp_schedule] == "single" else 2
 
     @property
     def num_stages(self) -> int:
@@ -399,6 +449,14 @@ def even_layer_split(num_layers: int, num_stages: int) -> list[int]:
     return [base + (stage < extra) for stage in range(num_stages)]
 
 
+def rank_stages(cfg: ParallelConfig, pp_rank: int) -> list[int]:
+    """The pipeline stages rank ``pp_rank`` of the pipeline runs, in stage order, as its schedule
+    places them (``SCHEDULE_PLACEMENT``)."""
+    if SCHEDULE_PLACEMENT[cfg.pp_schedule] == "v":
+        return [pp_rank, cfg.num_stages - 1 - pp_rank]
+    return list(range(pp_rank, cfg.num_stages, cfg.pp))
+
+
 def fsdp_shards(num_ranks: int, precision: str) -> bool:
     """Whether goodput applies FSDP over ``num_ranks`` ranks (dp_replicate x dp_shard x cp):
     on one rank it shards nothing, yet its hooks cost ~12% of a CPU step (bench_train), so only
@@ -409,8 +467,9 @@ def fsdp_shards(num_ranks: int, precision: str) -> bool:
 def pipeline_microbatches(cfg: ParallelConfig, local_batch_size: int, default: int) -> int:
     """The pipeline's micro-batches per step: ``pp_microbatches``, else ``default`` (the batch
     plan's); refused unless it divides this rank's ``local_batch_size`` samples and the schedule
-    takes it (torch's: 1F1B at least ``pp``, interleaved 1F1B whole rounds of about ``pp``), so
-    that the loop can refuse it at start rather than ``_schedule`` after the blend is built."""
+    takes it (torch's rules: 1F1B at least ``pp``; the interleaved schedules whole rounds of
+    about ``pp``; DualPipeV at least one per stage, 2 ``pp``), so that the loop can refuse it at
+    start rather than ``_schedule`` after the blend is built."""
     count = cfg.pp_microbatches or default
     if local_batch_size % count:
         raise GoodputError.usage(
@@ -423,13 +482,16 @@ def pipeline_microbatches(cfg: ParallelConfig, local_batch_size: int, default: i
     needs = None
     if cfg.pp_schedule == "1f1b" and count < cfg.pp:
         needs = f"at least pp = {cfg.pp}"
-    elif cfg.pp_schedule == "interleaved_1f1b" and count % rounds:
+    elif cfg.pp_schedule in ("interleaved_1f1b", "interleaved_zb") and count % rounds:
         needs = f"a multiple of its {rounds} rounds (micro-batches // pp)"
+    elif cfg.pp_schedule == "dualpipev" and count < cfg.num_stages:
+        needs = f"at least one per stage, 2 x pp = {cfg.num_stages}"
     if needs is not None:
+        least = cfg.num_stages if cfg.pp_schedule == "dualpipev" else cfg.pp
         raise GoodputError.usage(
             "[parallel]",
             f"pp_schedule '{cfg.pp_schedule}' with {count} micro-batches on pp = {cfg.pp}: it "
             f"needs {needs}",
-            "set parallel.pp_microbatches to a multiple of pp (and at least pp)",
+            f"set parallel.pp_microbatches to a multiple of pp (and at least {least})",
         )
     return count

@@ -1,8 +1,10 @@
 """Pipeline parallelism: the model cut into stages by layer, run by a
 ``torch.distributed.pipelining`` schedule.
 
-Stages. ``pp x stages_per_rank`` stages; stage ``s`` runs on pipeline rank ``s mod pp`` (looped,
-so under ``interleaved_1f1b`` each rank's stages are spread through the model). The layers split
+Stages. ``pp x stages_per_rank`` stages, placed as the schedule needs (``rank_stages``): stage
+``s`` on pipeline rank ``s mod pp`` (looped, so under the interleaved schedules each rank's stages
+are spread through the model), or under a V schedule (``zbv``, ``dualpipev``) stages ``r`` and
+``2 pp - 1 - r`` on rank ``r``, the first and the last stage on rank 0. The layers split
 evenly, the first stages taking one more where they do not divide, or as
 ``pp_layers_per_stage`` says. The first stage holds the embedding, the last the final norm and
 the output head. Each stage is a ``Transformer`` that keeps only its parts, under their
@@ -14,9 +16,9 @@ own stages, which ``goodput.train.init`` fills with the values one process draws
 
 Tied embeddings. In the whole model the embedding and the output head are one weight; here the
 first stage holds it as ``embedding.weight`` and the last a copy as ``output.weight``, equal at
-init. Their gradients are summed between the two ranks that hold them before clipping, so both
-take the same steps and stay equal; the copy is left out of the gradient norm, which counts
-the one weight once, as one process does.
+init. Their gradients are summed before clipping (between the two ranks that hold them, or on
+rank 0 where a V holds both), so both take the same steps and stay equal; the copy is left out
+of the gradient norm, which counts the one weight once, as one process does.
 
 The loss. On the last stage the schedule calls ``loss_fn`` once per micro-batch: the summed
 token loss over the step's global token count, the objective of ``step.forward_backward``; the
@@ -29,7 +31,7 @@ decision are the same everywhere.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -38,17 +40,32 @@ from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
+    ScheduleDualPipeV,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
 )
 from torch.distributed.pipelining.microbatch import _Replicate
+from torch.distributed.pipelining.schedules import (
+    OVERLAP_F_B,
+    PipelineScheduleMulti,
+    PipelineScheduleSingle,
+    _Action,
+    _PipelineScheduleRuntime,
+)
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from goodput.beacon import current
 from goodput.errors import GoodputError
 from goodput.train.config.model import ModelConfig
-from goodput.train.config.parallel import ParallelConfig, even_layer_split
+from goodput.train.config.parallel import (
+    SCHEDULE_PLACEMENT,
+    ParallelConfig,
+    even_layer_split,
+    rank_stages,
+)
 from goodput.train.dtensors import local_tensor
 from goodput.train.loss import labels_from_model, row_loss_sums, token_loss_sum
 from goodput.train.model import Transformer
@@ -56,9 +73,13 @@ from goodput.train.parallel.mesh import ParallelMesh
 from goodput.train.parallel.parallelize import parallelize
 from goodput.train.ring_attention import ContextLayout
 
-SINGLE_STAGE_SCHEDULES: dict[str, type[ScheduleGPipe | Schedule1F1B]] = {
+SCHEDULES: dict[str, type[PipelineScheduleSingle | PipelineScheduleMulti]] = {
     "gpipe": ScheduleGPipe,
     "1f1b": Schedule1F1B,
+    "interleaved_1f1b": ScheduleInterleaved1F1B,
+    "interleaved_zb": ScheduleInterleavedZeroBubble,
+    "zbv": ScheduleZBVZeroBubble,
+    "dualpipev": ScheduleDualPipeV,
 }
 
 
@@ -112,7 +133,7 @@ class Pipeline:
     """This rank's stages and the schedule that runs them (see the module docstring)."""
 
     parts: list[Transformer]  # this rank's stages, in stage order
-    schedule: ScheduleGPipe | Schedule1F1B | ScheduleInterleaved1F1B
+    schedule: PipelineScheduleSingle | PipelineScheduleMulti
     has_first: bool
     has_last: bool
     pp_group: dist.ProcessGroup
@@ -159,7 +180,7 @@ class Pipeline:
             loss_sum += micro_loss_sum
         with current().collective("step.pp"):
             dist.all_reduce(loss_sum, group=self.pp_group)
-        if self.tie_group is not None:
+        if self.tie_group is not None or self.has_first and self.tied_copy is not None:
             self._sum_tied_gradients()
         return loss_sum
 
@@ -173,7 +194,7 @@ class Pipeline:
         target = labels if self.has_last else None
         context = loss_parallel() if self.loss_parallel else contextlib.nullcontext()
         try:
-            with torch.no_grad(), context:
+            with torch.no_grad(), context, _forwards_only(self.schedule):
                 self.schedule.eval(*args, target=target, **self._positions())
             rows = (
                 torch.cat(self.step_loss.row_sums[-self.num_microbatches :])
@@ -191,22 +212,68 @@ class Pipeline:
         return {} if self.positions_t is None else {"positions_t": self.positions_t}
 
     def _sum_tied_gradients(self) -> None:
-        part = self.parts[0] if self.has_first else self.parts[-1]
-        weight = part.embedding.weight if self.has_first else part.output.weight  # type: ignore[union-attr]
-        grad = weight.grad
-        if grad is None:
+        """Sum the gradients of the tied weight's two copies: between the two ranks that hold
+        them, or on this rank where a V placed both."""
+        weights = [self.parts[0].embedding.weight] if self.has_first else []  # type: ignore[union-attr]
+        weights += [self.tied_copy] if self.tied_copy is not None else []
+        grads = [_grad_laid_out_as(weight) for weight in weights]
+        if any(grad is None for grad in grads):
             return
-        # The two copies' gradients must be laid out alike to be summed shard by shard; a
-        # tensor-parallel embedding's comes back replicated, its weight's split by rows.
-        if (
-            isinstance(grad, DTensor)
-            and isinstance(weight, DTensor)
-            and grad.placements != weight.placements
-        ):
-            grad = grad.redistribute(weight.device_mesh, weight.placements)
-            weight.grad = grad
+        shards = [local_tensor(grad) for grad in grads]  # type: ignore[arg-type]
+        if len(shards) == 2:
+            shards[0].add_(shards[1])
+            shards[1].copy_(shards[0])
+            return
         with current().collective("step.pp"):
-            dist.all_reduce(local_tensor(grad), group=self.tie_group)
+            dist.all_reduce(shards[0], group=self.tie_group)
+
+
+# The actions of a schedule's plan (torch's ``_ComputationType``) that compute or pass gradients.
+BACKWARD_ACTIONS = frozenset(("B", "I", "W", "SEND_B", "RECV_B"))
+
+
+@contextlib.contextmanager
+def _forwards_only(schedule: PipelineScheduleSingle | PipelineScheduleMulti) -> Iterator[None]:
+    """Run a multi-stage schedule's plan without its backward actions. Under ``eval`` torch 2.13
+    skips a backward action's compute, but not a V schedule's hand-off of the gradient between a
+    rank's two adjacent stages, which asserts a backward ("can't steal_bwd_input if this stage
+    doesn't have backward"). The forwards keep their order, which cannot deadlock where the whole
+    plan did not: leaving actions out only removes waits."""
+    if not isinstance(schedule, _PipelineScheduleRuntime):
+        yield
+        return
+    plan = schedule.pipeline_order_with_comms
+    assert plan is not None  # built by the schedule's constructor
+    schedule.pipeline_order_with_comms = {
+        rank: [part for action in actions for part in _forward_parts(action)]
+        for rank, actions in plan.items()
+    }
+    try:
+        yield
+    finally:
+        schedule.pipeline_order_with_comms = plan
+
+
+def _forward_parts(action: _Action) -> list[_Action]:
+    """``action`` unless it is a backward one; of an overlapped forward and backward
+    (DualPipeV's), the forward."""
+    if action.computation_type == OVERLAP_F_B:
+        return [part for sub in action.sub_actions or () for part in _forward_parts(sub)]
+    return [] if action.computation_type.value in BACKWARD_ACTIONS else [action]
+
+
+def _grad_laid_out_as(weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight``'s gradient, laid out as the weight, so that the two copies' gradients sum shard
+    by shard: a tensor-parallel embedding's comes back replicated, its weight's split by rows."""
+    grad = weight.grad
+    if (
+        isinstance(grad, DTensor)
+        and isinstance(weight, DTensor)
+        and grad.placements != weight.placements
+    ):
+        grad = grad.redistribute(weight.device_mesh, weight.placements)
+        weight.grad = grad
+    return grad
 
 
 def build_pipeline(
@@ -225,7 +292,7 @@ def build_pipeline(
         whole = Transformer(model_cfg)
     counts = layers_per_stage(cfg, model_cfg.num_layers)
     starts = [sum(counts[:stage]) for stage in range(len(counts))]
-    own = [s for s in range(cfg.num_stages) if s % cfg.pp == mesh.pp_rank]
+    own = rank_stages(cfg, mesh.pp_rank)
     parts = []
     for stage in own:
         layers = range(starts[stage], starts[stage] + counts[stage])
@@ -242,7 +309,9 @@ def build_pipeline(
     schedule = _schedule(
         cfg, stages, num_microbatches, step_loss, positions=positions_t is not None
     )
-    tie_group = _tie_group(mesh) if model_cfg.tie_embeddings else None
+    # A V places the first and the last stage on one rank, which sums their gradients itself.
+    tied_across_ranks = model_cfg.tie_embeddings and SCHEDULE_PLACEMENT[cfg.pp_schedule] != "v"
+    tie_group = _tie_group(mesh) if tied_across_ranks else None
     return Pipeline(
         parts,
         schedule,
@@ -264,20 +333,22 @@ def _schedule(
     step_loss: StepLoss,
     *,
     positions: bool,
-) -> ScheduleGPipe | Schedule1F1B | ScheduleInterleaved1F1B:
+) -> PipelineScheduleSingle | PipelineScheduleMulti:
     # The positions go whole to every micro-batch (torch's spec for an argument not split).
     kwargs_chunk_spec = {"positions_t": _Replicate()} if positions else None
+    schedule = SCHEDULES[cfg.pp_schedule]
     try:
-        if cfg.pp_schedule == "interleaved_1f1b":
-            return ScheduleInterleaved1F1B(
-                list(stages),
+        if issubclass(schedule, PipelineScheduleSingle):
+            (stage,) = stages
+            return schedule(
+                stage,
                 num_microbatches,
                 loss_fn=step_loss,
                 scale_grads=False,
                 kwargs_chunk_spec=kwargs_chunk_spec,
             )
-        return SINGLE_STAGE_SCHEDULES[cfg.pp_schedule](
-            stages[0],
+        return schedule(
+            list(stages),
             num_microbatches,
             loss_fn=step_loss,
             scale_grads=False,

@@ -114,10 +114,21 @@ def train_on_rank(rank, world_size, cfg):
 
 @pytest.mark.parametrize(
     "layout",
-    [{"data_parallel": "fsdp"}, {"tp": 2}, {"pp": 2}, {"cp": 2}],
-    ids=["fsdp2", "tp2", "pp2", "cp2"],
+    [
+        {"data_parallel": "fsdp"},
+        {"tp": 2},
+        {"pp": 2},
+        {"cp": 2},
+        # A V of 4 stages (4 layers), whose eval runs the schedule's forwards only.
+        {"pp": 2, "pp_schedule": "dualpipev"},
+    ],
+    ids=["fsdp2", "tp2", "pp2", "cp2", "pp2-dualpipev"],
 )
 def test_every_layout_evaluates_the_same(eval_run, tmp_path, layout):
+    stages = replace(eval_run.parallel, **layout).num_stages
+    eval_run = replace(
+        eval_run, model=replace(eval_run.model, num_layers=max(eval_run.model.num_layers, stages))
+    )
     train(eval_run)
     reference = records(eval_run, "evals.jsonl")
     cfg = replace(

@@ -3,7 +3,8 @@
 Same seed, data and model (vocab 64, 4 layers, fp32), the real ``train()`` on 4 gloo ranks: the
 loss and gradient norm that rank 0 writes to ``metrics.jsonl`` for the first 3 steps equal those
 of a single process, for data parallelism (FSDP, HSDP), tensor parallelism (with and without
-``loss_parallel``), pipeline parallelism under each schedule, TP x PP, context parallelism (ring
+``loss_parallel``), pipeline parallelism under each schedule (the zero-bubble ones with FSDP,
+TP and whole-block checkpointing), TP x PP, context parallelism (ring
 attention) with FSDP, with TP and inside pipeline stages; with activation checkpointing, whole
 blocks (HSDP) and per op (TP x PP, CP x TP: what the recompute keeps is exact in each split);
 with and without tied embeddings (a tied weight spans the first and last pipeline stage: a
@@ -49,7 +50,7 @@ from goodput.train.config.model import MoEConfig
 from goodput.train.config.run import RunConfig
 from goodput.train.loop import train
 
-# The whole file (a single-process reference per variant, then 31 four-rank runs in one spawn
+# The whole file (a single-process reference per variant, then 37 four-rank runs in one spawn
 # and 2 eight-rank runs in another) takes about 3 minutes on 2 idle cores; several times that
 # on busy ones.
 pytestmark = pytest.mark.timeout(900)
@@ -70,6 +71,11 @@ DENSE_LAYOUTS: dict[str, dict[str, Any]] = {
     "pp=2,dp_shard=2,gpipe": dict(pp=2, dp_shard=2, pp_schedule="gpipe"),
     "pp=2,dp_shard=2,1f1b": dict(pp=2, dp_shard=2, pp_schedule="1f1b"),
     "pp=2,dp_shard=2,interleaved_1f1b": dict(pp=2, dp_shard=2, pp_schedule="interleaved_1f1b"),
+    # The zero-bubble schedules: their split backward under FSDP, TP and whole-block
+    # checkpointing; a V's first and last stage on one rank (its tied weight summed there).
+    "pp=2,dp_shard=2,interleaved_zb": dict(pp=2, dp_shard=2, pp_schedule="interleaved_zb"),
+    "tp=2,pp=2,zbv,ac=full": dict(tp=2, pp=2, pp_schedule="zbv", activation_checkpointing="full"),
+    "pp=2,dp_shard=2,dualpipev": dict(pp=2, dp_shard=2, pp_schedule="dualpipev", pp_microbatches=4),
     "tp=2,pp=2,ac=op": dict(tp=2, pp=2, activation_checkpointing="op"),
     "cp=2,dp_shard=2": dict(cp=2, dp_shard=2),
     "cp=2,tp=2,ac=op": dict(cp=2, tp=2, activation_checkpointing="op"),

@@ -191,7 +191,12 @@ def test_pipeline_microbatches_that_cannot_divide_are_refused_before_the_blend(t
 
 @pytest.mark.parametrize(
     ("schedule", "count", "needs"),
-    [("1f1b", 1, "needs at least pp = 2"), ("interleaved_1f1b", 5, "a multiple of its 2 rounds")],
+    [
+        ("1f1b", 1, "needs at least pp = 2"),
+        ("interleaved_1f1b", 5, "a multiple of its 2 rounds"),
+        ("interleaved_zb", 5, "a multiple of its 2 rounds"),
+        ("dualpipev", 2, "needs at least one per stage, 2 x pp = 4"),
+    ],
 )
 def test_micro_batches_a_pipeline_schedule_refuses_are_refused_with_the_batch_plan(
     schedule, count, needs

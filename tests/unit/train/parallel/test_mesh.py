@@ -5,18 +5,22 @@ process."""
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 import pytest
 import torch
+from torch.distributed.pipelining._utils import generate_rank_to_stage_mapping
 
 from goodput.config import load_config
 from goodput.errors import GoodputError
 from goodput.testing.dist import run_distributed
 from goodput.testing.tiny import TINY_MODEL, rank_micro_batches, uneven_global_batch
 from goodput.train.config.parallel import (
+    SCHEDULE_PLACEMENT,
     ParallelConfig,
     check_tp_within_hosts,
     pipeline_microbatches,
+    rank_stages,
     resolve_degrees,
 )
 from goodput.train.config.run import RunConfig
@@ -91,6 +95,18 @@ def test_context_and_expert_layouts_that_cannot_work_are_refused_in_one_line(ove
     assert error.value.code == 2
 
 
+@pytest.mark.parametrize("schedule", SCHEDULE_PLACEMENT)
+def test_each_rank_builds_the_stages_torchs_schedule_places_on_it(schedule):
+    """torch's V schedules set the stages' placement themselves: ``build_pipeline`` must have
+    built each rank's stages where they look for them."""
+    assert schedule in get_args(get_type_hints(ParallelConfig)["pp_schedule"])
+    style = "v" if SCHEDULE_PLACEMENT[schedule] == "v" else "loop"
+    for pp in (2, 3, 4):
+        cfg = ParallelConfig(precision="fp32", pp=pp, pp_schedule=schedule)
+        placed = generate_rank_to_stage_mapping(pp, cfg.num_stages, style=style)
+        assert {rank: rank_stages(cfg, rank) for rank in range(pp)} == placed
+
+
 def test_expert_parallelism_borrows_ranks_of_dp_shard():
     degrees = resolve_degrees(ParallelConfig(ep=2), 4)
     assert (degrees.dp_shard, degrees.ep, degrees.expert_shard, degrees.product()) == (4, 2, 2, 4)
@@ -158,6 +174,31 @@ def test_replicas_of_sharded_groups_train_like_one_process():
         (
             ["parallel.pp=2", "parallel.pp_stages_per_rank=2"],
             "needs pp_schedule 'interleaved_1f1b'",
+        ),
+        (
+            ["parallel.pp=2", "parallel.pp_schedule=zbv", "parallel.pp_stages_per_rank=3"],
+            "places exactly 2 stages on each rank",
+        ),
+        (
+            [
+                "parallel.pp=2",
+                "parallel.pp_schedule=interleaved_zb",
+                "parallel.pp_stages_per_rank=1",
+            ],
+            ">= 2",
+        ),
+        # What torch's split backward cannot run, refused with its reason.
+        (
+            ["parallel.pp=2", "parallel.pp_schedule=dualpipev", "parallel.compile=true"],
+            "cannot run a compiled block's backward in two parts (pytorch/pytorch#161904)",
+        ),
+        (
+            [
+                "parallel.pp=2",
+                "parallel.pp_schedule=interleaved_zb",
+                'parallel.activation_checkpointing="op"',
+            ],
+            "selective recompute takes one backward through a block",
         ),
         # Without a pipeline the pipeline's keys do nothing: refused as such, naming the key.
         (["parallel.pp_stages_per_rank=2"], "'parallel.pp_stages_per_rank' is set but has no"),
