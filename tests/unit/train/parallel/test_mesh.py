@@ -3,6 +3,7 @@ that suggest a split that works, and HSDP (replicas of sharded groups) training 
 process."""
 
 import re
+import shlex
 from dataclasses import replace
 from pathlib import Path
 from typing import get_args, get_type_hints
@@ -14,6 +15,8 @@ from torch.distributed.pipelining._utils import generate_rank_to_stage_mapping
 from goodput.config import load_config
 from goodput.errors import GoodputError
 from goodput.testing.dist import run_distributed
+from goodput.testing.doc_commands import command_lines
+from goodput.testing.jobs import REPO
 from goodput.testing.tiny import TINY_MODEL, rank_micro_batches, uneven_global_batch
 from goodput.train.config.parallel import (
     SCHEDULE_PLACEMENT,
@@ -23,7 +26,7 @@ from goodput.train.config.parallel import (
     rank_stages,
     resolve_degrees,
 )
-from goodput.train.config.run import RunConfig
+from goodput.train.config.run import RunConfig, check_world
 from goodput.train.model import Transformer
 from goodput.train.parallel.mesh import build_mesh
 from goodput.train.parallel.parallelize import parallelize
@@ -93,6 +96,24 @@ def test_context_and_expert_layouts_that_cannot_work_are_refused_in_one_line(ove
         load_config(RunConfig, CONFIGS / "tiny-cpu.toml", overrides)
     assert message in error.value.render() and "\n" not in error.value.render()
     assert error.value.code == 2
+
+
+def docs_layout_lines() -> list[str]:
+    """docs/parallel.md's ``goodput launch --nproc N -- goodput train configs/tiny-cpu.toml``
+    lines: one per layout."""
+    lines = command_lines((REPO / "docs" / "parallel.md").read_text(), ("sh",))
+    return [line for line in lines if "--nproc" in line and "configs/tiny-cpu.toml" in line]
+
+
+@pytest.mark.parametrize("line", docs_layout_lines())
+def test_each_layout_docs_parallel_shows_is_taken_on_its_ranks(line):
+    """Up to where the ranks are needed: each layout is run on the same tiny model by
+    tests/unit/train/test_layout_invariance.py."""
+    words = shlex.split(line)
+    nproc = int(words[words.index("--nproc") + 1])
+    overrides = words[words.index("configs/tiny-cpu.toml") + 1 :]
+    cfg = load_config(RunConfig, CONFIGS / "tiny-cpu.toml", overrides)
+    check_world(cfg, nproc, nproc)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULE_PLACEMENT)
