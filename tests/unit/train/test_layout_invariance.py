@@ -4,7 +4,7 @@ Same seed, data and model (vocab 64, 4 layers, fp32), the real ``train()`` on 4 
 loss and gradient norm that rank 0 writes to ``metrics.jsonl`` for the first 3 steps equal those
 of a single process, for data parallelism (FSDP, HSDP), tensor parallelism (with and without
 ``loss_parallel``), pipeline parallelism under each schedule (the zero-bubble ones with FSDP,
-TP and whole-block checkpointing), TP x PP, context parallelism (ring
+TP, whole-block checkpointing and an MoE), TP x PP, context parallelism (ring
 attention) with FSDP, with TP and inside pipeline stages; with activation checkpointing, whole
 blocks (HSDP) and per op (TP x PP, CP x TP: what the recompute keeps is exact in each split);
 with and without tied embeddings (a tied weight spans the first and last pipeline stage: a
@@ -50,7 +50,7 @@ from goodput.train.config.model import MoEConfig
 from goodput.train.config.run import RunConfig
 from goodput.train.loop import train
 
-# The whole file (a single-process reference per variant, then 37 four-rank runs in one spawn
+# The whole file (a single-process reference per variant, then 38 four-rank runs in one spawn
 # and 2 eight-rank runs in another) takes about 3 minutes on 2 idle cores; several times that
 # on busy ones.
 pytestmark = pytest.mark.timeout(900)
@@ -89,6 +89,8 @@ MOE_LAYOUTS: dict[str, dict[str, Any]] = {
     "ep=2,dp_shard=2,dp_replicate=2": dict(ep=2, dp_shard=2, dp_replicate=2),
     "ep=2,tp=2": dict(ep=2, tp=2),
     "ep=2,pp=2": dict(ep=2, pp=2),
+    # The balancing loss through a split backward, its tied weight summed on a V's rank 0.
+    "ep=2,pp=2,zbv": dict(ep=2, pp=2, pp_schedule="zbv"),
     "ep=2,cp=2": dict(ep=2, cp=2),
     "tp=2,cp=2": dict(tp=2, cp=2),  # the routing gathered over 4 ranks of one micro-batch
 }
