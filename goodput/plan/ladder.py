@@ -20,10 +20,11 @@ Rungs, in order of pain (world = hosts x devices per host, g = devices per host)
    sequence into more chunks than it has tokens; its FSDP group keeps the same ranks (dp_shard x
    cp). Inside pipeline stages only from ``CP_IN_STAGES_FROM`` tokens a sequence, and on layouts
    whose stages shard over all their ranks (dp_replicate 1: a bound on the count).
-Mixtures of experts climb every rung as dense models do. A candidate's rung is the most painful one it uses (tp 2 + AC is TP). Beside the rungs, each
-layout is weighed with every fp8 scaling and compile setting ``Options`` allows (fp8 only on a
-device with FP8 matmuls, ``Rates.fp8``; what the trainer refuses, e.g. compile with tp today, is
-refused with its reason): they change the cost, not the pain.
+Mixtures of experts climb every rung as dense models do. A candidate's rung is the most painful
+one it uses (tp 2 + AC is TP). Beside the rungs, each layout is weighed with every fp8 scaling
+and compile setting ``Options`` allows (fp8 only on a device with FP8 matmuls, ``Rates.fp8``;
+what the trainer refuses, e.g. compile with a zero-bubble schedule, is refused with its
+reason): they change the cost, not the pain.
 
 With more than one micro-batch a step, FSDP holds unsharded gradients through the accumulation
 unless ``sync_every_micro_batch`` is set; when only that keeps a layout from fitting, the
@@ -51,8 +52,9 @@ from goodput.plan.batch import batch_problem, critical_batch_warning
 from goodput.plan.cost import Cost, Rates, step_cost
 from goodput.plan.layout import Layout, balanced_layer_split, problems, tp_across_hosts
 from goodput.plan.memory import GIB, Breakdown, Parameters, Workload, estimate
-from goodput.plan.schedule import PLANNED, default_stages_per_rank
+from goodput.plan.schedule import PLANNED
 from goodput.train.config.model import ModelConfig
+from goodput.train.config.parallel import default_stages_per_rank
 from goodput.train.flops import model_size
 
 RUNGS = ("DP", "FSDP", "EP", "AC", "TP", "PP", "CP")
@@ -86,7 +88,7 @@ class Options:
     scalings (None: bf16) and compile settings."""
 
     checkpointing: tuple[str, ...] = ("none", "full", "op")
-    schedules: tuple[str, ...] = PLANNED  # a pipeline's (schedule.PP_SCHEDULES)
+    schedules: tuple[str, ...] = PLANNED  # a pipeline's ([parallel] pp_schedule values)
     memory_budget: float = 0.5
     fp8: tuple[str | None, ...] = (None,)
     compile: tuple[bool, ...] = (False,)

@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from goodput.errors import GoodputError
-from goodput.plan.schedule import default_stages_per_rank, rank_stages
 from goodput.train.config.model import ModelConfig
 from goodput.train.config.parallel import (
     MESH_DIMS,
@@ -32,7 +31,9 @@ from goodput.train.config.parallel import (
     ParallelConfig,
     check_tp_within_hosts,
     context_local_lengths,
+    default_stages_per_rank,
     even_layer_split,
+    rank_stages,
     resolve_degrees,
 )
 
@@ -56,9 +57,6 @@ _TRAINER = typing.get_type_hints(ParallelConfig)
 # fp8: torchao's float8 scalings.
 AC_MODES = _literal_values(_TRAINER["activation_checkpointing"])
 FP8_RECIPES = _literal_values(_TRAINER["fp8"])
-# The pipeline schedules the trainer runs; the planner prices schedule.PP_SCHEDULES, which a
-# test holds equal to these.
-TRAINER_SCHEDULES = _literal_values(_TRAINER["pp_schedule"])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,7 +68,7 @@ class Layout(Degrees):
     activation_memory_budget: float = 0.5  # "budget" only: the share of "none"'s activations kept
     fp8: str | None = None  # one of FP8_RECIPES: the blocks' linear layers in float8
     compile: bool = False  # torch.compile each block
-    pp_schedule: str = "1f1b"  # one of schedule.PP_SCHEDULES (read under pp > 1 only)
+    pp_schedule: str = "1f1b"  # a [parallel] pp_schedule value (read under pp > 1 only)
     pp_stages_per_rank: int | None = None  # None: the schedule's default
     pp_layers_per_stage: tuple[int, ...] | None = None  # None: the trainer's even split
 
@@ -103,8 +101,8 @@ class Layout(Degrees):
         return _even_split(num_layers, self.num_stages)
 
     def rank_stages(self, pp_rank: int) -> tuple[int, ...]:
-        """The stages pipeline rank ``pp_rank`` holds (``schedule.rank_stages``)."""
-        return rank_stages(self.pp_schedule, self.pp, self.stages_per_rank, pp_rank)
+        """The stages pipeline rank ``pp_rank`` holds (the trainer's ``rank_stages``)."""
+        return tuple(rank_stages(self.pp_schedule, self.pp, self.stages_per_rank, pp_rank))
 
     def overrides(self) -> str:
         """The layout as ``goodput train`` overrides, ready to paste: the six degrees, then
@@ -186,11 +184,6 @@ def problems(model: ModelConfig, layout: Layout, seq_len: int) -> list[str]:
 def _problems(model: ModelConfig, layout: Layout, seq_len: int) -> tuple[str, ...]:
     # The config's own checks do not read the data-parallel degrees (the planner's layouts are
     # all data_parallel = 'fsdp'): asked once per shape; only resolve_degrees reads them.
-    if layout.pp > 1 and layout.pp_schedule not in TRAINER_SCHEDULES:
-        return (
-            f"pp_schedule '{layout.pp_schedule}' is not one of the trainer's "
-            f"({', '.join(TRAINER_SCHEDULES)})",
-        )
     refused = _model_problem(model, replace(layout, dp_replicate=1, dp_shard=1), seq_len)
     if refused is not None:
         return (refused,)

@@ -2,7 +2,8 @@
 many micro-batches' activations a rank keeps at its peak, and the bubble (the seconds a rank
 idles in a step).
 
-Names (``PP_SCHEDULES``) are the trainer's ``[parallel] pp_schedule`` values, torch's
+Names are the trainer's ``[parallel] pp_schedule`` values (where each places a rank's stages:
+``train.config.parallel.SCHEDULE_PLACEMENT``, ``rank_stages``), torch's
 ``torch.distributed.pipelining`` schedules: ``gpipe`` (ScheduleGPipe), ``1f1b``
 (Schedule1F1B), ``interleaved_1f1b`` (ScheduleInterleaved1F1B), ``interleaved_zb``
 (ScheduleInterleavedZeroBubble, the ZB1P schedule), ``zbv`` (ScheduleZBVZeroBubble) and
@@ -48,25 +49,12 @@ rank r holds stages r and 2p - 1 - r (so rank 0 holds the first and the last).
 
 from __future__ import annotations
 
-PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "interleaved_zb", "zbv", "dualpipev")
-INTERLEAVED = ("interleaved_1f1b", "interleaved_zb")  # two or more stages per rank, looped
-V_SHAPED = ("zbv", "dualpipev")  # exactly two stages per rank, in a V
+from goodput.train.config.parallel import SCHEDULE_PLACEMENT
+
 # The schedules the planner weighs on a pipeline: gpipe is left out, its bubble being 1F1B's
 # with every micro-batch in flight.
 PLANNED = ("1f1b", "interleaved_1f1b", "interleaved_zb", "zbv", "dualpipev")
 PLANNED_STAGES_PER_RANK = 2  # for the interleaved ones, as Llama 3's 405B run (Dubey et al.)
-
-
-def default_stages_per_rank(schedule: str) -> int:
-    """The stages per rank a schedule takes when ``pp_stages_per_rank`` is unset."""
-    return 2 if schedule in INTERLEAVED or schedule in V_SHAPED else 1
-
-
-def rank_stages(schedule: str, pp: int, stages_per_rank: int, rank: int) -> tuple[int, ...]:
-    """The pipeline stages ``rank`` holds, in stage order (the module docstring)."""
-    if schedule in V_SHAPED:
-        return (rank, 2 * pp - 1 - rank)
-    return tuple(rank + pp * chunk for chunk in range(stages_per_rank))
 
 
 def in_flight(schedule: str, pp: int, stages_per_rank: int, micro: int, rank: int) -> float:
@@ -75,7 +63,7 @@ def in_flight(schedule: str, pp: int, stages_per_rank: int, micro: int, rank: in
         return micro
     if schedule == "1f1b":
         return min(pp - rank, micro)
-    if schedule in INTERLEAVED:
+    if SCHEDULE_PLACEMENT[schedule] == "looped":
         v = stages_per_rank
         rounds = max(1, micro // pp)
         factor = 2 if schedule == "interleaved_1f1b" else 1

@@ -215,7 +215,7 @@ class ParallelConfig:
     def stages_per_rank(self) -> int:
         if self.pp_stages_per_rank is not None:
             return self.pp_stages_per_rank
-        return 1 if SCHEDULE_PLACEMENT[self.pp_schedule] == "single" else 2
+        return default_stages_per_rank(self.pp_schedule)
 
     @property
     def num_stages(self) -> int:
@@ -449,12 +449,18 @@ def even_layer_split(num_layers: int, num_stages: int) -> list[int]:
     return [base + (stage < extra) for stage in range(num_stages)]
 
 
-def rank_stages(cfg: ParallelConfig, pp_rank: int) -> list[int]:
-    """The pipeline stages rank ``pp_rank`` of the pipeline runs, in stage order, as its schedule
-    places them (``SCHEDULE_PLACEMENT``)."""
-    if SCHEDULE_PLACEMENT[cfg.pp_schedule] == "v":
-        return [pp_rank, cfg.num_stages - 1 - pp_rank]
-    return list(range(pp_rank, cfg.num_stages, cfg.pp))
+def default_stages_per_rank(schedule: str) -> int:
+    """The stages a rank runs under ``schedule`` when ``pp_stages_per_rank`` is unset."""
+    return 1 if SCHEDULE_PLACEMENT[schedule] == "single" else 2
+
+
+def rank_stages(schedule: str, pp: int, stages_per_rank: int, pp_rank: int) -> list[int]:
+    """The pipeline stages rank ``pp_rank`` of the pipeline runs, in stage order, as
+    ``schedule`` places them (``SCHEDULE_PLACEMENT``); the planner's too."""
+    num_stages = pp * stages_per_rank
+    if SCHEDULE_PLACEMENT[schedule] == "v":
+        return [pp_rank, num_stages - 1 - pp_rank]
+    return list(range(pp_rank, num_stages, pp))
 
 
 def fsdp_shards(num_ranks: int, precision: str) -> bool:

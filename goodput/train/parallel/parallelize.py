@@ -71,6 +71,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    ParallelStyle,
     PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
@@ -191,12 +192,12 @@ def _tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: 
         parallelize_module(block, tp_mesh, plan)  # type: ignore[arg-type]
 
 
-def _moe_plan(moe: MoE) -> dict[str, object]:
+def _moe_plan(moe: MoE) -> dict[str, ParallelStyle]:
     """An MoE layer on this rank's slice of the sequence, as a plain tensor (the module
     docstring): its router and shared expert replicated, applied to the slice's tokens (dim 0
     of the flattened ``[tokens, dim]``); the experts are ``distribute_experts``'."""
     own_tokens = SequenceParallel(sequence_dim=0, use_local_output=True)
-    plan: dict[str, object] = {
+    plan: dict[str, ParallelStyle] = {
         "mlp": PrepareModuleInput(
             input_layouts=(Shard(1), None),
             desired_input_layouts=(Shard(1), None),

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -207,7 +208,7 @@ class Pipeline:
             dist.all_reduce(rows, group=self.pp_group)
         return rows
 
-    def _positions(self) -> dict[str, torch.Tensor]:
+    def _positions(self) -> dict[str, Any]:
         """The keyword arguments every stage's forward takes, each micro-batch alike."""
         return {} if self.positions_t is None else {"positions_t": self.positions_t}
 
@@ -292,7 +293,7 @@ def build_pipeline(
         whole = Transformer(model_cfg)
     counts = layers_per_stage(cfg, model_cfg.num_layers)
     starts = [sum(counts[:stage]) for stage in range(len(counts))]
-    own = rank_stages(cfg, mesh.pp_rank)
+    own = rank_stages(cfg.pp_schedule, cfg.pp, cfg.stages_per_rank, mesh.pp_rank)
     parts = []
     for stage in own:
         layers = range(starts[stage], starts[stage] + counts[stage])
@@ -335,7 +336,8 @@ def _schedule(
     positions: bool,
 ) -> PipelineScheduleSingle | PipelineScheduleMulti:
     # The positions go whole to every micro-batch (torch's spec for an argument not split).
-    kwargs_chunk_spec = {"positions_t": _Replicate()} if positions else None
+    # (torch's annotation names TensorChunkSpec only; its splitter takes _Replicate too.)
+    kwargs_chunk_spec: Any = {"positions_t": _Replicate()} if positions else None
     schedule = SCHEDULES[cfg.pp_schedule]
     try:
         if issubclass(schedule, PipelineScheduleSingle):
