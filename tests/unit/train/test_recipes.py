@@ -113,6 +113,19 @@ def test_the_published_layouts_are_the_sources():
     assert layers == (7, *[8] * 14, 7)  # Meta: one layer less on the first and last stage
 
 
+def test_the_published_expert_layouts_are_the_sources():
+    """The mixtures of experts' sources' layouts (each recipe's comments cite them)."""
+    layouts = {}
+    for name in ("mixtral-8x7b", "deepseek-v3"):
+        parallel = load(CONFIGS / f"{name}.toml").parallel
+        layouts[name] = (parallel.dp_shard, parallel.tp, parallel.pp, parallel.ep)
+        layouts[name] += (parallel.pp_schedule,)
+    assert layouts == {
+        "mixtral-8x7b": (16, 1, 4, 8, "1f1b"),  # Megatron-Core: TP1 EP8 PP4 on 64 GPUs
+        "deepseek-v3": (128, 1, 16, 64, "dualpipev"),  # PP16 (DualPipe) x EP64 x DP on 2,048
+    }
+
+
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
 def test_goodput_train_without_data_names_the_override(path, capsys, monkeypatch):
     monkeypatch.chdir(CONFIGS.parent)
