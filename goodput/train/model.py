@@ -13,7 +13,12 @@ Token dropping: with ``capacity_factor`` set, each expert takes at most
 ceil(factor · tokens · k / E) tokens in token order; the rest of its assignments are dropped
 (those tokens keep their residual); without it, nothing is dropped. The experts are grouped
 weights, ``[experts, ...]`` per projection (``goodput.train.experts``), which expert parallelism
-splits by expert.
+splits by expert. Where a micro-batch's tokens are spread over ranks (context and sequence
+parallelism: ``TokenSplit``), each layer gathers every rank's chosen experts, so capacity and
+the balancing loss are decided over the whole micro-batch, as in one process. The balancing
+loss reaches the gradients through the layer's own output (``balancing_gradient``), weighted as
+the step's objective weighs it (``aux_scale``), so a pipeline stage's layers need no path to
+the loss function.
 
 Positions. ``forward`` takes each token's position in its sequence (default: 0..t-1): under
 context parallelism a rank holds two chunks of every sequence, and rotary embeddings need
@@ -324,7 +329,8 @@ class MoE(nn.Module):
         )
         kept_every_a = first_come(every_a, counts_x, capacity)
         if torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
-            # A training forward; not its recompute in backward (activation checkpointing).
+            # A training forward; not its recompute in backward (activation checkpointing),
+            # which runs inside the autograd engine's graph task (torch has no public flag).
             dropped = every_a.numel() - kept_every_a.sum()
             self.routed.append(Routed(counts_x.detach().float(), dropped.detach()))
         # Switch's E * sum_x f_x p_x: f the micro-batch's share of assignments per expert, p its
