@@ -71,15 +71,19 @@ DENSE_LAYOUTS: dict[str, dict[str, Any]] = {
     "pp=2,dp_shard=2,gpipe": dict(pp=2, dp_shard=2, pp_schedule="gpipe"),
     "pp=2,dp_shard=2,1f1b": dict(pp=2, dp_shard=2, pp_schedule="1f1b"),
     "pp=2,dp_shard=2,interleaved_1f1b": dict(pp=2, dp_shard=2, pp_schedule="interleaved_1f1b"),
+    "tp=2,pp=2,ac=op": dict(tp=2, pp=2, activation_checkpointing="op"),
+    "cp=2,dp_shard=2": dict(cp=2, dp_shard=2),
+    "cp=2,tp=2,ac=op": dict(cp=2, tp=2, activation_checkpointing="op"),
+    "cp=4": dict(cp=4),
+}
+# Pipelines new with issue 43, run tied only: a tied weight across the stages is the case
+# the untied model adds nothing to (CI time).
+TIED_PIPELINES: dict[str, dict[str, Any]] = {
     # The zero-bubble schedules: their split backward under FSDP, TP and whole-block
     # checkpointing; a V's first and last stage on one rank (its tied weight summed there).
     "pp=2,dp_shard=2,interleaved_zb": dict(pp=2, dp_shard=2, pp_schedule="interleaved_zb"),
     "tp=2,pp=2,zbv,ac=full": dict(tp=2, pp=2, pp_schedule="zbv", activation_checkpointing="full"),
     "pp=2,dp_shard=2,dualpipev": dict(pp=2, dp_shard=2, pp_schedule="dualpipev", pp_microbatches=4),
-    "tp=2,pp=2,ac=op": dict(tp=2, pp=2, activation_checkpointing="op"),
-    "cp=2,dp_shard=2": dict(cp=2, dp_shard=2),
-    "cp=2,tp=2,ac=op": dict(cp=2, tp=2, activation_checkpointing="op"),
-    "cp=4": dict(cp=4),
     "cp=2,pp=2": dict(cp=2, pp=2),
 }
 MOE_LAYOUTS: dict[str, dict[str, Any]] = {
@@ -88,13 +92,16 @@ MOE_LAYOUTS: dict[str, dict[str, Any]] = {
     "ep=4,dp_shard=4": dict(ep=4),
     "ep=2,dp_shard=2,dp_replicate=2": dict(ep=2, dp_shard=2, dp_replicate=2),
     "ep=2,tp=2": dict(ep=2, tp=2),
-    "ep=2,pp=2": dict(ep=2, pp=2),
     # The balancing loss through a split backward, its tied weight summed on a V's rank 0.
     "ep=2,pp=2,zbv": dict(ep=2, pp=2, pp_schedule="zbv"),
     "ep=2,cp=2": dict(ep=2, cp=2),
     "tp=2,cp=2": dict(tp=2, cp=2),  # the routing gathered over 4 ranks of one micro-batch
 }
-VARIANTS = {"untied": DENSE_LAYOUTS, "tied": DENSE_LAYOUTS, "moe": MOE_LAYOUTS}
+VARIANTS = {
+    "untied": DENSE_LAYOUTS,
+    "tied": DENSE_LAYOUTS | TIED_PIPELINES,
+    "moe": MOE_LAYOUTS,
+}
 CASES = [(name, variant) for variant, layouts in VARIANTS.items() for name in layouts]
 # Three splits at once need 8 ranks: one more spawn, of these alone.
 EIGHT_RANKS: dict[tuple[str, str], dict[str, Any]] = {
