@@ -23,6 +23,9 @@ Each name is defined here once, for the side that sets it and the side that read
 - ``GOODPUT_FAULTS`` (``FAULTS_VAR``): the fault plan ``goodput chaos`` hands a run
   (``faults.load_plan``).
 - ``GOODPUT_DEVICE`` (``DEVICE_VAR``): the user's device type, over the probe (``train.device``).
+- ``GOODPUT_RECOVERY_STORE`` (``RECOVERY_STORE_VAR``): ``HOST:PORT`` of the recovery store that
+  ``goodput launch --in-process`` hosts (``train.recovery``, ``launch.inprocess``);
+  ``GOODPUT_SPARE`` (``SPARE_VAR``): set on a warm spare, its number (``parse_spare_id``).
 
 The launcher's own variables (``GOODPUT_PROFILE``, a job chain's ``GOODPUT_CHAIN_*``) are read
 by the launcher alone and stay in ``launch``.
@@ -57,6 +60,9 @@ EVICT_VAR = "GOODPUT_EVICT_STRAGGLERS"
 PROBE_HOST_VAR = "GOODPUT_PROBE_HOST"
 FAULTS_VAR = "GOODPUT_FAULTS"
 DEVICE_VAR = "GOODPUT_DEVICE"
+RECOVERY_STORE_VAR = "GOODPUT_RECOVERY_STORE"
+SPARE_VAR = "GOODPUT_SPARE"
+MAX_SPARES = 1024
 
 HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # always fullmatch: no "\n" after
 MAX_HOST_CHARS = 253
@@ -181,3 +187,27 @@ def _short_hosts(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
             raise GoodputError(f"{where}:{number}", f"{shown!r} {what}", HOSTFILE_FIX)
         seen.add(line)
     return tuple(lines), tuple(short_name(host) for host in lines)
+
+
+def parse_store_address(text: str) -> tuple[str, int]:
+    """``RECOVERY_STORE_VAR``'s ``HOST:PORT``, strictly: a host name or IPv4 address, a port in
+    1..65535."""
+    host, colon, port = text.rpartition(":")
+    if not colon or not HOSTNAME.fullmatch(host) or not COUNT.fullmatch(port):
+        raise _bad_var(RECOVERY_STORE_VAR, text, "HOST:PORT")
+    if not 1 <= int(port) <= 65535:
+        raise _bad_var(RECOVERY_STORE_VAR, text, "a port in 1..65535")
+    return host, int(port)
+
+
+def parse_spare_id(text: str) -> int:
+    """``SPARE_VAR``'s number: an integer in [0, ``MAX_SPARES``)."""
+    if not COUNT.fullmatch(text) or int(text) >= MAX_SPARES:
+        raise _bad_var(SPARE_VAR, text, f"an integer in [0, {MAX_SPARES})")
+    return int(text)
+
+
+def _bad_var(name: str, text: str, wanted: str) -> GoodputError:
+    return GoodputError.usage(
+        name, f"{text[:80]!r} is not {wanted}", "it is goodput launch --in-process's: do not set it"
+    )

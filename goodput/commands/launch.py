@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from goodput import argtypes
 from goodput.commands import OneLineErrorParser, Subparsers, after_dashes
 from goodput.errors import ExitCode, GoodputError
+from goodput.ranks import MAX_SPARES
 
 if TYPE_CHECKING:
     from goodput.launch import LaunchOptions
@@ -87,6 +88,30 @@ def register(groups: Subparsers) -> None:
         "a spare and the run resumes",
     )
     launch.add_argument(
+        "--in-process",
+        action="store_true",
+        help="local launcher: when a rank dies, the others keep their process and roll back in "
+        "place to the newest in-memory checkpoint (checkpoint.memory_interval_steps) while a "
+        "warm spare takes the dead rank's place; without a spare, or when the recovery fails, "
+        "every rank restarts as --retries or --auto-retry say (needs torch where it runs)",
+    )
+    launch.add_argument(
+        "--spares-warm",
+        type=argtypes.integer(0, MAX_SPARES - 1),
+        default=0,
+        metavar="N",
+        help="with --in-process: keep N spare processes started, imports done, each ready to "
+        "take a dead rank's place (default 0)",
+    )
+    launch.add_argument(
+        "--recovery-timeout",
+        type=argtypes.positive_float,
+        default=60.0,
+        metavar="S",
+        help="with --in-process: the longest wait for the ranks to leave their step or join "
+        "the new process groups before every rank restarts instead (default 60)",
+    )
+    launch.add_argument(
         "--grace",
         type=argtypes.non_negative_float,
         default=10.0,
@@ -125,6 +150,10 @@ def options(args: argparse.Namespace) -> LaunchOptions:
             "replaces hosts, which only --auto-retry does",
             "add --auto-retry (and spare hosts: --nhosts N of a larger job)",
         )
+    if args.spares_warm and not args.in_process:
+        raise GoodputError.usage(
+            "--spares-warm", "keeps spares for in-process recovery", "add --in-process"
+        )
     return LaunchOptions(
         command=tuple(after_dashes(args.cmd)),
         nhosts=args.nhosts,
@@ -141,6 +170,9 @@ def options(args: argparse.Namespace) -> LaunchOptions:
         log=args.log,
         run_dir=args.run_dir,
         prefix=not args.no_prefix,
+        in_process=args.in_process,
+        spares_warm=args.spares_warm,
+        recovery_timeout_s=args.recovery_timeout,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from goodput.commands import OneLineErrorParser, Subparsers
 from goodput.errors import ExitCode, GoodputError, from_exception
+from goodput.ranks import RECOVERY_STORE_VAR
 
 if TYPE_CHECKING:
     from goodput.train.config.run import RunConfig
@@ -70,7 +72,12 @@ def _train(args: argparse.Namespace) -> ExitCode:
     from goodput.train.loop import train
 
     try:
-        train(cfg)
+        if RECOVERY_STORE_VAR in os.environ:  # goodput launch --in-process
+            from goodput.train.recovery import train_in_process
+
+            train_in_process(train, cfg)
+        else:
+            train(cfg)
     except Exception as error:
         # The line names the rank and its host, for the person reading the log and for
         # `goodput launch --auto-retry`, which swaps the host out on a device error.

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -36,10 +37,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from goodput.errors import ExitCode, GoodputError
 from goodput.launch.history import Evidence
+from goodput.launch.inprocess import Fallback, InProcess, Recovered
 
 # A step number past 15 digits is no trainer's (and past 2**53 no record's): not a step line.
 STEP_LINE = re.compile(rb"step=(\d{1,15})(?!\d)")
@@ -70,6 +72,9 @@ class AttemptResult:
     launcher_signal: int | None = None  # SIGINT/SIGTERM the launcher itself got, if any
     first_step_after_s: float | None = None  # when the first ``step=`` line came, from the start
     suspects: tuple[Evidence, ...] = ()  # the hang forensics' suspects, when the watchdog fired
+    # A rank died and the processes run on, to be recovered in process by the next attempt.
+    continues: bool = False
+    recovery: Recovered | Fallback | None = None  # how this attempt began, if in process
 
 
 # Called when the idle watchdog fires, with the attempt's notice (a line to stderr and the log):
@@ -78,7 +83,12 @@ IdleHook = Callable[[Callable[[str], None]], tuple[Evidence, ...]]
 IDLE_HOOK_BOUND_S = 120.0
 
 
-def run_attempt(
+def run_attempt(processes: list[ProcessSpec], **options: Any) -> AttemptResult:
+    """``open_attempt(processes, **options).run()``: start the processes, run them to the end."""
+    return open_attempt(processes, **options).run()
+
+
+def open_attempt(
     processes: list[ProcessSpec],
     *,
     idle_timeout_s: float | None,
@@ -90,47 +100,47 @@ def run_attempt(
     on_line: Callable[[bytes], None] | None = None,
     on_idle_timeout: IdleHook | None = None,
     on_idle_timeout_bound_s: float = IDLE_HOOK_BOUND_S,
-) -> AttemptResult:
-    """Run ``processes`` to the end; ``out`` defaults to this process's stdout (as bytes).
-    ``on_line`` sees every output line (without prefix or newline), one at a time.
-    ``on_idle_timeout``: see the module docstring."""
+    in_process: InProcess | None = None,
+) -> Attempt:
+    """Start ``processes`` (and ``in_process``'s warm spares); ``Attempt.run`` runs them until the
+    attempt ends. ``out`` defaults to this process's stdout (as bytes). ``on_line`` sees every
+    output line (without prefix or newline), one at a time. ``on_idle_timeout``: see the module
+    docstring. ``in_process``: a rank's death ends the attempt with ``continues`` set, its
+    processes left running: ``run`` again recovers them in process (``launch.inprocess``) and
+    runs the next attempt."""
     if not processes:
         raise ValueError("an attempt needs at least one process")
-    started = time.monotonic()
-    suspects: tuple[Evidence, ...] = ()
-    with contextlib.ExitStack() as stack:
-        log = stack.enter_context(open(log_path, "ab")) if log_path is not None else None
-        received = stack.enter_context(_caught_stop_signals())
-        attempt = _Attempt(out if out is not None else sys.stdout.buffer, log, prefix, on_line)
-        try:
-            attempt.start(processes)
-            exit_code, failed, timed_out = attempt.wait(idle_timeout_s, startup_timeout_s, received)
-            if timed_out and on_idle_timeout is not None:
-                suspects = attempt.investigate(on_idle_timeout, on_idle_timeout_bound_s, received)
-        finally:
-            attempt.stop(grace_s, received)
-    duration_s = time.monotonic() - started
-    first_step_after_s = None
-    if attempt.first_step_time is not None:
-        # A reader left behind by ``stop`` may still see a step; it cannot come after the end.
-        first_step_after_s = min(attempt.first_step_time - started, duration_s)
-    return AttemptResult(
-        int(exit_code),
-        duration_s,
-        timed_out,
-        failed,
-        attempt.steps_seen,
-        attempt.last_step,
-        attempt.first_step,
-        list(attempt.tail),
-        received[0] if received else None,
-        first_step_after_s,
-        suspects,
+    settings = _Settings(
+        idle_timeout_s, startup_timeout_s, grace_s, on_idle_timeout, on_idle_timeout_bound_s
     )
+    log = open(log_path, "ab") if log_path is not None else None
+    attempt = Attempt(out if out is not None else sys.stdout.buffer, log, prefix, on_line)
+    attempt.settings, attempt.in_process = settings, in_process
+    try:
+        attempt.start(processes)
+        if in_process is not None:
+            for _ in range(in_process.spares_warm):
+                attempt.start_spare(processes[0])
+    except BaseException:
+        attempt.stop(0.0, [])
+        raise
+    return attempt
 
 
-class _Attempt:
+@dataclass(frozen=True, slots=True)
+class _Settings:
+    idle_timeout_s: float | None
+    startup_timeout_s: float | None
+    grace_s: float
+    on_idle_timeout: IdleHook | None
+    on_idle_timeout_bound_s: float
+
+
+class Attempt:
     """The running processes, one reader thread each, and what their output said so far."""
+
+    settings: _Settings
+    in_process: InProcess | None = None
 
     def __init__(
         self,
@@ -140,17 +150,105 @@ class _Attempt:
         on_line: Callable[[bytes], None] | None,
     ):
         self.sinks: list[BinaryIO] = [out] if log is None else [out, log]
+        self.log = log
         self.prefix = prefix
         self.on_line = on_line
         self.lock = threading.Lock()  # guards the counters, the tail and the sinks
-        self.last_output = time.monotonic()
-        self.steps_seen = 0
-        self.last_step: int | None = None
-        self.first_step: int | None = None
-        self.first_step_time: float | None = None  # time.monotonic() of the first step line
-        self.tail: collections.deque[bytes] = collections.deque(maxlen=NUM_TAIL_LINES)
         self.running: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.readers: list[threading.Thread] = []
+        self.spare_specs: list[ProcessSpec] = []
+        self.spare_processes: list[subprocess.Popen[bytes]] = []
+        self.death: tuple[int, int, str] | None = None  # (rank, code, label) to recover from
+        self._reset()
+
+    def _reset(self) -> None:
+        """The counters of one attempt (an in-process recovery starts the next)."""
+        with self.lock:
+            self.last_output = time.monotonic()
+            self.steps_seen = 0
+            self.last_step: int | None = None
+            self.first_step: int | None = None
+            self.first_step_time: float | None = None  # time.monotonic() of the first step line
+            self.tail: collections.deque[bytes] = collections.deque(maxlen=NUM_TAIL_LINES)
+
+    def run(self) -> AttemptResult:
+        """Wait until the attempt ends (after the in-process recovery it starts with, if any),
+        then stop every process unless a rank's death is to be recovered in process."""
+        started = time.monotonic()
+        settings = self.settings
+        suspects: tuple[Evidence, ...] = ()
+        recovery: Recovered | Fallback | None = None
+        with _caught_stop_signals() as received:
+            try:
+                if self.death is not None:
+                    recovery = self._recover()
+                if isinstance(recovery, Fallback):
+                    exit_code, failed, timed_out = recovery.code, recovery.label, False
+                else:
+                    exit_code, failed, timed_out = self.wait(
+                        settings.idle_timeout_s, settings.startup_timeout_s, received
+                    )
+                if timed_out and settings.on_idle_timeout is not None:
+                    suspects = self.investigate(
+                        settings.on_idle_timeout, settings.on_idle_timeout_bound_s, received
+                    )
+            finally:
+                if self.death is None:
+                    self.stop(settings.grace_s, received)
+        duration_s = time.monotonic() - started
+        first_step_after_s = None
+        if self.first_step_time is not None:
+            # A reader left behind by ``stop`` may still see a step; it cannot come after the end.
+            first_step_after_s = min(self.first_step_time - started, duration_s)
+        return AttemptResult(
+            int(exit_code),
+            duration_s,
+            timed_out,
+            failed,
+            self.steps_seen,
+            self.last_step,
+            self.first_step,
+            list(self.tail),
+            received[0] if received else None,
+            first_step_after_s,
+            suspects,
+            continues=self.death is not None,
+            recovery=recovery,
+        )
+
+    def _recover(self) -> Recovered | Fallback:
+        """The in-process recovery of ``death``: the spare's process takes the rank's place,
+        and a new warm spare starts; or the fallback, said in the log."""
+        assert self.death is not None and self.in_process is not None
+        rank, code, label = self.death
+        self.death = None
+        self._reset()
+        ranks = [process for _, process in self.running]
+        outcome = self.in_process.recover(rank, ranks, self.notice)
+        if isinstance(outcome, Fallback):
+            self.notice(
+                f"launch: in-process recovery failed: {outcome.why}; stopping all processes"
+            )
+            return dataclasses.replace(outcome, code=code, label=label)
+        self.running[rank] = (self.running[rank][0], ranks[rank])
+        self.notice(
+            f"launch: generation {outcome.generation} up in {outcome.abort_s + outcome.rendezvous_s:.2f} s "
+            f"(abort {outcome.abort_s:.2f} s, rendezvous {outcome.rendezvous_s:.2f} s)"
+        )
+        if self.spare_specs:
+            self.start_spare(self.spare_specs[0])
+        return outcome
+
+    def start_spare(self, rank_spec: ProcessSpec) -> None:
+        """A warm spare (``in_process.spare_spec``), read like a rank but not waited for."""
+        assert self.in_process is not None
+        self.spare_specs[:] = [rank_spec]
+        spare, env = self.in_process.spare_env(rank_spec.env)
+        spec = ProcessSpec(list(rank_spec.argv), env, f"spare{spare}")
+        process = start_process(spec, "check the command and that it is installed and executable")
+        self.in_process.spares[spare] = process
+        self.spare_processes.append(process)
+        self._read_in_thread(process, spec.label)
 
     def start(self, specs: list[ProcessSpec]) -> None:
         for spec in specs:
@@ -158,12 +256,15 @@ class _Attempt:
                 spec, "check the command and that it is installed and executable"
             )
             self.running.append((spec.label, process))
-            head = f"[{spec.label}] ".encode() if self.prefix else b""
-            reader = threading.Thread(
-                target=self._read, args=(process, head), name=f"read-{spec.label}", daemon=True
-            )
-            reader.start()
-            self.readers.append(reader)
+            self._read_in_thread(process, spec.label)
+
+    def _read_in_thread(self, process: subprocess.Popen[bytes], label: str) -> None:
+        head = f"[{label}] ".encode() if self.prefix else b""
+        reader = threading.Thread(
+            target=self._read, args=(process, head), name=f"read-{label}", daemon=True
+        )
+        reader.start()
+        self.readers.append(reader)
 
     def wait(
         self, idle_timeout_s: float | None, startup_timeout_s: float | None, received: list[int]
@@ -184,6 +285,11 @@ class _Attempt:
             if failure is not None:
                 label, returncode = failure
                 code = 128 - returncode if returncode < 0 else returncode
+                if self.in_process is not None and any(alive):
+                    rank = next(r for r, (name, _) in enumerate(self.running) if name == label)
+                    self.notice(f"launch: process {label} exited {code}; recovering in process")
+                    self.death = (rank, code, label)
+                    return code, label, False
                 if any(alive):
                     self.notice(f"launch: process {label} exited {code}; stopping the others")
                 return code, label, False
@@ -233,7 +339,7 @@ class _Attempt:
         self._signal_groups(signal.SIGCONT)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and len(received) == num_signals:
-            if all(p.poll() is not None for _, p in self.running) and not any(
+            if all(p.poll() is not None for p in self._every_process()) and not any(
                 reader.is_alive() for reader in self.readers
             ):
                 break  # every leader reaped and every output pipe closed
@@ -242,14 +348,22 @@ class _Attempt:
         # A process stuck in the kernel (a hung file system) outlives SIGKILL, and one that left
         # its group (setsid) with the pipe open would block its reader forever: both are left
         # behind rather than hang the launcher, whose job is to get the next attempt going.
-        for _, process in self.running:
+        for process in self._every_process():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(AFTER_KILL_WAIT_S)
         for reader in self.readers:
             reader.join(AFTER_KILL_WAIT_S)
+        if self.log is not None:
+            with self.lock:
+                self.sinks = [sink for sink in self.sinks if sink is not self.log]
+            self.log.close()
+
+    def _every_process(self) -> list[subprocess.Popen[bytes]]:
+        """The ranks' processes, and the warm spares' (given or not)."""
+        return [process for _, process in self.running] + self.spare_processes
 
     def _signal_groups(self, signum: int) -> None:
-        for _, process in self.running:
+        for process in self._every_process():
             # The group id is the leader's pid, which stays reserved while the group has members.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signum)

@@ -33,6 +33,15 @@ Each line is one JSON object with exactly these keys (none ever left out; null o
   decision             retry | stop
   reason               str | null: why it stopped; null exactly when the decision is retry
   wait_s               float | null: seconds waited before the next attempt; null on a stop
+                       (0 when the next attempt is an in-process recovery of this one's processes)
+  recovery             {rank, spare, generation, abort_s, rendezvous_s, fallback} | null: how
+                       the attempt began when it recovered the one before in process
+                       (``goodput launch --in-process``): the rank that died, the warm spare
+                       that took its place, the new generation of process groups, the seconds
+                       until every survivor left its step and until every rank's new group was
+                       up; or ``fallback``, why it could not (the others null), after which it
+                       ended as the attempt before did. null: it started its processes afresh;
+                       a line of an older goodput has no key and reads as null
 Lines are written whole (one ``write`` on an O_APPEND descriptor, fsynced), so a crash never
 leaves half of one. ``read_attempts`` reads them back strictly: a line that is not exactly such a
 record is refused with ``FILE:LINE``; an evidence item without ``rank`` and ``step`` (a line of an
@@ -79,6 +88,23 @@ class Evidence:
     step: int | None = dataclasses.field(default=None, metadata=limits(at_least=0))
 
 
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """``AttemptRecord.recovery``: an attempt that began by recovering the one before in process."""
+
+    rank: int = dataclasses.field(metadata=limits(at_least=0))
+    spare: int | None = dataclasses.field(default=None, metadata=limits(at_least=0))
+    generation: int | None = dataclasses.field(default=None, metadata=limits(at_least=1))
+    abort_s: float | None = dataclasses.field(default=None, metadata=limits(at_least=0))
+    rendezvous_s: float | None = dataclasses.field(default=None, metadata=limits(at_least=0))
+    fallback: str | None = None
+
+    def __post_init__(self) -> None:
+        timed = (self.spare, self.generation, self.abort_s, self.rendezvous_s)
+        if (self.fallback is None) != all(value is not None for value in timed):
+            raise _refused("a recovery has its spare, generation and times, or a fallback alone")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptRecord:
     """One attempt, as the module docstring spells it; ``class_`` is the ``class`` key."""
@@ -104,6 +130,7 @@ class AttemptRecord:
     decision: Literal["retry", "stop"]
     reason: str | None
     wait_s: float | None
+    recovery: Recovery | None = None
 
     def __post_init__(self) -> None:
         """What a report relies on; at write time a failure here is a bug of the loop."""

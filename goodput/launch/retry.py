@@ -70,7 +70,15 @@ from pathlib import Path
 from goodput.errors import ExitCode
 from goodput.launch import failover
 from goodput.launch.attempt import AttemptResult
-from goodput.launch.history import AttemptClass, AttemptRecord, Evidence, append_record, timestamp
+from goodput.launch.history import (
+    AttemptClass,
+    AttemptRecord,
+    Evidence,
+    Recovery,
+    append_record,
+    timestamp,
+)
+from goodput.launch.inprocess import Fallback, Recovered
 
 EXIT_MEANINGS: dict[int, str] = {
     ExitCode.OK: "ok",
@@ -178,7 +186,9 @@ def run_attempts(
         if kind in ("error", "stuck-pre-training") and decision.evidence:
             kind = "bad-node"  # a crash whose suspect then failed its health probe
         wait_s = None
-        if decision.stop is None:  # rounded as logged, so the log says what was slept
+        if decision.stop is None and result.continues:
+            wait_s = 0.0  # the next attempt recovers these processes in process: no wait
+        elif decision.stop is None:  # rounded as logged, so the log says what was slept
             delay = restart_delay(without_progress, policy.backoff_s, policy.backoff_max_s, rng)
             wait_s = round(delay, 3)
         record = _record(
@@ -205,6 +215,8 @@ def run_attempts(
             return ExitCode.OK
         if wait_s is None:
             return result.exit_code
+        if result.continues:
+            continue
         try:
             sleep(wait_s)
         except KeyboardInterrupt:
@@ -397,6 +409,22 @@ def _record(
         decision="stop" if decision.stop is not None else "retry",
         reason=decision.stop,
         wait_s=wait_s,
+        recovery=_recovery_record(result.recovery),
+    )
+
+
+def _recovery_record(recovery: Recovered | Fallback | None) -> Recovery | None:
+    """The record of how an attempt began in process (``AttemptResult.recovery``)."""
+    if isinstance(recovery, Fallback):
+        return Recovery(rank=recovery.rank, fallback=recovery.why)
+    if recovery is None:
+        return None
+    return Recovery(
+        rank=recovery.rank,
+        spare=recovery.spare,
+        generation=recovery.generation,
+        abort_s=round(recovery.abort_s, 3),
+        rendezvous_s=round(recovery.rendezvous_s, 3),
     )
 
 

@@ -25,10 +25,10 @@ from pathlib import Path
 from goodput import rundir
 from goodput.errors import ExitCode
 from goodput.launch import beacon_folder, failover, launchers
-from goodput.launch.attempt import AttemptResult, run_attempt
+from goodput.launch.attempt import Attempt, AttemptResult, open_attempt
 from goodput.launch.env import current_placement
 from goodput.launch.history import Evidence
-from goodput.launch.retry import Policy, StartAttempt, run_attempts
+from goodput.launch.retry import Policy, run_attempts
 from goodput.ranks import BEACON_DIR_VAR, EVICT_VAR, HEARTBEAT_VAR
 
 PROFILE_VAR = "GOODPUT_PROFILE"  # the profile when none is named
@@ -56,6 +56,9 @@ class LaunchOptions:
     log: Path | None = None  # all output is appended here too
     run_dir: Path | None = None  # None: the log's folder, else ./launch-JOBID
     prefix: bool = True  # [rank] before each output line
+    in_process: bool = False  # a rank's death is recovered in process (``launch.inprocess``)
+    spares_warm: int = 0  # with in_process: warm spare processes kept started
+    recovery_timeout_s: float = 60.0  # with in_process: the longest leave or join of the ranks
 
 
 def load_profile(options: LaunchOptions) -> launchers.ProfileConfig:
@@ -100,9 +103,17 @@ def run(options: LaunchOptions, *, dry_run: bool = False) -> ExitCode:
     launchers.prepare_outputs(run_dir, options.log)
     heartbeat = run_dir / rundir.HEARTBEAT
     beacons = beacon_folder.launch_folder(placement.job_id)
+    if options.in_process and plan.scheduler != "local":
+        print(
+            f"launch: --in-process needs the local launcher in this version (this is "
+            f"{plan.scheduler}): a rank's death restarts every rank",
+            file=sys.stderr,
+        )
+        options = dataclasses.replace(options, in_process=False)
+    starter = _AttemptStarter(plan, options, {**os.environ, HEARTBEAT_VAR: str(heartbeat)}, beacons)
     try:
         code = run_attempts(
-            _attempt_starter(plan, options, {**os.environ, HEARTBEAT_VAR: str(heartbeat)}, beacons),
+            starter,
             _policy(plan, options),
             failover.Pool(list(plan.hosts), list(plan.spares)),
             attempts_log=run_dir / rundir.ATTEMPTS,
@@ -110,6 +121,7 @@ def run(options: LaunchOptions, *, dry_run: bool = False) -> ExitCode:
             job=placement.job_id,
         )
     finally:
+        starter.close()
         beacon_folder.remove_folder(beacons)
     return ExitCode(code) if code in {member.value for member in ExitCode} else ExitCode.ERROR
 
@@ -132,43 +144,80 @@ def _policy(plan: launchers.LaunchPlan, options: LaunchOptions) -> Policy:
     )
 
 
-def _attempt_starter(
-    plan: launchers.LaunchPlan, options: LaunchOptions, env: dict[str, str], beacons: Path
-) -> StartAttempt:
-    """``env``: what the ranks get (through srun or mpiexec, which pass it on); ``beacons``:
-    the launch's beacon folder, with a folder per attempt in it."""
-    timeout_s = options.idle_timeout_s
-    if timeout_s is None and options.auto_retry:
-        timeout_s = DEFAULT_IDLE_TIMEOUT_S
-    # Imported here, not with the package: ``python -m goodput.launch.forensics`` (run on each
-    # host) would otherwise find its module imported already by ``goodput.launch``.
-    from goodput.launch import forensics, suspects
+class _AttemptStarter:
+    """``run_attempts``'s ``StartAttempt``: each call starts the processes afresh, or, after an
+    attempt that ended with ``continues`` (a rank died under ``--in-process``), runs the same
+    processes on through their in-process recovery. ``close`` stops any still running."""
 
-    numbers = itertools.count(1)
-    # Hosts that ran an attempt: a spare, once used, is never a spare again (failover.Pool).
-    used: set[str] = set()
-    bound_s = forensics.DUMP_WAIT_S + FORENSICS_MARGIN_S
-    if plan.scheduler != "local":
-        bound_s += plan.profile.health_timeout_s
+    def __init__(
+        self, plan: launchers.LaunchPlan, options: LaunchOptions, env: dict[str, str], beacons: Path
+    ):
+        # ``env``: what the ranks get (through srun or mpiexec, which pass it on); ``beacons``:
+        # the launch's beacon folder, with a folder per attempt in it.
+        self.plan, self.options, self.env, self.beacons = plan, options, env, beacons
+        timeout_s = options.idle_timeout_s
+        if timeout_s is None and options.auto_retry:
+            timeout_s = DEFAULT_IDLE_TIMEOUT_S
+        self.timeout_s = timeout_s
+        self.numbers = itertools.count(1)
+        # Hosts that ran an attempt: a spare, once used, is never a spare again (failover.Pool).
+        self.used: set[str] = set()
+        self.live: Attempt | None = None  # processes an in-process recovery carries on
+        self.folder: Path | None = None
 
-    def start_attempt(
-        hosts: tuple[str, ...], on_line: Callable[[bytes], None] | None
+    def __call__(
+        self, hosts: tuple[str, ...], on_line: Callable[[bytes], None] | None
     ) -> AttemptResult:
+        if self.live is None:
+            self.live = self._open(hosts, on_line)
+        result = self.live.run()
+        if not result.continues:
+            self._forget()
+        return result
+
+    def close(self) -> None:
+        """Stop what a stopped loop left running (an attempt that continued into no next one)."""
+        if self.live is not None:
+            self.live.death = None
+            self.live.stop(self.options.grace_s, [])
+            self._forget()
+
+    def _forget(self) -> None:
+        self.live = None
+        if self.folder is not None:
+            beacon_folder.remove_folder(self.folder)
+            self.folder = None
+
+    def _open(self, hosts: tuple[str, ...], on_line: Callable[[bytes], None] | None) -> Attempt:
+        plan, options = self.plan, self.options
+        # Imported here, not with the package: ``python -m goodput.launch.forensics`` (run on each
+        # host) would otherwise find its module imported already by ``goodput.launch``.
+        from goodput.launch import forensics, suspects
+
+        bound_s = forensics.DUMP_WAIT_S + FORENSICS_MARGIN_S
+        if plan.scheduler != "local":
+            bound_s += plan.profile.health_timeout_s
         # Built afresh each attempt: a local rendezvous port is free only for a moment, and
         # --auto-retry may have replaced hosts.
         spares = tuple(host for host in plan.hosts + plan.spares if host not in hosts)
         attempt_plan = dataclasses.replace(plan, hosts=hosts, spares=spares)
         launchers.write_hostfile(attempt_plan)
-        folder = beacon_folder.attempt_folder(beacons, next(numbers))
-        rank_env = {**env, BEACON_DIR_VAR: str(folder)}
+        folder = self.folder = beacon_folder.attempt_folder(self.beacons, next(self.numbers))
+        rank_env = {**self.env, BEACON_DIR_VAR: str(folder)}
         rank_env.pop(EVICT_VAR, None)  # the launcher's to give, never inherited
-        used.update(hosts)
-        if options.evict_stragglers and not used.issuperset(plan.spares):
+        self.used.update(hosts)
+        if options.evict_stragglers and not self.used.issuperset(plan.spares):
             rank_env[EVICT_VAR] = "1"
+        in_process = None
+        if options.in_process:  # a new store each fresh start: its keys are one start's
+            from goodput.launch.inprocess import InProcess
+
+            in_process = InProcess(options.spares_warm, options.recovery_timeout_s)
+            rank_env |= in_process.rank_env()
         try:
-            return run_attempt(
+            return open_attempt(
                 launchers.build_processes(attempt_plan, options.command, rank_env),
-                idle_timeout_s=timeout_s or None,  # 0: no watchdog
+                idle_timeout_s=self.timeout_s or None,  # 0: no watchdog
                 startup_timeout_s=options.startup_timeout_s,
                 grace_s=options.grace_s,
                 log_path=options.log,
@@ -178,8 +227,8 @@ def _attempt_starter(
                     attempt_plan, folder, rank_env, notice
                 ),
                 on_idle_timeout_bound_s=bound_s,
+                in_process=in_process,
             )
-        finally:
-            beacon_folder.remove_folder(folder)
-
-    return start_attempt
+        except BaseException:
+            self._forget()
+            raise
