@@ -37,7 +37,7 @@ from goodput.chaos.records import FiredRecord
 from goodput.faults import Fault
 from goodput.launch.history import Evidence
 from goodput.ranks import launcher_host
-from goodput.report.accounting import RECORD_RESOLUTION_S, Span
+from goodput.report.accounting import RECORD_RESOLUTION_S, Span, recovery_parts
 
 # The kinds that end the attempt they fire in; the others let it go on.
 ENDS_ATTEMPT = frozenset(
@@ -67,6 +67,9 @@ class FaultOutcome:
     host: str | None  # the host of the fault's rank in the attempt it fired in
     named_rank: int | None  # slow and stall: the rank the launcher named for it
     named_host: str | None
+    # The attempt that came back recovered in process (``goodput launch --in-process``): its
+    # recovery's parts (``accounting.recovery_parts``), detection measured from the fault.
+    in_process_recovery: dict[str, float] | None = None
 
     @property
     def named_right(self) -> bool:
@@ -144,11 +147,15 @@ def _outcome(fault: Fault, fired: FiredRecord | None, timeline: Sequence[Span]) 
         return placed
     beyond_wait = _beyond_wait_s(timeline, index, record.wait_s or 0.0)
     detection_s = max(0.0, span.end - fired.time) + beyond_wait
-    after = next((later for later in timeline[index + 1 :] if later.steps), None)
-    if after is None:  # the run never came back
+    later = [(i, span) for i, span in enumerate(timeline) if i > index and span.steps]
+    if not later:  # the run never came back
         return replace(placed, detection_s=detection_s, backoff_s=record.wait_s)
+    after_index, after = later[0]
     first = after.steps[0]
     startup_s, load_s = after.lead_in()
+    parts = recovery_parts(after, timeline[after_index - 1])
+    if parts is not None:
+        parts["detection_s"] = round(detection_s, 3)
     return replace(
         placed,
         detection_s=detection_s,
@@ -160,6 +167,7 @@ def _outcome(fault: Fault, fired: FiredRecord | None, timeline: Sequence[Span]) 
         recovery_s=max(0.0, first.time - fired.time),
         loaded_from=first.resumed_from,
         resumed_step=first.resumed_step,
+        in_process_recovery=parts,
     )
 
 

@@ -113,7 +113,8 @@ def open_attempt(
     settings = _Settings(
         idle_timeout_s, startup_timeout_s, grace_s, on_idle_timeout, on_idle_timeout_bound_s
     )
-    log = open(log_path, "ab") if log_path is not None else None
+    # Owned by the attempt, closed by ``stop``: an in-process recovery carries it on.
+    log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115
     attempt = Attempt(out if out is not None else sys.stdout.buffer, log, prefix, on_line)
     attempt.settings, attempt.in_process = settings, in_process
     try:
@@ -192,6 +193,8 @@ class Attempt:
                     suspects = self.investigate(
                         settings.on_idle_timeout, settings.on_idle_timeout_bound_s, received
                     )
+                    if self.in_process is not None and not received:
+                        self._stop_hang_suspect(suspects)
             finally:
                 if self.death is None:
                     self.stop(settings.grace_s, received)
@@ -216,6 +219,22 @@ class Attempt:
             recovery=recovery,
         )
 
+    def _stop_hang_suspect(self, suspects: tuple[Evidence, ...]) -> None:
+        """Under ``--in-process``, a hang with one suspect rank: that rank is killed and the
+        others recover in process without it (as from its death); more suspects, or none, stop
+        every process as without ``--in-process``."""
+        ranks = {item.rank for item in suspects if item.rank is not None}
+        if len(ranks) != 1 or not 0 <= (rank := ranks.pop()) < len(self.running):
+            return
+        label, process = self.running[rank]
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(AFTER_KILL_WAIT_S)
+        if process.poll() is not None:
+            self.notice(f"launch: hang suspect {label} killed; recovering in process")
+            self.death = (rank, ExitCode.IDLE_TIMEOUT, label)
+
     def _recover(self) -> Recovered | Fallback:
         """The in-process recovery of ``death``: the spare's process takes the rank's place,
         and a new warm spare starts; or the fallback, said in the log."""
@@ -231,9 +250,10 @@ class Attempt:
             )
             return dataclasses.replace(outcome, code=code, label=label)
         self.running[rank] = (self.running[rank][0], ranks[rank])
+        took = outcome.abort_s + outcome.rendezvous_s
         self.notice(
-            f"launch: generation {outcome.generation} up in {outcome.abort_s + outcome.rendezvous_s:.2f} s "
-            f"(abort {outcome.abort_s:.2f} s, rendezvous {outcome.rendezvous_s:.2f} s)"
+            f"launch: generation {outcome.generation} up in {took:.2f} s (abort "
+            f"{outcome.abort_s:.2f} s, rendezvous {outcome.rendezvous_s:.2f} s)"
         )
         if self.spare_specs:
             self.start_spare(self.spare_specs[0])

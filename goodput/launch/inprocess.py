@@ -5,8 +5,9 @@ The launcher hosts the recovery store (torch's ``TCPStore``: this module imports
 when ``--in-process`` asks for it; the rest of ``goodput.launch`` stays torch-free), starts the
 ranks and ``N`` warm spares, and when a rank's process dies:
 
-  1. abort: sets every rank's ``wake/g/RANK`` to ``abort``; every rank of generation g leaves its step and says so
-     (``left/g/RANK``); a spare is given the dead rank (``spare/ID``);
+  1. abort: sets every rank's ``wake/g/RANK`` to ``abort`` (one ``multi_set``); every rank of
+     generation g leaves its step and says so (``left/g/RANK``); a spare is given the dead rank
+     (``spare/ID``);
   2. rendezvous: answers ``next/g`` with generation g + 1; every rank, the spare too, builds the
      new default group on it (``joined/g+1/RANK``);
   3. the ranks then restore the newest in-memory checkpoint and take the next step (their
@@ -122,10 +123,12 @@ class InProcess:
         while not self.store.check(keys):
             dead = next((p for p in alive if p.poll() is not None), None)
             if dead is not None:
-                return f"a second failure during the recovery (pid {dead.pid} exited {dead.returncode})"
+                code = dead.returncode
+                return f"a second failure during the recovery (pid {dead.pid} exited {code})"
             if time.monotonic() > deadline:
                 missing = [key for key in keys if not self.store.check([key])]
-                return f"{len(missing)} rank(s) did not {what} within {self.timeout_s:g} s ({missing[0]})"
+                within = f"within {self.timeout_s:g} s"
+                return f"{len(missing)} rank(s) did not {what} {within} ({missing[0]})"
             time.sleep(POLL_S)
         return None
 

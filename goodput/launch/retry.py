@@ -31,8 +31,10 @@ attempt, in this order:
                                          peer line kept with the answer); passed, H is kept,
                                          and the attempt's stderr line says so
        no evidence                       every active host is probed; the failed are bad
-     It stops when a bad host has no spare left. Peer evidence and suspects alone never make a
-     host bad, so they never stop a run for want of a spare: a single-host run (local ranks,
+     An attempt whose processes go on to an in-process recovery (``continues``, under
+     ``goodput launch --in-process``) is judged by host evidence alone: no probe holds the
+     survivors up, and they stay on their hosts. It stops when a bad host has no spare left.
+     Peer evidence and suspects alone never make a host bad, so they never stop a run for want of a spare: a single-host run (local ranks,
      one node) whose rank died or hung retries on the same host;
   5. it stops once ``max_attempts`` attempts have run;
   6. otherwise the bad hosts are swapped for spares, in place, and the next attempt starts
@@ -43,6 +45,7 @@ attempt, in this order:
          step it reached): at most ``PROGRESS_WAIT_S`` (1 s, ``backoff_s`` if smaller), jittered;
        - after k attempts in a row without progress — no step at all, or the same crash at the
          same step again: ``backoff_s * 2**(k-1)``, capped at ``backoff_max_s``;
+       - before an in-process recovery of the attempt's own processes: none (``wait_s`` 0);
      each times a jitter factor in [0.5, 1], so that the ranks of many jobs restarting at once
      do not stampede a file system or a scheduler.
 Plain ``--retries R`` is ``Policy(max_attempts=R + 1)``: no patterns, no probe, no step-less
@@ -182,7 +185,17 @@ def run_attempts(
         kind = failover.classify(result, reached.steps_gained, findings.named, finished=finished)
         without_progress = 0 if progressed or kind == "straggler" else without_progress + 1
         suspects_before = frozenset(item.host for item in findings.suspects if kind == "hang")
-        decision = _decide(policy, pool, attempt, kind, result.exit_code, stepless, findings)
+        # Processes recovered in process stay on their hosts: only host evidence judges them.
+        probe = None if result.continues else policy.probe
+        decision = _decide(
+            dataclasses.replace(policy, probe=probe),
+            pool,
+            attempt,
+            kind,
+            result.exit_code,
+            stepless,
+            findings,
+        )
         if kind in ("error", "stuck-pre-training") and decision.evidence:
             kind = "bad-node"  # a crash whose suspect then failed its health probe
         wait_s = None

@@ -23,7 +23,9 @@ data, compute, the stall of the checkpoint save before it) and after its eval (`
 A step belongs to the attempt whose interval holds its ``time``. Its interval is its measured
 duration, laid from its stamped start (``time`` less both) or from where the step before it
 ended, whichever is later, and cut at its attempt's end: nothing is counted twice. Within an
-attempt: its start to its first step is ``startup`` less the ``checkpoint_load``; the time
+attempt: its start to its first step is ``startup`` less the ``checkpoint_load`` (all of it
+``in_process_recovery`` when the attempt began by recovering the one before in process,
+``goodput launch --in-process``: ``recovery_parts`` splits it); the time
 between steps is ``other`` (logging, the loop's own work); its last step to its end is ``hang``
 when the idle watchdog ended it, else ``shutdown`` (the save and stop of a straggler's eviction,
 class ``straggler``, too); an attempt without a step is ``failed_start``. Of a step's interval,
@@ -73,6 +75,7 @@ CAUSES = (
     "hang",
     "shutdown",
     "failed_start",
+    "in_process_recovery",
     "backoff",
     "queue",
     "other",
@@ -123,6 +126,8 @@ class AttemptSummary:
     # as its first step record says; None: it did not say (a fresh start, an older trainer).
     resumed_from: str | None
     resumed_step: int | None
+    # Began by recovering the attempt before in process: its parts (``recovery_parts``).
+    in_process_recovery: dict[str, float] | None = None
 
     def loaded_from(self) -> str:
         """Its resume as a cell: ``partner @ 120``, the source alone, or ``-`` when unsaid."""
@@ -427,13 +432,48 @@ def _charge_span(span: Span, fates: dict[int, str], seconds: dict[str, float]) -
         length = min(step.step_time_s, span.end - begin)
         evaluating = min(step.eval_time_s, span.end - begin - length)
         load, rest = _split_gap(step, begin - cursor)
-        seconds["checkpoint_load"] += load
-        seconds["startup" if index == 0 or step.startup_s is not None else "other"] += rest
+        if index == 0 and in_process(span.record):
+            seconds["in_process_recovery"] += load + rest
+        else:
+            seconds["checkpoint_load"] += load
+            seconds["startup" if index == 0 or step.startup_s is not None else "other"] += rest
         _charge_step(step, length, fates[id(step)], seconds)
         seconds["eval"] += evaluating
         cursor = min(begin + length + evaluating, span.end)
     timed_out = span.record is not None and span.record.timed_out
     seconds["hang" if timed_out else "shutdown"] += span.end - cursor
+
+
+def in_process(record: AttemptRecord | None) -> bool:
+    """Whether the attempt began by recovering the one before in process (``--in-process``)."""
+    return record is not None and record.recovery is not None and record.recovery.fallback is None
+
+
+def recovery_parts(span: Span, before: Span | None) -> dict[str, float] | None:
+    """An in-process attempt's recovery, part by part: ``detection`` (the attempt before's last
+    step to the death the launcher saw), ``abort`` and ``rendezvous`` (the launcher's),
+    ``restore`` (the first step's checkpoint load), ``rebuild`` (the rest before the first step:
+    the model, optimizer and loader built again) and ``first_step``. None for another attempt."""
+    record = span.record
+    if not in_process(record) or not span.steps:
+        return None
+    assert record is not None and record.recovery is not None
+    first = span.steps[0]
+    rest, load = span.lead_in()
+    abort = record.recovery.abort_s or 0.0
+    rendezvous = record.recovery.rendezvous_s or 0.0
+    detection = 0.0
+    if before is not None and before.steps:
+        last = before.steps[-1]
+        detection = max(before.end - (_begins(last) + last.step_time_s), 0.0)
+    return {
+        "detection_s": round(detection, 3),
+        "abort_s": abort,
+        "rendezvous_s": rendezvous,
+        "restore_s": round(load, 3),
+        "rebuild_s": round(max(rest - abort - rendezvous, 0.0), 3),
+        "first_step_s": round(first.step_time_s, 3),
+    }
 
 
 def _split_gap(step: Step, gap: float) -> tuple[float, float]:
@@ -507,6 +547,7 @@ def _attempt_summaries(spans: tuple[Span, ...], done: bool) -> list[AttemptSumma
                 recovery_s=recovery,
                 resumed_from=resumed.resumed_from if resumed is not None else None,
                 resumed_step=resumed.resumed_step if resumed is not None else None,
+                in_process_recovery=recovery_parts(span, spans[index - 1] if index else None),
             )
         )
     return summaries

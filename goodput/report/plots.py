@@ -72,6 +72,7 @@ CAUSE_COLOURS = {
     "hang": "#8c564b",
     "shutdown": "#c49c94",
     "failed_start": "#e377c2",
+    "in_process_recovery": "#7f7f7f",
     "backoff": "#bcbd22",
     "queue": "#dbdb8d",
     "other": "#c7c7c7",

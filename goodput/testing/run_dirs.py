@@ -13,7 +13,7 @@ from pathlib import Path
 
 from goodput import rundir
 from goodput.io import write_marker
-from goodput.launch.history import AttemptRecord, Evidence, append_record, timestamp
+from goodput.launch.history import AttemptRecord, Evidence, Recovery, append_record, timestamp
 
 TOKENS_PER_STEP = 4096
 
@@ -44,6 +44,7 @@ class Attempt:
     host: str = "nid0001"
     # Every host in rank order (the replaced ones among them); (): ``host`` and those replaced.
     hosts: tuple[str, ...] = ()
+    recovery: Recovery | None = None  # it began by recovering the one before in process
 
     def step_ends(self) -> list[float]:
         """Each step record's ``time``: as the trainer writes it, after the step's eval."""
@@ -132,6 +133,7 @@ def _record(attempt: Attempt, ends: list[float]) -> AttemptRecord:
         decision="stop" if attempt.wait_s is None else "retry",
         reason="done" if attempt.wait_s is None else None,
         wait_s=attempt.wait_s,
+        recovery=attempt.recovery,
     )
 
 

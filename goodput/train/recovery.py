@@ -20,11 +20,11 @@ which outlives any rank. Its keys, for generation ``g``:
 - ``wake/g/RANK``: ``abort``, set by the launcher for every rank when a rank of generation g
   died; this rank's watcher (a thread blocked on this key alone, so the store serves one waiting
   request a rank, and nothing polls) then shuts down the process's connected TCP sockets but the
-  store's own. The rank sets ``done`` itself once it leaves the generation otherwise. torch 2.13's gloo ``abort()`` and
-  ``shutdown()`` leave a collective waiting on a live peer until its timeout (measured:
-  ``tests/unit/train/test_recovery.py``); a socket shut down under it is a closed peer, which
-  gloo reports at once, and each rank that errors so closes the path to the ranks waiting on it.
-  Where the backend is NCCL or xccl, torch's abort of every group comes first.
+  store's own. The rank sets ``done`` itself once it leaves the generation otherwise. Why
+  sockets: torch 2.13's gloo ``abort()`` and ``shutdown()`` leave a collective waiting on a live
+  peer until its timeout (measured: ``tests/unit/train/test_recovery.py``); a socket shut down
+  under it is a closed peer, which gloo reports at once. Where the backend is NCCL or xccl,
+  torch's abort of every group comes first.
 - ``left/g/RANK``: this rank has left generation g and waits;
 - ``next/g``: the launcher's answer, JSON: ``{"generation": g + 1}`` once every rank of the next
   generation is waiting, or ``{"fallback": "why"}``, after which the rank exits and the

@@ -10,8 +10,9 @@ to every rank and, as DCP's coordinator, ends connected to every rank on the che
 (``checkpoint.groups``): 2 W sockets, past the usual soft limit of 1,024 from about 500 ranks,
 where sites set the hard limit high. A single process gets a world-size-1 group
 on an in-memory store: no port, no network. Under ``goodput launch --in-process`` the group is
-the current generation's, on the launcher's recovery store (``recovery``). It returns the ``Runtime``: rank, world size and
-device, derived here once (how the ranks split into parallel dimensions is ``mesh.py``'s).
+the current generation's, on the launcher's recovery store (``recovery``). It returns the
+``Runtime``: rank, world size and device, derived here once (how the ranks split into
+parallel dimensions is ``mesh.py``'s).
 ``decided_by_rank_zero``: a check or choice made once, on rank 0, that every rank then shares.
 """
 

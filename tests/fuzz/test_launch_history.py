@@ -22,7 +22,13 @@ from hypothesis import strategies as st
 from goodput.errors import GoodputError
 from goodput.launch.attempt import AttemptResult
 from goodput.launch.failover import BAD_NODE_PATTERNS, Pool
-from goodput.launch.history import AttemptRecord, Evidence, parse_record, read_attempts
+from goodput.launch.history import (
+    AttemptRecord,
+    Evidence,
+    Recovery,
+    parse_record,
+    read_attempts,
+)
 from goodput.launch.retry import Policy, run_attempts
 from goodput.testing.fuzz import json_values, result_or_refusal
 
@@ -60,6 +66,14 @@ VALID = json.dumps(
         "decision": "retry",
         "reason": None,
         "wait_s": 1.5,
+        "recovery": {
+            "rank": 0,
+            "spare": 0,
+            "generation": 1,
+            "abort_s": 0.21,
+            "rendezvous_s": 0.02,
+            "fallback": None,
+        },
     }
 )
 
@@ -99,6 +113,28 @@ def test_an_evidence_item_with_any_value_or_a_key_dropped_is_read_or_refused(key
     result = result_or_refusal(parse_record, json.dumps(record), "attempts.jsonl:7")
     if value == "DROP" and key in ("rank", "step"):
         assert result is not None and getattr(result.evidence[0], key) is None
+
+
+RECOVERY_KEYS = [field.name for field in dataclasses.fields(Recovery)]
+
+
+@given(st.sampled_from(RECOVERY_KEYS), st.one_of(json_values(), st.just("DROP")))
+def test_a_recovery_with_any_value_or_a_key_dropped_is_read_or_refused(key, value):
+    """An in-process recovery's parts: read (all timed, or a fallback alone) or refused with
+    the line's own name, never another exception."""
+    record = json.loads(VALID)
+    item = {**record["recovery"], key: value}
+    record["recovery"] = {k: v for k, v in item.items() if v != "DROP"}
+    result = result_or_refusal(parse_record, json.dumps(record), "attempts.jsonl:7")
+    if result is not None and result.recovery is not None:
+        timed = (result.recovery.spare, result.recovery.abort_s, result.recovery.rendezvous_s)
+        assert (result.recovery.fallback is None) == all(part is not None for part in timed)
+
+
+def test_a_line_of_an_older_goodput_has_no_recovery_and_reads_as_a_fresh_start():
+    record = json.loads(VALID)
+    del record["recovery"]
+    assert parse_record(json.dumps(record), "attempts.jsonl:7").recovery is None
 
 
 @given(st.text(max_size=300), st.sampled_from(KEYS))

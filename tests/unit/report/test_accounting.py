@@ -9,7 +9,7 @@ import pytest
 from goodput import rundir
 from goodput.cli import main
 from goodput.errors import GoodputError
-from goodput.launch.history import Evidence
+from goodput.launch.history import Evidence, Recovery
 from goodput.report.accounting import CAUSES, account
 from goodput.report.html import render_html
 from goodput.report.run_files import read_run
@@ -27,6 +27,57 @@ RESUMED = Attempt(
     start=T0 + 25, startup_s=8, checkpoint_load_s=2, steps=range(5, 11), data_time_s=0.1,
     stalls={9: 0.5}, evals={10: 1.5}, tail_s=0.5, job="100", host="nid0009",
 )  # fmt: skip
+
+
+def test_an_in_process_recovery_is_a_cause_of_its_own_split_into_its_parts(tmp_path):
+    """The attempt that recovered the one before in process (goodput launch --in-process):
+    its lead-in is ``in_process_recovery``, not start-up or checkpoint load, and its summary
+    splits it into the launcher's abort and rendezvous, the restore, the rebuild and the
+    first step; the death's detection is the attempt before's tail."""
+    died = Attempt(
+        start=T0, startup_s=10, steps=range(1, 7), tail_s=0.25, class_="error",
+        exit_code=137, wait_s=0.0,
+    )  # fmt: skip
+    recovered = Attempt(
+        start=died.end(), startup_s=1.5, checkpoint_load_s=0.5, steps=range(6, 11),
+        resumed=("snapshot", 5),
+        recovery=Recovery(rank=1, spare=0, generation=1, abort_s=0.3, rendezvous_s=0.05),
+    )  # fmt: skip
+    write_run(tmp_path, [died, recovered], done=True)
+    acc = account(read_run(tmp_path))
+    assert acc.badput_s["in_process_recovery"] == pytest.approx(1.5)
+    assert acc.badput_s["startup"] == pytest.approx(10)  # the first start alone
+    assert acc.badput_s["checkpoint_load"] == 0 and acc.badput_s["backoff"] == 0
+    assert acc.badput_s["shutdown"] == pytest.approx(0.25)
+    assert acc.productive_s + sum(acc.badput_s.values()) == pytest.approx(acc.wall_s)
+    first, second = acc.attempts
+    assert first.in_process_recovery is None
+    assert second.in_process_recovery == pytest.approx(
+        {
+            "detection_s": 0.25,
+            "abort_s": 0.3,
+            "rendezvous_s": 0.05,
+            "restore_s": 0.5,
+            "rebuild_s": 0.65,
+            "first_step_s": 1.0,
+        }  # fmt: skip
+    )
+
+
+def test_a_fallen_back_recovery_is_charged_as_a_restart(tmp_path):
+    """A recovery that fell back (its record's ``fallback``) started nothing in process."""
+    died = Attempt(start=T0, startup_s=10, steps=range(1, 4), class_="error", exit_code=137,
+                   wait_s=0.0)  # fmt: skip
+    fell_back = Attempt(
+        start=died.end(), startup_s=0.1, steps=range(0), class_="error", exit_code=137,
+        wait_s=1.0, recovery=Recovery(rank=1, fallback="no warm spare is alive"),
+    )  # fmt: skip
+    restarted = Attempt(start=fell_back.end() + 1.0, startup_s=4, steps=range(3, 6))
+    write_run(tmp_path, [died, fell_back, restarted], done=True)
+    acc = account(read_run(tmp_path))
+    assert acc.badput_s["in_process_recovery"] == 0
+    assert acc.badput_s["failed_start"] == pytest.approx(0.1)
+    assert all(summary.in_process_recovery is None for summary in acc.attempts)
 
 
 def test_every_second_of_a_crash_and_resume_is_accounted(tmp_path):
@@ -48,6 +99,7 @@ def test_every_second_of_a_crash_and_resume_is_accounted(tmp_path):
             "hang": 0,
             "shutdown": 4 + 0.5,
             "failed_start": 0,
+            "in_process_recovery": 0,
             "backoff": 5,
             "queue": 0,
             "other": 0,
