@@ -34,8 +34,9 @@ attempt, in this order:
      An attempt whose processes go on to an in-process recovery (``continues``, under
      ``goodput launch --in-process``) is judged by host evidence alone: no probe holds the
      survivors up, and they stay on their hosts. It stops when a bad host has no spare left.
-     Peer evidence and suspects alone never make a host bad, so they never stop a run for want of a spare: a single-host run (local ranks,
-     one node) whose rank died or hung retries on the same host;
+     Peer evidence and suspects alone never make a host bad, so they never stop a run for want
+     of a spare: a single-host run (local ranks, one node) whose rank died or hung retries on
+     the same host;
   5. it stops once ``max_attempts`` attempts have run;
   6. otherwise the bad hosts are swapped for spares, in place, and the next attempt starts
      after a wait. Backoff protects the scheduler and the file systems from crash loops; it
