@@ -58,7 +58,8 @@ def register(groups: Subparsers) -> None:
         metavar="CONFIG [KEY=VALUE ...] [options] [-- LAUNCH OPTIONS]",
         help="the run config (TOML), overrides for both runs (as goodput train takes them), the "
         "options below, and after -- goodput launch options for both runs (--nhosts, --ppn, "
-        "--profile, --timeout, --retries, --backoff, --grace, --no-prefix)",
+        "--profile, --timeout, --retries, --backoff, --grace, --no-prefix, --in-process, "
+        "--spares-warm)",
     )
     add_campaign_options(chaos)
     # The options after CONFIG are parsed in the handler, --help among them.

@@ -223,6 +223,7 @@ class Attempt:
         """Under ``--in-process``, a hang with one suspect rank: that rank is killed and the
         others recover in process without it (as from its death); more suspects, or none, stop
         every process as without ``--in-process``."""
+        assert self.in_process is not None
         ranks = {item.rank for item in suspects if item.rank is not None}
         if len(ranks) != 1 or not 0 <= (rank := ranks.pop()) < len(self.running):
             return
@@ -232,6 +233,7 @@ class Attempt:
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(AFTER_KILL_WAIT_S)
         if process.poll() is not None:
+            self.in_process.abort(len(self.running))
             self.notice(f"launch: hang suspect {label} killed; recovering in process")
             self.death = (rank, ExitCode.IDLE_TIMEOUT, label)
 
@@ -307,6 +309,7 @@ class Attempt:
                 code = 128 - returncode if returncode < 0 else returncode
                 if self.in_process is not None and any(alive):
                     rank = next(r for r, (name, _) in enumerate(self.running) if name == label)
+                    self.in_process.abort(len(self.running))
                     self.notice(f"launch: process {label} exited {code}; recovering in process")
                     self.death = (rank, code, label)
                     return code, label, False

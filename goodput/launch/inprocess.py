@@ -67,6 +67,7 @@ class InProcess:
         self.generation = 0
         self.next_spare = 0
         self.spares: dict[int, subprocess.Popen[bytes]] = {}  # id -> process, not yet given
+        self.seen: float | None = None  # when the death being recovered was seen (``abort``)
 
     def rank_env(self) -> dict[str, str]:
         return {RECOVERY_STORE_VAR: f"{LOCAL_ADDR}:{self.store.port}"}
@@ -86,9 +87,11 @@ class InProcess:
     ) -> Recovered | Fallback:
         """Recover generation g from ``dead_rank``'s death (``ranks``: every rank's process, in
         rank order, the dead one included); the outcome, said to the ranks too."""
-        g = self.generation
-        seen = time.monotonic()
-        self._abort(g, len(ranks))
+        if self.seen is None:
+            self.abort(len(ranks))
+        g, seen = self.generation, self.seen
+        self.seen = None
+        assert seen is not None
         spare = next((i for i, p in sorted(self.spares.items()) if p.poll() is None), None)
         if spare is None:
             return self._fall_back(g, dead_rank, "no warm spare is alive")
@@ -110,10 +113,13 @@ class InProcess:
         ranks[dead_rank] = process
         return Recovered(dead_rank, spare, g + 1, left - seen, time.monotonic() - left)
 
-    def _abort(self, g: int, world_size: int) -> None:
-        """Wake every rank's watcher of generation ``g`` with ``abort`` (one request)."""
-        keys = [f"wake/{g}/{rank}" for rank in range(world_size)]
-        self.store.multi_set(keys, ["abort"] * world_size)
+    def abort(self, world_size: int) -> None:
+        """Wake every rank's watcher of this generation with ``abort`` (one request): called
+        the moment a death is seen, so the ranks leave their step while the launcher records
+        the attempt; ``recover`` then goes on from there."""
+        keys = [f"wake/{self.generation}/{rank}" for rank in range(world_size)]
+        self.store.multi_set(keys, ["abort"] * world_size)  # type: ignore[attr-defined]
+        self.seen = time.monotonic()
 
     def _wait_keys(
         self, keys: list[str], alive: list[subprocess.Popen[bytes]], what: str

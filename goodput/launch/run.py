@@ -96,13 +96,6 @@ def run(options: LaunchOptions, *, dry_run: bool = False) -> ExitCode:
     )
     processes = launchers.build_processes(plan, options.command, os.environ)
     print(f"launch: {launchers.describe_plan(plan)}", file=sys.stderr)
-    if dry_run:
-        for line in launchers.format_processes(processes, os.environ):
-            print(line)
-        return ExitCode.OK
-    launchers.prepare_outputs(run_dir, options.log)
-    heartbeat = run_dir / rundir.HEARTBEAT
-    beacons = beacon_folder.launch_folder(placement.job_id)
     if options.in_process and plan.scheduler != "local":
         print(
             f"launch: --in-process needs the local launcher in this version (this is "
@@ -110,6 +103,13 @@ def run(options: LaunchOptions, *, dry_run: bool = False) -> ExitCode:
             file=sys.stderr,
         )
         options = dataclasses.replace(options, in_process=False)
+    if dry_run:
+        for line in launchers.format_processes(processes, os.environ):
+            print(line)
+        return ExitCode.OK
+    launchers.prepare_outputs(run_dir, options.log)
+    heartbeat = run_dir / rundir.HEARTBEAT
+    beacons = beacon_folder.launch_folder(placement.job_id)
     starter = _AttemptStarter(plan, options, {**os.environ, HEARTBEAT_VAR: str(heartbeat)}, beacons)
     try:
         code = run_attempts(

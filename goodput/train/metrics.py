@@ -32,6 +32,7 @@ trainer process, finished by ``close``).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Mapping
@@ -85,11 +86,14 @@ def datasheet_peak_flops(device_name: str) -> float | None:
     return None
 
 
+@functools.cache
 def measure_matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
     """FLOP/s of back-to-back square matmuls with the threads this process has: the best of
     several short windows, since a neighbour's burst only ever makes a window slower. Its
     operands come from a generator of its own: it runs after a resume restored the run's
-    generators, and a draw from those would shift every later one (dropout, sampling)."""
+    generators, and a draw from those would shift every later one (dropout, sampling).
+    Measured once a process (half a second): a rank that enters training again after an
+    in-process recovery keeps its figure, and a warm spare measures it while it waits."""
     generator = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device, generator=generator).to(dtype)
     b = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device, generator=generator).to(dtype)

@@ -46,40 +46,26 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from goodput.errors import ExitCode, GoodputError
 from goodput.progress import print_line
 from goodput.ranks import RECOVERY_STORE_VAR, SPARE_VAR, parse_spare_id, parse_store_address
+from goodput.train import generation
+from goodput.train.config.run import RunConfig
+from goodput.train.device import detect_device_type
+from goodput.train.generation import Generation
+from goodput.train.metrics import peak_flops
+from goodput.train.parallel.parallelize import compute_dtype
 
 MAX_VALUE_BYTES = 4096  # any value this protocol stores is a short JSON object
 WAIT_SLICE_S = 30.0  # a store wait is re-issued this often (so a gone launcher is noticed)
 CONNECT_TIMEOUT_S = 60.0
 ABORT_WAIT_S = 5.0  # the launcher sees an exit within 0.05 s; this is the margin for a busy host
-
-
-@dataclass(frozen=True, slots=True)
-class Generation:
-    """The generation of process groups this process is in: what ``setup_torch`` builds on."""
-
-    number: int
-    store: dist.Store  # the recovery store's client; the groups use ``gen/NUMBER/`` in it
-    rank: int
-
-    def prefix_store(self) -> dist.PrefixStore:
-        return dist.PrefixStore(f"gen/{self.number}/", self.store)
-
-
-_current: Generation | None = None
-
-
-def current_generation() -> Generation | None:
-    """The generation ``setup_torch`` initialises on; None without ``--in-process``."""
-    return _current
 
 
 class Link:
@@ -144,21 +130,21 @@ def _client(address: tuple[str, int]) -> dist.TCPStore:
     )
 
 
-def train_in_process(train: Any, cfg: Any) -> list[float]:
+def train_in_process(train: Any, cfg: RunConfig) -> list[float]:
     """``train(cfg)`` under in-process recovery: entered again on a new generation each time a
     peer dies, until it returns or the launcher answers with a fallback. A spare first waits
     for its rank."""
-    global _current
     link = Link(parse_store_address(os.environ[RECOVERY_STORE_VAR]))
     spare = os.environ.get(SPARE_VAR)
     if spare is not None:
+        _warm_up(cfg)
         rank, number = _await_assignment(link, parse_spare_id(spare))
     else:
         rank, number = int(os.environ["RANK"]), 0
     while True:
         # One line a rank: the local launcher's handful (the only one that keeps spares).
         print_line(f"train: rank {rank}, pid {os.getpid()}, generation {number}")
-        _current = Generation(number, link.main, rank)
+        generation.enter(Generation(number, link.main, rank))
         watcher = Watcher(link, number, rank)
         try:
             losses = train(cfg)
@@ -179,7 +165,7 @@ def train_in_process(train: Any, cfg: Any) -> list[float]:
             )
             del error  # its traceback holds the old groups and the model
         finally:
-            _current = None
+            generation.leave()
         watcher.join()
         gc.collect()  # the old groups' sockets close with their last reference
         link.main.set(f"left/{number}/{rank}", str(os.getpid()))
@@ -194,6 +180,14 @@ def train_in_process(train: Any, cfg: Any) -> list[float]:
         number = int_field(f"next/{number}", answer, "generation", number + 1, number + 1)
 
 
+def _warm_up(cfg: RunConfig) -> None:
+    """What a warm spare does before it waits, so that its start after a death need not: on a
+    CPU, the matmul probe that MFU is measured against (half a second, cached for the
+    process). A device's figure comes from its datasheet."""
+    if detect_device_type() == "cpu":
+        peak_flops(torch.device("cpu"), compute_dtype(cfg.parallel), cfg.train.peak_tflops)
+
+
 def _await_assignment(link: Link, spare_id: int) -> tuple[int, int]:
     """A warm spare's wait: (the rank it takes, the generation it joins)."""
     key = f"spare/{spare_id}"
@@ -205,11 +199,6 @@ def _await_assignment(link: Link, spare_id: int) -> tuple[int, int]:
     os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
     print_line(f"train: warm spare {spare_id} takes rank {rank} in generation {generation}")
     return rank, generation
-
-
-def joined(generation: Generation) -> None:
-    """Generation's default group is up on this rank: said to the launcher, which times it."""
-    generation.store.set(f"joined/{generation.number}/{generation.rank}", str(os.getpid()))
 
 
 class Watcher:
@@ -285,7 +274,7 @@ def store_peers(address: tuple[str, int]) -> frozenset[tuple[str, int]]:
     """The (IP, port) pairs a connection to the store has as its peer."""
     host, port = address
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return frozenset((_plain_ip(info[4][0]), port) for info in infos)
+    return frozenset((_plain_ip(str(info[4][0])), port) for info in infos)
 
 
 def _is_store(peer: Any, store: frozenset[tuple[str, int]]) -> bool:

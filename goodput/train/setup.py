@@ -10,7 +10,7 @@ to every rank and, as DCP's coordinator, ends connected to every rank on the che
 (``checkpoint.groups``): 2 W sockets, past the usual soft limit of 1,024 from about 500 ranks,
 where sites set the hard limit high. A single process gets a world-size-1 group
 on an in-memory store: no port, no network. Under ``goodput launch --in-process`` the group is
-the current generation's, on the launcher's recovery store (``recovery``). It returns the
+the current generation's (``generation``), on the launcher's recovery store. It returns the
 ``Runtime``: rank, world size and device, derived here once (how the ranks split into
 parallel dimensions is ``mesh.py``'s).
 ``decided_by_rank_zero``: a check or choice made once, on rank 0, that every rank then shares.
@@ -31,8 +31,8 @@ import torch.distributed as dist
 
 from goodput.errors import GoodputError
 from goodput.launch.env import current_placement
+from goodput.train import generation as generations
 from goodput.train.device import backend_for, detect_device_type, local_device
-from goodput.train.recovery import current_generation, joined
 
 DEFAULT_TIMEOUT_S = 600
 
@@ -71,7 +71,7 @@ def setup_torch(seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> Runtime:
         timeout = timedelta(seconds=timeout_s)
         backend = backend_for(device_type)
         device_id = device if device_type in ("cuda", "xpu") else None
-        generation = current_generation()
+        generation = generations.current()
         if generation is not None:  # goodput launch --in-process: the recovery store's groups
             dist.init_process_group(
                 backend,
@@ -81,7 +81,7 @@ def setup_torch(seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> Runtime:
                 timeout=timeout,
                 device_id=device_id,
             )
-            joined(generation)
+            generation.joined()
         elif placement.world_size == 1:
             dist.init_process_group(
                 backend,

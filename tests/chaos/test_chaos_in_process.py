@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -22,10 +21,10 @@ GENERATION_LINE = re.compile(
 )
 
 
-def generations(log: Path) -> dict[int, dict[int, int]]:
-    """generation -> rank -> pid, from the ranks' own lines."""
+def generations(output: str) -> dict[int, dict[int, int]]:
+    """generation -> rank -> pid, from the ranks' own lines in a launch's ``output``."""
     found: dict[int, dict[int, int]] = {}
-    for line in log.read_text().splitlines():
+    for line in output.splitlines():
         if match := GENERATION_LINE.match(line):
             rank, pid, generation = (int(match[i]) for i in (3, 4, 5))
             found.setdefault(generation, {})[rank] = pid
@@ -55,7 +54,7 @@ def test_a_kill_and_a_hang_of_four_ranks_recover_in_process_bitwise_equal(tmp_pa
         assert set(parts) == {"detection_s", "abort_s", "rendezvous_s", "restore_s",
                               "rebuild_s", "first_step_s"}  # fmt: skip
     # The survivors kept their processes: the same pid in every generation.
-    pids = generations(out / "faulted" / "launch.log")
+    pids = generations((out / "faulted" / "launch.log").read_text())
     assert sorted(pids) == [0, 1, 2] and all(len(ranks) == 4 for ranks in pids.values()), pids
     for generation in (1, 2):
         died = recovered[generation - 1].recovery.rank

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from goodput.cli import main
 from goodput.launch.inprocess import Fallback, InProcess, Recovered
 from goodput.ranks import RECOVERY_STORE_VAR, SPARE_VAR, parse_store_address
 
@@ -138,3 +139,20 @@ def test_ranks_that_never_join_the_new_generation_fall_back(processes):
     assert isinstance(outcome, Fallback)
     assert outcome.why == "1 rank(s) did not join generation 1 within 0.5 s (joined/1/1)"
     assert "fallback" in json.loads(recovery.store.get("next/1"))
+
+
+def test_warm_spares_without_in_process_is_a_usage_error(capsys):
+    assert main(["launch", "--spares-warm", "1", "--", "goodput", "train", "run.toml"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "goodput: error: --spares-warm: keeps spares for in-process recovery; add --in-process"
+    )
+
+
+def test_under_srun_in_process_says_it_falls_back_to_full_restarts(capsys, monkeypatch):
+    """srun's one step owns every rank (a dry run: no job is started, none is needed)."""
+    monkeypatch.setenv("SLURM_JOB_ID", "812")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "nid[001-002]")
+    argv = ["launch", "--dry-run", "--retries", "1", "--in-process", "--spares-warm", "1"]
+    assert main([*argv, "--", "goodput", "train", "run.toml"]) == 0
+    err = capsys.readouterr().err
+    assert "--in-process needs the local launcher in this version (this is slurm)" in err
