@@ -11,7 +11,11 @@ group, SIGKILL to whatever is left ``grace_s`` later — when:
     stopped, ``on_idle_timeout`` (the hang forensics) may look at them, for at most
     ``on_idle_timeout_bound_s``; the suspects it names go into the result;
   - one process failed while others still run, since the others would wait on the dead rank
-    forever (exit code: the first failure's; a death by signal N reads as 128 + N);
+    forever (exit code: the first failure's; a death by signal N reads as 128 + N). Under
+    ``goodput launch --in-process`` (``in_process``) the others are not stopped: the attempt
+    ends with ``continues``, and ``Attempt.run`` again recovers them in process with a warm
+    spare in the dead rank's place (``launch.inprocess``), or stops them all when it cannot.
+    A hang whose forensics name one suspect rank is recovered so too, that rank killed first;
   - the launcher itself got SIGINT or SIGTERM (exit 130 or 143), which it forwards. A second
     signal skips the grace period.
 Groups are cleaned up the same way after a normal end, so no stray process outlives its attempt.
@@ -157,8 +161,8 @@ class Attempt:
         self.lock = threading.Lock()  # guards the counters, the tail and the sinks
         self.running: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.readers: list[threading.Thread] = []
-        self.spare_specs: list[ProcessSpec] = []
-        self.spare_processes: list[subprocess.Popen[bytes]] = []
+        self.spare_template: ProcessSpec | None = None  # a rank's, for each new warm spare
+        self.spare_processes: list[subprocess.Popen[bytes]] = []  # every warm spare started
         self.death: tuple[int, int, str] | None = None  # (rank, code, label) to recover from
         self._reset()
 
@@ -257,14 +261,14 @@ class Attempt:
             f"launch: generation {outcome.generation} up in {took:.2f} s (abort "
             f"{outcome.abort_s:.2f} s, rendezvous {outcome.rendezvous_s:.2f} s)"
         )
-        if self.spare_specs:
-            self.start_spare(self.spare_specs[0])
+        if self.spare_template is not None:
+            self.start_spare(self.spare_template)
         return outcome
 
     def start_spare(self, rank_spec: ProcessSpec) -> None:
         """A warm spare (``in_process.spare_spec``), read like a rank but not waited for."""
         assert self.in_process is not None
-        self.spare_specs[:] = [rank_spec]
+        self.spare_template = rank_spec
         spare, env = self.in_process.spare_env(rank_spec.env)
         spec = ProcessSpec(list(rank_spec.argv), env, f"spare{spare}")
         process = start_process(spec, "check the command and that it is installed and executable")

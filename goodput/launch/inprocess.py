@@ -100,13 +100,13 @@ class InProcess:
         notice(f"launch: rank {dead_rank} died; spare {spare} takes its place (generation {g + 1})")
         survivors = [r for r in range(len(ranks)) if r != dead_rank]
         others = [p for r, p in enumerate(ranks) if r != dead_rank] + [process]
-        failed = self._wait_keys([f"left/{g}/{r}" for r in survivors], others, "leave its step")
+        failed = self._wait_keys(f"left/{g}", survivors, others, "leave its step")
         if failed is not None:
             return self._fall_back(g, dead_rank, failed, process)
         left = time.monotonic()
         self.store.set(f"next/{g}", json.dumps({"generation": g + 1}))
-        keys = [f"joined/{g + 1}/{r}" for r in range(len(ranks))]
-        failed = self._wait_keys(keys, others, f"join generation {g + 1}")
+        every = list(range(len(ranks)))
+        failed = self._wait_keys(f"joined/{g + 1}", every, others, f"join generation {g + 1}")
         if failed is not None:
             return self._fall_back(g + 1, dead_rank, failed, process)
         self.generation = g + 1
@@ -122,17 +122,19 @@ class InProcess:
         self.seen = time.monotonic()
 
     def _wait_keys(
-        self, keys: list[str], alive: list[subprocess.Popen[bytes]], what: str
+        self, count: str, ranks: list[int], alive: list[subprocess.Popen[bytes]], what: str
     ) -> str | None:
-        """None once every key is set; else why not: a process died, or ``timeout_s`` passed."""
+        """None once every rank of ``ranks`` has counted itself in ``count`` (one counter read a
+        poll, whatever the world size); else why not: a process died, or ``timeout_s`` passed,
+        naming the first rank whose own key ``count/RANK`` is missing."""
         deadline = time.monotonic() + self.timeout_s
-        while not self.store.check(keys):
+        while self.store.add(count, 0) < len(ranks):
             dead = next((p for p in alive if p.poll() is not None), None)
             if dead is not None:
                 code = dead.returncode
                 return f"a second failure during the recovery (pid {dead.pid} exited {code})"
             if time.monotonic() > deadline:
-                missing = [key for key in keys if not self.store.check([key])]
+                missing = [f"{count}/{r}" for r in ranks if not self.store.check([f"{count}/{r}"])]
                 within = f"within {self.timeout_s:g} s"
                 return f"{len(missing)} rank(s) did not {what} {within} ({missing[0]})"
             time.sleep(POLL_S)

@@ -9,7 +9,8 @@ too, so that a launch behaves the same whoever started it. Every attempt is logg
 ``RUN_DIR/attempts.jsonl`` (``history``). Every rank is told where the launcher reads the
 heartbeat (``ranks.HEARTBEAT_VAR``: ``RUN_DIR/heartbeat``), and ``goodput train`` keeps one
 there too: progress is seen whatever ``train.run_dir`` is and wherever the step lines go. Like
-all of ``goodput.launch``, it never imports torch.
+all of ``goodput.launch``, it never imports torch (but for ``--in-process``'s recovery
+store, ``inprocess``, imported only when that option is given).
 """
 
 from __future__ import annotations

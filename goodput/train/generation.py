@@ -22,8 +22,9 @@ class Generation:
 
     def joined(self) -> None:
         """This rank's default group of the generation is up: said to the launcher (its
-        ``joined/NUMBER/RANK``), which times the rendezvous by it."""
+        ``joined/NUMBER/RANK``, counted in ``joined/NUMBER``), which times the rendezvous by it."""
         self.store.set(f"joined/{self.number}/{self.rank}", str(os.getpid()))
+        self.store.add(f"joined/{self.number}", 1)
 
 
 _current: Generation | None = None

@@ -25,13 +25,14 @@ which outlives any rank. Its keys, for generation ``g``:
   peer until its timeout (measured: ``tests/unit/train/test_recovery.py``); a socket shut down
   under it is a closed peer, which gloo reports at once. Where the backend is NCCL or xccl,
   torch's abort of every group comes first.
-- ``left/g/RANK``: this rank has left generation g and waits;
+- ``left/g/RANK``: this rank has left generation g and waits; it adds 1 to ``left/g`` too,
+  the count the launcher polls (one read a poll, whatever the world size);
 - ``next/g``: the launcher's answer, JSON: ``{"generation": g + 1}`` once every rank of the next
   generation is waiting, or ``{"fallback": "why"}``, after which the rank exits and the
   launcher restarts every process as without ``--in-process``;
 - ``spare/ID``: JSON ``{"rank": R, "generation": G}``, the spare's assignment;
 - ``joined/g/RANK``: generation g's default group is up on this rank (the rendezvous's end,
-  which the launcher times).
+  which the launcher times), counted in ``joined/g`` as ``left/g`` is.
 
 Every value read from the store is parsed strictly and bounded, as a file from disk would be.
 """
@@ -45,7 +46,6 @@ import json
 import os
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ import torch
 import torch.distributed as dist
 
 from goodput.errors import ExitCode, GoodputError
+from goodput.launch.env import launcher_rank
 from goodput.progress import print_line
 from goodput.ranks import RECOVERY_STORE_VAR, SPARE_VAR, parse_spare_id, parse_store_address
 from goodput.train import generation
@@ -77,17 +78,15 @@ class Link:
         self.main = _client(address)
         self.watcher_client = _client(address)
 
-    def wait_value(self, key: str, *, deadline_s: float | None = None) -> dict[str, Any]:
+    def wait_value(self, key: str) -> dict[str, Any]:
         """The JSON object at ``key`` once it is set (waiting in slices; a launcher gone is the
-        store's error, raised)."""
-        start = time.monotonic()
+        store's network error, raised)."""
         while True:
             try:
                 self.main.wait([key], datetime.timedelta(seconds=WAIT_SLICE_S))
                 break
             except dist.DistStoreError:  # the slice ran out: the store is still there
-                if deadline_s is not None and time.monotonic() - start > deadline_s:
-                    raise
+                continue
         return parse_value(key, self.main.get(key))
 
 
@@ -135,12 +134,12 @@ def train_in_process(train: Any, cfg: RunConfig) -> list[float]:
     peer dies, until it returns or the launcher answers with a fallback. A spare first waits
     for its rank."""
     link = Link(parse_store_address(os.environ[RECOVERY_STORE_VAR]))
+    rank, world_size = launcher_rank(os.environ)  # a spare's RANK is unset: its rank comes later
+    number = 0
     spare = os.environ.get(SPARE_VAR)
     if spare is not None:
         _warm_up(cfg)
-        rank, number = _await_assignment(link, parse_spare_id(spare))
-    else:
-        rank, number = int(os.environ["RANK"]), 0
+        rank, number = _await_assignment(link, parse_spare_id(spare), world_size)
     while True:
         # One line a rank: the local launcher's handful (the only one that keeps spares).
         print_line(f"train: rank {rank}, pid {os.getpid()}, generation {number}")
@@ -169,6 +168,7 @@ def train_in_process(train: Any, cfg: RunConfig) -> list[float]:
         watcher.join()
         gc.collect()  # the old groups' sockets close with their last reference
         link.main.set(f"left/{number}/{rank}", str(os.getpid()))
+        link.main.add(f"left/{number}", 1)
         answer = link.wait_value(f"next/{number}")
         if "fallback" in answer:
             raise GoodputError(
@@ -188,10 +188,9 @@ def _warm_up(cfg: RunConfig) -> None:
         peak_flops(torch.device("cpu"), compute_dtype(cfg.parallel), cfg.train.peak_tflops)
 
 
-def _await_assignment(link: Link, spare_id: int) -> tuple[int, int]:
+def _await_assignment(link: Link, spare_id: int, world_size: int) -> tuple[int, int]:
     """A warm spare's wait: (the rank it takes, the generation it joins)."""
     key = f"spare/{spare_id}"
-    world_size = int(os.environ["WORLD_SIZE"])
     print_line(f"train: warm spare {spare_id} ready (pid {os.getpid()})")
     value = link.wait_value(key)
     rank = int_field(key, value, "rank", 0, world_size - 1)

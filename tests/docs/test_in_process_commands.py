@@ -50,4 +50,4 @@ def test_the_in_process_example_runs_as_written_and_survives_a_kill(tmp_path, de
     assert recovery is not None and recovery.fallback is None and recovery.rank == 2
     pids = generations(result.stdout)
     assert all(pids[1][rank] == pids[0][rank] for rank in (0, 1, 3)) and pids[1][2] != pids[0][2]
-    assert "[rank0] step=40 " in result.stdout
+    assert "[rank0] step=20 " in result.stdout

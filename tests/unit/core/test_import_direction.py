@@ -180,6 +180,13 @@ DELIBERATE = (
         "there only",
     ),
     Deliberate(
+        "goodput.launch.inprocess",
+        "torch",
+        "goodput launch --in-process hosts the recovery store, torch's TCPStore, which must "
+        "outlive every rank: imported when that option is given, so any other launch (and a "
+        "login node without torch) stays torch-free",
+    ),
+    Deliberate(
         "goodput.plan.verify",
         "goodput.train",
         "the children build the trainer's own model, mesh and optimizers, never a copy",

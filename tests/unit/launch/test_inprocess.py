@@ -48,8 +48,9 @@ def act_as_ranks(recovery: InProcess, keys: list[str], delay_s: float = 0.05) ->
     def run() -> None:
         client = dist.TCPStore(host, port, is_master=False, wait_for_workers=False)
         time.sleep(delay_s)
-        for key in keys:
+        for key in keys:  # as a rank says it: its own key, and its count in the step's
             client.set(key, "1")
+            client.add(key.rpartition("/")[0], 1)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
