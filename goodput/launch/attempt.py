@@ -186,7 +186,7 @@ class Attempt:
         with _caught_stop_signals() as received:
             try:
                 if self.death is not None:
-                    recovery = self._recover()
+                    recovery = self._recover(received)
                 if isinstance(recovery, Fallback):
                     exit_code, failed, timed_out = recovery.code, recovery.label, False
                 else:
@@ -241,7 +241,7 @@ class Attempt:
             self.notice(f"launch: hang suspect {label} killed; recovering in process")
             self.death = (rank, ExitCode.IDLE_TIMEOUT, label)
 
-    def _recover(self) -> Recovered | Fallback:
+    def _recover(self, received: list[int]) -> Recovered | Fallback:
         """The in-process recovery of ``death``: the spare's process takes the rank's place,
         and a new warm spare starts; or the fallback, said in the log."""
         assert self.death is not None and self.in_process is not None
@@ -249,7 +249,7 @@ class Attempt:
         self.death = None
         self._reset()
         ranks = [process for _, process in self.running]
-        outcome = self.in_process.recover(rank, ranks, self.notice)
+        outcome = self.in_process.recover(rank, ranks, self.notice, lambda: bool(received))
         if isinstance(outcome, Fallback):
             self.notice(
                 f"launch: in-process recovery failed: {outcome.why}; stopping all processes"

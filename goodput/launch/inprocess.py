@@ -84,9 +84,11 @@ class InProcess:
         dead_rank: int,
         ranks: list[subprocess.Popen[bytes]],
         notice: Callable[[str], None],
+        interrupted: Callable[[], bool] = lambda: False,
     ) -> Recovered | Fallback:
         """Recover generation g from ``dead_rank``'s death (``ranks``: every rank's process, in
-        rank order, the dead one included); the outcome, said to the ranks too."""
+        rank order, the dead one included); the outcome, said to the ranks too.
+        ``interrupted``: the launcher got SIGINT or SIGTERM, which ends the waits at once."""
         if self.seen is None:
             self.abort(len(ranks))
         g, seen = self.generation, self.seen
@@ -100,13 +102,14 @@ class InProcess:
         notice(f"launch: rank {dead_rank} died; spare {spare} takes its place (generation {g + 1})")
         survivors = [r for r in range(len(ranks)) if r != dead_rank]
         others = [p for r, p in enumerate(ranks) if r != dead_rank] + [process]
-        failed = self._wait_keys(f"left/{g}", survivors, others, "leave its step")
+        failed = self._wait_keys(f"left/{g}", survivors, others, "leave its step", interrupted)
         if failed is not None:
             return self._fall_back(g, dead_rank, failed, process)
         left = time.monotonic()
         self.store.set(f"next/{g}", json.dumps({"generation": g + 1}))
         every = list(range(len(ranks)))
-        failed = self._wait_keys(f"joined/{g + 1}", every, others, f"join generation {g + 1}")
+        joining = f"join generation {g + 1}"
+        failed = self._wait_keys(f"joined/{g + 1}", every, others, joining, interrupted)
         if failed is not None:
             return self._fall_back(g + 1, dead_rank, failed, process)
         self.generation = g + 1
@@ -122,13 +125,20 @@ class InProcess:
         self.seen = time.monotonic()
 
     def _wait_keys(
-        self, count: str, ranks: list[int], alive: list[subprocess.Popen[bytes]], what: str
+        self,
+        count: str,
+        ranks: list[int],
+        alive: list[subprocess.Popen[bytes]],
+        what: str,
+        interrupted: Callable[[], bool],
     ) -> str | None:
         """None once every rank of ``ranks`` has counted itself in ``count`` (one counter read a
         poll, whatever the world size); else why not: a process died, or ``timeout_s`` passed,
         naming the first rank whose own key ``count/RANK`` is missing."""
         deadline = time.monotonic() + self.timeout_s
         while self.store.add(count, 0) < len(ranks):
+            if interrupted():
+                return "the launcher was interrupted"
             dead = next((p for p in alive if p.poll() is not None), None)
             if dead is not None:
                 code = dead.returncode

@@ -157,3 +157,14 @@ def test_under_srun_in_process_says_it_falls_back_to_full_restarts(capsys, monke
     assert main([*argv, "--", "goodput", "train", "run.toml"]) == 0
     err = capsys.readouterr().err
     assert "--in-process needs the local launcher in this version (this is slurm)" in err
+
+
+def test_a_signal_to_the_launcher_ends_the_wait_at_once(processes):
+    recovery = InProcess(spares_warm=1, timeout_s=30)
+    ranks = processes(2)
+    (spare,) = processes(1)
+    recovery.spares[0] = spare
+    started = time.monotonic()
+    outcome = recovery.recover(1, ranks, lambda _: None, interrupted=lambda: True)
+    assert isinstance(outcome, Fallback) and outcome.why == "the launcher was interrupted"
+    assert time.monotonic() - started < 5
