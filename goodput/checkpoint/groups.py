@@ -35,6 +35,13 @@ no environment. A peer lost before its pair connects: in three tries here the su
 collective failed ("Connect timeout" after five times the group's timeout, or "Connection reset
 by peer") or the rank aborted; pytorch/gloo#520 reports a hang in that case on a newer gloo
 (fixed by pytorch/gloo#521). The launcher's watchdog ends such an attempt either way.
+
+Under ``goodput launch --in-process`` (``ranks.RECOVERY_STORE_VAR`` set) the groups connect at
+once instead, as torch makes them: there a rank that outlives a dead peer must tear its groups
+down and go on, and a pair still connecting when the peer died kept the survivor's teardown
+waiting for ever (seen here at a kill during a checkpoint's flush: ``~ProcessGroupGloo`` joined
+a gloo event loop that never went idle). The local launcher, the only one that keeps spares,
+runs a handful of ranks, for which a full mesh costs nothing.
 """
 
 from __future__ import annotations
@@ -44,12 +51,17 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from goodput.ranks import RECOVERY_STORE_VAR
+
 LAZY_INIT_VAR = "TORCH_GLOO_LAZY_INIT"
 
 
 def lazy_gloo_group(timeout: timedelta | None = None) -> dist.ProcessGroup:
     """Collective (every rank, same moment): a new gloo group of every rank of the default group,
-    each pair connected when it first exchanges a message (the module docstring)."""
+    each pair connected when it first exchanges a message; under in-process recovery, every pair
+    at once (the module docstring)."""
+    if RECOVERY_STORE_VAR in os.environ:
+        return dist.new_group(backend="gloo", timeout=timeout)
     before = os.environ.get(LAZY_INIT_VAR)
     os.environ[LAZY_INIT_VAR] = "1"
     try:
