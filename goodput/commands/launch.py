@@ -106,7 +106,7 @@ def register(groups: Subparsers) -> None:
     launch.add_argument(
         "--recovery-timeout",
         type=argtypes.positive_float,
-        default=60.0,
+        default=60.0,  # launch.inprocess.DEFAULT_TIMEOUT_S, not imported: CLI start-up stays light
         metavar="S",
         help="with --in-process: the longest wait for the ranks to leave their step or join "
         "the new process groups before every rank restarts instead (default 60)",

@@ -32,7 +32,7 @@ from goodput.ranks import RECOVERY_STORE_VAR, SPARE_VAR
 
 LOCAL_ADDR = "127.0.0.1"
 POLL_S = 0.005  # the store is on this host: a check costs ~0.1 ms
-DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_TIMEOUT_S = 60.0  # --recovery-timeout's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +59,7 @@ class Fallback:
 class InProcess:
     """The recovery store, the warm spares and the recovery of one launch."""
 
-    def __init__(self, spares_warm: int, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, spares_warm: int, timeout_s: float):
         import torch.distributed as dist  # only under --in-process: see the module docstring
 
         self.store = dist.TCPStore(LOCAL_ADDR, 0, is_master=True, wait_for_workers=False)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from goodput import rundir
 from goodput.errors import ExitCode
-from goodput.launch import beacon_folder, failover, launchers
+from goodput.launch import beacon_folder, failover, inprocess, launchers
 from goodput.launch.attempt import Attempt, AttemptResult, open_attempt
 from goodput.launch.env import current_placement
 from goodput.launch.history import Evidence
@@ -59,7 +59,7 @@ class LaunchOptions:
     prefix: bool = True  # [rank] before each output line
     in_process: bool = False  # a rank's death is recovered in process (``launch.inprocess``)
     spares_warm: int = 0  # with in_process: warm spare processes kept started
-    recovery_timeout_s: float = 60.0  # with in_process: the longest leave or join of the ranks
+    recovery_timeout_s: float = inprocess.DEFAULT_TIMEOUT_S  # with in_process: a leave or join
 
 
 def load_profile(options: LaunchOptions) -> launchers.ProfileConfig:
@@ -211,9 +211,7 @@ class _AttemptStarter:
             rank_env[EVICT_VAR] = "1"
         in_process = None
         if options.in_process:  # a new store each fresh start: its keys are one start's
-            from goodput.launch.inprocess import InProcess
-
-            in_process = InProcess(options.spares_warm, options.recovery_timeout_s)
+            in_process = inprocess.InProcess(options.spares_warm, options.recovery_timeout_s)
             rank_env |= in_process.rank_env()
         try:
             return open_attempt(

@@ -168,3 +168,11 @@ def test_a_signal_to_the_launcher_ends_the_wait_at_once(processes):
     outcome = recovery.recover(1, ranks, lambda _: None, interrupted=lambda: True)
     assert isinstance(outcome, Fallback) and outcome.why == "the launcher was interrupted"
     assert time.monotonic() - started < 5
+
+
+def test_the_commands_recovery_timeout_is_the_launchers_default():
+    from goodput.commands import launch
+    from goodput.launch.inprocess import DEFAULT_TIMEOUT_S
+
+    parsed, _ = launch.parse(["--in-process", "--", "goodput", "train", "run.toml"])
+    assert launch.options(parsed).recovery_timeout_s == DEFAULT_TIMEOUT_S
