@@ -62,7 +62,7 @@ FAULTS_VAR = "GOODPUT_FAULTS"
 DEVICE_VAR = "GOODPUT_DEVICE"
 RECOVERY_STORE_VAR = "GOODPUT_RECOVERY_STORE"
 SPARE_VAR = "GOODPUT_SPARE"
-MAX_SPARES = 1024
+MAX_SPARES = 1 << 20  # spare numbers a launch hands out: one a spare, a new one each recovery
 
 HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # always fullmatch: no "\n" after
 MAX_HOST_CHARS = 253

@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING
 from goodput import argtypes
 from goodput.commands import OneLineErrorParser, Subparsers, after_dashes
 from goodput.errors import ExitCode, GoodputError
-from goodput.ranks import MAX_SPARES
 
 if TYPE_CHECKING:
     from goodput.launch import LaunchOptions
+
+
+MAX_SPARES_WARM = 1024  # warm spare processes a launch keeps: far past any host's cores
 
 
 def register(groups: Subparsers) -> None:
@@ -97,7 +99,7 @@ def register(groups: Subparsers) -> None:
     )
     launch.add_argument(
         "--spares-warm",
-        type=argtypes.integer(0, MAX_SPARES - 1),
+        type=argtypes.integer(0, MAX_SPARES_WARM),
         default=0,
         metavar="N",
         help="with --in-process: keep N spare processes started, imports done, each ready to "

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from goodput.commands import OneLineErrorParser, Subparsers
 from goodput.errors import ExitCode, GoodputError, from_exception
-from goodput.ranks import RECOVERY_STORE_VAR
 
 if TYPE_CHECKING:
     from goodput.train.config.run import RunConfig
@@ -69,6 +68,7 @@ def load_run_config(args: argparse.Namespace) -> RunConfig:
 
 def _train(args: argparse.Namespace) -> ExitCode:
     cfg = load_run_config(args)  # torch-free: a config error is one line, without torch's import
+    from goodput.ranks import RECOVERY_STORE_VAR
     from goodput.train.loop import train
 
     try:
