@@ -147,10 +147,10 @@ def _outcome(fault: Fault, fired: FiredRecord | None, timeline: Sequence[Span]) 
         return placed
     beyond_wait = _beyond_wait_s(timeline, index, record.wait_s or 0.0)
     detection_s = max(0.0, span.end - fired.time) + beyond_wait
-    later = [(i, span) for i, span in enumerate(timeline) if i > index and span.steps]
-    if not later:  # the run never came back
+    after_index = next((i for i in range(index + 1, len(timeline)) if timeline[i].steps), None)
+    if after_index is None:  # the run never came back
         return replace(placed, detection_s=detection_s, backoff_s=record.wait_s)
-    after_index, after = later[0]
+    after = timeline[after_index]
     first = after.steps[0]
     startup_s, load_s = after.lead_in()
     parts = recovery_parts(after, timeline[after_index - 1])

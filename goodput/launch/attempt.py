@@ -162,7 +162,6 @@ class Attempt:
         self.running: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.readers: list[threading.Thread] = []
         self.spare_template: ProcessSpec | None = None  # a rank's, for each new warm spare
-        self.spare_processes: list[subprocess.Popen[bytes]] = []  # every warm spare started
         self.death: tuple[int, int, str] | None = None  # (rank, code, label) to recover from
         self._reset()
 
@@ -273,7 +272,6 @@ class Attempt:
         spec = ProcessSpec(list(rank_spec.argv), env, f"spare{spare}")
         process = start_process(spec, "check the command and that it is installed and executable")
         self.in_process.spares[spare] = process
-        self.spare_processes.append(process)
         self._read_in_thread(process, spec.label)
 
     def start(self, specs: list[ProcessSpec]) -> None:
@@ -386,8 +384,9 @@ class Attempt:
             self.log.close()
 
     def _every_process(self) -> list[subprocess.Popen[bytes]]:
-        """The ranks' processes, and the warm spares' (given or not)."""
-        return [process for _, process in self.running] + self.spare_processes
+        """The ranks' processes (a spare given a rank among them), and the warm spares'."""
+        spares = list(self.in_process.spares.values()) if self.in_process is not None else []
+        return [process for _, process in self.running] + spares
 
     def _signal_groups(self, signum: int) -> None:
         for process in self._every_process():

@@ -155,6 +155,7 @@ class InProcess:
     ) -> Fallback:
         """Tell generation ``g``'s ranks to exit; the attempt then ends as without recovery."""
         self.store.set(f"next/{g}", json.dumps({"fallback": why}))
-        if spare is not None:
+        if spare is not None:  # given the rank, in no attempt's list yet: stopped and reaped here
             spare.kill()
+            spare.wait()
         return Fallback(why, rank)
