@@ -52,6 +52,13 @@ ALLOWED = frozenset(
         ("torch.serialization", "_get_layout"),  # a name -> torch.layout lookup
         ("torch", "Size"),
         ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id
+        # Megatron-core's torch_dist keeps every rank's save plan in the metadata
+        # (all_local_plans): plain dataclasses and an enum, read as data and never used.
+        ("torch.distributed.checkpoint.planner", "SavePlan"),
+        ("torch.distributed.checkpoint.planner", "WriteItem"),
+        ("torch.distributed.checkpoint.planner", "WriteItemType"),
+        ("torch.distributed.checkpoint.planner", "TensorWriteData"),
+        ("torch.distributed.checkpoint.planner", "BytesIOWriteData"),
     }
 )
 

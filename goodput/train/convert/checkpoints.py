@@ -61,7 +61,7 @@ from goodput.io import (
 from goodput.outputs import NEW_DIR, RUN_DIR, TORCH_FILE, check_output_dir, check_output_file
 from goodput.rundir import CONFIG, LATEST, TRAIN_STATE, checkpoints_dir, step_dir
 from goodput.train.config.model import ModelConfig
-from goodput.train.convert import hf
+from goodput.train.convert import hf, megatron, megatron_files
 from goodput.train.convert.hf_tokenizer import find_pinned_tokenizer, write_hf_tokenizer
 from goodput.train.model import Transformer
 
@@ -267,6 +267,44 @@ def import_hf(hf_dir: Path, run_dir: Path) -> Path:
     state = hf.from_hf(tensors, cfg, str(hf_dir))
     state = {name: t.float() if t.is_floating_point() else t for name, t in state.items()}
     return _write_checked(state, cfg, run_dir, hf_dir, "HF folder")
+
+
+def import_megatron(source_dir: Path, kind: str, config: Path, run_dir: Path) -> Path:
+    """A Megatron-core (torch_dist), Megatron-LM legacy or DeepSpeed checkpoint of a GPT as a
+    model-only checkpoint under ``run_dir``, in the shape of ``config``'s ``[model]``. The
+    source's saved args are checked against that config before a tensor is read; tensors are
+    read one at a time (``megatron_files``)."""
+    check_output_dir(run_dir, RUN_DIR, "--output", [source_dir, config])
+    cfg = load_section(ModelConfig, config, "model")
+    if cfg.moe is not None:
+        raise GoodputError.usage(
+            f"{config} [model.moe]",
+            "mixture-of-experts models are not imported from Megatron yet",
+            "import a dense model",
+        )
+    print(f"reading {source_dir} ({kind})", flush=True)
+    found = megatron_files.source(source_dir, kind)
+    if found.args is None:
+        print(f"warning: {found.where} holds no Megatron args; checking tensor shapes only")
+    else:
+        megatron.check_args(found.args, cfg, found.where, str(config))
+    interleaved = bool(found.args and found.args.get("rotary_interleaved"))
+    state = megatron.goodput_state(found.tensor, cfg, interleaved)
+    unused = sorted(
+        (name, layer)
+        for name, layer in found.names - found.used
+        if not (cfg.tie_embeddings and name == megatron.OUTPUT)
+    )
+    if unused:
+        name, layer = unused[0]
+        what = name if layer is None else f"{megatron.LAYERS}{layer}.{name}"
+        raise GoodputError.usage(
+            found.where,
+            f"holds '{what}', which goodput's Llama with this [model] has no place for",
+            "pass the [model] config the checkpoint was trained with (layers, tied head)",
+        )
+    print("optimizer: starts fresh (the source's optimizer state is not imported)", flush=True)
+    return _write_checked(state, cfg, run_dir, source_dir, "checkpoint")
 
 
 def to_torch(directory: Path, file: Path) -> Path:
