@@ -1,5 +1,6 @@
 """``goodput ckpt``: list a run's checkpoints, convert them to and from HuggingFace Llama folders
-and .pt files; each handler is one call into ``goodput.checkpoint``, offline, in one process."""
+and .pt files, import Megatron's and DeepSpeed's; each handler is one call into
+``goodput.checkpoint`` or ``goodput.train.convert``, offline, in one process."""
 
 from __future__ import annotations
 
@@ -7,15 +8,21 @@ import argparse
 from pathlib import Path
 
 from goodput.commands import Subparsers, add_command
-from goodput.errors import ExitCode
+from goodput.errors import ExitCode, GoodputError, warn_deprecated
+
+# The kinds of `goodput ckpt import --from` besides hf, which megatron_files.source reads:
+# named here so that `goodput --help` imports no torch.
+IMPORT_KINDS = ("megatron", "megatron-legacy", "deepspeed")
 
 
 def register(groups: Subparsers) -> None:
     ckpt = groups.add_parser(
         "ckpt",
-        help="list checkpoints; convert them to and from HuggingFace Llama and .pt files",
+        help="list checkpoints; convert them to and from HuggingFace Llama and .pt files; "
+        "import Megatron and DeepSpeed checkpoints",
         description="Checkpoints of a run: list them, export a step to a HuggingFace Llama "
-        "folder or a single .pt state dict, and import either as a model-only checkpoint that "
+        "folder or a single .pt state dict, and import either, or a Megatron or DeepSpeed "
+        "checkpoint, as a model-only checkpoint that "
         "`goodput train --resume` starts from. Runs offline, in one process.",
     )
     commands = ckpt.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -49,10 +56,35 @@ def register(groups: Subparsers) -> None:
 
     sub = add_command(
         commands,
+        "import",
+        _import,
+        "turn another framework's checkpoint into a model-only checkpoint "
+        "OUTPUT/checkpoints/step-00000000: a HuggingFace Llama folder, Megatron-core "
+        "torch_dist, Megatron-LM / Megatron-DeepSpeed legacy, or DeepSpeed ZeRO 0-2",
+    )
+    sub.add_argument("source", type=Path, help="the checkpoint folder (or its step's folder)")
+    sub.add_argument(
+        "--from",
+        dest="kind",
+        required=True,
+        choices=("hf", *IMPORT_KINDS),
+        help="the source's format",
+    )
+    sub.add_argument(
+        "--config",
+        type=Path,
+        help="a TOML file whose [model] table the source must match (Megatron and DeepSpeed "
+        "sources; an HF folder's config.json gives it)",
+    )
+    sub.add_argument(
+        "--output", type=Path, required=True, help="the run directory to write the checkpoint into"
+    )
+
+    sub = add_command(
+        commands,
         "import-hf",
         _import_hf,
-        "turn a HuggingFace Llama folder (config.json + safetensors, single or sharded) into "
-        "a model-only checkpoint OUT_DIR/checkpoints/step-00000000",
+        "deprecated spelling of `goodput ckpt import HF_DIR --from hf --output OUT_DIR`",
     )
     sub.add_argument("hf_dir", type=Path, help="the HuggingFace model folder")
     sub.add_argument("out_dir", type=Path, help="the run directory to write the checkpoint into")
@@ -99,12 +131,35 @@ def _export_hf(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
-def _import_hf(args: argparse.Namespace) -> ExitCode:
-    from goodput.train.convert.checkpoints import import_hf
+def _import(args: argparse.Namespace) -> ExitCode:
+    from goodput.train.convert.checkpoints import import_hf, import_megatron
 
-    directory = import_hf(args.hf_dir, args.out_dir)
+    if args.kind == "hf":
+        if args.config is not None:
+            raise GoodputError.usage(
+                "--config", "an HF folder's config.json gives the model", "leave --config out"
+            )
+        directory = import_hf(args.source, args.output)
+    elif args.config is None:
+        raise GoodputError.usage(
+            "--config",
+            f"--from {args.kind} needs the [model] config the checkpoint was trained with",
+            "pass --config MODEL.toml",
+        )
+    else:
+        directory = import_megatron(args.source, args.kind, args.config, args.output)
     print(f"{directory}: complete (model only); start from it with --resume {directory}")
     return ExitCode.OK
+
+
+def _import_hf(args: argparse.Namespace) -> ExitCode:
+    warn_deprecated(
+        "goodput ckpt import-hf HF_DIR OUT_DIR",
+        "goodput ckpt import HF_DIR --from hf --output OUT_DIR",
+    )
+    return _import(
+        argparse.Namespace(kind="hf", source=args.hf_dir, output=args.out_dir, config=None)
+    )
 
 
 def _to_torch(args: argparse.Namespace) -> ExitCode:

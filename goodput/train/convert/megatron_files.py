@@ -37,7 +37,6 @@ from goodput.io import open_regular, read_json, read_text
 from goodput.train.convert import megatron
 from goodput.train.convert.pickles import load_torch_file
 
-KINDS = ("megatron", "megatron-legacy", "deepspeed")
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
 DEEPSPEED_TRACKER = "latest"
 MAX_ITERATION = 10**12

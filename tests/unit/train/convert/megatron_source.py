@@ -17,7 +17,7 @@ TP x PP gloo world and writes it with Megatron's own save paths:
   ``training/checkpointing.py``, so this outer dict and folder naming follow that file; every
   tensor in it is Megatron's own;
 - ``deepspeed`` (TP = PP = 1): the model wrapped by ``deepspeed.initialize`` (ZeRO stage 1,
-  AdamW, one step taken), saved by the engine's ``save_checkpoint`` with the args as client
+  AdamW), saved by the engine's ``save_checkpoint`` with the args as client
   state, as Megatron-DeepSpeed does, in ``OUT/deepspeed``.
 Every save also writes ``torch_dist`` (the truth is always read back through it).
 
@@ -25,9 +25,10 @@ Every save also writes ``torch_dist`` (the truth is always read back through it)
 Megatron's own ``dist_checkpointing.load`` (resharding any source layout) and saves the logits
 of its forward on TOKENS (and the mean next-token cross-entropy).
 
-Megatron assumes CUDA in three places that do not change what it computes; on this CPU-only
+Megatron assumes CUDA in four places that do not change what it computes; on this CPU-only
 torch they are bridged here, nowhere else: ``torch.cuda.current_device`` answers "cpu" (RoPE's
-frequencies are moved there), ``torch.cuda.synchronize`` is a no-op (dist_checkpointing's
+frequencies are moved there), ``Tensor.cuda`` leaves a tensor where it is (a tied head's copy
+is moved before its all-reduce), ``torch.cuda.synchronize`` is a no-op (dist_checkpointing's
 writer syncs before copying), and the model-parallel RNG tracker's ``fork`` is a plain context
 (attention dropout is 0, so the CUDA RNG it would fork is never drawn).
 """
@@ -54,6 +55,7 @@ def _cpu_bridges() -> None:
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
     get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
 
 
 def megatron_args(spec: dict) -> argparse.Namespace:
@@ -153,9 +155,12 @@ def _save_rank(rank: int, spec: dict, out: str, tp: int, pp: int, formats: list,
 
     torch.manual_seed(spec.get("seed", 0))
     model = build_model(spec)
-    # Weights a little away from Megatron's init, so that norms are not all ones.
+    # Norms a little away from Megatron's init of ones, so that a swapped norm shows; the same
+    # on every TP rank of a stage, as training keeps them.
     with torch.no_grad():
-        generator = torch.Generator().manual_seed(100 + rank)
+        generator = torch.Generator().manual_seed(
+            100 + parallel_state.get_pipeline_model_parallel_rank()
+        )
         for name, param in model.named_parameters():
             if "layernorm" in name or name.endswith("norm.weight"):
                 param.add_(0.1 * torch.randn(param.shape, generator=generator))
@@ -202,7 +207,7 @@ def _save_rank(rank: int, spec: dict, out: str, tp: int, pp: int, formats: list,
         elif fmt == "deepspeed":
             _save_deepspeed(model, args, root)
         dist.barrier()
-        if rank == 0:
+        if rank == 0 and fmt != "deepspeed":  # DeepSpeed writes its own `latest`
             (root / "latest_checkpointed_iteration.txt").write_text(str(ITERATION))
     dist.destroy_process_group()
 
