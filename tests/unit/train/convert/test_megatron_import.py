@@ -1,7 +1,8 @@
 """`goodput ckpt import --from megatron|megatron-legacy|deepspeed`: checkpoints Megatron-core
-writes itself (``megatron_source.py``, its own processes) come in with the logits Megatron's own
-forward gives, from TP 2 x PP 2, PP 2 and DeepSpeed sources; a run resumed from one starts at
-Megatron's loss on the same batch; hostile and mismatched sources are refused in one line."""
+writes itself (``goodput.testing.megatron_source``, in processes of its own) come in with the
+logits Megatron's own forward gives, from TP 2 x PP 2, PP 2 and DeepSpeed sources; a run
+resumed from one starts at Megatron's loss on the same batch; hostile and mismatched sources are
+refused in one line."""
 
 import json
 import math
@@ -20,6 +21,7 @@ from goodput.cli import main
 from goodput.config import load_config
 from goodput.data.blend import build_blend
 from goodput.data.loader import BlendedSamples
+from goodput.testing import megatron_source
 from goodput.testing.tiny import write_random_corpus
 from goodput.train.build import blend_spec
 from goodput.train.config.run import RunConfig, plan_batches
@@ -27,7 +29,7 @@ from goodput.train.convert import checkpoints
 from goodput.train.model import Transformer
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-HARNESS = Path(__file__).with_name("megatron_source.py")
+HARNESS = Path(megatron_source.__file__)
 TOLERANCE = 1e-5  # relative to the largest logit: float32 rounding, as the issue asks
 # GQA (4 query heads in 2 groups), SwiGLU, RoPE halves, untied head.
 GQA_UNTIED = {

@@ -1,6 +1,7 @@
 """Checkpoints written by Megatron-core itself, and the logits of Megatron's own forward: the
-truth the importer's tests compare with. Run as a script (its own processes: Megatron keeps
-global parallel state), never imported by goodput.
+truth the importer's tests and ``python -m benchmarks ckpt`` compare with. Run as a script
+(its own processes: Megatron keeps global parallel state), never imported by goodput itself;
+it needs ``megatron-core`` and, for DeepSpeed, ``deepspeed`` (both test dependencies).
 
     python megatron_source.py save SPEC.json OUT --tp 2 --pp 1 --formats torch_dist,legacy
     python megatron_source.py logits SPEC.json CKPT_DIR TOKENS.pt OUT.pt
@@ -39,7 +40,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -50,7 +50,7 @@ ITERATION = 10
 
 
 def _cpu_bridges() -> None:
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
     torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
@@ -277,4 +277,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
