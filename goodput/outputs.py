@@ -7,7 +7,7 @@ A path is refused, as a usage error naming the option and the path (exit 2), whe
   folder we may not write into, or something that is not a regular file (a FIFO, a device);
 - links followed, it lies inside a run directory or a checkpoint (``rundir.enclosing``), unless
   it is what that run holds of its kind: the run directory itself for a run-directory output
-  (``goodput train``, ``ckpt import-hf``/``from-torch``, ``goodput submit``), a launcher's log
+  (``goodput train``, ``ckpt import``/``from-torch``, ``goodput submit``), a launcher's log
   beside the run's files;
 - it is an existing file that is not this command's kind of output, by the kind's own cheap
   test of the file's first bytes (a marker goodput writes into every such file, a signature, a

@@ -63,7 +63,7 @@ DONE = "done"
 RUN_ID = "run-id"
 RUN_ID_TEXT = re.compile(r"[0-9a-f]{16}")  # secrets.token_hex(8); matched whole
 LR_FIND = "lr_find.json"  # goodput diagnose lr-find's curve, for the run's report
-# What goodput launch, submit, diagnose lr-find and ckpt import-hf/from-torch may put in a run
+# What goodput launch, submit, diagnose lr-find and ckpt import/from-torch may put in a run
 # directory before the trainer first starts.
 LAUNCHER_FILES = re.compile(
     r"chain\.(sbatch|pbs)|.+-[0-9]+\.out|.+\.log|hostfile-[0-9a-f]{12}|attempts\.jsonl"

@@ -177,7 +177,7 @@ def load_checkpoint(
 ) -> None:
     """Load ``directory`` into ``contents``: its ``train_state`` (read from there) into the
     registered parts, before any tensor is read, then the model parts and their optimizers
-    (only the model for a model-only checkpoint, as ``goodput ckpt import-hf`` writes), and
+    (only the model for a model-only checkpoint, as ``goodput ckpt import`` writes), and
     this rank's RNG state when the world size is the one it was saved at."""
     contents.load_train_state(train_state, directory / TRAIN_STATE)
     model_only = bool(train_state.get("model_only"))

@@ -16,7 +16,7 @@ precision policy (its ``config.toml``'s ``[parallel] precision``, ``train.parall
 .compute_dtype``): ``fp32`` stays fp32; ``fp32-master`` and ``pure-bf16`` run in bf16 (half the
 memory of fp32) on every device, CPU included: the dtype the trainer computed in. On a CPU bf16
 is correct and slower than fp32 unless the CPU has bf16 instructions. A model-only checkpoint
-(``goodput ckpt import-hf``: no ``[parallel]``) runs in the dtype its weights were saved in.
+(``goodput ckpt import``: no ``[parallel]``) runs in the dtype its weights were saved in.
 The rotary frequencies (a buffer no checkpoint holds) stay fp32 in every policy; logits are
 read as fp32 by every caller.
 

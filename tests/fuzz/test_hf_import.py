@@ -1,4 +1,4 @@
-"""Fuzz ``goodput ckpt import-hf``: HF ``config.json`` values and safetensors headers.
+"""Fuzz ``goodput ckpt import``: HF ``config.json`` values and safetensors headers.
 
 Property: the import writes a checkpoint or raises ``GoodputError``; never another exception,
 and a refused import leaves OUT_DIR absent. Inputs: hostile values for the real config keys

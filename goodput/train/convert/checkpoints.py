@@ -1,19 +1,21 @@
-"""Conversion of goodput checkpoints to and from HuggingFace Llama folders and single ``.pt`` files.
+"""Conversion of goodput checkpoints to and from HuggingFace Llama folders and single ``.pt`` files,
+and imports of Megatron's and DeepSpeed's checkpoints (``megatron.py``, ``megatron_files.py``).
 
 Offline and single-process: a DCP checkpoint written by any number of ranks (FSDP shards
-included) is read with ``no_dist=True`` into plain CPU tensors — DCP reassembles the shards —
-and model-only checkpoints are written the same way, in the layout of ``goodput.rundir`` with
+included) is read with ``no_dist=True`` into plain CPU tensors — DCP reassembles the shards.
+Model-only checkpoints are written one tensor at a time (``checkpoint.tensor_stream``: an
+import never holds the whole model), in the layout of ``goodput.rundir`` with
 ``train_state.json`` saying ``model_only``, ``checksums.json``, and ``.complete`` last, so
 ``--resume`` takes them.
 
 It lives in ``train/``, not ``checkpoint/``, because it knows the model: conversion is about
-its tensor names, shapes and RoPE layout (``hf.py``). Shapes come from ``Transformer(cfg)``
-built on the meta device, so no weights are allocated for the check. Every checkpoint read must
-be complete; every output is refused if it would overwrite something, and appears only whole (HF
-folders by renaming a finished temp folder, checkpoints by the marker).
+its tensor names, shapes and RoPE layout (``hf.py``, ``megatron.py``). Shapes come from
+``Transformer(cfg)`` built on the meta device, so no weights are allocated for the check. Every
+checkpoint read must be complete; every output is refused if it would overwrite something, and
+appears only whole (HF folders by renaming a finished temp folder, checkpoints by the marker).
 
 ``.pt`` files are read with ``torch.load(weights_only=True)``: tensors and plain containers only,
-never arbitrary pickled objects.
+never arbitrary pickled objects; Megatron's and DeepSpeed's pickles through ``pickles.py``.
 """
 
 from __future__ import annotations
@@ -23,13 +25,12 @@ import pickle
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -42,6 +43,7 @@ from goodput.checkpoint.checksums import (
 )
 from goodput.checkpoint.load import load_tensors
 from goodput.checkpoint.metadata import read_metadata
+from goodput.checkpoint.tensor_stream import TensorStream
 from goodput.config import load_section, to_toml
 from goodput.data.tokenizer import Tokenizer, load_tokenizer
 from goodput.errors import GoodputError, from_exception
@@ -168,11 +170,12 @@ def load_model_state(
 
 
 def write_model_only_checkpoint(
-    run_dir: Path, state: dict[str, torch.Tensor], cfg: ModelConfig
+    run_dir: Path, tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig
 ) -> Path:
-    """Write ``state`` as RUN_DIR/checkpoints/step-00000000 (model only) and point ``latest``
-    at it; return the directory. Refuses a run directory that already has checkpoints: moving
-    its ``latest`` back to step 0 would hide them."""
+    """Write ``tensors`` (name, tensor), each as it comes (``TensorStream``), as
+    RUN_DIR/checkpoints/step-00000000 (model only) and point ``latest`` at it; return the
+    directory. An exception from ``tensors`` removes what was written. Refuses a run directory
+    that already has checkpoints: moving its ``latest`` back to step 0 would hide them."""
     root = checkpoints_dir(run_dir)
     directory = step_dir(root, 0)
     if root.is_dir() and any(root.iterdir()):
@@ -182,15 +185,18 @@ def write_model_only_checkpoint(
             "write the imported checkpoint into a new OUT_DIR",
         )
     directory.mkdir(parents=True, exist_ok=True)
+    stream = TensorStream(directory)
     try:
         print(f"writing {directory}", flush=True)
-        with _quiet_no_dist():
-            dcp.save({MODEL: state}, checkpoint_id=directory, no_dist=True)
+        for name, tensor in tensors:
+            stream.add(f"{MODEL}.{name}", tensor)
+        stream.finish()
         write_text(directory / CONFIG, model_config_toml(cfg))
         write_json(directory / TRAIN_STATE, {"step": 0, "model_only": True})
         write_checksums(directory, file_digests(directory, checkpoint_files(directory)))
         write_marker(directory)  # last: from here on the checkpoint counts
     except BaseException:
+        stream.close()
         shutil.rmtree(directory, ignore_errors=True)
         raise
     write_text(root / LATEST, directory.name + "\n")
@@ -289,22 +295,50 @@ def import_megatron(source_dir: Path, kind: str, config: Path, run_dir: Path) ->
     else:
         megatron.check_args(found.args, cfg, found.where, str(config))
     interleaved = bool(found.args and found.args.get("rotary_interleaved"))
-    state = megatron.goodput_state(found.tensor, cfg, interleaved)
+    _refuse_unused(found, cfg)
+    print("optimizer: starts fresh (the source's optimizer state is not imported)", flush=True)
+    tensors = megatron.goodput_tensors(found.tensor, cfg, interleaved)
+    return write_model_only_checkpoint(run_dir, _checked(tensors, cfg, source_dir), cfg)
+
+
+def _refuse_unused(found: megatron_files.Source, cfg: ModelConfig) -> None:
+    """Refuse a source holding tensors this [model] has no place for (a bias, a layer more),
+    before anything is read: every one the import will read is in ``megatron.goodput_tensors``."""
+    needed: set[tuple[str, int | None]] = {(megatron.EMBEDDING, None), (megatron.FINAL_NORM, None)}
+    needed |= {(name, i) for name in megatron.LAYER_TENSORS for i in range(cfg.num_layers)}
+    if not cfg.tie_embeddings:
+        needed.add((megatron.OUTPUT, None))
     unused = sorted(
-        (name, layer)
-        for name, layer in found.names - found.used
-        if not (cfg.tie_embeddings and name == megatron.OUTPUT)
+        (name, -1 if layer is None else layer)
+        for name, layer in found.names - needed
+        if not (cfg.tie_embeddings and name == megatron.OUTPUT)  # the last stage's copy
     )
     if unused:
         name, layer = unused[0]
-        what = name if layer is None else f"{megatron.LAYERS}{layer}.{name}"
+        what = name if layer < 0 else f"{megatron.LAYERS}{layer}.{name}"
         raise GoodputError.usage(
             found.where,
             f"holds '{what}', which goodput's Llama with this [model] has no place for",
             "pass the [model] config the checkpoint was trained with (layers, tied head)",
         )
-    print("optimizer: starts fresh (the source's optimizer state is not imported)", flush=True)
-    return _write_checked(state, cfg, run_dir, source_dir, "checkpoint")
+
+
+def _checked(
+    tensors: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig, source: Path
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``tensors``, each checked as it comes against the model's shape and for finite values."""
+    expected = model_shapes(cfg)
+    for name, tensor in tensors:
+        shape = expected[name][0]
+        if tuple(tensor.shape) != shape:
+            raise GoodputError.usage(
+                source,
+                f"'{name}' has shape {list(tensor.shape)} in the checkpoint, the [model] config "
+                f"needs {list(shape)}",
+                "pass the [model] config these weights were trained with",
+            )
+        _require_finite(tensor, name, source)
+        yield name, tensor
 
 
 def to_torch(directory: Path, file: Path) -> Path:
@@ -367,15 +401,18 @@ def _write_checked(
         what=what,
     )
     for name in expected:
-        # fp64 beyond fp32's range arrives here as inf; a damaged file may hold NaN.
-        if not torch.isfinite(state[name]).all():
-            raise GoodputError(
-                source,
-                f"'{name}' holds NaN or infinite values",
-                "import weights that are finite in fp32",
-            )
-    ordered = {name: state[name].contiguous() for name in expected}
-    return write_model_only_checkpoint(run_dir, ordered, cfg)
+        _require_finite(state[name], name, source)
+    return write_model_only_checkpoint(run_dir, ((name, state[name]) for name in expected), cfg)
+
+
+def _require_finite(tensor: torch.Tensor, name: str, source: Path) -> None:
+    # fp64 beyond fp32's range arrives here as inf; a damaged file may hold NaN.
+    if not torch.isfinite(tensor).all():
+        raise GoodputError(
+            source,
+            f"'{name}' holds NaN or infinite values",
+            "import weights that are finite in fp32",
+        )
 
 
 def _check_state(

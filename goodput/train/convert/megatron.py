@@ -23,7 +23,7 @@ interleaved pairs, so q and k rows are permuted as for HF (``hf.halves_to_interl
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -171,29 +171,29 @@ def merge_fc1(shards: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([gate for gate, _ in halves] + [up for _, up in halves], dim=0)
 
 
-def goodput_state(
+def goodput_tensors(
     tensor: Callable[[str, int | None], torch.Tensor], cfg: ModelConfig, rotary_interleaved: bool
-) -> dict[str, torch.Tensor]:
-    """goodput's model state dict, each tensor fetched whole by ``tensor(megatron_name,
-    layer)`` (layer None: a tensor outside the layers) and converted to fp32."""
-    state: dict[str, torch.Tensor] = {"embedding.weight": tensor(EMBEDDING, None).float()}
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """goodput's model state dict, one fp32 tensor at a time, each read whole by
+    ``tensor(megatron_name, layer)`` (layer None: a tensor outside the layers) as it is needed."""
+    embedding = tensor(EMBEDDING, None).float()
+    yield "embedding.weight", embedding
+    if cfg.tie_embeddings:
+        yield "output.weight", embedding  # goodput's state dict names the tied tensor twice
+    del embedding
     for layer in range(cfg.num_layers):
         block = f"blocks.{layer}."
+        yield block + "attention_norm.weight", tensor(ATTENTION_NORM, layer).float()
         wq, wk, wv = split_qkv(tensor(QKV, layer).float(), cfg, rotary_interleaved)
+        yield block + "attention.wq.weight", wq
+        yield block + "attention.wk.weight", wk
+        yield block + "attention.wv.weight", wv
+        yield block + "attention.wo.weight", tensor(PROJ, layer).float()
+        yield block + "mlp_norm.weight", tensor(MLP_NORM, layer).float()
         gate, up = tensor(FC1, layer).float().chunk(2, dim=0)
-        state |= {
-            block + "attention_norm.weight": tensor(ATTENTION_NORM, layer).float(),
-            block + "attention.wq.weight": wq,
-            block + "attention.wk.weight": wk,
-            block + "attention.wv.weight": wv,
-            block + "attention.wo.weight": tensor(PROJ, layer).float(),
-            block + "mlp_norm.weight": tensor(MLP_NORM, layer).float(),
-            block + "mlp.w1.weight": gate.contiguous(),
-            block + "mlp.w3.weight": up.contiguous(),
-            block + "mlp.w2.weight": tensor(FC2, layer).float(),
-        }
-    state["norm.weight"] = tensor(FINAL_NORM, None).float()
-    state["output.weight"] = (
-        state["embedding.weight"] if cfg.tie_embeddings else tensor(OUTPUT, None).float()
-    )
-    return state
+        yield block + "mlp.w1.weight", gate.contiguous()
+        yield block + "mlp.w3.weight", up.contiguous()
+        yield block + "mlp.w2.weight", tensor(FC2, layer).float()
+    yield "norm.weight", tensor(FINAL_NORM, None).float()
+    if not cfg.tie_embeddings:
+        yield "output.weight", tensor(OUTPUT, None).float()

@@ -24,7 +24,7 @@ import io
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,6 @@ class Source:
     args: dict[str, Any] | None
     names: set[tuple[str, int | None]]
     read: Callable[[str, int | None], torch.Tensor]
-    used: set[tuple[str, int | None]] = field(default_factory=set)
 
     def tensor(self, name: str, layer: int | None) -> torch.Tensor:
         if (name, layer) not in self.names:
@@ -66,7 +65,6 @@ class Source:
                 f"has no '{what}', which the [model] config needs",
                 "pass the [model] config this checkpoint was trained with",
             )
-        self.used.add((name, layer))
         return self.read(name, layer)
 
 

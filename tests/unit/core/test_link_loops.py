@@ -108,13 +108,13 @@ def test_a_checkpoint_to_export(capsys, loop, tmp_path, command):
 
 
 def test_an_hf_folder_and_a_pt_file_to_import(capsys, loop, tmp_path, config):
-    loop_line(capsys, loop, "ckpt", "import-hf", loop, tmp_path / "run1")
+    loop_line(capsys, loop, "ckpt", "import", loop, "--from", "hf", "--output", tmp_path / "run1")
     loop_line(capsys, loop, "ckpt", "from-torch", loop, config, tmp_path / "run2")
 
 
 def test_a_run_directory_output(capsys, loop, tmp_path, config):
     loop_line(capsys, loop, "train", config, f"train.run_dir={loop}")
-    loop_line(capsys, loop, "ckpt", "import-hf", tmp_path, loop)
+    loop_line(capsys, loop, "ckpt", "import", tmp_path, "--from", "hf", "--output", loop)
 
 
 def test_a_dangling_link_where_a_folder_should_be_is_named_as_one(capsys, tmp_path):

@@ -322,7 +322,7 @@ def test_a_model_only_checkpoint_needs_tokenizer(run, capsys, tmp_path):
     run_dir, tokenizer_file = run
     step = run_dir / "checkpoints" / "step-00000008"
     cfg = read_model_config(step)
-    write_model_only_checkpoint(tmp_path / "imported", load_model_state(step, cfg), cfg)
+    write_model_only_checkpoint(tmp_path / "imported", load_model_state(step, cfg).items(), cfg)
     capsys.readouterr()
     code, _, err = generate_cli(capsys, tmp_path / "imported", "--prompt", "alpha")
     assert code == 2 and "model-only" in err and "--tokenizer" in err
@@ -333,7 +333,7 @@ def test_a_model_only_checkpoint_needs_tokenizer(run, capsys, tmp_path):
 def test_a_tokenizer_larger_than_the_model_is_refused(run, capsys, tmp_path):
     _, tokenizer_file = run
     model = random_model(TINY_MODEL)  # vocabulary 61, the tokenizer's 300
-    write_model_only_checkpoint(tmp_path, model.state_dict(), TINY_MODEL)
+    write_model_only_checkpoint(tmp_path, model.state_dict().items(), TINY_MODEL)
     capsys.readouterr()
     code, out, err = generate_cli(capsys, tmp_path, "--prompt", "a", "--tokenizer", tokenizer_file)
     assert code == 2 and out == "" and len(err.splitlines()) == 1

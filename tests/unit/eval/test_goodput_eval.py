@@ -331,7 +331,7 @@ def test_without_lm_eval_it_says_how_to_install_it(run, tasks, capsys, monkeypat
 def model_only_copy(run_dir: Path, out: Path) -> Path:
     step = run_dir / "checkpoints" / "step-00000008"
     cfg = read_model_config(step)
-    return write_model_only_checkpoint(out, load_model_state(step, cfg), cfg)
+    return write_model_only_checkpoint(out, load_model_state(step, cfg).items(), cfg)
 
 
 def test_a_model_only_checkpoint_with_tokenizer_is_evaluated_and_not_recorded(

@@ -141,7 +141,9 @@ def test_hf_export_matches_transformers_and_imports_back_bit_exact(tmp_path, cap
     ours, theirs = goodput_logits(model, tokens), hf_logits(out, tokens)
     assert (ours - theirs).abs().max().item() < TOLERANCE
 
-    code, stdout, _ = run_cli(capsys, "ckpt", "import-hf", out, tmp_path / "imported")
+    code, stdout, _ = run_cli(
+        capsys, "ckpt", "import", out, "--from", "hf", "--output", tmp_path / "imported"
+    )
     assert code == 0 and "--resume" in stdout
     imported = step_dir(checkpoints_dir(tmp_path / "imported"), 0)
     assert json.loads((imported / TRAIN_STATE).read_text()) == {"step": 0, "model_only": True}
@@ -235,7 +237,19 @@ def test_import_of_a_folder_transformers_saved_sharded(tmp_path, capsys):
     hf_model.save_pretrained(tmp_path / "resaved", max_shard_size="20KB")
     assert (tmp_path / "resaved" / checkpoints.HF_INDEX).is_file()
 
-    assert run_cli(capsys, "ckpt", "import-hf", tmp_path / "resaved", tmp_path / "out")[0] == 0
+    assert (
+        run_cli(
+            capsys,
+            "ckpt",
+            "import",
+            tmp_path / "resaved",
+            "--from",
+            "hf",
+            "--output",
+            tmp_path / "out",
+        )[0]
+        == 0
+    )
     imported = step_dir(checkpoints_dir(tmp_path / "out"), 0)
     assert checkpoints.read_model_config(imported) == model.cfg
     loaded = checkpoints.load_model_state(imported, model.cfg)
@@ -269,11 +283,15 @@ def test_non_empty_out_dir_is_refused(tmp_path, capsys):
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".hf")] == []
 
-    assert run_cli(capsys, "ckpt", "import-hf", out, tmp_path / "x")[0] == 2  # no config.json
+    assert (
+        run_cli(capsys, "ckpt", "import", out, "--from", "hf", "--output", tmp_path / "x")[0] == 2
+    )  # no config.json
 
     # An import must not move the latest of a run that has checkpoints back to step 0.
     checkpoints.export_hf(directory, tmp_path / "hf2")
-    code, _, err = run_cli(capsys, "ckpt", "import-hf", tmp_path / "hf2", tmp_path / "run")
+    code, _, err = run_cli(
+        capsys, "ckpt", "import", tmp_path / "hf2", "--from", "hf", "--output", tmp_path / "run"
+    )
     assert_one_line_error(code, err, 2, "already holds checkpoints")
 
 
@@ -324,7 +342,9 @@ def test_import_refuses_what_goodput_cannot_compute(tmp_path, capsys, change, ph
     folder = tmp_path / "hf"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({**hf.hf_config(TINY_MODEL), **change}))
-    code, _, err = run_cli(capsys, "ckpt", "import-hf", folder, tmp_path / "out")
+    code, _, err = run_cli(
+        capsys, "ckpt", "import", folder, "--from", "hf", "--output", tmp_path / "out"
+    )
     assert_one_line_error(code, err, 2, phrase)
 
 
@@ -377,7 +397,7 @@ def hf_folder(tmp_path) -> Path:
 
 
 def import_fails(capsys, folder: Path, out: Path, code: int, *phrases: str) -> None:
-    exit_code, _, err = run_cli(capsys, "ckpt", "import-hf", folder, out)
+    exit_code, _, err = run_cli(capsys, "ckpt", "import", folder, "--from", "hf", "--output", out)
     assert_one_line_error(exit_code, err, code, *phrases)
     assert not out.exists()
 
@@ -494,7 +514,9 @@ def test_import_names_the_file_tensor_and_shapes_of_a_misshapen_tensor(
     expected = list(tensors[name].shape)
     tensors[name] = torch.zeros(shape)
     save_file(tensors, weights)
-    code, out, err = run_cli(capsys, "ckpt", "import-hf", hf_folder, tmp_path / "out")
+    code, out, err = run_cli(
+        capsys, "ckpt", "import", hf_folder, "--from", "hf", "--output", tmp_path / "out"
+    )
     assert code == 2 and f"reading {weights}" not in out  # refused before any tensor is read
     assert err == (
         f"goodput: error: {weights}: tensor '{name}' has shape {list(shape)}, config.json needs "

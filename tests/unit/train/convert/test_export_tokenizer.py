@@ -152,7 +152,9 @@ def assert_refused(capsys, tmp_path, argv, code, *phrases):
 def test_a_model_only_checkpoint_needs_tokenizer(run, capsys, tmp_path):
     step, tokenizer_file = run
     cfg = read_model_config(step)
-    imported = write_model_only_checkpoint(tmp_path / "imported", load_model_state(step, cfg), cfg)
+    imported = write_model_only_checkpoint(
+        tmp_path / "imported", load_model_state(step, cfg).items(), cfg
+    )
     capsys.readouterr()
     assert_refused(capsys, tmp_path, [imported], 2, "model-only", "--tokenizer")
     assert export(capsys, imported, tmp_path / "hf", "--tokenizer", tokenizer_file)[0] == 0
@@ -176,7 +178,7 @@ def test_a_moved_or_changed_tokenizer_says_to_pass_tokenizer(run, capsys, tmp_pa
 def test_a_tokenizer_larger_than_the_model_is_refused(run, capsys, tmp_path):
     _, tokenizer_file = run
     small = write_model_only_checkpoint(
-        tmp_path / "small", Transformer(TINY_MODEL).state_dict(), TINY_MODEL
+        tmp_path / "small", Transformer(TINY_MODEL).state_dict().items(), TINY_MODEL
     )
     capsys.readouterr()
     argv = [small, "--tokenizer", tokenizer_file]
