@@ -291,7 +291,10 @@ def _deepspeed(directory: Path) -> Source:
                 "imported yet",
                 "save with ZeRO stage 0-2, or run DeepSpeed's ds_to_universal and wait for it",
             )
-        states[int(match.group(1)), 0] = _dict_of(loaded.get("module"), child)
+        module = _dict_of(loaded.get("module"), child)
+        if module and all(isinstance(key, str) and key.startswith("module.") for key in module):
+            module = {key[len("module.") :]: value for key, value in module.items()}  # a wrapper's
+        states[int(match.group(1)), 0] = module
         args = args or megatron.args_dict(loaded.get("args"))
     if not states:
         raise GoodputError.usage(
@@ -327,6 +330,13 @@ def _joined(
         for key, value in states[0, pp].items():
             if not isinstance(key, str) or key.endswith("_extra_state") or value is None:
                 continue
+            if key.startswith("language_model."):
+                raise GoodputError.usage(
+                    directory,
+                    f"names its tensors as Megatron's models before megatron-core did ('{key}'), "
+                    "which goodput does not import yet",
+                    "convert it to a megatron-core checkpoint with Megatron's own tools first",
+                )
             match = _LAYER_NAME.fullmatch(key)
             if match:
                 name = megatron.LOCAL_NAMES.get(match.group(2), match.group(2))

@@ -445,3 +445,52 @@ def test_import_hf_is_the_deprecated_spelling_of_from_hf(capsys, tmp_path):
     assert "goodput ckpt import-hf HF_DIR OUT_DIR is deprecated" in err
     assert "goodput ckpt import HF_DIR --from hf --output OUT_DIR" in err
     assert code == 2 and f"{tmp_path / 'none'}" in err
+
+
+def test_a_legacy_checkpoint_of_pre_core_names_is_named_as_not_yet(capsys, tmp_path, tp2_pp2):
+    folder = copy_of(tp2_pp2, "legacy", tmp_path)
+    for path in (folder / "iter_0000010").glob("mp_rank_*/model_optim_rng.pt"):
+        state = torch.load(path, weights_only=False)
+        state["model"] = {f"language_model.{key}": value for key, value in state["model"].items()}
+        torch.save(state, path)
+    assert_refused(
+        capsys, tmp_path, folder, "megatron-legacy", tp2_pp2.config, 2, "before megatron-core"
+    )
+
+
+def test_virtual_pipeline_stages_are_named_as_not_yet(capsys, tmp_path, tp2_pp2):
+    folder = copy_of(tp2_pp2, "legacy", tmp_path)
+    path = folder / "iter_0000010" / "mp_rank_00_000" / "model_optim_rng.pt"
+    state = torch.load(path, weights_only=False)
+    state["model0"] = state.pop("model")
+    torch.save(state, path)
+    assert_refused(capsys, tmp_path, folder, "megatron-legacy", tp2_pp2.config, 2, "virtual")
+
+
+def deepspeed_states(folder: Path) -> Path:
+    return folder / "global_step10" / "mp_rank_00_model_states.pt"
+
+
+def test_a_wrapped_deepspeed_module_imports(capsys, tmp_path, deepspeed_zero1):
+    folder = copy_of(deepspeed_zero1, "deepspeed", tmp_path)
+    state = torch.load(deepspeed_states(folder), weights_only=False)
+    state["module"] = {f"module.{key}": value for key, value in state["module"].items()}
+    torch.save(state, deepspeed_states(folder))
+    out = tmp_path / "run"
+    argv = ["ckpt", "import", folder, "--from", "deepspeed", "--config", deepspeed_zero1.config]
+    assert run_cli(capsys, *argv, "--output", out)[0] == 0
+    logits = imported_logits(out / "checkpoints" / "step-00000000", deepspeed_zero1.tokens)
+    assert (logits - deepspeed_zero1.truth).abs().max() / deepspeed_zero1.truth.abs().max() < 1e-5
+
+
+def test_zero3_and_universal_deepspeed_checkpoints_are_named_as_not_yet(
+    capsys, tmp_path, deepspeed_zero1
+):
+    folder = copy_of(deepspeed_zero1, "deepspeed", tmp_path)
+    state = torch.load(deepspeed_states(folder), weights_only=False)
+    state["ds_config"]["zero_optimization"]["stage"] = 3
+    torch.save(state, deepspeed_states(folder))
+    config = deepspeed_zero1.config
+    assert_refused(capsys, tmp_path, folder, "deepspeed", config, 2, "ZeRO-3", "not imported yet")
+    (folder / "global_step10" / "zero").mkdir()
+    assert_refused(capsys, tmp_path, folder, "deepspeed", config, 2, "universal checkpoint")
