@@ -294,7 +294,7 @@ def import_megatron(source_dir: Path, kind: str, config: Path, run_dir: Path) ->
         print(f"warning: {found.where} holds no Megatron args; checking tensor shapes only")
     else:
         megatron.check_args(found.args, cfg, found.where, str(config))
-    interleaved = bool(found.args and found.args.get("rotary_interleaved"))
+    interleaved = found.args is not None and found.args.get("rotary_interleaved") is True
     _refuse_unused(found, cfg)
     print("optimizer: starts fresh (the source's optimizer state is not imported)", flush=True)
     tensors = megatron.goodput_tensors(found.tensor, cfg, interleaved)

@@ -102,17 +102,17 @@ def check_args(args: dict[str, Any], cfg: ModelConfig, where: str, config_where:
     """Refuse a source whose args describe another model than ``cfg``, naming the arg and
     the ``[model]`` field, each with its value."""
     for arg, (needed, why) in ARGS_REQUIRED.items():
-        if arg in args and args[arg] != needed and not (needed is None and not args[arg]):
+        if arg in args and not _equal(args[arg], needed):
             raise GoodputError.usage(
                 where,
-                f"args.{arg} = {args[arg]!r}, but {why} ({arg} = {needed!r})",
+                f"args.{arg} = {_shown(args[arg])}, but {why} ({arg} = {needed!r})",
                 "import a dense Llama-style GPT (RMSNorm, SwiGLU, RoPE, no biases)",
             )
-    if not args.get("group_query_attention", True):
+    if _equal(args.get("group_query_attention"), False):
         args = {**args, "num_query_groups": args.get("num_attention_heads")}
-    if args.get("use_rope_scaling"):
+    if _equal(args.get("use_rope_scaling"), True):
         factor = args.get("rope_scaling_factor", 8.0)
-        if cfg.rope_scaling != "llama3" or cfg.rope_scaling_factor != factor:
+        if cfg.rope_scaling != "llama3" or not _equal(factor, cfg.rope_scaling_factor):
             raise _mismatch(
                 where,
                 "use_rope_scaling",
@@ -129,15 +129,31 @@ def check_args(args: dict[str, Any], cfg: ModelConfig, where: str, config_where:
         if arg not in args or args[arg] is None:
             continue
         theirs, mine = args[arg], ours(cfg)
-        if theirs != mine:
+        if not _equal(theirs, mine):
             if arg == "padded_vocab_size":
                 raise GoodputError.usage(
                     f"{config_where} [model] vocab_size",
-                    f"is {mine}, but Megatron padded the vocabulary of {where} to {theirs} rows "
-                    "(args.padded_vocab_size: make_vocab_size_divisible_by x TP)",
-                    f"set vocab_size = {theirs}",
+                    f"is {mine}, but Megatron padded the vocabulary of {where} to "
+                    f"{_shown(theirs)} rows (args.padded_vocab_size: make_vocab_size_divisible_by "
+                    "x TP)",
+                    f"set vocab_size = {_shown(theirs)}",
                 )
             raise _mismatch(where, arg, theirs, config_where, field, mine)
+
+
+def _equal(value: Any, expected: Any) -> bool:
+    """Whether a saved arg (anything a pickle holds) is the plain value goodput expects; an
+    absent feature (None) is also 0 or False, as Megatron's defaults spell it."""
+    if expected is None:
+        return value is None or (type(value) in (int, bool) and not value)
+    plain = (bool, int, float, str)
+    return type(value) in plain and type(expected) in plain and value == expected
+
+
+def _shown(value: Any) -> str:
+    """A saved arg's value for a message: its repr, cut short (args come from the file)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _mismatch(
@@ -145,8 +161,8 @@ def _mismatch(
 ) -> GoodputError:
     return GoodputError.usage(
         f"{config_where} [model] {field}",
-        f"is {mine!r}, but args.{arg} = {theirs!r} in {where}",
-        f"set [model] so that {field} matches the source ({theirs!r})",
+        f"is {_shown(mine)}, but args.{arg} = {_shown(theirs)} in {where}",
+        f"set [model] so that {field} matches the source ({_shown(theirs)})",
     )
 
 

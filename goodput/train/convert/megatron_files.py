@@ -39,12 +39,11 @@ from goodput.train.convert.pickles import load_torch_file
 
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
 DEEPSPEED_TRACKER = "latest"
-MAX_ITERATION = 10**12
-_ITERATION_DIR = re.compile(r"iter_(\d{7,12})")
-_LEGACY_RANK = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?")
-_DEEPSPEED_RANK = re.compile(r"mp_rank_(\d{2})_model_states\.pt")
+_ITERATION = re.compile(r"[0-9]{1,12}")  # ASCII digits only: str.isdigit takes "¹"
+_LEGACY_RANK = re.compile(r"mp_rank_([0-9]{2})(?:_([0-9]{3}))?")
+_DEEPSPEED_RANK = re.compile(r"mp_rank_([0-9]{2})_model_states\.pt")
 _TAG = re.compile(r"[A-Za-z0-9_.-]{1,200}")
-_LAYER_NAME = re.compile(r"decoder\.layers\.(\d{1,6})\.(.+)")
+_LAYER_NAME = re.compile(r"decoder\.layers\.([0-9]{1,6})\.(.+)")
 
 
 @dataclass
@@ -87,7 +86,7 @@ def _megatron_step(root: Path, text: str) -> Path:
     where = root / MEGATRON_TRACKER
     if text == "release":
         return root / "release"
-    if not text.isdigit() or not 0 <= int(text) <= MAX_ITERATION:
+    if not _ITERATION.fullmatch(text):
         raise GoodputError(where, f"holds {text[:40]!r}, not an iteration", "write the number")
     return root / f"iter_{int(text):07d}"
 
