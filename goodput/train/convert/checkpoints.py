@@ -289,7 +289,7 @@ def import_megatron(source_dir: Path, kind: str, config: Path, run_dir: Path) ->
             "import a dense model",
         )
     print(f"reading {source_dir} ({kind})", flush=True)
-    found = megatron_files.source(source_dir, kind)
+    found = megatron_files.source(source_dir, kind, cfg)
     if found.args is None:
         print(f"warning: {found.where} holds no Megatron args; checking tensor shapes only")
     else:

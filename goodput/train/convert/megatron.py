@@ -187,6 +187,23 @@ def merge_fc1(shards: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([gate for gate, _ in halves] + [up for _, up in halves], dim=0)
 
 
+def shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The whole shape of each Megatron tensor (one layer's, for those in the layers) of the
+    model ``cfg`` describes: what a source must hold before any of it is allocated."""
+    dim, heads, kv, head_dim = cfg.dim, cfg.num_heads, cfg.kv_heads, cfg.head_dim
+    return {
+        EMBEDDING: (cfg.vocab_size, dim),
+        OUTPUT: (cfg.vocab_size, dim),
+        FINAL_NORM: (dim,),
+        ATTENTION_NORM: (dim,),
+        QKV: ((heads + 2 * kv) * head_dim, dim),
+        PROJ: (dim, heads * head_dim),
+        MLP_NORM: (dim,),
+        FC1: (2 * cfg.mlp_dim, dim),
+        FC2: (dim, cfg.mlp_dim),
+    }
+
+
 def goodput_tensors(
     tensor: Callable[[str, int | None], torch.Tensor], cfg: ModelConfig, rotary_interleaved: bool
 ) -> Iterator[tuple[str, torch.Tensor]]:

@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMe
 from goodput.checkpoint.metadata import read_metadata
 from goodput.errors import GoodputError
 from goodput.io import open_regular, read_json, read_text
+from goodput.train.config.model import ModelConfig
 from goodput.train.convert import megatron
 from goodput.train.convert.pickles import load_torch_file
 
@@ -54,25 +55,39 @@ class Source:
     where: str
     args: dict[str, Any] | None
     names: set[tuple[str, int | None]]
-    read: Callable[[str, int | None], torch.Tensor]
+    read: Callable[[str, int | None, tuple[int, ...]], torch.Tensor]
+    shapes: dict[str, tuple[int, ...]]
 
     def tensor(self, name: str, layer: int | None) -> torch.Tensor:
+        """The whole tensor, its shape checked against the [model] config's before it is
+        allocated (a source's sizes are not trusted)."""
         if (name, layer) not in self.names:
-            what = name if layer is None else f"{megatron.LAYERS}{layer}.{name}"
             raise GoodputError.usage(
                 self.where,
-                f"has no '{what}', which the [model] config needs",
+                f"has no '{_full_name(name, layer)}', which the [model] config needs",
                 "pass the [model] config this checkpoint was trained with",
             )
-        return self.read(name, layer)
+        return self.read(name, layer, self.shapes[name])
 
 
-def source(path: Path, kind: str) -> Source:
+def _full_name(name: str, layer: int | None) -> str:
+    return name if layer is None else f"{megatron.LAYERS}{layer}.{name}"
+
+
+def _wrong_shape(where: Path, key: str, found: Any, shape: tuple[int, ...]) -> GoodputError:
+    return GoodputError.usage(
+        where,
+        f"'{key}' is {list(found)} in the checkpoint, the [model] config needs {list(shape)}",
+        "pass the [model] config this checkpoint was trained with",
+    )
+
+
+def source(path: Path, kind: str, cfg: ModelConfig) -> Source:
     if kind == "megatron":
-        return _torch_dist(_step_dir(path, MEGATRON_TRACKER, _megatron_step))
+        return _torch_dist(_step_dir(path, MEGATRON_TRACKER, _megatron_step), cfg)
     if kind == "megatron-legacy":
-        return _legacy(_step_dir(path, MEGATRON_TRACKER, _megatron_step))
-    return _deepspeed(_step_dir(path, DEEPSPEED_TRACKER, _deepspeed_step))
+        return _legacy(_step_dir(path, MEGATRON_TRACKER, _megatron_step), cfg)
+    return _deepspeed(_step_dir(path, DEEPSPEED_TRACKER, _deepspeed_step), cfg)
 
 
 def _step_dir(path: Path, tracker: str, step: Callable[[Path, str], Path]) -> Path:
@@ -101,7 +116,7 @@ def _deepspeed_step(root: Path, text: str) -> Path:
     return root / text
 
 
-def _torch_dist(directory: Path) -> Source:
+def _torch_dist(directory: Path, cfg: ModelConfig) -> Source:
     info = (
         read_json(directory / "metadata.json", 1 << 16)
         if (directory / "metadata.json").exists()
@@ -129,19 +144,35 @@ def _torch_dist(directory: Path) -> Source:
     names: set[tuple[str, int | None]] = set()
     for key, entry in tensors.items():
         if key.startswith(megatron.LAYERS):
-            names.update((key[len(megatron.LAYERS) :], i) for i in range(entry.size[0]))
+            if len(entry.size) < 1 or entry.size[0] != cfg.num_layers:
+                raise GoodputError.usage(
+                    directory,
+                    f"'{key}' stacks {list(entry.size)[:1]} layers, the [model] config has "
+                    f"{cfg.num_layers}",
+                    "pass the [model] config this checkpoint was trained with",
+                )
+            names.update((key[len(megatron.LAYERS) :], i) for i in range(cfg.num_layers))
         else:
             names.add((key, None))
     last: dict[tuple[str, int], torch.Tensor] = {}  # one chunk read stays: the next may share it
 
-    def read(name: str, layer: int | None) -> torch.Tensor:
+    def read(name: str, layer: int | None, shape: tuple[int, ...]) -> torch.Tensor:
         key = name if layer is None else megatron.LAYERS + name
         entry = tensors[key]
         size = entry.size if layer is None else entry.size[1:]
+        if tuple(size) != shape:
+            raise _wrong_shape(directory, key, size, shape)
         whole = torch.empty(size, dtype=entry.properties.dtype)
         covered = 0
         for chunk in entry.chunks:
             offsets, sizes = list(chunk.offsets), list(chunk.sizes)
+            if len(offsets) != len(entry.size) or any(
+                start + length > bound
+                for start, length, bound in zip(offsets, sizes, entry.size, strict=False)
+            ):
+                raise GoodputError(
+                    directory, f"a chunk of '{key}' lies outside it", "pass an intact checkpoint"
+                )
             if layer is not None:
                 if not offsets[0] <= layer < offsets[0] + sizes[0]:
                     continue
@@ -163,7 +194,7 @@ def _torch_dist(directory: Path) -> Source:
             )
         return whole
 
-    return Source(str(directory), args, names, read)
+    return Source(str(directory), args, names, read, megatron.shapes(cfg))
 
 
 def _chunk(
@@ -234,7 +265,7 @@ def _dict_of(loaded: Any, path: Path) -> dict[str, Any]:
     return loaded
 
 
-def _legacy(directory: Path) -> Source:
+def _legacy(directory: Path, cfg: ModelConfig) -> Source:
     ranks: dict[tuple[int, int], Path] = {}
     for child in sorted(directory.iterdir()) if directory.is_dir() else []:
         match = _LEGACY_RANK.fullmatch(child.name)
@@ -260,10 +291,10 @@ def _legacy(directory: Path) -> Source:
             )
         states[tp, pp] = _dict_of(loaded["model"], path)
         args = args or megatron.args_dict(loaded.get("args"))
-    return _joined(directory, states, args)
+    return _joined(directory, states, args, cfg)
 
 
-def _deepspeed(directory: Path) -> Source:
+def _deepspeed(directory: Path, cfg: ModelConfig) -> Source:
     if (directory / "zero").is_dir():
         raise GoodputError.usage(
             directory,
@@ -299,7 +330,7 @@ def _deepspeed(directory: Path) -> Source:
         raise GoodputError.usage(
             directory, "holds no mp_rank_TT_model_states.pt", "pass a DeepSpeed global_stepN folder"
         )
-    return _joined(directory, states, args)
+    return _joined(directory, states, args, cfg)
 
 
 def _zero_stage(loaded: dict[str, Any]) -> int:
@@ -310,7 +341,10 @@ def _zero_stage(loaded: dict[str, Any]) -> int:
 
 
 def _joined(
-    directory: Path, states: dict[tuple[int, int], dict[str, Any]], args: dict[str, Any] | None
+    directory: Path,
+    states: dict[tuple[int, int], dict[str, Any]],
+    args: dict[str, Any] | None,
+    cfg: ModelConfig,
 ) -> Source:
     """One Source over the TP x PP rank state dicts: each tensor joined from its TP cuts, each
     layer numbered by its stage's place."""
@@ -356,8 +390,14 @@ def _joined(
             place[name, None if layer is None else offset + layer] = (pp, key)
         offset += len(layers)
 
-    def read(name: str, layer: int | None) -> torch.Tensor:
+    def read(name: str, layer: int | None, shape: tuple[int, ...]) -> torch.Tensor:
         pp, key = place[name, layer]
+        dim = megatron.TP_DIM[name]
+        cut = (
+            shape
+            if dim is None
+            else tuple(size // tp_size if d == dim else size for d, size in enumerate(shape))
+        )
         shards = []
         for tp in range(tp_size):
             shard = states[tp, pp].get(key)
@@ -367,18 +407,13 @@ def _joined(
                     f"TP rank {tp}, PP rank {pp} has no tensor '{key}'",
                     "pass the complete checkpoint",
                 )
+            if tuple(shard.shape) != cut or (dim is not None and shape[dim] % tp_size):
+                raise _wrong_shape(directory, f"{key} of TP rank {tp}", shard.shape, cut)
             shards.append(shard)
-        if name not in megatron.TP_DIM:
-            raise GoodputError.usage(
-                directory,
-                f"'{key}' has no counterpart in goodput's Llama",
-                "import a dense Llama-style GPT",
-            )
-        dim = megatron.TP_DIM[name]
         if dim is None or tp_size == 1:
             return shards[0]
         if name == megatron.FC1:
             return megatron.merge_fc1(shards)
         return torch.cat(shards, dim=dim)
 
-    return Source(str(directory), args, set(place), read)
+    return Source(str(directory), args, set(place), read, megatron.shapes(cfg))

@@ -7,6 +7,7 @@ refused in one line."""
 import json
 import math
 import os
+import pickle
 import shutil
 import socket
 import subprocess
@@ -494,3 +495,39 @@ def test_zero3_and_universal_deepspeed_checkpoints_are_named_as_not_yet(
     assert_refused(capsys, tmp_path, folder, "deepspeed", config, 2, "ZeRO-3", "not imported yet")
     (folder / "global_step10" / "zero").mkdir()
     assert_refused(capsys, tmp_path, folder, "deepspeed", config, 2, "universal checkpoint")
+
+
+def rewrite_metadata(folder: Path, change) -> None:
+    path = folder / "iter_0000010" / ".metadata"
+    metadata = pickle.loads(path.read_bytes())
+    change(metadata.state_dict_metadata)
+    path.write_bytes(pickle.dumps(metadata))
+
+
+@pytest.mark.parametrize(
+    "key, size, phrase",
+    [
+        ("embedding.word_embeddings.weight", [2**40, 64], "the [model] config needs [128, 64]"),
+        ("decoder.layers.mlp.linear_fc2.weight", [2**40, 64, 96], "stacks [1099511627776]"),
+    ],
+)
+def test_sizes_in_torch_dist_metadata_are_checked_before_anything_is_allocated(
+    capsys, tmp_path, tp2_pp2, key, size, phrase
+):
+    folder = copy_of(tp2_pp2, "torch_dist", tmp_path)
+
+    def grow(entries):
+        entries[key].size = torch.Size(size)
+
+    rewrite_metadata(folder, grow)
+    assert_refused(capsys, tmp_path, folder, "megatron", tp2_pp2.config, 2, key, phrase)
+
+
+def test_a_chunk_outside_its_tensor_is_refused(capsys, tmp_path, tp2_pp2):
+    folder = copy_of(tp2_pp2, "torch_dist", tmp_path)
+
+    def move(entries):
+        entries["output_layer.weight"].chunks[1].offsets = torch.Size([100, 0])
+
+    rewrite_metadata(folder, move)
+    assert_refused(capsys, tmp_path, folder, "megatron", tp2_pp2.config, 1, "lies outside it")
