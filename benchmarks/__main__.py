@@ -2,9 +2,9 @@
 
 ``python -m benchmarks NAME ...`` runs only the named ones (``tokenize``, ``blend``, ``train``,
 ``checkpoint``, ``launch``, ``chaos``, ``layouts``, ``ring``, ``moe``, ``optim``, ``eval``,
-``report``, ``init``, ``snapshot``, ``broadcast``, ``control``); no names: all. Figures are
-printed and also written to ``bench-out/results.json`` for the README; a run of some benchmarks
-replaces only their entries there, keeping the others'.
+``report``, ``init``, ``snapshot``, ``broadcast``, ``control``, ``ckpt``); no names: all. Figures
+are printed and also written to ``bench-out/results.json`` for the README; a run of some
+benchmarks replaces only their entries there, keeping the others'.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from benchmarks import (
     bench_broadcast,
     bench_chaos,
     bench_checkpoint,
+    bench_ckpt_import,
     bench_control,
     bench_eval,
     bench_init,
@@ -54,6 +55,7 @@ BENCHMARKS: dict[str, Callable[[], Any]] = {
     "snapshot": bench_snapshot.main,
     "broadcast": bench_broadcast.main,
     "control": bench_control.main,
+    "ckpt": bench_ckpt_import.main,
 }
 RESULTS = Path("bench-out/results.json")
 

@@ -11,11 +11,12 @@ goodput's ``read_metadata`` checks them as it checks every other.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import pickle
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -28,6 +29,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from goodput.checkpoint.checksums import ALGORITHM
 from goodput.io import write_bytes
 from goodput.rundir import METADATA
 
@@ -43,11 +45,14 @@ class TensorStream:
         self.storage: dict[MetadataIndex, _StorageInfo] = {}
         self.files = 0
         self.file: BinaryIO | None = None
+        self.hashes: dict[str, Any] = {}  # file name -> its SHA-256 so far, fed as it is written
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         if name in self.tensors:
             raise ValueError(f"{name} written twice")
         tensor = tensor.detach().cpu().contiguous()
+        if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+            tensor = tensor.clone()  # a view: torch.save would write its whole storage
         if self.file is None or self.file.tell() >= FILE_BYTES:
             self._next_file()
         assert self.file is not None
@@ -55,6 +60,7 @@ class TensorStream:
         torch.save(tensor, buffer)
         offset = self.file.tell()
         self.file.write(buffer.getbuffer())
+        self.hashes[Path(self.file.name).name].update(buffer.getbuffer())
         origin = torch.Size([0] * tensor.dim())
         self.tensors[name] = TensorStorageMetadata(
             properties=TensorProperties.create_from_tensor(tensor),
@@ -75,6 +81,11 @@ class TensorStream:
         )
         write_bytes(self.directory / METADATA, pickle.dumps(metadata))
 
+    def digests(self) -> dict[str, str]:
+        """``{file name: SHA-256}`` of the data files written (``checksums.json``'s entries),
+        hashed from the bytes as they were written: the files are not read again."""
+        return {name: digest.hexdigest() for name, digest in self.hashes.items()}
+
     def close(self) -> None:
         """Close an unfinished stream's file (the caller removes what it wrote)."""
         if self.file is not None:
@@ -83,7 +94,9 @@ class TensorStream:
 
     def _next_file(self) -> None:
         self._close_file()
-        self.file = open(self.directory / f"__0_{self.files}.distcp", "xb")  # noqa: SIM115
+        name = f"__0_{self.files}.distcp"
+        self.file = open(self.directory / name, "xb")  # noqa: SIM115
+        self.hashes[name] = hashlib.new(ALGORITHM)
         self.files += 1
 
     def _close_file(self) -> None:

@@ -88,10 +88,15 @@ def megatron_args(spec: dict) -> argparse.Namespace:
         tensor_model_parallel_size=spec.get("tp", 1),
         pipeline_model_parallel_size=spec.get("pp", 1),
         num_experts=None,
-        params_dtype=torch.float32,
+        params_dtype=_params_dtype(spec),
         iteration=ITERATION,
         seed=1234,
     )
+
+
+def _params_dtype(spec: dict) -> torch.dtype:
+    """The dtype Megatron keeps the weights in (spec ``params_dtype``: float32 unless given)."""
+    return getattr(torch, spec.get("params_dtype", "float32"))
 
 
 def build_model(spec: dict):
@@ -115,7 +120,7 @@ def build_model(spec: dict):
         hidden_dropout=0.0,
         attention_dropout=0.0,
         use_cpu_initialization=True,
-        params_dtype=torch.float32,
+        params_dtype=_params_dtype(spec),
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
@@ -124,7 +129,7 @@ def build_model(spec: dict):
         gradient_accumulation_fusion=False,
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
         pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
-        pipeline_dtype=torch.float32,
+        pipeline_dtype=_params_dtype(spec),
     )
     return GPTModel(
         config=config,
