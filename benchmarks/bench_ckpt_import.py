@@ -11,16 +11,20 @@ Per format, ``REPEATS`` times, in turn: the source's files are dropped from the 
 (``posix_fadvise(DONTNEED)``), then ``python -m goodput ckpt import SRC --from ... --config
 MODEL.toml --output OUT`` runs as a subprocess (wall time from ``Popen`` to exit, and its peak
 RSS); the files are dropped again and read whole in 16 MiB blocks (baseline: the time to read the
-same bytes). Import GB/s and read GB/s are the source's bytes over each median; the ratio is the
-import's time over the read's. What the import does beyond reading: interpreter and imports,
-the args check, the fused tensors split, the RoPE permutation, the upcast to fp32, writing the
-fp32 checkpoint (twice the source's bytes) with fsync, and hashing it for ``checksums.json``.
+same bytes); then read again and as many bytes as the import wrote written to a new file and
+fsync'd (a second baseline: the floor of any converter that reads the source and writes an
+fp32 checkpoint). Import GB/s and read GB/s are the source's bytes over each median; the ratios
+are the import's time over each baseline's. What the import does beyond reading: interpreter
+and imports, the args check, the fused tensors split, the RoPE permutation, the upcast to fp32,
+writing the fp32 checkpoint (twice the source's bytes) with fsync, and hashing it for
+``checksums.json`` as it is written.
 Peak RSS against the fp32 model's size shows the import holds one tensor, not the model.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -87,6 +91,20 @@ _MEASURED_CLI = (
 )
 
 
+def _write(path: Path, size: int) -> float:
+    """Seconds to write ``size`` bytes to a new file and fsync it: the output's floor."""
+    block = bytes(1 << 24)
+    start = time.perf_counter()
+    with open(path, "wb") as f:
+        for offset in range(0, size, len(block)):
+            f.write(block[: min(len(block), size - offset)])
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - start
+    path.unlink()
+    return seconds
+
+
 def _import(source: Path, kind: str, config: Path, out: Path) -> tuple[float, float]:
     """Wall seconds and peak RSS (GB) of one import, the source cold."""
     _drop_from_page_cache(source)
@@ -137,15 +155,17 @@ def main() -> dict[str, Any]:
         for fmt, kind in FORMATS.items():
             source = root / "source" / fmt
             size = _size(source)
-            imports, reads, peaks = [], [], []
+            imports, reads, copies, peaks = [], [], [], []
             for _ in range(REPEATS):
                 seconds, peak = _import(source, kind, config, root / "out")
                 imports.append(seconds)
                 peaks.append(peak)
+                written = _size(root / "out")
+                shutil.rmtree(root / "out")
                 reads.append(_read(source))
-            written = _size(root / "out")
-            shutil.rmtree(root / "out")
+                copies.append(_read(source) + _write(root / "floor.bin", written))
             import_s, read_s = statistics.median(imports), statistics.median(reads)
+            copy_s = statistics.median(copies)
             results[kind] = {
                 "source_gb": round(size / 1e9, 3),
                 "written_gb": round(written / 1e9, 3),
@@ -154,6 +174,8 @@ def main() -> dict[str, Any]:
                 "import_gbps": round(size / 1e9 / import_s, 3),
                 "read_gbps": round(size / 1e9 / read_s, 3),
                 "import_over_read": round(import_s / read_s, 1),
+                "read_and_write_s": round(copy_s, 2),
+                "import_over_read_and_write": round(import_s / copy_s, 2),
                 "peak_rss_gb": round(max(peaks), 2),
                 "model_fp32_gb": round(4 * _parameters() / 1e9, 2),
                 "import_runs_s": [round(s, 2) for s in imports],

@@ -12,11 +12,10 @@ goodput's ``read_metadata`` checks them as it checks every other.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import pickle
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -56,11 +55,10 @@ class TensorStream:
         if self.file is None or self.file.tell() >= FILE_BYTES:
             self._next_file()
         assert self.file is not None
-        buffer = io.BytesIO()
-        torch.save(tensor, buffer)
+        file_name = Path(self.file.name).name
         offset = self.file.tell()
-        self.file.write(buffer.getbuffer())
-        self.hashes[Path(self.file.name).name].update(buffer.getbuffer())
+        torch.save(tensor, cast(BinaryIO, _Hashed(self.file, self.hashes[file_name])))
+        length = self.file.tell() - offset
         origin = torch.Size([0] * tensor.dim())
         self.tensors[name] = TensorStorageMetadata(
             properties=TensorProperties.create_from_tensor(tensor),
@@ -68,7 +66,7 @@ class TensorStream:
             chunks=[ChunkStorageMetadata(offsets=origin, sizes=tensor.size())],
         )
         self.storage[MetadataIndex(name, origin)] = _StorageInfo(
-            relative_path=Path(self.file.name).name, offset=offset, length=len(buffer.getbuffer())
+            relative_path=file_name, offset=offset, length=length
         )
 
     def finish(self) -> None:
@@ -104,3 +102,17 @@ class TensorStream:
             self.file.flush()
             os.fsync(self.file.fileno())
             self.close()
+
+
+class _Hashed:
+    """A file torch.save writes through, feeding the file's hash with the same bytes."""
+
+    def __init__(self, file: BinaryIO, digest: Any) -> None:
+        self.file, self.digest = file, digest
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
