@@ -531,3 +531,16 @@ def test_a_chunk_outside_its_tensor_is_refused(capsys, tmp_path, tp2_pp2):
 
     rewrite_metadata(folder, move)
     assert_refused(capsys, tmp_path, folder, "megatron", tp2_pp2.config, 1, "lies outside it")
+
+
+def test_a_nan_in_the_last_stage_removes_what_was_written(capsys, tmp_path, tp2_pp2):
+    """The import streams: a bad tensor met after others were written leaves nothing behind."""
+    folder = copy_of(tp2_pp2, "legacy", tmp_path)
+    path = folder / "iter_0000010" / "mp_rank_01_001" / "model_optim_rng.pt"
+    state = torch.load(path, weights_only=False)
+    state["model"]["decoder.layers.1.mlp.linear_fc2.weight"][0, 0] = float("nan")
+    torch.save(state, path)
+    assert_refused(
+        capsys, tmp_path, folder, "megatron-legacy", tp2_pp2.config, 1, "'blocks.3.mlp.w2.weight'"
+    )
+    assert not (tmp_path / "run" / "checkpoints" / "step-00000000").exists()
