@@ -1,6 +1,6 @@
 """Megatron's and DeepSpeed's checkpoint folders, read one whole tensor at a time in Megatron's
-names (``megatron``): ``source(path, kind)`` gives a ``Source`` whose ``tensor(name, layer)``
-reads only the pieces of that one tensor.
+names (``megatron``): ``source(path, kind, cfg)`` gives a ``Source`` whose ``tensor(name,
+layer)`` reads only the pieces of that one tensor, its size checked against ``cfg`` first.
 
 - ``megatron`` (Megatron-core ``torch_dist``): a DCP folder whose layers are stacked
   (``decoder.layers.<name>`` is [num_layers, ...]) and whose tensors are whole in any source
@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMe
 
 from goodput.checkpoint.metadata import read_metadata
 from goodput.errors import GoodputError
-from goodput.io import open_regular, read_json, read_text
+from goodput.io import is_folder, open_regular, path_status, read_json, read_text
 from goodput.train.config.model import ModelConfig
 from goodput.train.convert import megatron
 from goodput.train.convert.pickles import load_torch_file
@@ -91,10 +91,10 @@ def source(path: Path, kind: str, cfg: ModelConfig) -> Source:
 
 
 def _step_dir(path: Path, tracker: str, step: Callable[[Path, str], Path]) -> Path:
-    if not path.is_dir():
+    if not is_folder(path):  # a loop of links is named as one
         raise GoodputError.usage(path, "no such checkpoint folder", "pass the checkpoint folder")
     marker = path / tracker
-    return step(path, read_text(marker, 4096).strip()) if marker.exists() else path
+    return step(path, read_text(marker, 4096).strip()) if path_status(marker) else path
 
 
 def _megatron_step(root: Path, text: str) -> Path:

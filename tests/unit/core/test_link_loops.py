@@ -112,6 +112,12 @@ def test_an_hf_folder_and_a_pt_file_to_import(capsys, loop, tmp_path, config):
     loop_line(capsys, loop, "ckpt", "from-torch", loop, config, tmp_path / "run2")
 
 
+@pytest.mark.parametrize("kind", ["megatron", "megatron-legacy", "deepspeed"])
+def test_a_megatron_or_deepspeed_folder_to_import(capsys, loop, tmp_path, config, kind):
+    argv = ["ckpt", "import", loop, "--from", kind, "--config", config]
+    loop_line(capsys, loop, *argv, "--output", tmp_path / "run")
+
+
 def test_a_run_directory_output(capsys, loop, tmp_path, config):
     loop_line(capsys, loop, "train", config, f"train.run_dir={loop}")
     loop_line(capsys, loop, "ckpt", "import", tmp_path, "--from", "hf", "--output", loop)
