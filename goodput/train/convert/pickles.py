@@ -14,6 +14,7 @@ it is looked up, so nothing a hostile file names ever runs.
 
 from __future__ import annotations
 
+import _compat_pickle
 import argparse
 import collections
 import pickle
@@ -35,6 +36,14 @@ def _bytes_of(text: str, encoding: str = "utf-8") -> bytes:
     return text.encode(encoding)
 
 
+def _bytearray_of(*args: Any) -> bytearray:
+    """``bytearray`` as pickle protocols 2-4 use it, from bytes or text; never ``bytearray(n)``,
+    which would allocate whatever size the file names."""
+    if not args or not isinstance(args[0], (bytes, str)):
+        raise pickle.UnpicklingError("refused bytearray of anything but bytes or text")
+    return bytearray(*args)
+
+
 # Every global a checkpoint's pickle may call, each only rebuilding plain data.
 CALLABLE = {
     ("_codecs", "encode"): _bytes_of,
@@ -47,7 +56,7 @@ CALLABLE = {
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
     ("builtins", "slice"): slice,
-    ("builtins", "bytearray"): bytearray,
+    ("builtins", "bytearray"): _bytearray_of,
     ("builtins", "complex"): complex,
 }
 # Frameworks whose classes may appear beside the weights; they are kept as data, not imported.
@@ -79,6 +88,11 @@ def _opaque(module: str, name: str) -> type[Opaque]:
 
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        # torch.save writes protocol 2, which names Python 2's modules (``__builtin__.set``);
+        # pickle maps them to Python 3's in its own find_class, replaced here, so here too.
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[module, name]
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         if (module, name) in CALLABLE:
             return CALLABLE[module, name]
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
