@@ -61,7 +61,7 @@ TP_DIM: dict[str, int | None] = {
     FC2: 1,
 }
 
-# Megatron-LM's args -> (goodput's [model] field, its value as Megatron's arg would give it).
+# Megatron-LM's args -> (goodput's [model] field, its value in ``cfg``).
 ARGS_FIELDS: dict[str, tuple[str, Callable[[ModelConfig], Any]]] = {
     "num_layers": ("num_layers", lambda c: c.num_layers),
     "hidden_size": ("dim", lambda c: c.dim),
@@ -72,8 +72,10 @@ ARGS_FIELDS: dict[str, tuple[str, Callable[[ModelConfig], Any]]] = {
     "norm_epsilon": ("norm_eps", lambda c: c.norm_eps),
     "rotary_base": ("rope_theta", lambda c: c.rope_theta),
     "padded_vocab_size": ("vocab_size", lambda c: c.vocab_size),
-    "untie_embeddings_and_output_weights": ("tie_embeddings", lambda c: not c.tie_embeddings),
+    "untie_embeddings_and_output_weights": ("tie_embeddings", lambda c: c.tie_embeddings),
 }
+# The args that say the opposite of their [model] field.
+ARGS_NEGATED = frozenset({"untie_embeddings_and_output_weights"})
 # Args naming what goodput's Llama does not compute: arg -> (the value it needs, what differs).
 ARGS_REQUIRED: dict[str, tuple[Any, str]] = {
     "normalization": ("RMSNorm", "goodput's blocks use RMSNorm"),
@@ -113,23 +115,24 @@ def check_args(args: dict[str, Any], cfg: ModelConfig, where: str, config_where:
     if _equal(args.get("use_rope_scaling"), True):
         factor = args.get("rope_scaling_factor", 8.0)
         if cfg.rope_scaling != "llama3" or not _equal(factor, cfg.rope_scaling_factor):
-            raise _mismatch(
-                where,
-                "use_rope_scaling",
-                f"llama3 x {factor}",
-                config_where,
-                "rope_scaling",
-                f"{cfg.rope_scaling} x {cfg.rope_scaling_factor}",
+            raise GoodputError.usage(
+                f"{config_where} [model] rope_scaling",
+                f"is {cfg.rope_scaling!r} (factor {cfg.rope_scaling_factor}), but "
+                f"args.use_rope_scaling and rope_scaling_factor = {_shown(factor)} in {where}",
+                f"set rope_scaling = 'llama3' and rope_scaling_factor = {_shown(factor)}",
             )
     elif cfg.rope_scaling != "none":
-        raise _mismatch(
-            where, "use_rope_scaling", False, config_where, "rope_scaling", cfg.rope_scaling
+        raise GoodputError.usage(
+            f"{config_where} [model] rope_scaling",
+            f"is {cfg.rope_scaling!r}, but {where} was trained without RoPE scaling",
+            "set rope_scaling = 'none'",
         )
     for arg, (field, ours) in ARGS_FIELDS.items():
         if arg not in args or args[arg] is None:
             continue
         theirs, mine = args[arg], ours(cfg)
-        if not _equal(theirs, mine):
+        wanted = not theirs if arg in ARGS_NEGATED and type(theirs) is bool else theirs
+        if not _equal(wanted, mine):
             if arg == "padded_vocab_size":
                 raise GoodputError.usage(
                     f"{config_where} [model] vocab_size",
@@ -138,7 +141,7 @@ def check_args(args: dict[str, Any], cfg: ModelConfig, where: str, config_where:
                     "x TP)",
                     f"set vocab_size = {_shown(theirs)}",
                 )
-            raise _mismatch(where, arg, theirs, config_where, field, mine)
+            raise _mismatch(where, arg, theirs, config_where, field, mine, wanted)
 
 
 def _equal(value: Any, expected: Any) -> bool:
@@ -157,12 +160,12 @@ def _shown(value: Any) -> str:
 
 
 def _mismatch(
-    where: str, arg: str, theirs: Any, config_where: str, field: str, mine: Any
+    where: str, arg: str, theirs: Any, config_where: str, field: str, mine: Any, wanted: Any
 ) -> GoodputError:
     return GoodputError.usage(
         f"{config_where} [model] {field}",
         f"is {_shown(mine)}, but args.{arg} = {_shown(theirs)} in {where}",
-        f"set [model] so that {field} matches the source ({_shown(theirs)})",
+        f"set [model] so that {field} matches the source ({_shown(wanted)})",
     )
 
 

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 from argparse import Namespace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,11 +23,12 @@ from goodput.cli import main
 from goodput.config import load_config
 from goodput.data.blend import build_blend
 from goodput.data.loader import BlendedSamples
+from goodput.errors import GoodputError
 from goodput.testing import megatron_source
-from goodput.testing.tiny import write_random_corpus
+from goodput.testing.tiny import TINY_MODEL, write_random_corpus
 from goodput.train.build import blend_spec
 from goodput.train.config.run import RunConfig, plan_batches
-from goodput.train.convert import checkpoints
+from goodput.train.convert import checkpoints, megatron
 from goodput.train.model import Transformer
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -544,3 +546,21 @@ def test_a_nan_in_the_last_stage_removes_what_was_written(capsys, tmp_path, tp2_
         capsys, tmp_path, folder, "megatron-legacy", tp2_pp2.config, 1, "'blocks.3.mlp.w2.weight'"
     )
     assert not (tmp_path / "run" / "checkpoints" / "step-00000000").exists()
+
+
+def test_the_tied_head_and_rope_scaling_are_named_in_goodputs_terms():
+    tied = replace(TINY_MODEL, tie_embeddings=True)
+    with pytest.raises(GoodputError) as caught:
+        megatron.check_args({"untie_embeddings_and_output_weights": True}, tied, "SRC", "m.toml")
+    assert caught.value.where == "m.toml [model] tie_embeddings"
+    assert (
+        "is True, but args.untie_embeddings_and_output_weights = True in SRC" in caught.value.what
+    )
+    assert caught.value.fix.endswith("(False)")
+    scaled = {"use_rope_scaling": True, "rope_scaling_factor": 8.0}
+    with pytest.raises(GoodputError, match="set rope_scaling = 'llama3' and rope_scaling_factor"):
+        megatron.check_args(scaled, TINY_MODEL, "SRC", "m.toml")
+    llama3 = replace(TINY_MODEL, rope_scaling="llama3", rope_scaling_factor=8.0)
+    megatron.check_args(scaled, llama3, "SRC", "m.toml")
+    with pytest.raises(GoodputError, match="trained without RoPE scaling"):
+        megatron.check_args({}, llama3, "SRC", "m.toml")
