@@ -7,9 +7,9 @@ holding enums of Megatron's own), numpy RNG states, DeepSpeed's loss scaler. tor
 file says. Here torch's zip reader is given an unpickler that calls only what rebuilding data
 needs (``CALLABLE``: tensors, ordered dicts, namespaces, sizes, dtypes) and never imports a
 class of another framework: a global of ``megatron``, ``deepspeed``, ``transformer_engine``,
-``apex`` or ``numpy`` becomes an ``Opaque`` stand-in that keeps its arguments and state as data.
-Any other global (``os.system``, ``builtins.eval``, ``subprocess.Popen``...) is refused before
-it is looked up, so nothing a hostile file names ever runs.
+``apex``, ``numpy`` or ``io`` becomes an ``Opaque`` stand-in that keeps its arguments and state
+as data. Any other global (``os.system``, ``builtins.eval``, ``subprocess.Popen``...) is refused
+before it is looked up, so nothing a hostile file names ever runs.
 """
 
 from __future__ import annotations
@@ -60,7 +60,10 @@ CALLABLE = {
     ("builtins", "complex"): complex,
 }
 # Frameworks whose classes may appear beside the weights; they are kept as data, not imported.
-OPAQUE_PACKAGES = frozenset({"megatron", "deepspeed", "transformer_engine", "apex", "numpy"})
+# ``io``: Transformer Engine's layers saved their ``_extra_state`` as an ``io.BytesIO``.
+OPAQUE_PACKAGES = frozenset(
+    {"megatron", "deepspeed", "transformer_engine", "apex", "numpy", "io", "_io"}
+)
 
 
 class Opaque:

@@ -4,6 +4,7 @@ logits Megatron's own forward gives, from TP 2 x PP 2, PP 2 and DeepSpeed source
 resumed from one starts at Megatron's loss on the same batch; hostile and mismatched sources are
 refused in one line."""
 
+import io
 import json
 import math
 import os
@@ -151,12 +152,14 @@ def imported_logits(directory: Path, tokens: torch.Tensor) -> torch.Tensor:
         return model(tokens).float()
 
 
-def import_and_compare(capsys, saved: Saved, fmt: str, kind: str, out: Path) -> None:
+def import_and_compare(
+    capsys, saved: Saved, fmt: str, kind: str, out: Path, folder: Path | None = None
+) -> None:
     code, stdout, err = run_cli(
         capsys,
         "ckpt",
         "import",
-        saved.folder(fmt),
+        folder or saved.folder(fmt),
         "--from",
         kind,
         "--config",
@@ -564,3 +567,18 @@ def test_the_tied_head_and_rope_scaling_are_named_in_goodputs_terms():
     megatron.check_args(scaled, llama3, "SRC", "m.toml")
     with pytest.raises(GoodputError, match="trained without RoPE scaling"):
         megatron.check_args({}, llama3, "SRC", "m.toml")
+
+
+def test_transformer_engines_extra_state_in_a_legacy_file_is_kept_as_data(
+    capsys, tmp_path, tp2_pp2
+):
+    """Megatron-LM on GPUs saves each Transformer Engine layer's ``_extra_state`` (an
+    ``io.BytesIO`` in older TE): read as an inert stand-in, never rebuilt, never refused."""
+    folder = copy_of(tp2_pp2, "legacy", tmp_path)
+    for path in (folder / "iter_0000010").glob("mp_rank_*/model_optim_rng.pt"):
+        state = torch.load(path, weights_only=False)
+        state["model"]["decoder.layers.0.self_attention.linear_qkv._extra_state"] = io.BytesIO(
+            b"fp8 scaling factors"
+        )
+        torch.save(state, path)
+    import_and_compare(capsys, tp2_pp2, "legacy", "megatron-legacy", tmp_path / "run", folder)
