@@ -34,8 +34,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_checkpoint import _drop_from_page_cache, _each_file
+from benchmarks.bench_checkpoint import _drop_from_page_cache, _each_file, _read_into_page_cache
+from goodput.config import load_section
+from goodput.launch.launchers import free_port
 from goodput.testing import megatron_source
+from goodput.train.config.model import ModelConfig
+from goodput.train.flops import model_size
 
 REPEATS = 3
 SPEC = {
@@ -52,22 +56,6 @@ SPEC = {
     "params_dtype": "bfloat16",
 }
 FORMATS = {"torch_dist": "megatron", "legacy": "megatron-legacy"}
-MODEL_TOML = """[model]
-vocab_size = 32000
-dim = 2048
-num_layers = 20
-num_heads = 16
-num_kv_heads = 8
-ffn_dim = 5632
-max_seq_len = 2048
-"""
-
-
-def _parameters() -> int:
-    dim, ffn, vocab, head = SPEC["hidden_size"], SPEC["ffn_hidden_size"], SPEC["vocab_size"], 128
-    qkv = (SPEC["num_attention_heads"] + 2 * SPEC["num_query_groups"]) * head * dim
-    layer = qkv + dim * dim + 3 * ffn * dim + 2 * dim
-    return SPEC["num_layers"] * layer + 2 * vocab * dim + dim
 
 
 def _size(directory: Path) -> int:
@@ -77,18 +65,8 @@ def _size(directory: Path) -> int:
 def _read(directory: Path) -> float:
     _drop_from_page_cache(directory)
     start = time.perf_counter()
-    for path in _each_file(directory):
-        with open(path, "rb") as f:
-            while f.read(1 << 24):
-                pass
+    _read_into_page_cache(directory)
     return time.perf_counter() - start
-
-
-# The CLI in a process of its own that reports its own peak RSS (kB) as its last line.
-_MEASURED_CLI = (
-    "import resource, sys; from goodput.cli import main; code = main(sys.argv[1:]); "
-    "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(code)"
-)
 
 
 def _write(path: Path, size: int) -> float:
@@ -103,6 +81,13 @@ def _write(path: Path, size: int) -> float:
     seconds = time.perf_counter() - start
     path.unlink()
     return seconds
+
+
+# The CLI in a process of its own that reports its own peak RSS (kB) as its last line.
+_MEASURED_CLI = (
+    "import resource, sys; from goodput.cli import main; code = main(sys.argv[1:]); "
+    "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(code)"
+)
 
 
 def _import(source: Path, kind: str, config: Path, out: Path) -> tuple[float, float]:
@@ -138,16 +123,17 @@ def main() -> dict[str, Any]:
                 "--formats",
                 "torch_dist,legacy",
                 "--port",
-                "29655",
+                str(free_port()),
             ],
             check=True,
             capture_output=True,
         )
         saved_s = time.perf_counter() - start
         config = root / "model.toml"
-        config.write_text(MODEL_TOML)
+        config.write_text(megatron_source.model_toml(SPEC))
+        parameters = model_size(load_section(ModelConfig, config, "model")).total
         results: dict[str, Any] = {
-            "parameters": _parameters(),
+            "parameters": parameters,
             "source_dtype": SPEC["params_dtype"],
             "megatron_save_s": round(saved_s, 1),
             "repeats": REPEATS,
@@ -177,7 +163,7 @@ def main() -> dict[str, Any]:
                 "read_and_write_s": round(copy_s, 2),
                 "import_over_read_and_write": round(import_s / copy_s, 2),
                 "peak_rss_gb": round(max(peaks), 2),
-                "model_fp32_gb": round(4 * _parameters() / 1e9, 2),
+                "model_fp32_gb": round(4 * parameters / 1e9, 2),
                 "import_runs_s": [round(s, 2) for s in imports],
             }
             print(f"benchmark ckpt: {kind}: {results[kind]}", flush=True)

@@ -42,7 +42,6 @@ class TensorStream:
         self.directory = directory
         self.tensors: dict[str, TensorStorageMetadata] = {}
         self.storage: dict[MetadataIndex, _StorageInfo] = {}
-        self.files = 0
         self.file: BinaryIO | None = None
         self.hashes: dict[str, Any] = {}  # file name -> its SHA-256 so far, fed as it is written
 
@@ -92,10 +91,9 @@ class TensorStream:
 
     def _next_file(self) -> None:
         self._close_file()
-        name = f"__0_{self.files}.distcp"
+        name = f"__0_{len(self.hashes)}.distcp"
         self.file = open(self.directory / name, "xb")  # noqa: SIM115
         self.hashes[name] = hashlib.new(ALGORITHM)
-        self.files += 1
 
     def _close_file(self) -> None:
         if self.file is not None:

@@ -58,6 +58,19 @@ def _cpu_bridges() -> None:
     torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
 
 
+def model_toml(spec: dict) -> str:
+    """The goodput ``[model]`` table of the model ``spec`` describes (what ``--config`` names)."""
+    return (
+        "[model]\n"
+        f"vocab_size = {spec['vocab_size']}\ndim = {spec['hidden_size']}\n"
+        f"num_layers = {spec['num_layers']}\nnum_heads = {spec['num_attention_heads']}\n"
+        f"num_kv_heads = {spec['num_query_groups']}\nffn_dim = {spec['ffn_hidden_size']}\n"
+        f"max_seq_len = {spec['max_position_embeddings']}\nnorm_eps = {spec['norm_epsilon']}\n"
+        f"rope_theta = {spec['rotary_base']}\n"
+        f"tie_embeddings = {str(spec['tied']).lower()}\n"
+    )
+
+
 def megatron_args(spec: dict) -> argparse.Namespace:
     """The args Megatron-LM's training saves with a checkpoint, for this model."""
     return argparse.Namespace(

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from goodput.launch.launchers import free_port
 from goodput.testing import megatron_source
 from goodput.testing.doc_commands import command_lines
 from goodput.testing.jobs import REPO, outside_any_job
 from goodput.testing.tiny import write_random_corpus
-from tests.unit.train.convert.test_megatron_import import GQA_UNTIED, free_port, model_toml
+from tests.unit.train.convert.test_megatron_import import GQA_UNTIED
 
 SECTION = re.compile(r"^## Importing from Megatron and DeepSpeed\n(.*?)(?=^## |\Z)", re.S | re.M)
 
@@ -42,7 +43,7 @@ def test_the_import_example_runs_as_written(tmp_path):
             if (tmp_path / "saved" / fmt).is_dir() and not (tmp_path / name).exists():
                 shutil.move(tmp_path / "saved" / fmt, tmp_path / name)
     shutil.move(tmp_path / "saved" / "deepspeed", tmp_path / "deepspeed")
-    model_toml(GQA_UNTIED, tmp_path / "model.toml")
+    (tmp_path / "model.toml").write_text(megatron_source.model_toml(GQA_UNTIED))
     data = tmp_path / "data"
     data.mkdir()
     file_list = write_random_corpus(data, vocab_size=128, num_docs=100, lengths=(20, 90))

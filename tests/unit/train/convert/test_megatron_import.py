@@ -10,7 +10,6 @@ import math
 import os
 import pickle
 import shutil
-import socket
 import subprocess
 import sys
 from argparse import Namespace
@@ -25,6 +24,7 @@ from goodput.config import load_config
 from goodput.data.blend import build_blend
 from goodput.data.loader import BlendedSamples
 from goodput.errors import GoodputError
+from goodput.launch.launchers import free_port
 from goodput.testing import megatron_source
 from goodput.testing.tiny import TINY_MODEL, write_random_corpus
 from goodput.train.build import blend_spec
@@ -59,12 +59,6 @@ MHA_TIED = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def harness(*argv: object) -> None:
     result = subprocess.run(
         [sys.executable, str(HARNESS), *map(str, argv), "--port", str(free_port())],
@@ -73,20 +67,6 @@ def harness(*argv: object) -> None:
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-
-
-def model_toml(spec: dict, path: Path) -> Path:
-    kv = spec["num_query_groups"]
-    path.write_text(
-        "[model]\n"
-        f"vocab_size = {spec['vocab_size']}\ndim = {spec['hidden_size']}\n"
-        f"num_layers = {spec['num_layers']}\nnum_heads = {spec['num_attention_heads']}\n"
-        f"num_kv_heads = {kv}\nffn_dim = {spec['ffn_hidden_size']}\n"
-        f"max_seq_len = {spec['max_position_embeddings']}\nnorm_eps = {spec['norm_epsilon']}\n"
-        f"rope_theta = {spec['rotary_base']}\n"
-        f"tie_embeddings = {str(spec['tied']).lower()}\n"
-    )
-    return path
 
 
 class Saved:
@@ -98,7 +78,8 @@ class Saved:
         harness(
             "save", root / "spec.json", root / "out", "--tp", tp, "--pp", pp, "--formats", formats
         )
-        self.config = model_toml(spec, root / "model.toml")
+        self.config = root / "model.toml"
+        self.config.write_text(megatron_source.model_toml(spec))
         self.tokens = torch.randint(
             0, spec["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(5)
         )
