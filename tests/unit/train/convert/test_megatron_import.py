@@ -20,14 +20,16 @@ import pytest
 import torch
 
 from goodput.cli import main
-from goodput.config import load_config
+from goodput.config import load_config, load_section
 from goodput.data.blend import build_blend
 from goodput.data.loader import BlendedSamples
 from goodput.errors import GoodputError
 from goodput.launch.launchers import free_port
 from goodput.testing import megatron_source
+from goodput.testing.recipes import RECIPES
 from goodput.testing.tiny import TINY_MODEL, write_random_corpus
 from goodput.train.build import blend_spec
+from goodput.train.config.model import ModelConfig
 from goodput.train.config.run import RunConfig, plan_batches
 from goodput.train.convert import checkpoints, megatron
 from goodput.train.model import Transformer
@@ -563,3 +565,36 @@ def test_transformer_engines_extra_state_in_a_legacy_file_is_kept_as_data(
         )
         torch.save(state, path)
     import_and_compare(capsys, tp2_pp2, "legacy", "megatron-legacy", tmp_path / "run", folder)
+
+
+def recipe_model(recipe: Path) -> ModelConfig:
+    return load_section(ModelConfig, recipe, "model")
+
+
+DENSE_RECIPES = [path for path in RECIPES if recipe_model(path).moe is None]
+MOE_RECIPES = [path for path in RECIPES if recipe_model(path).moe is not None]
+
+
+@pytest.mark.parametrize("recipe", DENSE_RECIPES, ids=lambda p: p.stem)
+def test_every_dense_recipe_maps_from_megatrons_shapes_on_the_meta_device(recipe):
+    """At the recipes' real shapes (405B's 128 heads in 8 groups included), Megatron's tensors
+    of those shapes become exactly goodput's model tensors, without a byte allocated."""
+    cfg = recipe_model(recipe)
+    shapes = megatron.shapes(cfg)
+
+    def tensor(name, layer):
+        return torch.empty(shapes[name], device="meta")
+
+    produced = dict(megatron.goodput_tensors(tensor, cfg, rotary_interleaved=False))
+    expected = checkpoints.model_shapes(cfg)
+    assert {name: tuple(t.shape) for name, t in produced.items()} == {
+        name: shape for name, (shape, _dtype) in expected.items()
+    }
+
+
+@pytest.mark.parametrize("recipe", MOE_RECIPES, ids=lambda p: p.stem)
+def test_an_moe_config_is_refused_before_the_source_is_read(capsys, tmp_path, recipe):
+    (tmp_path / "src").mkdir()
+    argv = ["ckpt", "import", tmp_path / "src", "--from", "megatron", "--config", recipe]
+    code, _, err = run_cli(capsys, *argv, "--output", tmp_path / "run")
+    assert code == 2 and "[model.moe]" in err and "not imported from Megatron yet" in err
